@@ -1,0 +1,60 @@
+# CPU kernels compiled once per CPU capability, picked at run time.
+#
+#   fuseops_enable_cpu_kernels(<target>)        once, after add_library
+#   fuseops_add_cpu_kernel(<target> <source>)   once per kernel file
+#
+# Each kernel file is compiled into one OBJECT library per capability with
+# -DCPU_CAPABILITY=<CAP> -DCPU_CAPABILITY_<CAP>, so `at::vec::Vectorized`
+# (which lives in `inline namespace CPU_CAPABILITY`) gets that capability's
+# width, and the file registers its kernels with
+# FUSEOPS_REGISTER_CPU_KERNEL (cpp/ops/cpu/dispatch.h).
+#
+# The DEFAULT objects are linked first on purpose: the variants share weak
+# symbols of inline functions that live outside the capability namespace
+# (e.g. std::exp(float)), and the linker keeps the first copy it sees. An
+# AVX512 copy kept there would crash a CPU without AVX-512.
+
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+  set(FUSEOPS_CPU_CAPABILITIES DEFAULT AVX2 AVX512)
+else()
+  set(FUSEOPS_CPU_CAPABILITIES DEFAULT)
+endif()
+
+set(FUSEOPS_CPU_FLAGS_DEFAULT "")
+# -mf16c: at::vec converts float16 with the F16C instructions on AVX2.
+set(FUSEOPS_CPU_FLAGS_AVX2
+  -mavx2 -mfma -mf16c -mno-avx256-split-unaligned-load -mno-avx256-split-unaligned-store)
+set(FUSEOPS_CPU_FLAGS_AVX512
+  -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma)
+
+function(fuseops_enable_cpu_kernels target)
+  foreach(cap IN LISTS FUSEOPS_CPU_CAPABILITIES)
+    set(objects ${target}_cpu_${cap})
+    add_library(${objects} OBJECT)
+    set_target_properties(${objects} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    target_compile_definitions(${objects} PRIVATE
+      CPU_CAPABILITY=${cap} CPU_CAPABILITY_${cap})
+    target_compile_options(${objects} PRIVATE ${FUSEOPS_CPU_FLAGS_${cap}})
+    # Same include directories, definitions and torch usage requirements as
+    # the library itself.
+    target_include_directories(${objects} PRIVATE
+      $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
+    target_compile_definitions(${objects} PRIVATE
+      $<TARGET_PROPERTY:${target},COMPILE_DEFINITIONS>)
+    target_compile_options(${objects} PRIVATE
+      $<TARGET_PROPERTY:${target},COMPILE_OPTIONS>
+      # at::vec's partial loads (the tail of a row) leave the unused lanes
+      # uninitialised by design; GCC flags that inside its intrinsics headers.
+      -Wno-maybe-uninitialized)
+    target_link_libraries(${objects} PRIVATE torch)
+    target_sources(${target} PRIVATE $<TARGET_OBJECTS:${objects}>)
+    string(TOUPPER "${cap}" cap_upper)
+    target_compile_definitions(${target} PRIVATE FUSEOPS_HAVE_CPU_${cap_upper})
+  endforeach()
+endfunction()
+
+function(fuseops_add_cpu_kernel target source)
+  foreach(cap IN LISTS FUSEOPS_CPU_CAPABILITIES)
+    target_sources(${target}_cpu_${cap} PRIVATE ${source})
+  endforeach()
+endfunction()

@@ -1,0 +1,49 @@
+#include <fuseops/build_info.h>
+
+#include <sstream>
+
+#include <torch/version.h>
+
+#include "ops/cpu/dispatch.h"
+
+// FUSEOPS_VERSION, FUSEOPS_CUDA_VERSION and FUSEOPS_CUDA_ARCHITECTURES
+// ("9.0;10.0") come from CMake; FUSEOPS_WITH_CUDA is defined when the CUDA
+// kernels are compiled in.
+
+namespace fuseops {
+namespace {
+
+[[maybe_unused]] std::vector<std::string> split(const std::string& list, char separator) {
+  std::vector<std::string> items;
+  std::stringstream stream(list);
+  std::string item;
+  while (std::getline(stream, item, separator)) {
+    if (!item.empty()) {
+      items.push_back(item);
+    }
+  }
+  return items;
+}
+
+}  // namespace
+
+BuildInfo build_info() {
+  BuildInfo info;
+  info.version = FUSEOPS_VERSION;
+  info.torch_version = TORCH_VERSION;
+  info.cxx11_abi = _GLIBCXX_USE_CXX11_ABI != 0;
+  for (auto capability : cpu::compiled_capabilities()) {
+    info.cpu_capabilities.emplace_back(cpu::capability_name(capability));
+  }
+  info.selected_cpu_capability = cpu::capability_name(cpu::selected_capability());
+#ifdef FUSEOPS_WITH_CUDA
+  info.cuda = true;
+  info.cuda_version = FUSEOPS_CUDA_VERSION;
+  info.cuda_architectures = split(FUSEOPS_CUDA_ARCHITECTURES, ';');
+#else
+  info.cuda = false;
+#endif
+  return info;
+}
+
+}  // namespace fuseops

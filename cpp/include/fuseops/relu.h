@@ -1,0 +1,19 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace fuseops {
+
+// max(self, 0) elementwise; NaN propagates. Differentiable (C++ autograd).
+// The result is contiguous, with the shape of `self`.
+at::Tensor relu(const at::Tensor& self);
+
+// relu into a preallocated `out` (resized to self's shape if it differs).
+// Not differentiable, like every out= op.
+at::Tensor& relu_out(const at::Tensor& self, at::Tensor& out);
+
+// Gradient of relu: grad_output where result > 0, else 0 (NaN results pass
+// the gradient through, as ATen's threshold_backward does).
+at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result);
+
+}  // namespace fuseops

@@ -1,0 +1,66 @@
+// Autograd for fuseops::relu, registered in C++ so LibTorch programs get
+// gradients without Python. relu_backward is itself differentiable (its
+// gradient w.r.t. grad_output is relu_backward again), so double backward
+// and gradgradcheck work.
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <fuseops/relu.h>
+
+namespace fuseops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class ReluBackwardFunction
+    : public torch::autograd::Function<ReluBackwardFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad_output,
+                            const at::Tensor& result) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({result});
+    return fuseops::relu_backward(grad_output, result);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor result = ctx->get_saved_variables()[0];
+    // The mask depends on `result` only through a step function: its
+    // gradient w.r.t. result is zero almost everywhere.
+    return {fuseops::relu_backward(grads[0], result), at::Tensor()};
+  }
+};
+
+class ReluFunction : public torch::autograd::Function<ReluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor result = fuseops::relu(self);
+    ctx->save_for_backward({result});
+    return result;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor result = ctx->get_saved_variables()[0];
+    return {ReluBackwardFunction::apply(grads[0], result)};
+  }
+};
+
+at::Tensor relu_autograd(const at::Tensor& self) {
+  return ReluFunction::apply(self);
+}
+
+at::Tensor relu_backward_autograd(const at::Tensor& grad_output,
+                                  const at::Tensor& result) {
+  return ReluBackwardFunction::apply(grad_output, result);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
+  m.impl("relu", TORCH_FN(relu_autograd));
+  m.impl("relu_backward", TORCH_FN(relu_backward_autograd));
+}
+
+}  // namespace fuseops

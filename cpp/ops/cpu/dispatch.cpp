@@ -1,0 +1,88 @@
+#include "ops/cpu/dispatch.h"
+
+#include <ATen/Version.h>
+
+namespace fuseops::cpu {
+namespace {
+
+// -1 means no override.
+std::atomic<int> capability_override{-1};
+
+CpuCapability best_compiled() {
+  return compiled_capabilities().back();
+}
+
+// What this CPU can execute, independent of ATen's preference.
+CpuCapability hardware_capability() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return CpuCapability::AVX512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return CpuCapability::AVX2;
+  }
+#endif
+  return CpuCapability::DEFAULT;
+}
+
+CpuCapability lowest(CpuCapability a, CpuCapability b) {
+  return static_cast<int>(a) < static_cast<int>(b) ? a : b;
+}
+
+CpuCapability aten_capability() {
+  const std::string name = at::get_cpu_capability();
+  if (name == "AVX512") {
+    return CpuCapability::AVX512;
+  }
+  if (name == "AVX2") {
+    return CpuCapability::AVX2;
+  }
+  return CpuCapability::DEFAULT;
+}
+
+}  // namespace
+
+const char* capability_name(CpuCapability capability) {
+  switch (capability) {
+    case CpuCapability::DEFAULT:
+      return "DEFAULT";
+    case CpuCapability::AVX2:
+      return "AVX2";
+    case CpuCapability::AVX512:
+      return "AVX512";
+  }
+  return "UNKNOWN";
+}
+
+std::vector<CpuCapability> compiled_capabilities() {
+  std::vector<CpuCapability> capabilities;
+#ifdef FUSEOPS_HAVE_CPU_DEFAULT
+  capabilities.push_back(CpuCapability::DEFAULT);
+#endif
+#ifdef FUSEOPS_HAVE_CPU_AVX2
+  capabilities.push_back(CpuCapability::AVX2);
+#endif
+#ifdef FUSEOPS_HAVE_CPU_AVX512
+  capabilities.push_back(CpuCapability::AVX512);
+#endif
+  return capabilities;
+}
+
+CpuCapability selected_capability() {
+  static const CpuCapability normal_choice = lowest(
+      lowest(aten_capability(), hardware_capability()), best_compiled());
+  const int forced = capability_override.load(std::memory_order_relaxed);
+  if (forced >= 0) {
+    return lowest(static_cast<CpuCapability>(forced),
+                  lowest(hardware_capability(), best_compiled()));
+  }
+  return normal_choice;
+}
+
+void set_capability_override(std::optional<CpuCapability> capability) {
+  capability_override.store(capability ? static_cast<int>(*capability) : -1,
+                            std::memory_order_relaxed);
+}
+
+}  // namespace fuseops::cpu

@@ -1,0 +1,89 @@
+#pragma once
+// Run-time choice among the per-CPU-capability builds of a kernel.
+//
+// A kernel file under cpp/ops/cpu/ is compiled once per capability (see
+// cmake/FuseopsCpuKernels.cmake). Each build registers its entry point in a
+// CpuKernelTable with FUSEOPS_REGISTER_CPU_KERNEL; the op calls
+// `table.get()`, which returns the build matching the selected capability.
+
+#include <array>
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+namespace fuseops::cpu {
+
+enum class CpuCapability : int { DEFAULT = 0, AVX2 = 1, AVX512 = 2 };
+inline constexpr int kNumCpuCapabilities = 3;
+
+const char* capability_name(CpuCapability capability);
+
+// Capabilities this library was compiled for, lowest first.
+std::vector<CpuCapability> compiled_capabilities();
+
+// The capability kernels run with: ATen's choice (`at::get_cpu_capability()`,
+// which honours ATEN_CPU_CAPABILITY), lowered to what this CPU supports and
+// what was compiled, unless a test override is active.
+CpuCapability selected_capability();
+
+// Forces kernels to run a given build (lowered to what the CPU supports);
+// std::nullopt restores the normal choice. For tests that exercise every
+// build inside one process.
+void set_capability_override(std::optional<CpuCapability> capability);
+
+class ScopedCapabilityOverride {
+ public:
+  explicit ScopedCapabilityOverride(CpuCapability capability) {
+    set_capability_override(capability);
+  }
+  ~ScopedCapabilityOverride() { set_capability_override(std::nullopt); }
+  ScopedCapabilityOverride(const ScopedCapabilityOverride&) = delete;
+  ScopedCapabilityOverride& operator=(const ScopedCapabilityOverride&) = delete;
+};
+
+template <typename Fn>
+class CpuKernelTable {
+ public:
+  explicit constexpr CpuKernelTable(const char* name) : name_(name) {}
+
+  void set(CpuCapability capability, Fn fn) {
+    kernels_[static_cast<int>(capability)] = fn;
+  }
+
+  // The build for the selected capability, falling back to the best lower
+  // one that was registered.
+  Fn get() const {
+    for (int cap = static_cast<int>(selected_capability()); cap >= 0; --cap) {
+      if (kernels_[cap] != nullptr) {
+        return kernels_[cap];
+      }
+    }
+    TORCH_CHECK(false, "fuseops: no CPU kernel registered for ", name_);
+  }
+
+ private:
+  const char* name_;
+  // Zero-initialised before any dynamic initialiser runs, so registrations
+  // from other translation units are safe whatever their order.
+  std::array<Fn, kNumCpuCapabilities> kernels_{};
+};
+
+}  // namespace fuseops::cpu
+
+// Declares a table (in a header shared by the op and its kernel file) and
+// defines it (in exactly one non-kernel source file).
+#define FUSEOPS_DECLARE_CPU_KERNEL(table, fn_type) \
+  extern ::fuseops::cpu::CpuKernelTable<fn_type> table
+#define FUSEOPS_DEFINE_CPU_KERNEL(table, fn_type) \
+  ::fuseops::cpu::CpuKernelTable<fn_type> table(#table)
+
+// Registers this capability's build of `fn` in `table`; use at namespace
+// scope of a file compiled by fuseops_add_cpu_kernel.
+#define FUSEOPS_CPU_KERNEL_CONCAT_(a, b) a##b
+#define FUSEOPS_CPU_KERNEL_CONCAT(a, b) FUSEOPS_CPU_KERNEL_CONCAT_(a, b)
+#define FUSEOPS_REGISTER_CPU_KERNEL(table, fn)                              \
+  static const bool FUSEOPS_CPU_KERNEL_CONCAT(table##_registered_, __LINE__) = \
+      (table.set(::fuseops::cpu::CpuCapability::CPU_CAPABILITY, fn), true)

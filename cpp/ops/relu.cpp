@@ -1,0 +1,151 @@
+// fuseops::relu: schema, C++ API, shared checks, and the CPU and Meta
+// registrations. Kernels: cpp/ops/cpu/relu_kernel.cpp, cuda/relu_kernel.cu;
+// autograd: cpp/ops/autograd/relu.cpp.
+
+#include "ops/relu.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <fuseops/relu.h>
+
+#include "ops/common/checks.h"
+
+namespace fuseops {
+namespace detail {
+namespace {
+
+at::Tensor empty_contiguous_like(const at::Tensor& t) {
+  return at::empty(t.sizes(), t.options());
+}
+
+}  // namespace
+
+at::Tensor relu_with(const at::Tensor& self, ReluKernel kernel) {
+  check_floating_input("fuseops::relu", "self", self);
+  at::Tensor out = empty_contiguous_like(self);
+  if (kernel != nullptr && self.numel() > 0) {
+    kernel(out, self.contiguous());
+  }
+  return out;
+}
+
+at::Tensor& relu_out_with(const at::Tensor& self, at::Tensor& out, ReluKernel kernel) {
+  check_floating_input("fuseops::relu.out", "self", self);
+  check_out("fuseops::relu.out", out, "self", self);
+  resize_out(out, self.sizes());
+  if (kernel == nullptr || self.numel() == 0) {
+    return out;
+  }
+  // Write straight into `out` when it is contiguous and either is `self` or
+  // does not overlap it; otherwise (strided `out`, or a partial overlap that
+  // would read values already overwritten) go through a temporary.
+  const at::Tensor input = self.contiguous();
+  if (out.is_contiguous() && at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial) {
+    kernel(out, input);
+  } else {
+    at::Tensor result = empty_contiguous_like(self);
+    kernel(result, input);
+    out.copy_(result);
+  }
+  return out;
+}
+
+at::Tensor relu_backward_with(const at::Tensor& grad_output,
+                              const at::Tensor& result,
+                              ReluBackwardKernel kernel) {
+  constexpr const char* op = "fuseops::relu_backward";
+  check_floating_input(op, "grad_output", grad_output);
+  check_floating_input(op, "result", result);
+  check_same_dtype(op, "grad_output", grad_output, "result", result);
+  check_same_device(op, "grad_output", grad_output, "result", result);
+  check_same_shape(op, "grad_output", grad_output, "result", result);
+  at::Tensor grad_input = empty_contiguous_like(result);
+  if (kernel != nullptr && result.numel() > 0) {
+    kernel(grad_input, grad_output.contiguous(), result.contiguous());
+  }
+  return grad_input;
+}
+
+}  // namespace detail
+
+namespace cpu {
+FUSEOPS_DEFINE_CPU_KERNEL(relu_kernel, detail::ReluKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(relu_backward_kernel, detail::ReluBackwardKernel);
+}  // namespace cpu
+
+// C++ API: through the dispatcher, so autograd and the device kernels apply.
+// Undefined tensors carry no dispatch key, so they are rejected here, before
+// the dispatcher would fail with a message that names no argument.
+at::Tensor relu(const at::Tensor& self) {
+  check_floating_input("fuseops::relu", "self", self);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::relu", "")
+                       .typed<at::Tensor(const at::Tensor&)>();
+  return op.call(self);
+}
+
+at::Tensor& relu_out(const at::Tensor& self, at::Tensor& out) {
+  check_floating_input("fuseops::relu.out", "self", self);
+  check_out("fuseops::relu.out", out, "self", self);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::relu", "out")
+                       .typed<at::Tensor&(const at::Tensor&, at::Tensor&)>();
+  return op.call(self, out);
+}
+
+at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result) {
+  check_floating_input("fuseops::relu_backward", "grad_output", grad_output);
+  check_floating_input("fuseops::relu_backward", "result", result);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::relu_backward", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(grad_output, result);
+}
+
+namespace {
+
+at::Tensor relu_cpu(const at::Tensor& self) {
+  return detail::relu_with(self, cpu::relu_kernel.get());
+}
+at::Tensor& relu_out_cpu(const at::Tensor& self, at::Tensor& out) {
+  return detail::relu_out_with(self, out, cpu::relu_kernel.get());
+}
+at::Tensor relu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& result) {
+  return detail::relu_backward_with(grad_output, result, cpu::relu_backward_kernel.get());
+}
+
+at::Tensor relu_meta(const at::Tensor& self) {
+  return detail::relu_with(self, nullptr);
+}
+at::Tensor& relu_out_meta(const at::Tensor& self, at::Tensor& out) {
+  return detail::relu_out_with(self, out, nullptr);
+}
+at::Tensor relu_backward_meta(const at::Tensor& grad_output, const at::Tensor& result) {
+  return detail::relu_backward_with(grad_output, result, nullptr);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuseops, m) {
+  m.def("relu(Tensor self) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("relu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("relu_backward(Tensor grad_output, Tensor result) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
+  m.impl("relu", TORCH_FN(relu_cpu));
+  m.impl("relu.out", TORCH_FN(relu_out_cpu));
+  m.impl("relu_backward", TORCH_FN(relu_backward_cpu));
+}
+
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  m.impl("relu", TORCH_FN(relu_meta));
+  m.impl("relu.out", TORCH_FN(relu_out_meta));
+  m.impl("relu_backward", TORCH_FN(relu_backward_meta));
+}
+
+}  // namespace fuseops

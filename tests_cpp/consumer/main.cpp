@@ -1,0 +1,29 @@
+// Uses fuseops the way a LibTorch application would: forward, then gradients
+// through fuseops' C++ autograd, no Python involved. Exits non-zero on any
+// mismatch so the test that runs it can fail.
+
+#include <cstdio>
+
+#include <torch/torch.h>
+
+#include <fuseops/fuseops.h>
+
+int main() {
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({64, 33}, torch::requires_grad());
+
+  const torch::Tensor y = fuseops::relu(x);
+  y.sum().backward();
+
+  const torch::Tensor expected_y = torch::relu(x.detach());
+  const torch::Tensor expected_grad = (x.detach() > 0).to(torch::kFloat);
+  const bool forward_ok = torch::equal(y.detach(), expected_y);
+  const bool backward_ok = x.grad().defined() && torch::equal(x.grad(), expected_grad);
+
+  const fuseops::BuildInfo info = fuseops::build_info();
+  std::printf("fuseops %s (torch %s), CPU build %s: forward %s, backward %s\n",
+              info.version.c_str(), info.torch_version.c_str(),
+              info.selected_cpu_capability.c_str(), forward_ok ? "ok" : "WRONG",
+              backward_ok ? "ok" : "WRONG");
+  return forward_ok && backward_ok ? 0 : 1;
+}

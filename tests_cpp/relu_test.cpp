@@ -1,0 +1,182 @@
+// fuseops::relu and relu_backward through the dispatcher, against ATen's
+// at::relu and at::threshold_backward. relu is exact (a select), so results
+// must be bit-identical in every dtype.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <fuseops/fuseops.h>
+
+namespace {
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
+                                             at::kHalf};
+
+// Sizes that exercise: empty, a scalar, partial vectors, several parallel
+// chunks with a tail.
+const std::vector<std::vector<int64_t>> kShapes = {
+    {0}, {}, {1}, {7}, {3, 17}, {5, 0, 3}, {2, 3, 4, 5}, {300001}};
+
+at::Tensor random_with_special_values(at::IntArrayRef shape, at::ScalarType dtype) {
+  at::Tensor t = at::randn(shape, at::TensorOptions().dtype(dtype));
+  if (t.numel() >= 4) {
+    auto flat = t.view({-1});
+    flat[0] = 0.0;
+    flat[1] = -0.0;
+    flat[2] = std::numeric_limits<double>::quiet_NaN();
+    flat[3] = -std::numeric_limits<double>::infinity();
+  }
+  return t;
+}
+
+void expect_identical(const at::Tensor& actual, const at::Tensor& expected) {
+  ASSERT_EQ(actual.sizes(), expected.sizes());
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type());
+  EXPECT_TRUE(at::equal(actual.isnan(), expected.isnan()));
+  EXPECT_TRUE(at::equal(actual.nan_to_num(0), expected.nan_to_num(0)))
+      << "max abs diff " << (actual - expected).abs().nan_to_num(0).max().item<double>();
+}
+
+TEST(Relu, ForwardMatchesATenForAllDtypesAndShapes) {
+  for (auto dtype : kDtypes) {
+    for (const auto& shape : kShapes) {
+      SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape));
+      const at::Tensor x = random_with_special_values(shape, dtype);
+      const at::Tensor y = fuseops::relu(x);
+      expect_identical(y, at::relu(x));
+      EXPECT_TRUE(y.is_contiguous());
+    }
+  }
+}
+
+TEST(Relu, BackwardMatchesThresholdBackward) {
+  for (auto dtype : kDtypes) {
+    for (const auto& shape : kShapes) {
+      SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape));
+      const at::Tensor result = at::relu(random_with_special_values(shape, dtype));
+      const at::Tensor grad = at::randn(shape, at::TensorOptions().dtype(dtype));
+      expect_identical(fuseops::relu_backward(grad, result),
+                       at::threshold_backward(grad, result, 0));
+    }
+  }
+}
+
+TEST(Relu, NonContiguousInputs) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(testing::Message() << dtype);
+    const at::Tensor base = at::randn({40, 70}, at::TensorOptions().dtype(dtype));
+    const at::Tensor transposed = base.t();
+    const at::Tensor strided = base.slice(1, 1, 70, 3);
+    const at::Tensor expanded = base.select(0, 0).expand({5, 70});
+    for (const auto& x : {transposed, strided, expanded}) {
+      ASSERT_FALSE(x.is_contiguous());
+      expect_identical(fuseops::relu(x), at::relu(x));
+      const at::Tensor grad = at::randn(x.sizes(), x.options()).t().contiguous().t();
+      const at::Tensor result = at::relu(x);
+      expect_identical(fuseops::relu_backward(grad.view(x.sizes()), result),
+                       at::threshold_backward(grad.view(x.sizes()), result, 0));
+    }
+  }
+}
+
+TEST(Relu, AutogradInCpp) {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    const at::Tensor x = at::randn({13, 29}, at::TensorOptions().dtype(dtype)).requires_grad_();
+    const at::Tensor y = fuseops::relu(x);
+    ASSERT_TRUE(y.requires_grad());
+    const at::Tensor upstream = at::randn_like(y);
+    y.backward(upstream);
+    expect_identical(x.grad(), upstream * (x.detach() > 0).to(dtype));
+  }
+}
+
+TEST(Relu, DoubleBackward) {
+  const at::Tensor x = at::randn({9, 11}, at::kDouble).requires_grad_();
+  const at::Tensor upstream = at::randn({9, 11}, at::kDouble).requires_grad_();
+  const at::Tensor y = fuseops::relu(x);
+  const auto grads = torch::autograd::grad({y}, {x}, {upstream}, /*retain_graph=*/true,
+                                        /*create_graph=*/true);
+  // d(grad_x)/d(upstream) is the relu mask.
+  const at::Tensor w = at::randn({9, 11}, at::kDouble);
+  const auto second = torch::autograd::grad({grads[0]}, {upstream}, {w});
+  expect_identical(second[0], w * (x.detach() > 0).to(at::kDouble));
+}
+
+TEST(Relu, OutVariant) {
+  const at::Tensor x = at::randn({6, 10});
+  at::Tensor out = at::empty({6, 10});
+  at::Tensor& returned = fuseops::relu_out(x, out);
+  EXPECT_EQ(returned.data_ptr(), out.data_ptr());
+  expect_identical(out, at::relu(x));
+
+  // A non-contiguous out keeps its strides.
+  at::Tensor out_t = at::empty({10, 6}).t();
+  fuseops::relu_out(x, out_t);
+  EXPECT_FALSE(out_t.is_contiguous());
+  expect_identical(out_t, at::relu(x));
+
+  // A wrongly shaped out is resized.
+  at::Tensor small = at::empty({0});
+  fuseops::relu_out(x, small);
+  expect_identical(small, at::relu(x));
+
+  // Partial overlap: out starts one element after self in the same buffer.
+  at::Tensor buffer = at::randn({9});
+  const at::Tensor expected = at::relu(buffer.slice(0, 0, 8));
+  at::Tensor shifted_out = buffer.slice(0, 1, 9);
+  fuseops::relu_out(buffer.slice(0, 0, 8), shifted_out);
+  expect_identical(shifted_out, expected);
+
+  // Full alias: in place.
+  at::Tensor y = x.clone();
+  fuseops::relu_out(y, y);
+  expect_identical(y, at::relu(x));
+}
+
+void expect_error_mentions(const std::function<void()>& call,
+                           const std::vector<std::string>& fragments) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    for (const auto& fragment : fragments) {
+      EXPECT_NE(message.find(fragment), std::string::npos)
+          << "'" << fragment << "' not in: " << message;
+    }
+  }
+}
+
+TEST(Relu, BadInputErrorsNameOpAndArgument) {
+  expect_error_mentions([] { fuseops::relu(at::ones({3}, at::kInt)); },
+                        {"fuseops::relu", "'self'", "Int"});
+  expect_error_mentions([] { fuseops::relu(at::Tensor()); },
+                        {"fuseops::relu", "'self'", "undefined"});
+  expect_error_mentions(
+      [] { fuseops::relu_backward(at::ones({3}), at::ones({4})); },
+      {"fuseops::relu_backward", "'grad_output'", "shape"});
+  expect_error_mentions(
+      [] { fuseops::relu_backward(at::ones({3}), at::ones({3}, at::kDouble)); },
+      {"fuseops::relu_backward", "'grad_output'", "dtype"});
+  expect_error_mentions(
+      [] { fuseops::relu_backward(at::ones({3}), at::Tensor()); },
+      {"fuseops::relu_backward", "'result'", "undefined"});
+  expect_error_mentions(
+      [] {
+        at::Tensor out = at::empty({3}, at::kDouble);
+        fuseops::relu_out(at::ones({3}), out);
+      },
+      {"fuseops::relu.out", "'out'", "dtype"});
+}
+
+TEST(Relu, MetaTensorsGiveShapesOnly) {
+  const at::Tensor x = at::empty({4, 5}, at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16));
+  const at::Tensor y = fuseops::relu(x);
+  EXPECT_TRUE(y.is_meta());
+  EXPECT_EQ(y.sizes(), x.sizes());
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+}
+
+}  // namespace

@@ -2,11 +2,10 @@
 
 #include <sstream>
 
-#include <torch/version.h>
-
 #include "ops/cpu/dispatch.h"
 
-// FUSEOPS_VERSION, FUSEOPS_CUDA_VERSION and FUSEOPS_CUDA_ARCHITECTURES
+// FUSEOPS_VERSION, FUSEOPS_TORCH_VERSION (torch.__version__ at build time),
+// FUSEOPS_CUDA_VERSION and FUSEOPS_CUDA_ARCHITECTURES
 // ("9.0;10.0") come from CMake; FUSEOPS_WITH_CUDA is defined when the CUDA
 // kernels are compiled in.
 
@@ -30,7 +29,7 @@ namespace {
 BuildInfo build_info() {
   BuildInfo info;
   info.version = FUSEOPS_VERSION;
-  info.torch_version = TORCH_VERSION;
+  info.torch_version = FUSEOPS_TORCH_VERSION;
   info.cxx11_abi = _GLIBCXX_USE_CXX11_ABI != 0;
   for (auto capability : cpu::compiled_capabilities()) {
     info.cpu_capabilities.emplace_back(cpu::capability_name(capability));

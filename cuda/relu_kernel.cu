@@ -27,12 +27,12 @@ struct ReluBackwardOp {
   }
 };
 
-void relu_kernel(const at::Tensor& out, const at::Tensor& self) {
-  c10::cuda::CUDAGuard device_guard(self.device());
+void relu_kernel(const at::Tensor& out, const at::Tensor& input) {
+  c10::cuda::CUDAGuard device_guard(input.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, self.scalar_type(), "fuseops::relu", [&] {
-        launch_elementwise(self.numel(), ReluOp{}, out.mutable_data_ptr<scalar_t>(),
-                           self.const_data_ptr<scalar_t>());
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::relu", [&] {
+        launch_elementwise(input.numel(), ReluOp{}, out.mutable_data_ptr<scalar_t>(),
+                           input.const_data_ptr<scalar_t>());
       });
 }
 
@@ -48,11 +48,11 @@ void relu_backward_kernel(const at::Tensor& grad_input, const at::Tensor& grad_o
       });
 }
 
-at::Tensor relu_cuda(const at::Tensor& self) {
-  return detail::relu_with(self, &relu_kernel);
+at::Tensor relu_cuda(const at::Tensor& input) {
+  return detail::relu_with(input, &relu_kernel);
 }
-at::Tensor& relu_out_cuda(const at::Tensor& self, at::Tensor& out) {
-  return detail::relu_out_with(self, out, &relu_kernel);
+void relu_out_cuda(const at::Tensor& input, at::Tensor& out) {
+  detail::relu_out_with(input, out, &relu_kernel);
 }
 at::Tensor relu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& result) {
   return detail::relu_backward_with(grad_output, result, &relu_backward_kernel);

@@ -122,7 +122,7 @@ TEST(Relu, OutVariant) {
   fuseops::relu_out(x, small);
   expect_identical(small, at::relu(x));
 
-  // Partial overlap: out starts one element after self in the same buffer.
+  // Partial overlap: out starts one element after input in the same buffer.
   at::Tensor buffer = at::randn({9});
   const at::Tensor expected = at::relu(buffer.slice(0, 0, 8));
   at::Tensor shifted_out = buffer.slice(0, 1, 9);
@@ -151,9 +151,9 @@ void expect_error_mentions(const std::function<void()>& call,
 
 TEST(Relu, BadInputErrorsNameOpAndArgument) {
   expect_error_mentions([] { fuseops::relu(at::ones({3}, at::kInt)); },
-                        {"fuseops::relu", "'self'", "Int"});
+                        {"fuseops::relu", "'input'", "Int"});
   expect_error_mentions([] { fuseops::relu(at::Tensor()); },
-                        {"fuseops::relu", "'self'", "undefined"});
+                        {"fuseops::relu", "'input'", "undefined"});
   expect_error_mentions(
       [] { fuseops::relu_backward(at::ones({3}), at::ones({4})); },
       {"fuseops::relu_backward", "'grad_output'", "shape"});

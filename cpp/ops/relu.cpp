@@ -22,31 +22,32 @@ at::Tensor empty_contiguous_like(const at::Tensor& t) {
 
 }  // namespace
 
-at::Tensor relu_with(const at::Tensor& self, ReluKernel kernel) {
-  check_floating_input("fuseops::relu", "self", self);
-  at::Tensor out = empty_contiguous_like(self);
-  if (kernel != nullptr && self.numel() > 0) {
-    kernel(out, self.contiguous());
+at::Tensor relu_with(const at::Tensor& input, ReluKernel kernel) {
+  check_floating_input("fuseops::relu", "input", input);
+  at::Tensor out = empty_contiguous_like(input);
+  if (kernel != nullptr && input.numel() > 0) {
+    kernel(out, input.contiguous());
   }
   return out;
 }
 
-at::Tensor& relu_out_with(const at::Tensor& self, at::Tensor& out, ReluKernel kernel) {
-  check_floating_input("fuseops::relu.out", "self", self);
-  check_out("fuseops::relu.out", out, "self", self);
-  resize_out(out, self.sizes());
-  if (kernel == nullptr || self.numel() == 0) {
+at::Tensor& relu_out_with(const at::Tensor& input, at::Tensor& out, ReluKernel kernel) {
+  check_floating_input("fuseops::relu.out", "input", input);
+  check_out("fuseops::relu.out", out, "input", input);
+  resize_out(out, input.sizes());
+  if (kernel == nullptr || input.numel() == 0) {
     return out;
   }
-  // Write straight into `out` when it is contiguous and either is `self` or
+  // Write straight into `out` when it is contiguous and either is `input` or
   // does not overlap it; otherwise (strided `out`, or a partial overlap that
   // would read values already overwritten) go through a temporary.
-  const at::Tensor input = self.contiguous();
-  if (out.is_contiguous() && at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial) {
-    kernel(out, input);
+  const at::Tensor contiguous_input = input.contiguous();
+  if (out.is_contiguous() &&
+      at::get_overlap_status(out, contiguous_input) != at::MemOverlapStatus::Partial) {
+    kernel(out, contiguous_input);
   } else {
-    at::Tensor result = empty_contiguous_like(self);
-    kernel(result, input);
+    at::Tensor result = empty_contiguous_like(input);
+    kernel(result, contiguous_input);
     out.copy_(result);
   }
   return out;
@@ -78,21 +79,22 @@ FUSEOPS_DEFINE_CPU_KERNEL(relu_backward_kernel, detail::ReluBackwardKernel);
 // C++ API: through the dispatcher, so autograd and the device kernels apply.
 // Undefined tensors carry no dispatch key, so they are rejected here, before
 // the dispatcher would fail with a message that names no argument.
-at::Tensor relu(const at::Tensor& self) {
-  check_floating_input("fuseops::relu", "self", self);
+at::Tensor relu(const at::Tensor& input) {
+  check_floating_input("fuseops::relu", "input", input);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("fuseops::relu", "")
                        .typed<at::Tensor(const at::Tensor&)>();
-  return op.call(self);
+  return op.call(input);
 }
 
-at::Tensor& relu_out(const at::Tensor& self, at::Tensor& out) {
-  check_floating_input("fuseops::relu.out", "self", self);
-  check_out("fuseops::relu.out", out, "self", self);
+at::Tensor& relu_out(const at::Tensor& input, at::Tensor& out) {
+  check_floating_input("fuseops::relu.out", "input", input);
+  check_out("fuseops::relu.out", out, "input", input);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("fuseops::relu", "out")
-                       .typed<at::Tensor&(const at::Tensor&, at::Tensor&)>();
-  return op.call(self, out);
+                       .typed<void(const at::Tensor&, at::Tensor&)>();
+  op.call(input, out);
+  return out;
 }
 
 at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result) {
@@ -106,21 +108,21 @@ at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result
 
 namespace {
 
-at::Tensor relu_cpu(const at::Tensor& self) {
-  return detail::relu_with(self, cpu::relu_kernel.get());
+at::Tensor relu_cpu(const at::Tensor& input) {
+  return detail::relu_with(input, cpu::relu_kernel.get());
 }
-at::Tensor& relu_out_cpu(const at::Tensor& self, at::Tensor& out) {
-  return detail::relu_out_with(self, out, cpu::relu_kernel.get());
+void relu_out_cpu(const at::Tensor& input, at::Tensor& out) {
+  detail::relu_out_with(input, out, cpu::relu_kernel.get());
 }
 at::Tensor relu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& result) {
   return detail::relu_backward_with(grad_output, result, cpu::relu_backward_kernel.get());
 }
 
-at::Tensor relu_meta(const at::Tensor& self) {
-  return detail::relu_with(self, nullptr);
+at::Tensor relu_meta(const at::Tensor& input) {
+  return detail::relu_with(input, nullptr);
 }
-at::Tensor& relu_out_meta(const at::Tensor& self, at::Tensor& out) {
-  return detail::relu_out_with(self, out, nullptr);
+void relu_out_meta(const at::Tensor& input, at::Tensor& out) {
+  detail::relu_out_with(input, out, nullptr);
 }
 at::Tensor relu_backward_meta(const at::Tensor& grad_output, const at::Tensor& result) {
   return detail::relu_backward_with(grad_output, result, nullptr);
@@ -129,9 +131,10 @@ at::Tensor relu_backward_meta(const at::Tensor& grad_output, const at::Tensor& r
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  m.def("relu(Tensor self) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("relu.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)",
-        {at::Tag::pt2_compliant_tag});
+  m.def("relu(Tensor input) -> Tensor", {at::Tag::pt2_compliant_tag});
+  // The out= overload returns nothing: torch.compile can functionalize a
+  // custom op that mutates an argument, not one whose output aliases it.
+  m.def("relu.out(Tensor input, *, Tensor(a!) out) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("relu_backward(Tensor grad_output, Tensor result) -> Tensor",
         {at::Tag::pt2_compliant_tag});
 }

@@ -12,8 +12,8 @@ namespace py = pybind11;
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fuseops C++ API bindings";
 
-  m.def("relu", &fuseops::relu, py::arg("self"));
-  m.def("relu_out", &fuseops::relu_out, py::arg("self"), py::arg("out"));
+  m.def("relu", &fuseops::relu, py::arg("input"));
+  m.def("relu_out", &fuseops::relu_out, py::arg("input"), py::arg("out"));
   m.def("relu_backward", &fuseops::relu_backward, py::arg("grad_output"),
         py::arg("result"));
 

@@ -14,7 +14,8 @@ def relu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor
     its shape differs); like every out= op, that form is not differentiable.
     """
     if out is not None:
-        return torch.ops.fuseops.relu.out(x, out=out)
+        torch.ops.fuseops.relu.out(x, out=out)
+        return out
     return torch.ops.fuseops.relu(x)
 
 

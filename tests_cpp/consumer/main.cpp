@@ -4,21 +4,21 @@
 
 #include <cstdio>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <fuseops/fuseops.h>
 
 int main() {
-  torch::manual_seed(0);
-  const torch::Tensor x = torch::randn({64, 33}, torch::requires_grad());
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({64, 33}).requires_grad_();
 
-  const torch::Tensor y = fuseops::relu(x);
+  const at::Tensor y = fuseops::relu(x);
   y.sum().backward();
 
-  const torch::Tensor expected_y = torch::relu(x.detach());
-  const torch::Tensor expected_grad = (x.detach() > 0).to(torch::kFloat);
-  const bool forward_ok = torch::equal(y.detach(), expected_y);
-  const bool backward_ok = x.grad().defined() && torch::equal(x.grad(), expected_grad);
+  const at::Tensor expected_y = at::relu(x.detach());
+  const at::Tensor expected_grad = (x.detach() > 0).to(at::kFloat);
+  const bool forward_ok = at::equal(y.detach(), expected_y);
+  const bool backward_ok = x.grad().defined() && at::equal(x.grad(), expected_grad);
 
   const fuseops::BuildInfo info = fuseops::build_info();
   std::printf("fuseops %s (torch %s), CPU build %s: forward %s, backward %s\n",

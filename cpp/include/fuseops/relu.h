@@ -4,13 +4,13 @@
 
 namespace fuseops {
 
-// max(self, 0) elementwise; NaN propagates. Differentiable (C++ autograd).
-// The result is contiguous, with the shape of `self`.
-at::Tensor relu(const at::Tensor& self);
+// max(input, 0) elementwise; NaN propagates. Differentiable (C++ autograd).
+// The result is contiguous, with the shape of `input`.
+at::Tensor relu(const at::Tensor& input);
 
-// relu into a preallocated `out` (resized to self's shape if it differs).
+// relu into a preallocated `out` (resized to input's shape if it differs).
 // Not differentiable, like every out= op.
-at::Tensor& relu_out(const at::Tensor& self, at::Tensor& out);
+at::Tensor& relu_out(const at::Tensor& input, at::Tensor& out);
 
 // Gradient of relu: grad_output where result > 0, else 0 (NaN results pass
 // the gradient through, as ATen's threshold_backward does).

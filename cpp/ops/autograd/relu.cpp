@@ -34,9 +34,9 @@ class ReluBackwardFunction
 
 class ReluFunction : public torch::autograd::Function<ReluFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    at::Tensor result = fuseops::relu(self);
+    at::Tensor result = fuseops::relu(input);
     ctx->save_for_backward({result});
     return result;
   }
@@ -47,8 +47,8 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
   }
 };
 
-at::Tensor relu_autograd(const at::Tensor& self) {
-  return ReluFunction::apply(self);
+at::Tensor relu_autograd(const at::Tensor& input) {
+  return ReluFunction::apply(input);
 }
 
 at::Tensor relu_backward_autograd(const at::Tensor& grad_output,

@@ -10,16 +10,16 @@ namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
 namespace {
 
-void relu_kernel_impl(const at::Tensor& out, const at::Tensor& self) {
+void relu_kernel_impl(const at::Tensor& out, const at::Tensor& input) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, self.scalar_type(), "fuseops::relu", [&] {
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::relu", [&] {
         parallel_map(
             [](auto x) {
               // at::vec::maximum propagates NaN, like torch.relu.
               return at::vec::maximum(x, decltype(x)(0));
             },
-            out.mutable_data_ptr<scalar_t>(), self.const_data_ptr<scalar_t>(),
-            self.numel());
+            out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+            input.numel());
       });
 }
 

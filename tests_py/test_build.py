@@ -1,0 +1,91 @@
+"""Build information, the torch version guard, CPU capabilities, CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuseops
+from fuseops import _loader
+
+from conftest import cpu_capabilities, run_python
+
+
+def test_build_info_describes_this_build():
+    info = fuseops.build_info()
+    assert info["version"] == fuseops.__version__
+    assert info["torch_version"] == torch.__version__
+    assert info["cxx11_abi"] == torch.compiled_with_cxx11_abi()
+    assert info["cpu_capabilities"][0] == "DEFAULT"
+    assert info["selected_cpu_capability"] in info["cpu_capabilities"]
+    assert info["cuda"] == bool(info["cuda_architectures"])
+
+
+def test_version_guard_accepts_the_same_version():
+    _loader.check_torch_version("2.13.0+cpu", "2.13.0+cpu")
+
+
+def test_version_guard_message_names_versions_and_fix():
+    with pytest.raises(ImportError) as info:
+        _loader.check_torch_version("2.13.0+cpu", "2.14.1+cu130")
+    message = str(info.value)
+    assert "built against torch 2.13.0+cpu" in message
+    assert "torch 2.14.1+cu130 is installed" in message
+    assert "pip install --no-build-isolation" in message
+
+
+def test_import_with_another_torch_fails_clearly():
+    # Pretend the running torch is another release: the import must stop
+    # before the library is loaded, with the guard's message.
+    result = run_python(
+        "import torch; torch.__version__ = '1.0.0'\n"
+        "try:\n"
+        "    import fuseops\n"
+        "except ImportError as e:\n"
+        "    print('IMPORT-ERROR:', e)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "IMPORT-ERROR: fuseops was built against torch" in result.stdout
+    assert "torch 1.0.0 is installed" in result.stdout
+    assert "undefined symbol" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_each_cpu_capability_selected_and_correct(capability):
+    if capability.upper() not in cpu_capabilities():
+        pytest.fail(f"{capability} build missing: {cpu_capabilities()}")
+    code = (
+        "import torch, fuseops\n"
+        "x = torch.randn(100003)\n"
+        "for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):\n"
+        "    xt = x.to(dt)\n"
+        "    assert torch.equal(fuseops.relu(xt), torch.relu(xt)), dt\n"
+        "    g = torch.randn_like(xt)\n"
+        "    r = torch.relu(xt)\n"
+        "    assert torch.equal(fuseops.relu_backward(g, r), torch.ops.aten.threshold_backward(g, r, 0)), dt\n"
+        "print(fuseops.build_info()['selected_cpu_capability'])\n"
+    )
+    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
+    assert result.returncode == 0, result.stderr
+    selected = result.stdout.strip().splitlines()[-1]
+    # ATen may lower the request to what this CPU supports; never raise it.
+    order = ["DEFAULT", "AVX2", "AVX512"]
+    assert order.index(selected) <= order.index(capability.upper())
+    if capability == "default":
+        assert selected == "DEFAULT"
+
+
+def test_cli_info_prints_the_build():
+    result = run_python("from fuseops.__main__ import main; raise SystemExit(main(['info']))")
+    assert result.returncode == 0, result.stderr
+    assert f"fuseops              {fuseops.__version__}" in result.stdout
+    assert "CPU build in use" in result.stdout
+
+
+def test_cmake_prefix_path_holds_the_package_config():
+    import os
+
+    assert os.path.isfile(os.path.join(fuseops.cmake_prefix_path, "fuseops", "fuseopsConfig.cmake"))
+    assert os.path.isfile(os.path.join(fuseops.include_dir, "fuseops", "fuseops.h"))
+    assert os.path.isfile(fuseops.library_path)

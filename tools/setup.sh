@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Sets up everything fuseops needs on a fresh Debian machine and builds it:
+# Debian packages (compiler, ninja, ccache, googletest, gdb), a virtualenv in
+# .venv with the CPU build of torch and the build tools, then
+# `pip install --no-build-isolation .` into it. Safe to re-run: a second run
+# only rebuilds what changed.
+#
+# Environment: FUSEOPS_VENV (default .venv), FUSEOPS_TORCH (default 2.13.0),
+# FUSEOPS_BUILD_DIR (default build/wheel; ctest runs in it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${FUSEOPS_VENV:-.venv}
+torch_version=${FUSEOPS_TORCH:-2.13.0}
+build_dir=${FUSEOPS_BUILD_DIR:-build/wheel}
+
+apt_packages=(g++ ninja-build ccache libgtest-dev gdb python3-venv)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== creating $venv"
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  echo "== installing torch==$torch_version and build tools into $venv"
+  "$py" -m pip install -q --upgrade pip
+  "$py" -m pip install -q "torch==$torch_version"
+fi
+"$py" -m pip install -q "scikit-build-core>=0.10" "cmake>=3.26" ninja pytest numpy expecttest
+
+echo "== building and installing fuseops (build dir: $build_dir)"
+# A venv's bin/ must come first so CMake finds its python (and its torch).
+export PATH="$PWD/$venv/bin:$PATH"
+"$py" -m pip install -q --no-build-isolation \
+  -C build-dir="$build_dir" \
+  -C cmake.define.FUSEOPS_BUILD_TESTS=ON \
+  ${FUSEOPS_PIP_ARGS:-} .

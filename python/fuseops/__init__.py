@@ -13,7 +13,7 @@ from . import _loader
 _loader.load()
 
 from . import _C  # noqa: E402  (needs the library loaded first)
-from . import reference  # noqa: E402
+from . import nn, reference  # noqa: E402
 from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
 from .ops import relu, relu_backward  # noqa: E402
 
@@ -37,6 +37,7 @@ __all__ = [
     "cmake_prefix_path",
     "include_dir",
     "library_path",
+    "nn",
     "reference",
     "relu",
     "relu_backward",

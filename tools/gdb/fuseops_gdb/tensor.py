@@ -274,7 +274,7 @@ def _requires_grad(impl: gdb.Value) -> bool:
         return False
     # torch::autograd::AutogradMeta is the only implementation of the
     # interface in torch; read it as that.
-    autograd_meta = meta.cast(lookup_type("torch::autograd::AutogradMeta").pointer()).dereference()
+    autograd_meta = meta.reinterpret_cast(lookup_type("torch::autograd::AutogradMeta").pointer()).dereference()
     if bool(member(autograd_meta, "requires_grad_")):
         return True
     return address_of(pointer_of(member(autograd_meta, "grad_fn_"))) != 0

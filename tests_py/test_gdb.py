@@ -5,9 +5,10 @@ fixture_stop(). gdb prints every case live, writes a core file, and prints
 them again from the core file; the same cases are printed from the -O2 build
 of the fixture. The output is compared line by line with EXPECTED.
 
-The fixture programs come from FUSEOPS_GDB_FIXTURE_DIR (a CMake build folder
-of the fuseops tree or of tests_cpp/gdb alone, e.g. build/.../tests_cpp/gdb);
-when it is not set they are built here with CMake, in pytest's cache folder.
+The fixture programs come from FUSEOPS_GDB_FIXTURE_DIR, the folder of a
+CMake build that holds them (e.g. build/dev/tests_cpp/gdb; missing ones are
+built there, as they are not part of "all"); when it is not set, tests_cpp/gdb
+is configured and built on its own here, in pytest's cache folder.
 """
 
 from __future__ import annotations
@@ -172,10 +173,17 @@ def _run(command: list[str], what: str, timeout: float) -> subprocess.CompletedP
 @pytest.fixture(scope="module")
 def fixture_dir(request: pytest.FixtureRequest) -> Path:
     configured = os.environ.get("FUSEOPS_GDB_FIXTURE_DIR")
+    cmake = shutil.which("cmake")
     if configured:
-        directory = Path(configured)
+        directory = Path(configured).resolve()
+        # Inside the fuseops build the fixtures are not part of "all": build
+        # them in the CMake build folder that holds this one.
+        top = next((d for d in (directory, *directory.parents) if (d / "CMakeCache.txt").is_file()), None)
+        missing = [name for name in FIXTURE_FILES.values() if not (directory / name).is_file()]
+        if missing and top is not None and cmake is not None:
+            _run([cmake, "--build", str(top), "--target", *FIXTURE_FILES],
+                 "building the gdb fixture", timeout=1200)
     else:
-        cmake = shutil.which("cmake")
         if cmake is None:
             pytest.fail("cmake is needed to build the gdb fixture (or set FUSEOPS_GDB_FIXTURE_DIR)")
         key = hashlib.sha256(f"{sys.executable}\n{ROOT}".encode()).hexdigest()[:12]

@@ -7,7 +7,7 @@ import os
 import gdb
 
 from . import settings
-from ._layout import address_of, optional_of, pointer_of, type_name
+from ._layout import optional_of, pointer_of, type_name
 from .printers import impl_of_tensor, tensor_text
 from .tensor import safe
 

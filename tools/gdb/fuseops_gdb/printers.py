@@ -13,14 +13,13 @@ import gdb
 import gdb.printing
 
 from . import settings
-from ._layout import Invalid, address_of, enumerators, member, pointer_of, type_name
+from ._layout import Invalid, LayoutError, address_of, enumerators, member, pointer_of, type_name
 from .tensor import (
     device_name,
     format_tensor,
     read_symint,
     read_tensor_impl,
     safe,
-    scalar_type_name,
     SCALAR_TYPES,
     type_meta_dtype,
 )
@@ -106,7 +105,7 @@ class ArrayRefPrinter:
     def children(self):
         try:
             data, length = self._data_and_length()
-        except (gdb.error, Exception):
+        except (gdb.error, LayoutError, Invalid):
             return
         # gdb stops asking after `print elements` children: garbage lengths
         # cost nothing.
@@ -143,7 +142,7 @@ class SmallVectorPrinter:
             if size > capacity:
                 return
             begin = member(self.value, "BeginX").cast(self._element_type().pointer())
-        except (gdb.error, Exception):
+        except (gdb.error, LayoutError, Invalid):
             return
         for i in range(size):
             yield f"[{i}]", begin[i]

@@ -14,4 +14,6 @@ echo "== ctest ($build_dir)"
 ctest --test-dir "$build_dir" --output-on-failure -j2
 
 echo "== pytest"
+# The gdb printer tests build their fixture programs in this CMake build.
+export FUSEOPS_GDB_FIXTURE_DIR="$PWD/$build_dir/tests_cpp/gdb"
 python -m pytest tests_py "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -31,3 +32,25 @@ def run_python(code: str, env_overrides: dict[str, str] | None = None) -> subpro
 @pytest.fixture(autouse=True)
 def _deterministic_seed():
     torch.manual_seed(0)
+
+
+@functools.lru_cache(maxsize=None)
+def _native_cpu_capability() -> str:
+    # ATen's own pick in a fresh process without ATEN_CPU_CAPABILITY: the best
+    # this CPU supports.
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        env=env, capture_output=True, text=True, timeout=300, check=True,
+    )
+    return result.stdout.strip().upper()
+
+
+def cpu_runs(capability: str) -> bool:
+    """Whether this CPU can execute code built for `capability` (ATen does
+    not lower a forced ATEN_CPU_CAPABILITY the CPU lacks)."""
+    order = ["DEFAULT", "AVX2", "AVX512"]
+    native = _native_cpu_capability()
+    if native not in order:
+        return capability.upper() == "DEFAULT"
+    return order.index(capability.upper()) <= order.index(native)

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Sets up (tools/setup.sh) and runs the main job: how fuseops was built, then
-# a relu forward/backward demo.
+# Sets up (tools/setup.sh, which also installs the bench extra: matplotlib and
+# tqdm) and runs the main job: how fuseops was built, the quick benchmark
+# against eager PyTorch, torch.compile and the native ops (table, JSON, CSV and
+# chart in bench-results/), then the training demo (summary and loss curves in
+# demo-results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 venv=${FUSEOPS_VENV:-.venv}
 "$venv/bin/python" -m fuseops info
-"$venv/bin/python" -m fuseops demo
+echo "== python -m fuseops bench (quick preset)"
+"$venv/bin/python" -m fuseops bench --out bench-results
+echo "== python -m fuseops demo"
+"$venv/bin/python" -m fuseops demo --out demo-results
+echo "== results: bench-results/bench.txt (table), bench-results/speedup.png (chart),"
+echo "   bench-results/bench.json and .csv; demo-results/demo.json and demo-loss.png"

@@ -37,11 +37,16 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q "torch==$torch_version"
 fi
-"$py" -m pip install -q "scikit-build-core>=0.10" "cmake>=3.26" ninja pytest numpy expecttest
+# matplotlib and tqdm: the bench extra, which the bench and demo tests exercise.
+"$py" -m pip install -q "scikit-build-core>=0.10" "cmake>=3.26" ninja pytest numpy expecttest \
+  matplotlib tqdm
 
 echo "== building and installing fuseops (build dir: $build_dir)"
 # A venv's bin/ must come first so CMake finds its python (and its torch).
 export PATH="$PWD/$venv/bin:$PATH"
+# ccache hashes paths relative to the checkout, so a fresh clone elsewhere
+# reuses what an earlier build compiled.
+export CCACHE_BASEDIR="$PWD"
 "$py" -m pip install -q --no-build-isolation \
   -C build-dir="$build_dir" \
   -C cmake.define.FUSEOPS_BUILD_TESTS=ON \

@@ -1,4 +1,4 @@
-"""Command line: ``python -m fuseops info|demo``."""
+"""Command line: ``python -m fuseops info|bench|demo|gdb-init``."""
 
 from __future__ import annotations
 
@@ -31,31 +31,33 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    import torch
+def _cmd_gdb_init(args: argparse.Namespace) -> int:
+    from . import gdb
 
-    import fuseops
-
-    torch.manual_seed(0)
-    x = torch.randn(4, 6, requires_grad=True)
-    y = fuseops.relu(x)
-    y.sum().backward()
-    print("x =", x.detach(), sep="\n")
-    print("fuseops.relu(x) =", y.detach(), sep="\n")
-    print("d/dx sum(relu(x)) =", x.grad, sep="\n")
-    expected = (x.detach() > 0).to(x.dtype)
-    ok = torch.equal(y.detach(), torch.relu(x.detach())) and torch.equal(x.grad, expected)
-    print("matches torch.relu and its gradient:", "yes" if ok else "NO")
-    return 0 if ok else 1
+    print("\n".join(gdb.gdb_init_lines()))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuseops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print how fuseops was built").set_defaults(func=_cmd_info)
-    sub.add_parser("demo", help="relu forward and backward on a small tensor").set_defaults(
-        func=_cmd_demo
-    )
+    sub.add_parser(
+        "gdb-init", help="print the lines that make gdb load the fuseops tensor printers"
+    ).set_defaults(func=_cmd_gdb_init)
+    from . import bench, demo
+
+    bench_parser = sub.add_parser(
+        "bench", help="time fuseops against its peers (eager, torch.compile, native), "
+        "check results, write table, JSON, CSV and chart",
+        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_arguments(bench_parser)
+    bench_parser.set_defaults(func=bench.run)
+    demo_parser = sub.add_parser(
+        "demo", help="train a small Llama-style model with torch.nn and with fuseops modules",
+        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(func=demo.run)
     args = parser.parse_args(argv)
     return args.func(args)
 

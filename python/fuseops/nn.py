@@ -13,6 +13,8 @@ from typing import Callable, Optional
 
 import torch
 
+from . import ops
+
 # torch.nn class -> (fuseops class, predicate saying whether an instance's
 # configuration is supported; None means always).
 _REPLACEMENTS: dict[type, tuple[type, Optional[Callable[[torch.nn.Module], bool]]]] = {}
@@ -62,4 +64,123 @@ def replace_modules(model: torch.nn.Module) -> list[Replacement]:
     return replaced
 
 
-__all__ = ["Replacement", "replace_modules"]
+@_replaces(torch.nn.LayerNorm, supported=lambda m: len(m.normalized_shape) == 1)
+class LayerNorm(torch.nn.LayerNorm):
+    """torch.nn.LayerNorm computed by fuseops.layer_norm (forward and backward).
+
+    Normalization over more than the last dimension, or an input whose dtype
+    differs from the parameters' (which fuseops.layer_norm rejects), takes
+    torch's own path, so the module accepts everything torch.nn.LayerNorm does.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        params_match = all(
+            p is None or p.dtype == input.dtype for p in (self.weight, self.bias)
+        )
+        if len(self.normalized_shape) != 1 or not params_match:
+            return super().forward(input)
+        return ops.layer_norm(input, self.weight, self.bias, self.eps)
+
+
+
+@_replaces(torch.nn.RMSNorm, supported=lambda m: len(m.normalized_shape) == 1)
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm computed by fuseops.rms_norm (forward and backward).
+
+    Normalization over more than the last dimension takes torch's own path,
+    so the module accepts everything torch.nn.RMSNorm does.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.normalized_shape) != 1:
+            return super().forward(x)
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+@_replaces(torch.nn.GELU)
+class GELU(torch.nn.GELU):
+    """torch.nn.GELU computed by fuseops.gelu (forward and backward)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return ops.gelu(input, self.approximate)
+
+
+@_replaces(torch.nn.SiLU, supported=lambda m: not m.inplace)
+class SiLU(torch.nn.SiLU):
+    """torch.nn.SiLU computed by fuseops.silu (forward and backward).
+
+    ``inplace=True`` is not fused (replace_modules leaves such modules alone;
+    constructed directly, it takes torch's in-place path)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.inplace:
+            return super().forward(input)
+        return ops.silu(input)
+
+
+class _GatedMLP(torch.nn.Module):
+    """Llama-style gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))``,
+    with the activation-times-up step fused."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        out_features: Optional[int] = None,
+        bias: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        out_features = in_features if out_features is None else out_features
+        self.gate_proj = torch.nn.Linear(in_features, hidden_features, bias=bias, **factory)
+        self.up_proj = torch.nn.Linear(in_features, hidden_features, bias=bias, **factory)
+        self.down_proj = torch.nn.Linear(hidden_features, out_features, bias=bias, **factory)
+
+
+class SwiGLU(_GatedMLP):
+    """SwiGLU MLP block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``
+    (parameter names as Llama's ``LlamaMLP``, so its checkpoints load)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class GeGLU(_GatedMLP):
+    """GeGLU MLP block: ``down_proj(gelu(gate_proj(x), approximate) * up_proj(x))``."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        out_features: Optional[int] = None,
+        bias: bool = False,
+        approximate: str = "none",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(in_features, hidden_features, out_features, bias, device, dtype)
+        if approximate not in ("none", "tanh"):
+            raise ValueError(
+                f"fuseops.nn.GeGLU: approximate must be 'none' or 'tanh', got {approximate!r}"
+            )
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.geglu(self.gate_proj(x), self.up_proj(x), self.approximate))
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+__all__ = [
+    "GELU",
+    "GeGLU",
+    "LayerNorm",
+    "RMSNorm",
+    "Replacement",
+    "SiLU",
+    "SwiGLU",
+    "replace_modules",
+]

@@ -1,0 +1,41 @@
+#pragma once
+
+#include <optional>
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+
+namespace fuseops {
+
+// Layer normalization over the last dimension of `input`, as
+// torch.nn.functional.layer_norm(input, {H}, weight, bias, eps) with
+// H = input.size(-1): (x - mean) / sqrt(var + eps) * weight + bias, with the
+// biased variance of each row. `weight` and `bias` are optional, of shape {H}
+// and input's dtype. bfloat16/float16 are computed in float32. Differentiable
+// with respect to input, weight and bias (C++ autograd); the result is
+// contiguous, with the shape of `input`.
+at::Tensor layer_norm(const at::Tensor& input,
+                      const std::optional<at::Tensor>& weight = std::nullopt,
+                      const std::optional<at::Tensor>& bias = std::nullopt,
+                      double eps = 1e-5);
+
+// layer_norm into a preallocated `out` (resized to input's shape if it
+// differs); `out` may be `input` itself. Not differentiable, like every out= op.
+at::Tensor& layer_norm_out(const at::Tensor& input,
+                           const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, double eps,
+                           at::Tensor& out);
+
+// Gradients of layer_norm given the per-row statistics its forward saved:
+// `mean` and `rstd` (1 / sqrt(var + eps)) have the shape input.shape[:-1] and
+// dtype float32 (float64 for float64 input). Returns
+// (grad_input, grad_weight, grad_bias); grad_weight = sum over rows of
+// grad_output * x_hat and grad_bias = sum over rows of grad_output, both of
+// shape {H} and computed in the same pass as grad_input, whether or not the
+// forward had a weight or bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+    const at::Tensor& rstd);
+
+}  // namespace fuseops

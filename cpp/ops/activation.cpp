@@ -1,0 +1,315 @@
+// fuseops::gelu, silu and bias_gelu: schemas, C++ API, shared checks, and the
+// CPU and Meta registrations. Kernels: cpp/ops/cpu/activation_kernel.cpp,
+// cuda/activation_kernel.cu; autograd: cpp/ops/autograd/activation.cpp.
+
+#include "ops/activation.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <fuseops/activation.h>
+
+#include "ops/activation_registration.h"
+#include "ops/common/checks.h"
+
+namespace fuseops {
+namespace detail {
+
+Activation parse_gelu_approximate(const char* op, std::string_view approximate) {
+  if (approximate == "none") {
+    return Activation::GeluErf;
+  }
+  if (approximate == "tanh") {
+    return Activation::GeluTanh;
+  }
+  TORCH_CHECK(false, op, ": argument 'approximate' must be 'none' or 'tanh', got '",
+              approximate, "'");
+}
+
+void fill_out(at::Tensor& out, at::ArrayRef<at::Tensor> inputs,
+              const std::function<void(const at::Tensor&)>& fill) {
+  bool direct = out.is_contiguous();
+  for (const at::Tensor& input : inputs) {
+    direct = direct && at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial;
+  }
+  if (direct) {
+    fill(out);
+  } else {
+    at::Tensor result = at::empty(out.sizes(), out.options());
+    fill(result);
+    out.copy_(result);
+  }
+}
+
+namespace {
+
+at::Tensor empty_contiguous_like(const at::Tensor& t) {
+  return at::empty(t.sizes(), t.options());
+}
+
+void check_bias_gelu_inputs(const char* op, const at::Tensor& input, const at::Tensor& bias) {
+  check_floating_input(op, "input", input);
+  check_floating_input(op, "bias", bias);
+  check_same_dtype(op, "bias", bias, "input", input);
+  check_same_device(op, "bias", bias, "input", input);
+  TORCH_CHECK(input.dim() >= 1, op,
+              ": argument 'input' must have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == input.size(-1), op,
+              ": argument 'bias' must be 1-D of size input.size(-1) = ", input.size(-1),
+              ", got shape ", bias.sizes());
+}
+
+}  // namespace
+
+at::Tensor activation_with(const char* op, const at::Tensor& input, Activation activation,
+                           ActivationKernel kernel) {
+  check_floating_input(op, "input", input);
+  at::Tensor out = empty_contiguous_like(input);
+  if (kernel != nullptr && input.numel() > 0) {
+    kernel(out, input.contiguous(), activation);
+  }
+  return out;
+}
+
+at::Tensor& activation_out_with(const char* op, const at::Tensor& input,
+                                Activation activation, at::Tensor& out,
+                                ActivationKernel kernel) {
+  check_floating_input(op, "input", input);
+  check_out(op, out, "input", input);
+  resize_out(out, input.sizes());
+  if (kernel == nullptr || input.numel() == 0) {
+    return out;
+  }
+  const at::Tensor contiguous_input = input.contiguous();
+  fill_out(out, {contiguous_input},
+           [&](const at::Tensor& target) { kernel(target, contiguous_input, activation); });
+  return out;
+}
+
+at::Tensor activation_backward_with(const char* op, const at::Tensor& grad_output,
+                                    const at::Tensor& input, Activation activation,
+                                    ActivationBackwardKernel kernel) {
+  check_floating_input(op, "grad_output", grad_output);
+  check_floating_input(op, "input", input);
+  check_same_dtype(op, "grad_output", grad_output, "input", input);
+  check_same_device(op, "grad_output", grad_output, "input", input);
+  check_same_shape(op, "grad_output", grad_output, "input", input);
+  at::Tensor grad_input = empty_contiguous_like(input);
+  if (kernel != nullptr && input.numel() > 0) {
+    kernel(grad_input, grad_output.contiguous(), input.contiguous(), activation);
+  }
+  return grad_input;
+}
+
+at::Tensor bias_gelu_with(const at::Tensor& input, const at::Tensor& bias,
+                          std::string_view approximate, BiasGeluKernel kernel) {
+  constexpr const char* op = "fuseops::bias_gelu";
+  check_bias_gelu_inputs(op, input, bias);
+  const Activation activation = parse_gelu_approximate(op, approximate);
+  at::Tensor out = empty_contiguous_like(input);
+  if (kernel != nullptr && input.numel() > 0) {
+    kernel(out, input.contiguous(), bias.contiguous(), activation);
+  }
+  return out;
+}
+
+at::Tensor& bias_gelu_out_with(const at::Tensor& input, const at::Tensor& bias,
+                               std::string_view approximate, at::Tensor& out,
+                               BiasGeluKernel kernel) {
+  constexpr const char* op = "fuseops::bias_gelu.out";
+  check_bias_gelu_inputs(op, input, bias);
+  const Activation activation = parse_gelu_approximate(op, approximate);
+  check_out(op, out, "input", input);
+  resize_out(out, input.sizes());
+  if (kernel == nullptr || input.numel() == 0) {
+    return out;
+  }
+  const at::Tensor contiguous_input = input.contiguous();
+  const at::Tensor contiguous_bias = bias.contiguous();
+  fill_out(out, {contiguous_input, contiguous_bias}, [&](const at::Tensor& target) {
+    kernel(target, contiguous_input, contiguous_bias, activation);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& grad_output,
+                                                           const at::Tensor& input,
+                                                           const at::Tensor& bias,
+                                                           std::string_view approximate,
+                                                           BiasGeluBackwardKernel kernel) {
+  constexpr const char* op = "fuseops::bias_gelu_backward";
+  check_floating_input(op, "grad_output", grad_output);
+  check_bias_gelu_inputs(op, input, bias);
+  check_same_dtype(op, "grad_output", grad_output, "input", input);
+  check_same_device(op, "grad_output", grad_output, "input", input);
+  check_same_shape(op, "grad_output", grad_output, "input", input);
+  const Activation activation = parse_gelu_approximate(op, approximate);
+  at::Tensor grad_input = empty_contiguous_like(input);
+  at::Tensor grad_bias = empty_contiguous_like(bias);
+  if (kernel == nullptr) {
+    return {grad_input, grad_bias};
+  }
+  if (input.numel() == 0) {
+    // No rows: the bias gradient is an empty sum.
+    grad_bias.zero_();
+    return {grad_input, grad_bias};
+  }
+  kernel(grad_input, grad_bias, grad_output.contiguous(), input.contiguous(),
+         bias.contiguous(), activation);
+  return {grad_input, grad_bias};
+}
+
+}  // namespace detail
+
+namespace cpu {
+FUSEOPS_DEFINE_CPU_KERNEL(activation_kernel, detail::ActivationKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(activation_backward_kernel, detail::ActivationBackwardKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(bias_gelu_kernel, detail::BiasGeluKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(bias_gelu_backward_kernel, detail::BiasGeluBackwardKernel);
+}  // namespace cpu
+
+// C++ API: through the dispatcher, so autograd and the device kernels apply.
+// Undefined tensors carry no dispatch key, so they are rejected here, before
+// the dispatcher would fail with a message that names no argument.
+at::Tensor gelu(const at::Tensor& input, std::string_view approximate) {
+  check_floating_input("fuseops::gelu", "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::gelu", "")
+                       .typed<at::Tensor(const at::Tensor&, c10::string_view)>();
+  return op.call(input, approximate);
+}
+
+at::Tensor& gelu_out(const at::Tensor& input, std::string_view approximate, at::Tensor& out) {
+  check_floating_input("fuseops::gelu.out", "input", input);
+  check_out("fuseops::gelu.out", out, "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::gelu", "out")
+                       .typed<void(const at::Tensor&, c10::string_view, at::Tensor&)>();
+  op.call(input, approximate, out);
+  return out;
+}
+
+at::Tensor gelu_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                         std::string_view approximate) {
+  check_floating_input("fuseops::gelu_backward", "grad_output", grad_output);
+  check_floating_input("fuseops::gelu_backward", "input", input);
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fuseops::gelu_backward", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(grad_output, input, approximate);
+}
+
+at::Tensor silu(const at::Tensor& input) {
+  check_floating_input("fuseops::silu", "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::silu", "")
+                       .typed<at::Tensor(const at::Tensor&)>();
+  return op.call(input);
+}
+
+at::Tensor& silu_out(const at::Tensor& input, at::Tensor& out) {
+  check_floating_input("fuseops::silu.out", "input", input);
+  check_out("fuseops::silu.out", out, "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::silu", "out")
+                       .typed<void(const at::Tensor&, at::Tensor&)>();
+  op.call(input, out);
+  return out;
+}
+
+at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input) {
+  check_floating_input("fuseops::silu_backward", "grad_output", grad_output);
+  check_floating_input("fuseops::silu_backward", "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::silu_backward", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(grad_output, input);
+}
+
+at::Tensor bias_gelu(const at::Tensor& input, const at::Tensor& bias,
+                     std::string_view approximate) {
+  check_floating_input("fuseops::bias_gelu", "input", input);
+  check_floating_input("fuseops::bias_gelu", "bias", bias);
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fuseops::bias_gelu", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(input, bias, approximate);
+}
+
+at::Tensor& bias_gelu_out(const at::Tensor& input, const at::Tensor& bias,
+                          std::string_view approximate, at::Tensor& out) {
+  check_floating_input("fuseops::bias_gelu.out", "input", input);
+  check_floating_input("fuseops::bias_gelu.out", "bias", bias);
+  check_out("fuseops::bias_gelu.out", out, "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::bias_gelu", "out")
+                       .typed<void(const at::Tensor&, const at::Tensor&, c10::string_view,
+                                   at::Tensor&)>();
+  op.call(input, bias, approximate, out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_output,
+                                                      const at::Tensor& input,
+                                                      const at::Tensor& bias,
+                                                      std::string_view approximate) {
+  constexpr const char* name = "fuseops::bias_gelu_backward";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "bias", bias);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(name, "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           c10::string_view)>();
+  return op.call(grad_output, input, bias, approximate);
+}
+
+namespace {
+
+struct CpuKernels {
+  static detail::ActivationKernel forward() { return cpu::activation_kernel.get(); }
+  static detail::ActivationBackwardKernel backward() {
+    return cpu::activation_backward_kernel.get();
+  }
+  static detail::BiasGeluKernel bias_gelu() { return cpu::bias_gelu_kernel.get(); }
+  static detail::BiasGeluBackwardKernel bias_gelu_backward() {
+    return cpu::bias_gelu_backward_kernel.get();
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuseops, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  m.def("gelu(Tensor input, str approximate='none') -> Tensor", tags);
+  // out= overloads return nothing: torch.compile can functionalize a custom
+  // op that mutates an argument, not one whose output aliases it.
+  m.def("gelu.out(Tensor input, str approximate='none', *, Tensor(a!) out) -> ()", tags);
+  m.def("gelu_backward(Tensor grad_output, Tensor input, str approximate='none') -> Tensor",
+        tags);
+  m.def("silu(Tensor input) -> Tensor", tags);
+  m.def("silu.out(Tensor input, *, Tensor(a!) out) -> ()", tags);
+  m.def("silu_backward(Tensor grad_output, Tensor input) -> Tensor", tags);
+  m.def("bias_gelu(Tensor input, Tensor bias, str approximate='none') -> Tensor", tags);
+  m.def(
+      "bias_gelu.out(Tensor input, Tensor bias, str approximate='none', *, Tensor(a!) out) -> ()",
+      tags);
+  m.def(
+      "bias_gelu_backward(Tensor grad_output, Tensor input, Tensor bias, "
+      "str approximate='none') -> (Tensor, Tensor)",
+      tags);
+}
+
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
+  detail::ActivationRegistrations<CpuKernels>::register_all(m);
+}
+
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  detail::ActivationRegistrations<detail::MetaActivationKernels>::register_all(m);
+}
+
+}  // namespace fuseops

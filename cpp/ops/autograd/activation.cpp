@@ -1,0 +1,178 @@
+// Autograd for fuseops::gelu, silu and bias_gelu, registered in C++ so
+// LibTorch programs get gradients without Python. gelu_backward and
+// silu_backward are differentiable too (double backward, gradgradcheck);
+// bias_gelu_backward is not: differentiating through it raises an error
+// instead of returning a silently wrong gradient.
+
+#include <cmath>
+#include <string>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/tanh.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <fuseops/activation.h>
+
+#include "ops/activation.h"
+
+namespace fuseops {
+namespace {
+
+using detail::Activation;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Second derivative f''(x), composed of ATen ops: only double backward
+// needs it, where clarity beats speed.
+at::Tensor activation_second_derivative(const at::Tensor& x, Activation activation) {
+  switch (activation) {
+    case Activation::Silu: {
+      const at::Tensor s = at::sigmoid(x);
+      return s * (1 - s) * (2 + x * (1 - 2 * s));
+    }
+    case Activation::GeluErf: {
+      // d/dx [Phi(x) + x phi(x)] = phi(x) (2 - x^2).
+      const double inv_sqrt_2pi = M_2_SQRTPI * M_SQRT1_2 * 0.5;
+      return inv_sqrt_2pi * at::exp(-0.5 * x * x) * (2 - x * x);
+    }
+    case Activation::GeluTanh: {
+      // f = x/2 (1 + tanh(u)), u = k (x + c x^3):
+      // f'' = (1 - t^2) (u' + x/2 (u'' - 2 t u'^2)).
+      const double k = M_SQRT2 * M_2_SQRTPI * 0.5;
+      const double c = 0.044715;
+      const at::Tensor t = at::tanh(k * (x + c * x * x * x));
+      const at::Tensor du = k * (1 + 3 * c * x * x);
+      const at::Tensor d2u = 6 * k * c * x;
+      return (1 - t * t) * (du + 0.5 * x * (d2u - 2 * t * du * du));
+    }
+  }
+  TORCH_CHECK(false, "fuseops: unknown activation");
+}
+
+// grad_input = grad_output * f'(input), differentiable in both.
+class ActivationBackwardFunction
+    : public torch::autograd::Function<ActivationBackwardFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad_output,
+                            const at::Tensor& input, const std::string& approximate,
+                            bool is_silu) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({grad_output, input});
+    ctx->saved_data["approximate"] = approximate;
+    ctx->saved_data["is_silu"] = is_silu;
+    return is_silu ? fuseops::silu_backward(grad_output, input)
+                   : fuseops::gelu_backward(grad_output, input, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& grad_output = saved[0];
+    const at::Tensor& input = saved[1];
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const bool is_silu = ctx->saved_data["is_silu"].toBool();
+    const at::Tensor& upstream = grads[0];
+    const Activation activation =
+        is_silu ? Activation::Silu
+                : detail::parse_gelu_approximate("fuseops::gelu_backward", approximate);
+    at::Tensor d_grad_output;
+    at::Tensor d_input;
+    if (ctx->needs_input_grad(0)) {
+      d_grad_output = is_silu ? fuseops::silu_backward(upstream, input)
+                              : fuseops::gelu_backward(upstream, input, approximate);
+    }
+    if (ctx->needs_input_grad(1)) {
+      d_input = upstream * grad_output * activation_second_derivative(input, activation);
+    }
+    return {d_grad_output, d_input, at::Tensor(), at::Tensor()};
+  }
+};
+
+class GeluFunction : public torch::autograd::Function<GeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const std::string& approximate) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({input});
+    ctx->saved_data["approximate"] = approximate;
+    return fuseops::gelu(input, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor input = ctx->get_saved_variables()[0];
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    return {ActivationBackwardFunction::apply(grads[0], input, approximate, false),
+            at::Tensor()};
+  }
+};
+
+class SiluFunction : public torch::autograd::Function<SiluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({input});
+    return fuseops::silu(input);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor input = ctx->get_saved_variables()[0];
+    return {ActivationBackwardFunction::apply(grads[0], input, std::string("none"), true)};
+  }
+};
+
+class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& bias, const std::string& approximate) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({input, bias});
+    ctx->saved_data["approximate"] = approximate;
+    return fuseops::bias_gelu(input, bias, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    auto [grad_input, grad_bias] =
+        fuseops::bias_gelu_backward(grads[0], saved[0], saved[1], approximate);
+    return {grad_input, grad_bias, at::Tensor()};
+  }
+};
+
+at::Tensor gelu_autograd(const at::Tensor& input, c10::string_view approximate) {
+  return GeluFunction::apply(input, std::string(approximate));
+}
+
+at::Tensor gelu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input,
+                                  c10::string_view approximate) {
+  return ActivationBackwardFunction::apply(grad_output, input, std::string(approximate), false);
+}
+
+at::Tensor silu_autograd(const at::Tensor& input) {
+  return SiluFunction::apply(input);
+}
+
+at::Tensor silu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input) {
+  return ActivationBackwardFunction::apply(grad_output, input, std::string("none"), true);
+}
+
+at::Tensor bias_gelu_autograd(const at::Tensor& input, const at::Tensor& bias,
+                              c10::string_view approximate) {
+  return BiasGeluFunction::apply(input, bias, std::string(approximate));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
+  m.impl("gelu", TORCH_FN(gelu_autograd));
+  m.impl("gelu_backward", TORCH_FN(gelu_backward_autograd));
+  m.impl("silu", TORCH_FN(silu_autograd));
+  m.impl("silu_backward", TORCH_FN(silu_backward_autograd));
+  m.impl("bias_gelu", TORCH_FN(bias_gelu_autograd));
+  m.impl("bias_gelu_backward", torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace fuseops

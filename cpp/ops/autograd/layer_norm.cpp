@@ -1,0 +1,96 @@
+// Autograd for fuseops::layer_norm, registered in C++ so LibTorch programs get
+// gradients without Python. The forward keeps the per-row mean and rstd, so
+// backward reads each input once and never recomputes the statistics.
+// layer_norm_backward has no derivative of its own: asking for one (double
+// backward) is an error, not a silently missing term.
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <fuseops/layer_norm.h>
+
+#include "ops/layer_norm.h"
+
+namespace fuseops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool requires_grad(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() && t->requires_grad();
+}
+
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, mean, rstd] = detail::layer_norm_forward(input, weight, bias, eps);
+    const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+    ctx->save_for_backward({input, w, mean, rstd});
+    ctx->saved_data["has_weight"] = w.defined();
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const std::optional<at::Tensor> weight =
+        ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[1])
+                                               : std::nullopt;
+    auto [grad_input, grad_weight, grad_bias] =
+        fuseops::layer_norm_backward(grads[0], input, weight, saved[2], saved[3]);
+    return {grad_input, weight.has_value() ? grad_weight : at::Tensor(),
+            ctx->saved_data["has_bias"].toBool() ? grad_bias : at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor layer_norm_autograd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, double eps) {
+  if (!at::GradMode::is_enabled() ||
+      !(input.requires_grad() || requires_grad(weight) || requires_grad(bias))) {
+    // No graph to record: skip saving the statistics.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::layer_norm(input, weight, bias, eps);
+  }
+  return LayerNormFunction::apply(input, weight, bias, eps);
+}
+
+// The statistics-keeping forward exists for this file's LayerNormFunction;
+// gradients go through fuseops::layer_norm.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_autograd(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!at::GradMode::is_enabled() ||
+                  !(input.requires_grad() || requires_grad(weight) || requires_grad(bias)),
+              "fuseops::_layer_norm_forward is not differentiable: call "
+              "fuseops::layer_norm for gradients");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return detail::layer_norm_forward(input, weight, bias, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_autograd(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+    const at::Tensor& rstd) {
+  TORCH_CHECK(!at::GradMode::is_enabled() ||
+                  !(grad_output.requires_grad() || input.requires_grad() ||
+                    requires_grad(weight) || mean.requires_grad() || rstd.requires_grad()),
+              "fuseops::layer_norm_backward is not differentiable: double backward "
+              "through fuseops::layer_norm is not supported");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::layer_norm_backward(grad_output, input, weight, mean, rstd);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
+  m.impl("layer_norm", TORCH_FN(layer_norm_autograd));
+  m.impl("_layer_norm_forward", TORCH_FN(layer_norm_forward_autograd));
+  m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_autograd));
+}
+
+}  // namespace fuseops

@@ -1,0 +1,190 @@
+// Autograd for fuseops::rms_norm and fuseops::fused_add_rms_norm, registered
+// in C++ so LibTorch programs get gradients without Python. The forward saves
+// the per-row rstd; the backward is one fused op (input and weight gradients
+// in one pass). Double backward (create_graph=True) differentiates an ATen
+// composite of the same gradient formula instead.
+
+#include <initializer_list>
+#include <optional>
+
+#include <ATen/OpMathType.h>
+#include <ATen/TensorOperators.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <fuseops/rms_norm.h>
+
+#include "ops/rms_norm.h"
+
+namespace fuseops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::optional<at::Tensor> optional_tensor(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+// Gradients of out = x * rstd(x) * weight in differentiable ATen ops, for
+// create_graph=True; in the computation dtype, cast back like the fused op.
+std::tuple<at::Tensor, at::Tensor> composite_backward(const at::Tensor& grad,
+                                                      const at::Tensor& input,
+                                                      const at::Tensor& weight, double eps) {
+  const at::ScalarType opmath = at::toOpMathType(input.scalar_type());
+  const at::Tensor x = input.to(opmath);
+  const at::Tensor g = grad.to(opmath);
+  const at::Tensor rstd = (x.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();
+  const at::Tensor x_hat = x * rstd;
+  const at::Tensor g_hat = weight.defined() ? g * weight.to(opmath) : g;
+  const at::Tensor grad_input =
+      rstd * (g_hat - x_hat * (g_hat * x_hat).mean(-1, /*keepdim=*/true));
+  at::Tensor grad_weight;
+  if (weight.defined()) {
+    grad_weight = (g * x_hat).reshape({-1, x.size(-1)}).sum(0).to(weight.scalar_type());
+  }
+  return {grad_input.to(input.scalar_type()), grad_weight};
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  // Returns (out, rstd); rstd is not differentiable.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const std::optional<at::Tensor>& weight,
+                               std::optional<double> eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, rstd] = fuseops::rms_norm_forward(input, weight, eps);
+    ctx->mark_non_differentiable({rstd});
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({input, weight.value_or(at::Tensor()), rstd});
+    ctx->saved_data["eps"] = detail::resolve_eps(eps, input);
+    return {out, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& rstd = saved[2];
+    if (!grads[0].defined()) {
+      return {at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    at::Tensor grad_input, grad_weight;
+    if (at::GradMode::is_enabled()) {
+      std::tie(grad_input, grad_weight) =
+          composite_backward(grads[0], input, weight, ctx->saved_data["eps"].toDouble());
+    } else {
+      std::tie(grad_input, grad_weight) =
+          fuseops::rms_norm_backward(grads[0], input, optional_tensor(weight), rstd);
+    }
+    return {grad_input, weight.defined() ? grad_weight : at::Tensor(), at::Tensor()};
+  }
+};
+
+class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNormFunction> {
+ public:
+  // Returns (out, new_residual, rstd); rstd is not differentiable.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight,
+                               std::optional<double> eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, new_residual, rstd] =
+        fuseops::fused_add_rms_norm_forward(input, residual, weight, eps);
+    ctx->mark_non_differentiable({rstd});
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({new_residual, weight.value_or(at::Tensor()), rstd});
+    ctx->saved_data["eps"] = detail::resolve_eps(eps, input);
+    return {out, new_residual, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& new_residual = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& rstd = saved[2];
+    const at::Tensor& grad_out = grads[0];
+    const at::Tensor& grad_new_residual = grads[1];
+    // new_residual = input + residual: both receive the gradient of
+    // new_residual, which sums its two uses (the norm and the output).
+    at::Tensor grad_sum, grad_weight;
+    if (!grad_out.defined()) {
+      grad_sum = grad_new_residual;
+    } else if (at::GradMode::is_enabled()) {
+      std::tie(grad_sum, grad_weight) = composite_backward(
+          grad_out, new_residual, weight, ctx->saved_data["eps"].toDouble());
+      if (grad_new_residual.defined()) {
+        grad_sum = grad_sum + grad_new_residual;
+      }
+    } else {
+      std::tie(grad_sum, grad_weight) = fuseops::fused_add_rms_norm_backward(
+          grad_out, optional_tensor(grad_new_residual), new_residual,
+          optional_tensor(weight), rstd);
+    }
+    return {grad_sum, grad_sum, weight.defined() ? grad_weight : at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor weight_or_undefined(const std::optional<at::Tensor>& weight) {
+  return weight.has_value() ? *weight : at::Tensor();
+}
+
+// Without a gradient to record, the plain op runs: no rstd to allocate.
+bool records_grad(std::initializer_list<at::Tensor> inputs) {
+  if (!at::GradMode::is_enabled()) {
+    return false;
+  }
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+at::Tensor rms_norm_autograd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                             std::optional<double> eps) {
+  if (!records_grad({input, weight_or_undefined(weight)})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::rms_norm(input, weight, eps);
+  }
+  return RmsNormFunction::apply(input, weight, eps)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_autograd(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps) {
+  const variable_list result = RmsNormFunction::apply(input, weight, eps);
+  return {result[0], result[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
+    const at::Tensor& input, const at::Tensor& residual,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  if (!records_grad({input, residual, weight_or_undefined(weight)})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::fused_add_rms_norm(input, residual, weight, eps);
+  }
+  const variable_list result =
+      FusedAddRmsNormFunction::apply(input, residual, weight, eps);
+  return {result[0], result[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_autograd(
+    const at::Tensor& input, const at::Tensor& residual,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  const variable_list result =
+      FusedAddRmsNormFunction::apply(input, residual, weight, eps);
+  return {result[0], result[1], result[2]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
+  m.impl("rms_norm", TORCH_FN(rms_norm_autograd));
+  m.impl("rms_norm_forward", TORCH_FN(rms_norm_forward_autograd));
+  m.impl("fused_add_rms_norm", TORCH_FN(fused_add_rms_norm_autograd));
+  m.impl("fused_add_rms_norm_forward", TORCH_FN(fused_add_rms_norm_forward_autograd));
+}
+
+}  // namespace fuseops

@@ -1,0 +1,338 @@
+// fuseops::swiglu and geglu (separate and packed forms): schemas, C++ API,
+// shared checks, and the CPU and Meta registrations. Kernels:
+// cpp/ops/cpu/gated_activation_kernel.cpp, cuda/gated_activation_kernel.cu;
+// autograd: cpp/ops/autograd/gated_activation.cpp.
+
+#include "ops/gated_activation.h"
+
+#include <ATen/TensorUtils.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <fuseops/gated_activation.h>
+
+#include "ops/common/checks.h"
+#include "ops/gated_activation_registration.h"
+
+namespace fuseops {
+namespace detail {
+namespace {
+
+int64_t last_dim_size(const at::Tensor& t) {
+  return t.dim() == 0 ? 1 : t.size(-1);
+}
+
+// `t` as [numel / cols, cols] with contiguous rows: a view when its strides
+// allow one (e.g. a half of a packed tensor), else a contiguous copy.
+at::Tensor as_rows(const at::Tensor& t, int64_t cols) {
+  const int64_t rows = cols == 0 ? 0 : t.numel() / cols;
+  const std::vector<int64_t> shape = {rows, cols};
+  if (const auto strides = at::detail::computeStride(t.sizes(), t.strides(), shape);
+      strides.has_value() && ((*strides)[1] == 1 || cols == 1)) {
+    return t.as_strided(shape, {(*strides)[0], 1});
+  }
+  return t.contiguous().view(shape);
+}
+
+void check_gate_and_up(const char* op, const at::Tensor& gate, const at::Tensor& up) {
+  check_floating_input(op, "gate", gate);
+  check_floating_input(op, "up", up);
+  check_same_dtype(op, "up", up, "gate", gate);
+  check_same_device(op, "up", up, "gate", gate);
+  check_same_shape(op, "up", up, "gate", gate);
+}
+
+void check_packed(const char* op, const at::Tensor& input) {
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(input.dim() >= 1 && input.size(-1) % 2 == 0, op,
+              ": argument 'input' must have an even last dimension (the gate half, then the "
+              "up half), got shape ",
+              input.sizes());
+}
+
+std::vector<int64_t> packed_output_shape(const at::Tensor& input) {
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.back() /= 2;
+  return shape;
+}
+
+// The gate and up halves of a packed tensor, as [rows, H] views.
+std::pair<at::Tensor, at::Tensor> packed_halves(const at::Tensor& packed) {
+  const int64_t hidden = packed.size(-1) / 2;
+  const at::Tensor rows = as_rows(packed, 2 * hidden);
+  return {rows.narrow(1, 0, hidden), rows.narrow(1, hidden, hidden)};
+}
+
+}  // namespace
+
+at::Tensor gated_with(const char* op, const at::Tensor& gate, const at::Tensor& up,
+                      Activation activation, GatedKernel kernel) {
+  check_gate_and_up(op, gate, up);
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
+  if (kernel != nullptr && gate.numel() > 0) {
+    const int64_t cols = last_dim_size(gate);
+    kernel(out.view({-1, cols}), as_rows(gate, cols), as_rows(up, cols), activation);
+  }
+  return out;
+}
+
+at::Tensor& gated_out_with(const char* op, const at::Tensor& gate, const at::Tensor& up,
+                           Activation activation, at::Tensor& out, GatedKernel kernel) {
+  check_gate_and_up(op, gate, up);
+  check_out(op, out, "gate", gate);
+  resize_out(out, gate.sizes());
+  if (kernel == nullptr || gate.numel() == 0) {
+    return out;
+  }
+  const int64_t cols = last_dim_size(gate);
+  const at::Tensor gate_rows = as_rows(gate, cols);
+  const at::Tensor up_rows = as_rows(up, cols);
+  fill_out(out, {gate_rows, up_rows}, [&](const at::Tensor& target) {
+    kernel(target.view({-1, cols}), gate_rows, up_rows, activation);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
+                                                       const at::Tensor& grad_output,
+                                                       const at::Tensor& gate,
+                                                       const at::Tensor& up,
+                                                       Activation activation,
+                                                       GatedBackwardKernel kernel) {
+  check_floating_input(op, "grad_output", grad_output);
+  check_gate_and_up(op, gate, up);
+  check_same_dtype(op, "grad_output", grad_output, "gate", gate);
+  check_same_device(op, "grad_output", grad_output, "gate", gate);
+  check_same_shape(op, "grad_output", grad_output, "gate", gate);
+  at::Tensor grad_gate = at::empty(gate.sizes(), gate.options());
+  at::Tensor grad_up = at::empty(up.sizes(), up.options());
+  if (kernel != nullptr && gate.numel() > 0) {
+    const int64_t cols = last_dim_size(gate);
+    kernel(grad_gate.view({-1, cols}), grad_up.view({-1, cols}), as_rows(grad_output, cols),
+           as_rows(gate, cols), as_rows(up, cols), activation);
+  }
+  return {grad_gate, grad_up};
+}
+
+at::Tensor gated_packed_with(const char* op, const at::Tensor& input, Activation activation,
+                             GatedKernel kernel) {
+  check_packed(op, input);
+  at::Tensor out = at::empty(packed_output_shape(input), input.options());
+  if (kernel != nullptr && input.numel() > 0) {
+    const auto [gate, up] = packed_halves(input);
+    kernel(out.view({-1, gate.size(1)}), gate, up, activation);
+  }
+  return out;
+}
+
+at::Tensor& gated_packed_out_with(const char* op, const at::Tensor& input,
+                                  Activation activation, at::Tensor& out, GatedKernel kernel) {
+  check_packed(op, input);
+  check_out(op, out, "input", input);
+  resize_out(out, packed_output_shape(input));
+  if (kernel == nullptr || input.numel() == 0) {
+    return out;
+  }
+  const auto halves = packed_halves(input);
+  const at::Tensor& gate = halves.first;
+  const at::Tensor& up = halves.second;
+  fill_out(out, {gate, up}, [&](const at::Tensor& target) {
+    kernel(target.view({-1, gate.size(1)}), gate, up, activation);
+  });
+  return out;
+}
+
+at::Tensor gated_packed_backward_with(const char* op, const at::Tensor& grad_output,
+                                      const at::Tensor& input, Activation activation,
+                                      GatedBackwardKernel kernel) {
+  check_floating_input(op, "grad_output", grad_output);
+  check_packed(op, input);
+  check_same_dtype(op, "grad_output", grad_output, "input", input);
+  check_same_device(op, "grad_output", grad_output, "input", input);
+  const std::vector<int64_t> output_shape = packed_output_shape(input);
+  TORCH_CHECK(grad_output.sizes() == at::IntArrayRef(output_shape), op,
+              ": argument 'grad_output' must have the shape of the output ",
+              at::IntArrayRef(output_shape), " (input ", input.sizes(),
+              " with its last dimension halved), got ", grad_output.sizes());
+  at::Tensor grad_input = at::empty(input.sizes(), input.options());
+  if (kernel != nullptr && input.numel() > 0) {
+    const auto [gate, up] = packed_halves(input);
+    const auto [grad_gate, grad_up] = packed_halves(grad_input);
+    kernel(grad_gate, grad_up, as_rows(grad_output, gate.size(1)), gate, up, activation);
+  }
+  return grad_input;
+}
+
+}  // namespace detail
+
+namespace cpu {
+FUSEOPS_DEFINE_CPU_KERNEL(gated_kernel, detail::GatedKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(gated_backward_kernel, detail::GatedBackwardKernel);
+}  // namespace cpu
+
+// C++ API: through the dispatcher, so autograd and the device kernels apply.
+// Undefined tensors carry no dispatch key, so they are rejected here, before
+// the dispatcher would fail with a message that names no argument.
+namespace {
+
+using TensorPair = std::tuple<at::Tensor, at::Tensor>;
+
+void check_defined_pair(const char* op, const at::Tensor& gate, const at::Tensor& up) {
+  check_floating_input(op, "gate", gate);
+  check_floating_input(op, "up", up);
+}
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).typed<Signature>();
+}
+
+}  // namespace
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  check_defined_pair("fuseops::swiglu", gate, up);
+  static auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+      "fuseops::swiglu", "");
+  return op.call(gate, up);
+}
+
+at::Tensor& swiglu_out(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  check_defined_pair("fuseops::swiglu.out", gate, up);
+  check_out("fuseops::swiglu.out", out, "gate", gate);
+  static auto op = find_op<void(const at::Tensor&, const at::Tensor&, at::Tensor&)>(
+      "fuseops::swiglu", "out");
+  op.call(gate, up, out);
+  return out;
+}
+
+TensorPair swiglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
+                           const at::Tensor& up) {
+  check_floating_input("fuseops::swiglu_backward", "grad_output", grad_output);
+  check_defined_pair("fuseops::swiglu_backward", gate, up);
+  static auto op =
+      find_op<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+          "fuseops::swiglu_backward", "");
+  return op.call(grad_output, gate, up);
+}
+
+at::Tensor swiglu_packed(const at::Tensor& input) {
+  check_floating_input("fuseops::swiglu.packed", "input", input);
+  static auto op = find_op<at::Tensor(const at::Tensor&)>("fuseops::swiglu", "packed");
+  return op.call(input);
+}
+
+at::Tensor& swiglu_packed_out(const at::Tensor& input, at::Tensor& out) {
+  check_floating_input("fuseops::swiglu.packed_out", "input", input);
+  check_out("fuseops::swiglu.packed_out", out, "input", input);
+  static auto op =
+      find_op<void(const at::Tensor&, at::Tensor&)>("fuseops::swiglu", "packed_out");
+  op.call(input, out);
+  return out;
+}
+
+at::Tensor swiglu_packed_backward(const at::Tensor& grad_output, const at::Tensor& input) {
+  check_floating_input("fuseops::swiglu_backward.packed", "grad_output", grad_output);
+  check_floating_input("fuseops::swiglu_backward.packed", "input", input);
+  static auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>(
+      "fuseops::swiglu_backward", "packed");
+  return op.call(grad_output, input);
+}
+
+at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up, std::string_view approximate) {
+  check_defined_pair("fuseops::geglu", gate, up);
+  static auto op =
+      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>(
+          "fuseops::geglu", "");
+  return op.call(gate, up, approximate);
+}
+
+at::Tensor& geglu_out(const at::Tensor& gate, const at::Tensor& up,
+                      std::string_view approximate, at::Tensor& out) {
+  check_defined_pair("fuseops::geglu.out", gate, up);
+  check_out("fuseops::geglu.out", out, "gate", gate);
+  static auto op =
+      find_op<void(const at::Tensor&, const at::Tensor&, c10::string_view, at::Tensor&)>(
+          "fuseops::geglu", "out");
+  op.call(gate, up, approximate, out);
+  return out;
+}
+
+TensorPair geglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
+                          const at::Tensor& up, std::string_view approximate) {
+  check_floating_input("fuseops::geglu_backward", "grad_output", grad_output);
+  check_defined_pair("fuseops::geglu_backward", gate, up);
+  static auto op = find_op<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      c10::string_view)>("fuseops::geglu_backward", "");
+  return op.call(grad_output, gate, up, approximate);
+}
+
+at::Tensor geglu_packed(const at::Tensor& input, std::string_view approximate) {
+  check_floating_input("fuseops::geglu.packed", "input", input);
+  static auto op =
+      find_op<at::Tensor(const at::Tensor&, c10::string_view)>("fuseops::geglu", "packed");
+  return op.call(input, approximate);
+}
+
+at::Tensor& geglu_packed_out(const at::Tensor& input, std::string_view approximate,
+                             at::Tensor& out) {
+  check_floating_input("fuseops::geglu.packed_out", "input", input);
+  check_out("fuseops::geglu.packed_out", out, "input", input);
+  static auto op = find_op<void(const at::Tensor&, c10::string_view, at::Tensor&)>(
+      "fuseops::geglu", "packed_out");
+  op.call(input, approximate, out);
+  return out;
+}
+
+at::Tensor geglu_packed_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                                 std::string_view approximate) {
+  check_floating_input("fuseops::geglu_backward.packed", "grad_output", grad_output);
+  check_floating_input("fuseops::geglu_backward.packed", "input", input);
+  static auto op =
+      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>(
+          "fuseops::geglu_backward", "packed");
+  return op.call(grad_output, input, approximate);
+}
+
+namespace {
+
+struct CpuGatedKernels {
+  static detail::GatedKernel forward() { return cpu::gated_kernel.get(); }
+  static detail::GatedBackwardKernel backward() { return cpu::gated_backward_kernel.get(); }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuseops, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  // Packed overloads take one [..., 2*H] tensor: gate = input[..., :H],
+  // up = input[..., H:]. out= overloads return nothing (see relu.out).
+  m.def("swiglu(Tensor gate, Tensor up) -> Tensor", tags);
+  m.def("swiglu.out(Tensor gate, Tensor up, *, Tensor(a!) out) -> ()", tags);
+  m.def("swiglu.packed(Tensor input) -> Tensor", tags);
+  m.def("swiglu.packed_out(Tensor input, *, Tensor(a!) out) -> ()", tags);
+  m.def("swiglu_backward(Tensor grad_output, Tensor gate, Tensor up) -> (Tensor, Tensor)", tags);
+  m.def("swiglu_backward.packed(Tensor grad_output, Tensor input) -> Tensor", tags);
+  m.def("geglu(Tensor gate, Tensor up, str approximate='none') -> Tensor", tags);
+  m.def("geglu.out(Tensor gate, Tensor up, str approximate='none', *, Tensor(a!) out) -> ()",
+        tags);
+  m.def("geglu.packed(Tensor input, str approximate='none') -> Tensor", tags);
+  m.def("geglu.packed_out(Tensor input, str approximate='none', *, Tensor(a!) out) -> ()", tags);
+  m.def(
+      "geglu_backward(Tensor grad_output, Tensor gate, Tensor up, str approximate='none') "
+      "-> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "geglu_backward.packed(Tensor grad_output, Tensor input, str approximate='none') "
+      "-> Tensor",
+      tags);
+}
+
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
+  detail::GatedRegistrations<CpuGatedKernels>::register_all(m);
+}
+
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  detail::GatedRegistrations<detail::MetaGatedKernels>::register_all(m);
+}
+
+}  // namespace fuseops

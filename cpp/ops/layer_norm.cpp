@@ -1,0 +1,335 @@
+// fuseops::layer_norm: schemas, C++ API, shared checks, and the CPU and Meta
+// registrations. Kernels: cpp/ops/cpu/layer_norm_kernel.cpp,
+// cuda/layer_norm_kernel.cu; autograd: cpp/ops/autograd/layer_norm.cpp.
+
+#include "ops/layer_norm.h"
+
+#include <limits>
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <fuseops/layer_norm.h>
+
+#include "ops/common/checks.h"
+
+namespace fuseops {
+namespace detail {
+namespace {
+
+// Per-row statistics are kept in the kernels' accumulation type.
+at::ScalarType stats_dtype(const at::Tensor& input) {
+  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// mean and rstd have input's shape without its last dimension.
+at::IntArrayRef stats_shape(const at::Tensor& input) {
+  return input.sizes().slice(0, input.dim() - 1);
+}
+
+at::Tensor defined_or_undefined(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? *t : at::Tensor();
+}
+
+at::Tensor contiguous_if_defined(const at::Tensor& t) {
+  return t.defined() ? t.contiguous() : t;
+}
+
+void check_input(const char* op, const at::Tensor& input) {
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(input.dim() >= 1, op,
+              ": argument 'input' must have at least one dimension (the one "
+              "normalized), got a 0-dimensional tensor");
+}
+
+// weight and bias: absent, or [H] with input's dtype and device.
+void check_affine(const char* op, const char* arg, const at::Tensor& param,
+                  const at::Tensor& input) {
+  if (!param.defined()) {
+    return;
+  }
+  check_floating_input(op, arg, param);
+  check_same_dtype(op, arg, param, "input", input);
+  check_same_device(op, arg, param, "input", input);
+  TORCH_CHECK(param.dim() == 1 && param.size(0) == input.size(-1), op, ": argument '",
+              arg, "' must have shape [", input.size(-1),
+              "] (the last dimension of 'input'), got ", param.sizes());
+}
+
+void check_stats(const char* op, const char* arg, const at::Tensor& stats,
+                 const at::Tensor& input) {
+  TORCH_CHECK(stats.defined(), op, ": argument '", arg,
+              "' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(stats.scalar_type() == stats_dtype(input), op, ": argument '", arg,
+              "' must have dtype ", stats_dtype(input), " for input of dtype ",
+              input.scalar_type(), ", got ", stats.scalar_type());
+  check_same_device(op, arg, stats, "input", input);
+  TORCH_CHECK(stats.sizes() == stats_shape(input), op, ": argument '", arg,
+              "' must have shape ", stats_shape(input),
+              " (input's shape without its last dimension), got ", stats.sizes());
+}
+
+void check_forward_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                        const at::Tensor& bias) {
+  check_input(op, input);
+  check_affine(op, "weight", weight, input);
+  check_affine(op, "bias", bias, input);
+}
+
+// Runs `kernel` unless there is nothing to compute; `mean` and `rstd` may be
+// undefined.
+void run_forward(LayerNormKernel kernel, const at::Tensor& out, const at::Tensor& mean,
+                 const at::Tensor& rstd, const at::Tensor& input, const at::Tensor& weight,
+                 const at::Tensor& bias, double eps) {
+  if (kernel == nullptr) {
+    return;
+  }
+  if (input.numel() == 0) {
+    // Rows of zero elements have no mean or variance (as torch.mean of an
+    // empty tensor).
+    if (mean.defined()) {
+      mean.fill_(std::numeric_limits<double>::quiet_NaN());
+      rstd.fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+    return;
+  }
+  kernel(out, mean, rstd, input.contiguous(), contiguous_if_defined(weight),
+         contiguous_if_defined(bias), eps);
+}
+
+}  // namespace
+
+at::Tensor layer_norm_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, double eps,
+                           LayerNormKernel kernel) {
+  const at::Tensor w = defined_or_undefined(weight);
+  const at::Tensor b = defined_or_undefined(bias);
+  check_forward_args("fuseops::layer_norm", input, w, b);
+  at::Tensor out = at::empty(input.sizes(), input.options());
+  run_forward(kernel, out, at::Tensor(), at::Tensor(), input, w, b, eps);
+  return out;
+}
+
+at::Tensor& layer_norm_out_with(const at::Tensor& input,
+                                const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, double eps,
+                                at::Tensor& out, LayerNormKernel kernel) {
+  constexpr const char* op = "fuseops::layer_norm.out";
+  const at::Tensor w = defined_or_undefined(weight);
+  const at::Tensor b = defined_or_undefined(bias);
+  check_forward_args(op, input, w, b);
+  check_out(op, out, "input", input);
+  resize_out(out, input.sizes());
+  if (kernel == nullptr || input.numel() == 0) {
+    return out;
+  }
+  // Each row is read completely before it is written, so `out` may be
+  // `input` itself; any other overlap (with a neighbouring row, with weight
+  // or bias) or a strided `out` goes through a temporary.
+  const at::Tensor contiguous_input = input.contiguous();
+  auto disjoint = [&](const at::Tensor& param) {
+    return !param.defined() || at::get_overlap_status(out, param) == at::MemOverlapStatus::No;
+  };
+  if (out.is_contiguous() &&
+      at::get_overlap_status(out, contiguous_input) != at::MemOverlapStatus::Partial &&
+      disjoint(w) && disjoint(b)) {
+    run_forward(kernel, out, at::Tensor(), at::Tensor(), contiguous_input, w, b, eps);
+  } else {
+    at::Tensor result = at::empty(input.sizes(), input.options());
+    run_forward(kernel, result, at::Tensor(), at::Tensor(), contiguous_input, w, b, eps);
+    out.copy_(result);
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_with(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, LayerNormKernel kernel) {
+  const at::Tensor w = defined_or_undefined(weight);
+  const at::Tensor b = defined_or_undefined(bias);
+  check_forward_args("fuseops::_layer_norm_forward", input, w, b);
+  at::Tensor out = at::empty(input.sizes(), input.options());
+  const auto stats_options = input.options().dtype(stats_dtype(input));
+  at::Tensor mean = at::empty(stats_shape(input), stats_options);
+  at::Tensor rstd = at::empty(stats_shape(input), stats_options);
+  run_forward(kernel, out, mean, rstd, input, w, b, eps);
+  return {out, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+    const at::Tensor& rstd, LayerNormBackwardKernel kernel) {
+  constexpr const char* op = "fuseops::layer_norm_backward";
+  const at::Tensor w = defined_or_undefined(weight);
+  check_input(op, input);
+  check_floating_input(op, "grad_output", grad_output);
+  check_same_dtype(op, "grad_output", grad_output, "input", input);
+  check_same_device(op, "grad_output", grad_output, "input", input);
+  check_same_shape(op, "grad_output", grad_output, "input", input);
+  check_affine(op, "weight", w, input);
+  check_stats(op, "mean", mean, input);
+  check_stats(op, "rstd", rstd, input);
+
+  const int64_t hidden = input.size(-1);
+  at::Tensor grad_input = at::empty(input.sizes(), input.options());
+  at::Tensor grad_weight = at::empty({hidden}, input.options());
+  at::Tensor grad_bias = at::empty({hidden}, input.options());
+  if (kernel == nullptr) {
+    return {grad_input, grad_weight, grad_bias};
+  }
+  if (input.numel() == 0) {
+    // No rows: the sums over rows are empty.
+    grad_weight.zero_();
+    grad_bias.zero_();
+    return {grad_input, grad_weight, grad_bias};
+  }
+  kernel(grad_input, grad_weight, grad_bias, grad_output.contiguous(), input.contiguous(),
+         contiguous_if_defined(w), mean.contiguous(), rstd.contiguous());
+  return {grad_input, grad_weight, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  check_floating_input("fuseops::_layer_norm_forward", "input", input);
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fuseops::_layer_norm_forward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, double)>();
+  return op.call(input, weight, bias, eps);
+}
+
+}  // namespace detail
+
+namespace cpu {
+FUSEOPS_DEFINE_CPU_KERNEL(layer_norm_kernel, detail::LayerNormKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(layer_norm_backward_kernel, detail::LayerNormBackwardKernel);
+}  // namespace cpu
+
+// C++ API: through the dispatcher, so autograd and the device kernels apply.
+// Undefined tensors carry no dispatch key, so they are rejected here, before
+// the dispatcher would fail with a message that names no argument.
+at::Tensor layer_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                      const std::optional<at::Tensor>& bias, double eps) {
+  check_floating_input("fuseops::layer_norm", "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::layer_norm", "")
+                       .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
+                                         const std::optional<at::Tensor>&, double)>();
+  return op.call(input, weight, bias, eps);
+}
+
+at::Tensor& layer_norm_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, double eps,
+                           at::Tensor& out) {
+  check_floating_input("fuseops::layer_norm.out", "input", input);
+  check_out("fuseops::layer_norm.out", out, "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::layer_norm", "out")
+                       .typed<void(const at::Tensor&, const std::optional<at::Tensor>&,
+                                   const std::optional<at::Tensor>&, double, at::Tensor&)>();
+  op.call(input, weight, bias, eps, out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+    const at::Tensor& rstd) {
+  constexpr const char* name = "fuseops::layer_norm_backward";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  TORCH_CHECK(mean.defined(), name, ": argument 'mean' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(rstd.defined(), name, ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(name, "")
+                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, const at::Tensor&,
+                           const at::Tensor&)>();
+  return op.call(grad_output, input, weight, mean, rstd);
+}
+
+namespace {
+
+at::Tensor layer_norm_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                          const std::optional<at::Tensor>& bias, double eps) {
+  return detail::layer_norm_with(input, weight, bias, eps, cpu::layer_norm_kernel.get());
+}
+void layer_norm_out_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                        const std::optional<at::Tensor>& bias, double eps, at::Tensor& out) {
+  detail::layer_norm_out_with(input, weight, bias, eps, out, cpu::layer_norm_kernel.get());
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_cpu(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  return detail::layer_norm_forward_with(input, weight, bias, eps,
+                                         cpu::layer_norm_kernel.get());
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cpu(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+    const at::Tensor& rstd) {
+  return detail::layer_norm_backward_with(grad_output, input, weight, mean, rstd,
+                                          cpu::layer_norm_backward_kernel.get());
+}
+
+at::Tensor layer_norm_meta(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, double eps) {
+  return detail::layer_norm_with(input, weight, bias, eps, nullptr);
+}
+void layer_norm_out_meta(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& bias, double eps, at::Tensor& out) {
+  detail::layer_norm_out_with(input, weight, bias, eps, out, nullptr);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_meta(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  return detail::layer_norm_forward_with(input, weight, bias, eps, nullptr);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+    const at::Tensor& rstd) {
+  return detail::layer_norm_backward_with(grad_output, input, weight, mean, rstd, nullptr);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuseops, m) {
+  m.def("layer_norm(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  // The out= overload returns nothing: torch.compile can functionalize a
+  // custom op that mutates an argument, not one whose output aliases it.
+  m.def("layer_norm.out(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
+        "*, Tensor(a!) out) -> ()",
+        {at::Tag::pt2_compliant_tag});
+  // The forward autograd runs: it also returns the per-row mean and rstd
+  // that layer_norm_backward takes.
+  m.def("_layer_norm_forward(Tensor input, Tensor? weight, Tensor? bias, float eps) "
+        "-> (Tensor output, Tensor mean, Tensor rstd)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
+        "Tensor rstd) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
+  m.impl("layer_norm", TORCH_FN(layer_norm_cpu));
+  m.impl("layer_norm.out", TORCH_FN(layer_norm_out_cpu));
+  m.impl("_layer_norm_forward", TORCH_FN(layer_norm_forward_cpu));
+  m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_cpu));
+}
+
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  m.impl("layer_norm", TORCH_FN(layer_norm_meta));
+  m.impl("layer_norm.out", TORCH_FN(layer_norm_out_meta));
+  m.impl("_layer_norm_forward", TORCH_FN(layer_norm_forward_meta));
+  m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_meta));
+}
+
+}  // namespace fuseops

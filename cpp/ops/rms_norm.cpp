@@ -1,0 +1,523 @@
+// fuseops::rms_norm and fuseops::fused_add_rms_norm: schemas, C++ API, shared
+// checks, and the CPU and Meta registrations. Kernels:
+// cpp/ops/cpu/rms_norm_kernel.cpp, cuda/rms_norm_kernel.cu; autograd:
+// cpp/ops/autograd/rms_norm.cpp.
+
+#include "ops/rms_norm.h"
+
+#include <cfloat>
+#include <initializer_list>
+#include <limits>
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <fuseops/rms_norm.h>
+
+#include "ops/common/checks.h"
+#include "ops/rms_norm_backend.h"
+
+namespace fuseops {
+namespace detail {
+namespace {
+
+at::Tensor value_or_undefined(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? *t : at::Tensor();
+}
+
+void check_input(const char* op, const at::Tensor& input) {
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(input.dim() >= 1, op,
+              ": argument 'input' must have at least 1 dimension (the normalized "
+              "one), got a 0-dimensional tensor");
+}
+
+// The weight as given (undefined for None), after checking it against input.
+at::Tensor checked_weight(const char* op, const at::Tensor& input,
+                          const std::optional<at::Tensor>& weight_opt) {
+  at::Tensor weight = value_or_undefined(weight_opt);
+  if (!weight.defined()) {
+    return weight;
+  }
+  check_floating_input(op, "weight", weight);
+  check_same_device(op, "weight", weight, "input", input);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == input.size(-1), op,
+              ": argument 'weight' must have shape [", input.size(-1),
+              "] (the last dimension of 'input'), got ", weight.sizes());
+  return weight;
+}
+
+at::ScalarType opmath_dtype(const at::Tensor& input) {
+  return at::toOpMathType(input.scalar_type());
+}
+
+// Kernels read the weight in the computation dtype: one conversion of a
+// (hidden,) vector per call instead of one per row.
+at::Tensor kernel_weight(const at::Tensor& weight, at::ScalarType opmath) {
+  return weight.defined() ? weight.to(opmath).contiguous() : weight;
+}
+
+at::Tensor empty_contiguous_like(const at::Tensor& t) {
+  return at::empty(t.sizes(), t.options());
+}
+
+at::Tensor empty_rstd(const at::Tensor& input) {
+  return at::empty(input.sizes().slice(0, input.dim() - 1),
+                   input.options().dtype(opmath_dtype(input)));
+}
+
+int64_t hidden_size(const at::Tensor& input) { return input.size(-1); }
+
+void check_residual(const char* op, const at::Tensor& input, const at::Tensor& residual) {
+  check_floating_input(op, "residual", residual);
+  check_same_dtype(op, "residual", residual, "input", input);
+  check_same_device(op, "residual", residual, "input", input);
+  check_same_shape(op, "residual", residual, "input", input);
+}
+
+void check_rstd(const char* op, const at::Tensor& input, const at::Tensor& rstd) {
+  TORCH_CHECK(rstd.defined(), op,
+              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(rstd.scalar_type() == opmath_dtype(input), op,
+              ": argument 'rstd' must have dtype ", opmath_dtype(input),
+              " (the computation dtype of 'input'), got ", rstd.scalar_type());
+  check_same_device(op, "rstd", rstd, "input", input);
+  TORCH_CHECK(rstd.sizes() == input.sizes().slice(0, input.dim() - 1), op,
+              ": argument 'rstd' must have shape ", input.sizes().slice(0, input.dim() - 1),
+              " (the rows of 'input'), got ", rstd.sizes());
+}
+
+// A row of width zero has mean(x^2) = 0/0, as in PyTorch.
+void fill_rstd_of_empty_rows(const at::Tensor& rstd) {
+  if (rstd.defined() && rstd.numel() > 0) {
+    rstd.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+}
+
+// A kernel may write straight into `out` when it is contiguous and, for
+// every input, either is that input or does not overlap it; otherwise
+// (strided `out`, or a partial overlap that would read values already
+// overwritten) it writes a temporary that is copied into `out`.
+bool writable_in_place(const at::Tensor& out, std::initializer_list<at::Tensor> inputs) {
+  if (!out.is_contiguous()) {
+    return false;
+  }
+  for (const at::Tensor& input : inputs) {
+    if (input.defined() && at::get_overlap_status(out, input) == at::MemOverlapStatus::Partial) {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct ForwardResult {
+  at::Tensor out;
+  at::Tensor new_residual;
+  at::Tensor rstd;
+};
+
+// The allocating forward of both ops; `residual` is undefined for rms_norm.
+ForwardResult forward(const char* op, const at::Tensor& input, const at::Tensor& residual,
+                      const std::optional<at::Tensor>& weight_opt,
+                      std::optional<double> eps, bool want_rstd,
+                      RmsNormForwardKernel kernel) {
+  check_input(op, input);
+  if (residual.defined()) {
+    check_residual(op, input, residual);
+  }
+  const at::Tensor weight = checked_weight(op, input, weight_opt);
+  ForwardResult result;
+  result.out = empty_contiguous_like(input);
+  if (residual.defined()) {
+    result.new_residual = empty_contiguous_like(input);
+  }
+  if (want_rstd) {
+    result.rstd = empty_rstd(input);
+  }
+  if (kernel == nullptr) {
+    return result;
+  }
+  if (input.numel() == 0) {
+    fill_rstd_of_empty_rows(result.rstd);
+    return result;
+  }
+  kernel({result.out, result.rstd, input.contiguous(),
+          residual.defined() ? residual.contiguous() : residual, result.new_residual,
+          kernel_weight(weight, opmath_dtype(input)), resolve_eps(eps, input)});
+  return result;
+}
+
+struct BackwardResult {
+  at::Tensor grad_input;
+  at::Tensor grad_weight;
+};
+
+BackwardResult backward(const char* op, const at::Tensor& grad_output,
+                        const at::Tensor& grad_residual, const char* input_name,
+                        const at::Tensor& input, const std::optional<at::Tensor>& weight_opt,
+                        const at::Tensor& rstd, RmsNormBackwardKernel kernel) {
+  check_floating_input(op, "grad_output", grad_output);
+  check_floating_input(op, input_name, input);
+  TORCH_CHECK(input.dim() >= 1, op, ": argument '", input_name,
+              "' must have at least 1 dimension, got a 0-dimensional tensor");
+  check_same_dtype(op, "grad_output", grad_output, input_name, input);
+  check_same_device(op, "grad_output", grad_output, input_name, input);
+  check_same_shape(op, "grad_output", grad_output, input_name, input);
+  if (grad_residual.defined()) {
+    check_floating_input(op, "grad_new_residual", grad_residual);
+    check_same_dtype(op, "grad_new_residual", grad_residual, input_name, input);
+    check_same_device(op, "grad_new_residual", grad_residual, input_name, input);
+    check_same_shape(op, "grad_new_residual", grad_residual, input_name, input);
+  }
+  const at::Tensor weight = checked_weight(op, input, weight_opt);
+  check_rstd(op, input, rstd);
+
+  BackwardResult result;
+  result.grad_input = empty_contiguous_like(input);
+  if (!weight.defined()) {
+    result.grad_weight = at::empty({0}, input.options());
+  }
+  if (kernel == nullptr) {
+    if (weight.defined()) {
+      result.grad_weight = empty_contiguous_like(weight);
+    }
+    return result;
+  }
+  const at::ScalarType opmath = opmath_dtype(input);
+  at::Tensor grad_weight_opmath;
+  if (weight.defined()) {
+    grad_weight_opmath = at::zeros({hidden_size(input)}, input.options().dtype(opmath));
+  }
+  if (input.numel() > 0) {
+    kernel({result.grad_input, grad_weight_opmath, grad_output.contiguous(),
+            grad_residual.defined() ? grad_residual.contiguous() : grad_residual,
+            input.contiguous(), kernel_weight(weight, opmath), rstd.contiguous()});
+  }
+  if (weight.defined()) {
+    result.grad_weight = grad_weight_opmath.to(weight.scalar_type());
+  }
+  return result;
+}
+
+}  // namespace
+
+double resolve_eps(std::optional<double> eps, const at::Tensor& input) {
+  if (eps.has_value()) {
+    return *eps;
+  }
+  return opmath_dtype(input) == at::kDouble ? DBL_EPSILON : FLT_EPSILON;
+}
+
+at::Tensor rms_norm_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                         std::optional<double> eps, RmsNormForwardKernel kernel) {
+  return forward("fuseops::rms_norm", input, at::Tensor(), weight, eps, false, kernel).out;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_with(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps, RmsNormForwardKernel kernel) {
+  ForwardResult r =
+      forward("fuseops::rms_norm_forward", input, at::Tensor(), weight, eps, true, kernel);
+  return {r.out, r.rstd};
+}
+
+void rms_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>& weight_opt,
+                       std::optional<double> eps, at::Tensor& out,
+                       RmsNormForwardKernel kernel) {
+  constexpr const char* op = "fuseops::rms_norm.out";
+  check_input(op, input);
+  const at::Tensor weight = checked_weight(op, input, weight_opt);
+  check_out(op, out, "input", input);
+  resize_out(out, input.sizes());
+  if (kernel == nullptr || input.numel() == 0) {
+    return;
+  }
+  const at::Tensor contiguous_input = input.contiguous();
+  const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
+  const double eps_value = resolve_eps(eps, input);
+  if (writable_in_place(out, {contiguous_input, opmath_weight})) {
+    kernel({out, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), opmath_weight,
+            eps_value});
+  } else {
+    const at::Tensor result = empty_contiguous_like(input);
+    kernel({result, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), opmath_weight,
+            eps_value});
+    out.copy_(result);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+    RmsNormBackwardKernel kernel) {
+  BackwardResult r = backward("fuseops::rms_norm_backward", grad_output, at::Tensor(),
+                              "input", input, weight, rstd, kernel);
+  return {r.grad_input, r.grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(
+    const at::Tensor& input, const at::Tensor& residual,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps,
+    RmsNormForwardKernel kernel) {
+  ForwardResult r =
+      forward("fuseops::fused_add_rms_norm", input, residual, weight, eps, false, kernel);
+  return {r.out, r.new_residual};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_with(
+    const at::Tensor& input, const at::Tensor& residual,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps,
+    RmsNormForwardKernel kernel) {
+  ForwardResult r = forward("fuseops::fused_add_rms_norm_forward", input, residual, weight,
+                            eps, true, kernel);
+  return {r.out, r.new_residual, r.rstd};
+}
+
+void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& residual,
+                                 const std::optional<at::Tensor>& weight_opt,
+                                 std::optional<double> eps, at::Tensor& out,
+                                 at::Tensor& residual_out, RmsNormForwardKernel kernel) {
+  constexpr const char* op = "fuseops::fused_add_rms_norm.out";
+  check_input(op, input);
+  check_residual(op, input, residual);
+  const at::Tensor weight = checked_weight(op, input, weight_opt);
+  check_out(op, out, "input", input);
+  TORCH_CHECK(residual_out.defined(), op,
+              ": argument 'residual_out' must be a defined tensor");
+  check_same_dtype(op, "residual_out", residual_out, "input", input);
+  check_same_device(op, "residual_out", residual_out, "input", input);
+  resize_out(out, input.sizes());
+  resize_out(residual_out, input.sizes());
+  if (kernel == nullptr || input.numel() == 0) {
+    return;
+  }
+  const at::Tensor contiguous_input = input.contiguous();
+  const at::Tensor contiguous_residual = residual.contiguous();
+  const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
+  const double eps_value = resolve_eps(eps, input);
+  // Each output is written in place when it can be: `out` and
+  // `residual_out` may be `input` and `residual` themselves.
+  const bool out_direct = writable_in_place(
+      out, {contiguous_input, contiguous_residual, opmath_weight, residual_out});
+  const bool residual_direct = writable_in_place(
+      residual_out, {contiguous_input, contiguous_residual, opmath_weight, out});
+  const at::Tensor out_target = out_direct ? out : empty_contiguous_like(input);
+  const at::Tensor residual_target =
+      residual_direct ? residual_out : empty_contiguous_like(input);
+  kernel({out_target, at::Tensor(), contiguous_input, contiguous_residual, residual_target,
+          opmath_weight, eps_value});
+  if (!residual_direct) {
+    residual_out.copy_(residual_target);
+  }
+  if (!out_direct) {
+    out.copy_(out_target);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_with(
+    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
+    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd, RmsNormBackwardKernel kernel) {
+  BackwardResult r = backward("fuseops::fused_add_rms_norm_backward", grad_output,
+                              value_or_undefined(grad_new_residual), "new_residual",
+                              new_residual, weight, rstd, kernel);
+  return {r.grad_input, r.grad_weight};
+}
+
+}  // namespace detail
+
+namespace cpu {
+FUSEOPS_DEFINE_CPU_KERNEL(rms_norm_forward_kernel, detail::RmsNormForwardKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(rms_norm_backward_kernel, detail::RmsNormBackwardKernel);
+}  // namespace cpu
+
+// C++ API: through the dispatcher, so autograd and the device kernels apply.
+// Undefined tensors carry no dispatch key, so they are rejected here, before
+// the dispatcher would fail with a message that names no argument; an
+// undefined weight means no weight.
+namespace {
+
+std::optional<at::Tensor> none_if_undefined(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t : std::nullopt;
+}
+
+c10::OperatorHandle find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                    std::optional<double> eps) {
+  check_floating_input("fuseops::rms_norm", "input", input);
+  static auto op =
+      find_op("fuseops::rms_norm", "")
+          .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
+                            std::optional<double>)>();
+  return op.call(input, none_if_undefined(weight), eps);
+}
+
+at::Tensor& rms_norm_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                         std::optional<double> eps, at::Tensor& out) {
+  check_floating_input("fuseops::rms_norm.out", "input", input);
+  check_out("fuseops::rms_norm.out", out, "input", input);
+  static auto op = find_op("fuseops::rms_norm", "out")
+                       .typed<void(const at::Tensor&, const std::optional<at::Tensor>&,
+                                   std::optional<double>, at::Tensor&)>();
+  op.call(input, none_if_undefined(weight), eps, out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& input,
+                                                    const std::optional<at::Tensor>& weight,
+                                                    std::optional<double> eps) {
+  check_floating_input("fuseops::rms_norm_forward", "input", input);
+  static auto op = find_op("fuseops::rms_norm_forward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const std::optional<at::Tensor>&,
+                           std::optional<double>)>();
+  return op.call(input, none_if_undefined(weight), eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_output,
+                                                     const at::Tensor& input,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     const at::Tensor& rstd) {
+  constexpr const char* name = "fuseops::rms_norm_backward";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  TORCH_CHECK(rstd.defined(), name,
+              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  static auto op = find_op(name, "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, const at::Tensor&)>();
+  return op.call(grad_output, input, none_if_undefined(weight), rstd);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& input,
+                                                      const at::Tensor& residual,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      std::optional<double> eps) {
+  constexpr const char* name = "fuseops::fused_add_rms_norm";
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "residual", residual);
+  static auto op = find_op(name, "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, std::optional<double>)>();
+  return op.call(input, residual, none_if_undefined(weight), eps);
+}
+
+std::tuple<at::Tensor&, at::Tensor&> fused_add_rms_norm_out(
+    const at::Tensor& input, const at::Tensor& residual,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, at::Tensor& out,
+    at::Tensor& residual_out) {
+  constexpr const char* name = "fuseops::fused_add_rms_norm.out";
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "residual", residual);
+  check_out(name, out, "input", input);
+  TORCH_CHECK(residual_out.defined(), name,
+              ": argument 'residual_out' must be a defined tensor");
+  static auto op =
+      find_op("fuseops::fused_add_rms_norm", "out")
+          .typed<void(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                      std::optional<double>, at::Tensor&, at::Tensor&)>();
+  op.call(input, residual, none_if_undefined(weight), eps, out, residual_out);
+  return {out, residual_out};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward(
+    const at::Tensor& input, const at::Tensor& residual,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  constexpr const char* name = "fuseops::fused_add_rms_norm_forward";
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "residual", residual);
+  static auto op = find_op(name, "")
+                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, std::optional<double>)>();
+  return op.call(input, residual, none_if_undefined(weight), eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
+    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
+    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd) {
+  constexpr const char* name = "fuseops::fused_add_rms_norm_backward";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "new_residual", new_residual);
+  TORCH_CHECK(rstd.defined(), name,
+              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  static auto op = find_op(name, "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const std::optional<at::Tensor>&,
+                           const at::Tensor&, const std::optional<at::Tensor>&,
+                           const at::Tensor&)>();
+  return op.call(grad_output, none_if_undefined(grad_new_residual), new_residual,
+                 none_if_undefined(weight), rstd);
+}
+
+namespace {
+
+struct CpuKernels {
+  static detail::RmsNormForwardKernel forward() { return cpu::rms_norm_forward_kernel.get(); }
+  static detail::RmsNormBackwardKernel backward() {
+    return cpu::rms_norm_backward_kernel.get();
+  }
+};
+
+struct MetaKernels {
+  static detail::RmsNormForwardKernel forward() { return nullptr; }
+  static detail::RmsNormBackwardKernel backward() { return nullptr; }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuseops, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  m.def("rms_norm(Tensor input, Tensor? weight=None, float? eps=None) -> Tensor", tags);
+  // out= overloads return nothing: torch.compile can functionalize a custom
+  // op that mutates an argument, not one whose output aliases it.
+  m.def(
+      "rms_norm.out(Tensor input, Tensor? weight=None, float? eps=None, *, "
+      "Tensor(a!) out) -> ()",
+      tags);
+  m.def(
+      "rms_norm_forward(Tensor input, Tensor? weight=None, float? eps=None) "
+      "-> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd) "
+      "-> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "fused_add_rms_norm(Tensor input, Tensor residual, Tensor? weight=None, "
+      "float? eps=None) -> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "fused_add_rms_norm.out(Tensor input, Tensor residual, Tensor? weight=None, "
+      "float? eps=None, *, Tensor(a!) out, Tensor(b!) residual_out) -> ()",
+      tags);
+  m.def(
+      "fused_add_rms_norm_forward(Tensor input, Tensor residual, Tensor? weight=None, "
+      "float? eps=None) -> (Tensor, Tensor, Tensor)",
+      tags);
+  m.def(
+      "fused_add_rms_norm_backward(Tensor grad_output, Tensor? grad_new_residual, "
+      "Tensor new_residual, Tensor? weight, Tensor rstd) -> (Tensor, Tensor)",
+      tags);
+}
+
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
+  detail::RmsNormBackend<CpuKernels>::register_impls(m);
+}
+
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  detail::RmsNormBackend<MetaKernels>::register_impls(m);
+}
+
+}  // namespace fuseops

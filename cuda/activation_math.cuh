@@ -1,0 +1,89 @@
+#pragma once
+// GELU/SiLU value and derivative on the device, in opmath (float for
+// bfloat16/float16, double for double), with the formulas of the CPU kernels
+// (cpp/ops/cpu/activation_math.h) and of ATen.
+
+#include <cmath>
+
+#include "ops/activation.h"
+
+namespace fuseops::cuda {
+
+using detail::Activation;
+
+__device__ __forceinline__ float device_erf(float x) { return erff(x); }
+__device__ __forceinline__ double device_erf(double x) { return erf(x); }
+__device__ __forceinline__ float device_exp(float x) { return expf(x); }
+__device__ __forceinline__ double device_exp(double x) { return exp(x); }
+__device__ __forceinline__ float device_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double device_tanh(double x) { return tanh(x); }
+
+template <typename T>
+struct GeluConstants {
+  static constexpr T kAlpha = T(M_SQRT1_2);                      // 1/sqrt(2)
+  static constexpr T kBeta = T(M_2_SQRTPI * M_SQRT1_2 * 0.5);    // 1/sqrt(2*pi)
+  static constexpr T kTanhBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5);  // sqrt(2/pi)
+  static constexpr T kKappa = T(0.044715);
+};
+
+template <Activation kAct, typename T>
+__device__ __forceinline__ T activation_value(T x) {
+  using C = GeluConstants<T>;
+  if constexpr (kAct == Activation::Silu) {
+    return x / (T(1) + device_exp(-x));
+  } else if constexpr (kAct == Activation::GeluErf) {
+    return x * T(0.5) * (T(1) + device_erf(x * C::kAlpha));
+  } else {
+    const T inner = C::kTanhBeta * (x + C::kKappa * x * x * x);
+    return T(0.5) * x * (T(1) + device_tanh(inner));
+  }
+}
+
+// f'(x); f(x) into *value as well when `value` is not null.
+template <Activation kAct, typename T>
+__device__ __forceinline__ T activation_derivative(T x, T* value) {
+  using C = GeluConstants<T>;
+  if constexpr (kAct == Activation::Silu) {
+    const T sigmoid = T(1) / (T(1) + device_exp(-x));
+    if (value != nullptr) {
+      *value = x * sigmoid;
+    }
+    return sigmoid * (T(1) + x * (T(1) - sigmoid));
+  } else if constexpr (kAct == Activation::GeluErf) {
+    const T cdf = T(0.5) * (T(1) + device_erf(x * C::kAlpha));
+    const T pdf = C::kBeta * device_exp(T(-0.5) * x * x);
+    if (value != nullptr) {
+      *value = x * cdf;
+    }
+    return cdf + x * pdf;
+  } else {
+    const T x_sq = x * x;
+    const T tanh_inner = device_tanh(C::kTanhBeta * (x + C::kKappa * x_sq * x));
+    const T right = T(1) + tanh_inner;
+    const T left = T(0.5) * x;
+    if (value != nullptr) {
+      *value = left * right;
+    }
+    const T right_derivative =
+        (T(1) - tanh_inner * tanh_inner) * C::kTanhBeta * (T(1) + T(3) * C::kKappa * x_sq);
+    return T(0.5) * right + left * right_derivative;
+  }
+}
+
+// Runs fn(std::integral_constant<Activation, A>{}) for the runtime `activation`.
+template <typename Fn>
+inline void dispatch_activation(Activation activation, const Fn& fn) {
+  switch (activation) {
+    case Activation::Silu:
+      fn(std::integral_constant<Activation, Activation::Silu>{});
+      break;
+    case Activation::GeluErf:
+      fn(std::integral_constant<Activation, Activation::GeluErf>{});
+      break;
+    case Activation::GeluTanh:
+      fn(std::integral_constant<Activation, Activation::GeluTanh>{});
+      break;
+  }
+}
+
+}  // namespace fuseops::cuda

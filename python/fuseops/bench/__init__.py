@@ -1,0 +1,204 @@
+"""``python -m fuseops bench``: fuseops against its peers, measured side by side.
+
+For each op, dtype, shape and mode (forward, forward+backward, forward with
+``out=``) the result is first checked against a high-precision reference on
+the very inputs that are timed, then fuseops, the eager reference,
+``torch.compile`` of the reference, PyTorch's native op and a copy of the same
+bytes are timed in one run. See ``cases`` for the registry of ops, ``timing``
+for how time and memory are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Optional
+
+import torch
+
+from . import cases, report, runner, timing
+
+SHAPE_PRESETS = {
+    # A few seconds per op on 2 cores; the bfloat16 tensors (16 MiB) rotate
+    # through enough input sets that the cache does not hold them.
+    "quick": [(2048, 4096)],
+    "full": [(4096, 4096), (16384, 1024), (1024, 4096)],
+}
+MODE_ALIASES = {
+    "forward": "forward", "fwd": "forward",
+    "forward+backward": "forward+backward", "fwd+bwd": "forward+backward",
+    "backward": "forward+backward",
+    "out": "out", "fwd-out": "out",
+}
+
+
+def _split(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_dtypes(text: str) -> list[torch.dtype]:
+    dtypes = []
+    for name in _split(text):
+        dtype = getattr(torch, name, None)
+        if dtype not in runner.TOLERANCES:
+            raise argparse.ArgumentTypeError(
+                f"unsupported dtype {name!r}: use float32, bfloat16, float16 or float64")
+        dtypes.append(dtype)
+    return dtypes
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    if text in SHAPE_PRESETS:
+        return SHAPE_PRESETS[text]
+    shapes = []
+    for item in _split(text):
+        try:
+            rows, hidden = (int(part) for part in item.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad shape {item!r}: use ROWSxHIDDEN, e.g. 4096x4096, or a preset "
+                f"({', '.join(SHAPE_PRESETS)})") from None
+        shapes.append((rows, hidden))
+    return shapes
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = []
+    for name in _split(text):
+        if name not in MODE_ALIASES:
+            raise argparse.ArgumentTypeError(
+                f"unknown mode {name!r}: use forward, forward+backward, out")
+        modes.append(MODE_ALIASES[name])
+    return [mode for mode in runner.MODES if mode in modes]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ops", type=_split, default=None,
+                        help="comma-separated ops (default: every op; --full adds the "
+                             "variants). Registered: " + ", ".join(
+                                 c.name + (" (variant)" if c.variant else "")
+                                 for c in cases.CASES))
+    parser.add_argument("--dtype", type=parse_dtypes, default="float32,bfloat16",
+                        help="comma-separated dtypes (default float32,bfloat16)")
+    parser.add_argument("--shapes", type=parse_shapes, default="quick",
+                        help="'quick' (default: "
+                             f"{', '.join('x'.join(map(str, s)) for s in SHAPE_PRESETS['quick'])})"
+                             ", 'full', or ROWSxHIDDEN,... (the op works over HIDDEN)")
+    parser.add_argument("--full", action="store_true",
+                        help="the full sweep: --shapes full ("
+                             f"{', '.join('x'.join(map(str, s)) for s in SHAPE_PRESETS['full'])})"
+                             ", variants included")
+    parser.add_argument("--modes", type=parse_modes, default="forward,forward+backward,out",
+                        help="comma-separated: forward, forward+backward, out (default: all)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's default, "
+                             f"{torch.get_num_threads()} here)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip the torch.compile(reference) peer (its compilation "
+                             "takes seconds per op and shape)")
+    parser.add_argument("--min-time", type=float, default=0.2,
+                        help="seconds of timed calls per measurement, at least (default 0.2)")
+    parser.add_argument("--out", default="bench-results",
+                        help="output folder (default bench-results)")
+    parser.add_argument("--json", default=None,
+                        help="JSON results file (default OUT/bench.json)")
+    parser.add_argument("--csv", default=None, help="CSV results file (default OUT/bench.csv)")
+    parser.add_argument("--no-plot", action="store_true", help="do not write the PNG chart")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write a torch.profiler Chrome trace and a memory table per "
+                             "row into OUT/profile/")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """(advance(description), close()) — tqdm when installed, else one line per step."""
+    if not enabled:
+        return (lambda description: None), (lambda: None)
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        state = {"done": 0}
+
+        def advance(description: str) -> None:
+            state["done"] += 1
+            print(f"[{state['done']}/{total}] {description}", file=sys.stderr, flush=True)
+
+        return advance, (lambda: None)
+    bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
+    state = {"started": False}
+
+    def advance(description: str) -> None:
+        if state["started"]:
+            bar.update(1)
+        state["started"] = True
+        bar.set_description(description)
+
+    def close() -> None:
+        if state["started"]:
+            bar.update(1)
+        bar.close()
+
+    return advance, close
+
+
+def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
+    """Runs the benchmark for parsed `args` (tests pass their own cases)."""
+    device = torch.device(args.device)
+    problem = runner.check_device(device)
+    if problem:
+        print(f"fuseops bench: {problem}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        selected = case_list if case_list is not None else cases.by_name(
+            args.ops, variants=args.full)
+    except ValueError as error:
+        print(f"fuseops bench: {error}", file=sys.stderr)
+        return 2
+    dtypes = parse_dtypes(args.dtype) if isinstance(args.dtype, str) else args.dtype
+    shapes = SHAPE_PRESETS["full"] if args.full else (
+        parse_shapes(args.shapes) if isinstance(args.shapes, str) else args.shapes)
+    modes = parse_modes(args.modes) if isinstance(args.modes, str) else args.modes
+    os.makedirs(args.out, exist_ok=True)
+    config = runner.Config(
+        cases=selected, dtypes=dtypes, shapes=shapes, modes=modes, device=device,
+        compile_peer=not args.no_compile,
+        timer=timing.TimerSettings(min_time=args.min_time),
+        profile_dir=os.path.join(args.out, "profile") if args.profile else None,
+    )
+    env = runner.environment(config)
+    bench = runner.Runner(config)
+    advance, close = _progress_bar(bench.row_count(), not args.no_progress)
+    bench.progress = advance
+    try:
+        rows = list(bench.run())
+    finally:
+        close()
+
+    text = report.table(rows, env)
+    print(text)
+    json_path = args.json or os.path.join(args.out, "bench.json")
+    csv_path = args.csv or os.path.join(args.out, "bench.csv")
+    table_path = os.path.join(args.out, "bench.txt")
+    with open(table_path, "w") as f:
+        f.write(text + "\n")
+    report.write_json(json_path, rows, env)
+    report.write_csv(csv_path, rows, env)
+    written = [f"table {table_path}", f"JSON {json_path}", f"CSV {csv_path}"]
+    if not args.no_plot:
+        chart_path = os.path.join(args.out, "speedup.png")
+        if report.write_chart(chart_path, rows, env):
+            written.append(f"chart {chart_path}")
+        else:
+            written.append("no chart: matplotlib is not installed (pip install 'fuseops[bench]')")
+    if config.profile_dir:
+        written.append(f"profiler traces {config.profile_dir}/ (open in chrome://tracing "
+                       "or Perfetto)")
+    print("wrote " + "; ".join(written))
+    return 1 if any(row.status in ("FAILED", "ERROR") for row in rows) else 0
+
+
+__all__ = ["SHAPE_PRESETS", "add_arguments", "run"]

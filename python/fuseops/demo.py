@@ -1,0 +1,472 @@
+"""``python -m fuseops demo``: one small language model trained twice.
+
+A Llama-style decoder (token embedding, RMSNorm, causal self-attention with
+rotary positions via ``scaled_dot_product_attention``, SwiGLU MLP, output
+layer tied to the embedding) learns to predict the next character of Python's
+own ``argparse.py`` source. It is trained from the same seed on the same
+batches twice: once as plain ``torch.nn``, once after
+``fuseops.nn.replace_modules`` (and with ``fuseops.nn.SwiGLU`` for the MLP
+blocks), optionally a third time under ``torch.compile``. The loss
+curves must agree; the difference in speed and memory is what fuseops buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fuseops
+
+from .bench.timing import peak_memory
+
+
+# ---------------------------------------------------------------------------
+# Data
+
+
+def corpus() -> tuple[str, str]:
+    """(text, where it came from): the source of a standard-library module,
+    which every Python installation ships, restricted to ASCII."""
+    import argparse as source_module
+
+    with open(source_module.__file__, encoding="utf-8") as f:
+        text = f.read()
+    text = "".join(ch for ch in text if ch == "\n" or 32 <= ord(ch) < 127)
+    return text, f"{source_module.__file__} (Python {sys.version.split()[0]})"
+
+
+@dataclass(frozen=True)
+class Batches:
+    tokens: torch.Tensor  # (steps, batch, seq_len + 1)
+    vocab: list
+
+
+def make_batches(text: str, steps: int, batch_size: int, seq_len: int, seed: int) -> Batches:
+    vocab = sorted(set(text))
+    index = {ch: i for i, ch in enumerate(vocab)}
+    data = torch.tensor([index[ch] for ch in text], dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(data) - seq_len - 1, (steps, batch_size), generator=gen)
+    offsets = torch.arange(seq_len + 1)
+    return Batches(tokens=data[starts[..., None] + offsets], vocab=vocab)
+
+
+# ---------------------------------------------------------------------------
+# Model
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    seq_len: int = 128
+    eps: float = 1e-5
+
+    @property
+    def ffn_hidden(self) -> int:
+        # Llama's 8/3 * d_model, rounded up to a multiple of 16.
+        return 16 * math.ceil(8 * self.d_model / 3 / 16)
+
+
+def _rotary_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=False)
+        cos, sin = _rotary_tables(config.seq_len, config.d_model // config.n_heads)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, d = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        cos = self.cos[:seq].to(x.dtype)
+        sin = self.sin[:seq].to(x.dtype)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, d))
+
+
+class SwiGLUMLP(nn.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), with the parameter names
+    of Llama's MLP (and of fuseops.nn.SwiGLU)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(config.ffn_hidden, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.d_model, eps=config.eps)
+        self.attn = Attention(config)
+        self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.eps)
+        self.mlp = SwiGLUMLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyLlama(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.d_model, eps=config.eps)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.norm(x), self.embed.weight)  # output tied to the embedding
+
+
+def use_fuseops(model: nn.Module) -> list[dict]:
+    """Swaps fuseops into `model` in place: `fuseops.nn.replace_modules` for
+    the torch.nn modules it has drop-ins for, and fuseops.nn.SwiGLU (loaded
+    from the same state dict) for the MLPs, which torch.nn has no module for.
+    Returns what was replaced, as dicts of name, old and new."""
+    replaced = [
+        {"name": r.name, "old": r.old, "new": f"fuseops.nn.{r.new}"}
+        for r in fuseops.nn.replace_modules(model)
+    ]
+    swiglu = getattr(fuseops.nn, "SwiGLU", None)
+    if swiglu is None:
+        return replaced
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not SwiGLUMLP:
+                continue
+            weight = child.gate_proj.weight
+            fused = swiglu(child.gate_proj.in_features, child.gate_proj.out_features, bias=False,
+                           device=weight.device, dtype=weight.dtype)
+            fused.load_state_dict(child.state_dict())
+            setattr(parent, name, fused)
+            qualified = f"{parent_name}.{name}" if parent_name else name
+            replaced.append({"name": qualified, "old": "SwiGLUMLP", "new": "fuseops.nn.SwiGLU"})
+    return replaced
+
+
+# ---------------------------------------------------------------------------
+# Training
+
+
+def _warmup_steps(steps: int) -> int:
+    # At least two: the first step compiles (under --compile) and allocates
+    # the optimizer state; the second is the one measured for memory.
+    return min(5, max(2, steps // 5))
+
+
+class Trainer:
+    """One model, its optimizer, its losses and the time its steps took."""
+
+    def __init__(self, name: str, model: nn.Module, lr: float):
+        self.name = name
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.losses: list[float] = []
+        self.timed_seconds = 0.0
+        self.timed_steps = 0
+        self.warmup_seconds = 0.0
+        self.peak_step_bytes: Optional[int] = None
+
+    def _step(self, tokens: torch.Tensor) -> None:
+        logits = self.model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                               tokens[:, 1:].reshape(-1))
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses.append(loss.item())
+
+    def step(self, tokens: torch.Tensor, timed: bool, measure_memory: bool) -> None:
+        if measure_memory:
+            self.peak_step_bytes = peak_memory(lambda: self._step(tokens), torch.device("cpu"))
+            return
+        start = time.perf_counter()
+        self._step(tokens)
+        elapsed = time.perf_counter() - start
+        if timed:
+            self.timed_seconds += elapsed
+            self.timed_steps += 1
+        else:
+            self.warmup_seconds += elapsed
+
+    @property
+    def steps_per_second(self) -> Optional[float]:
+        return self.timed_steps / self.timed_seconds if self.timed_seconds > 0 else None
+
+
+def train(trainers: list[Trainer], batches: Batches, progress: bool) -> None:
+    """Trains every model on the same batches, taking turns step by step, so
+    that whatever else the machine is doing slows them alike. The first few
+    steps are warm-up (allocator, torch.compile) and are not timed; the last of
+    them runs under the memory profiler for the peak memory of one step."""
+    steps = batches.tokens.shape[0]
+    warmup = _warmup_steps(steps)
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=steps, desc="training", unit="step", file=sys.stderr,
+                       dynamic_ncols=True)
+        except ImportError:
+            print(f"training {len(trainers)} models for {steps} steps", file=sys.stderr,
+                  flush=True)
+    for index in range(steps):
+        for trainer in trainers:
+            trainer.step(batches.tokens[index], timed=index >= warmup,
+                         measure_memory=index == warmup - 1)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix({t.name: f"{t.losses[-1]:.3f}" for t in trainers})
+    if bar is not None:
+        bar.close()
+
+
+@dataclass
+class DemoSettings:
+    steps: int = 150
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    seq_len: int = 128
+    batch_size: int = 16
+    lr: float = 3e-3
+    dtype: str = "float32"
+    seed: int = 0
+    compile: bool = False
+    progress: bool = True
+
+
+def run_demo(settings: DemoSettings) -> dict:
+    """Trains the plain, the fuseops and (optionally) the compiled model;
+    returns the summary (losses included)."""
+    text, source = corpus()
+    batches = make_batches(text, settings.steps, settings.batch_size, settings.seq_len,
+                           settings.seed)
+    config = ModelConfig(vocab_size=len(batches.vocab), d_model=settings.d_model,
+                         n_layers=settings.n_layers, n_heads=settings.n_heads,
+                         seq_len=settings.seq_len)
+    dtype = getattr(torch, settings.dtype)
+    torch.manual_seed(settings.seed)
+    initial = TinyLlama(config).to(dtype)
+
+    plain = copy.deepcopy(initial)
+    with_fuseops = copy.deepcopy(initial)
+    replaced = use_fuseops(with_fuseops)
+
+    runs = [Trainer("torch.nn", plain, settings.lr), Trainer("fuseops", with_fuseops, settings.lr)]
+    if settings.compile:
+        runs.append(Trainer("torch.compile", torch.compile(copy.deepcopy(initial)), settings.lr))
+    train(runs, batches, settings.progress)
+
+    base = runs[0]
+    diffs = [abs(a - b) for a, b in zip(base.losses, runs[1].losses)]
+    first = min(10, len(diffs))
+    summary = {
+        "settings": asdict(settings),
+        "model": {**asdict(config), "ffn_hidden": config.ffn_hidden,
+                  "parameters": sum(p.numel() for p in initial.parameters())},
+        "data": {"source": source, "characters": len(text), "vocab_size": len(batches.vocab)},
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "fuseops_version": fuseops.__version__,
+        "fuseops_cpu_capability": fuseops.build_info()["selected_cpu_capability"],
+        "replaced": replaced,
+        "not_replaced": [
+            {"name": name, "type": type(module).__name__}
+            for name, module in with_fuseops.named_modules()
+            if type(module) in (nn.RMSNorm, SwiGLUMLP)
+        ],
+        "loss_max_abs_diff": max(diffs) if diffs else 0.0,
+        "loss_max_abs_diff_first_steps": max(diffs[:first]) if diffs else 0.0,
+        "first_steps": first,
+        "warmup_steps": _warmup_steps(settings.steps),
+        "runs": {
+            run.name: {
+                "final_loss": run.losses[-1] if run.losses else None,
+                "steps_per_second": run.steps_per_second,
+                "speedup_vs_torch_nn": (run.steps_per_second / base.steps_per_second
+                                        if run.steps_per_second and base.steps_per_second
+                                        else None),
+                "peak_step_bytes": run.peak_step_bytes,
+                "warmup_seconds": run.warmup_seconds,
+                "losses": run.losses,
+            }
+            for run in runs
+        },
+    }
+    return summary
+
+
+def report(summary: dict) -> str:
+    lines = []
+    model = summary["model"]
+    lines.append(
+        f"model: {model['n_layers']} layers, d_model {model['d_model']}, {model['n_heads']} "
+        f"heads, SwiGLU hidden {model['ffn_hidden']}, {model['parameters'] / 1e6:.2f} M "
+        f"parameters, {summary['settings']['dtype']}; data: {summary['data']['characters']} "
+        f"characters of {summary['data']['source']}")
+    lines.append(f"{summary['settings']['steps']} steps of batch "
+                 f"{summary['settings']['batch_size']} x {model['seq_len']}, "
+                 f"{summary['threads']} threads, fuseops CPU build "
+                 f"{summary['fuseops_cpu_capability']}")
+    replaced, kept = summary["replaced"], summary["not_replaced"]
+    if replaced:
+        lines.append(f"fuseops replaced {len(replaced)} modules: " + ", ".join(
+            f"{r['name']} ({r['old']} -> {r['new']})" for r in replaced))
+    else:
+        lines.append("fuseops replaced NOTHING: the installed fuseops.nn has no RMSNorm or "
+                     "SwiGLU, so the 'fuseops' run executes the same torch code as the "
+                     "'torch.nn' run, and its figures show run-to-run noise, not fuseops")
+    if kept:
+        lines.append("still plain torch (no fuseops drop-in installed): " + ", ".join(
+            f"{k['name']} ({k['type']})" for k in kept))
+    lines.append("")
+    lines.append(f"{'run':<14}  {'final loss':>10}  {'steps/s':>8}  {'vs torch.nn':>11}  "
+                 f"{'peak MiB/step':>13}")
+    for name, run in summary["runs"].items():
+        speed = run["steps_per_second"]
+        ratio = run["speedup_vs_torch_nn"]
+        peak = run["peak_step_bytes"]
+        lines.append(
+            f"{name:<14}  {run['final_loss']:>10.4f}  "
+            f"{'-' if speed is None else f'{speed:.2f}':>8}  "
+            f"{'-' if ratio is None else f'{ratio:.2f}x':>11}  "
+            f"{'-' if peak is None else f'{peak / 2**20:.1f}':>13}")
+    lines.append("")
+    lines.append(f"loss curves torch.nn vs fuseops: max |difference| "
+                 f"{summary['loss_max_abs_diff']:.3g} over all steps, "
+                 f"{summary['loss_max_abs_diff_first_steps']:.3g} over the first "
+                 f"{summary['first_steps']} (rounding differences grow as training goes on)")
+    lines.append(f"steps/s excludes the first {summary['warmup_steps']} steps (warm-up, "
+                 "compilation); peak MiB/step: most memory allocated during one training "
+                 "step above what was allocated before it (torch.profiler memory events)")
+    return "\n".join(lines)
+
+
+def write_plot(path: str, summary: dict) -> bool:
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax_diff) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1]})
+    styles = {"torch.nn": ("-", 2.5), "fuseops": ("--", 1.2), "torch.compile": (":", 1.2)}
+    for name, run in summary["runs"].items():
+        style, width = styles.get(name, ("-", 1))
+        ax.plot(run["losses"], style, linewidth=width, label=name)
+    ax.set_ylabel("training loss (cross entropy)")
+    ax.legend()
+    ax.set_title(f"TinyLlama on {os.path.basename(summary['data']['source'].split()[0])}, "
+                 f"{summary['settings']['dtype']}, {summary['threads']} threads", fontsize=10)
+    base = summary["runs"]["torch.nn"]["losses"]
+    for name, run in summary["runs"].items():
+        if name != "torch.nn":
+            ax_diff.plot([abs(a - b) for a, b in zip(run["losses"], base)], label=name)
+    ax_diff.set_ylabel("|loss - torch.nn|")
+    ax_diff.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = DemoSettings()
+    parser.add_argument("--steps", type=int, default=defaults.steps,
+                        help=f"training steps per run (default {defaults.steps})")
+    parser.add_argument("--d-model", type=int, default=defaults.d_model,
+                        help=f"model width (default {defaults.d_model})")
+    parser.add_argument("--layers", type=int, default=defaults.n_layers,
+                        help=f"decoder blocks (default {defaults.n_layers})")
+    parser.add_argument("--heads", type=int, default=defaults.n_heads,
+                        help=f"attention heads (default {defaults.n_heads})")
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len,
+                        help=f"characters per sequence (default {defaults.seq_len})")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                        help=f"sequences per step (default {defaults.batch_size})")
+    parser.add_argument("--lr", type=float, default=defaults.lr,
+                        help=f"AdamW learning rate (default {defaults.lr})")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=defaults.dtype,
+                        help="weights and activations dtype (default float32)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--threads", type=int, default=None,
+                        help=f"torch threads (default {torch.get_num_threads()} here)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also train torch.compile of the plain model")
+    parser.add_argument("--out", default="demo-results",
+                        help="folder for demo.json and demo-loss.png (default demo-results)")
+    parser.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.steps < 3:
+        print("fuseops demo: --steps must be at least 3 (two are warm-up)", file=sys.stderr)
+        return 2
+    if args.d_model % args.heads or (args.d_model // args.heads) % 2:
+        print("fuseops demo: --d-model must split into --heads heads of even size",
+              file=sys.stderr)
+        return 2
+    settings = DemoSettings(
+        steps=args.steps, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+        seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, dtype=args.dtype,
+        seed=args.seed, compile=args.compile, progress=not args.no_progress)
+    summary = run_demo(settings)
+    print(report(summary))
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, "demo.json")
+    with open(json_path, "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    written = [f"summary {json_path}"]
+    if not args.no_plot:
+        plot_path = os.path.join(args.out, "demo-loss.png")
+        if write_plot(plot_path, summary):
+            written.append(f"loss curves {plot_path}")
+        else:
+            written.append("no plot: matplotlib is not installed (pip install 'fuseops[bench]')")
+    print("wrote " + "; ".join(written))
+    return 0

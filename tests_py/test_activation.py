@@ -1,0 +1,406 @@
+"""fuseops.gelu / silu / bias_gelu (and their backward ops and modules)
+against fuseops.reference and torch itself.
+
+Tolerances: float32/float64 results are compared with the reference computed
+in float64, within 1e-5 relative: the vectorized erf/tanh/exp are accurate to
+a few ulp, far below that. The float32 absolute floor, 2e-6, covers the tanh
+form's 1 + tanh(u), which cancels to 0 in float32 for x < -5 (in ATen's own
+kernel too) where the true value is still up to ~1.1e-6. bfloat16/float16
+results are computed in float32 and rounded once, so they are compared with
+the float32-computed reference rounded to the dtype, within one unit in the
+last place (2^-7 bfloat16, 2^-10 float16 relative).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuseops
+from fuseops import reference
+
+from conftest import DTYPES, cpu_capabilities, cpu_runs, run_python
+
+SHAPES = [(0,), (), (1,), (7,), (3, 17), (5, 0, 3), (2, 3, 4, 5), (1000, 67)]
+APPROXIMATIONS = ["none", "tanh"]
+
+
+def tolerances(dtype):
+    return {
+        torch.float32: dict(rtol=1e-5, atol=2e-6),
+        torch.float64: dict(rtol=1e-5, atol=1e-6),
+        torch.bfloat16: dict(rtol=2**-7, atol=1e-3),
+        torch.float16: dict(rtol=2**-10, atol=1e-4),
+    }[dtype]
+
+
+def expected(fn, *args, dtype):
+    """fn on float64 inputs (float32/float64) or float32 inputs rounded to
+    the dtype (bfloat16/float16)."""
+    wide = torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+    result = fn(*(a.to(wide) if isinstance(a, torch.Tensor) else a for a in args))
+    if isinstance(result, tuple):
+        return tuple(r.to(dtype) for r in result)
+    return result.to(dtype)
+
+
+def assert_close(actual, wanted, dtype, scale=1.0):
+    """`scale`: the largest factor multiplying the activation (the upstream
+    gradient in backward), which scales the absolute floor too."""
+    assert actual.dtype == dtype and actual.shape == wanted.shape
+    tol = tolerances(dtype)
+    tol["atol"] *= max(1.0, float(scale))
+    torch.testing.assert_close(actual, wanted, equal_nan=True, **tol)
+
+
+def make_input(shape, dtype, layout):
+    x = torch.randn(shape, dtype=torch.float64) * 3
+    if layout == "transposed" and len(shape) > 1:
+        x = x.transpose(0, -1).contiguous().transpose(0, -1)
+    elif layout == "sliced" and len(shape) > 0:
+        x = torch.cat([x, x], dim=-1)[..., ::2]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_gelu_forward_and_backward(dtype, shape, layout, approximate):
+    x = make_input(shape, dtype, layout)
+    g = make_input(shape, dtype, layout)
+    y = fuseops.gelu(x, approximate)
+    assert y.is_contiguous()
+    assert_close(y, expected(reference.gelu, x, approximate, dtype=dtype), dtype)
+    assert_close(
+        fuseops.gelu_backward(g, x, approximate),
+        expected(reference.gelu_backward, g, x, approximate, dtype=dtype),
+        dtype,
+        scale=g.abs().max() if g.numel() else 1.0,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_silu_forward_and_backward(dtype, shape, layout):
+    x = make_input(shape, dtype, layout)
+    g = make_input(shape, dtype, layout)
+    assert_close(fuseops.silu(x), expected(reference.silu, x, dtype=dtype), dtype)
+    assert_close(
+        fuseops.silu_backward(g, x),
+        expected(reference.silu_backward, g, x, dtype=dtype),
+        dtype,
+        scale=g.abs().max() if g.numel() else 1.0,
+    )
+
+
+BIAS_SHAPES = [(0, 5), (7,), (3, 17), (2, 0, 3), (300, 67), (2, 33, 130), (1100, 64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", BIAS_SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_bias_gelu_forward_and_backward(dtype, shape, layout, approximate):
+    x = make_input(shape, dtype, layout)
+    bias = make_input(shape[-1:], dtype, "sliced" if layout == "sliced" else "contiguous")
+    g = make_input(shape, dtype, layout)
+    assert_close(
+        fuseops.bias_gelu(x, bias, approximate),
+        expected(reference.bias_gelu, x, bias, approximate, dtype=dtype),
+        dtype,
+    )
+    grad_input, grad_bias = fuseops.bias_gelu_backward(g, x, bias, approximate)
+    want_input, _ = expected(reference.bias_gelu_backward, g, x, bias, approximate, dtype=dtype)
+    assert_close(grad_input, want_input, dtype, scale=g.abs().max() if g.numel() else 1.0)
+    # grad_bias sums up to 1100 rows: float64 reference, with the float32
+    # accumulation's error (~rows * 2^-24 of the sum of magnitudes) allowed
+    # for, plus the final rounding to the dtype.
+    exact = reference.bias_gelu_backward(
+        g.double(), x.double(), bias.double(), approximate
+    )[0].reshape(-1, shape[-1])
+    scale = exact.abs().sum(0) + 1
+    err = (grad_bias.double() - exact.sum(0)).abs()
+    assert grad_bias.dtype == dtype and grad_bias.shape == bias.shape
+    assert bool((err <= tolerances(dtype)["rtol"] * 2 * scale).all()), err.max()
+
+
+def test_special_values_propagate_like_torch():
+    x = torch.tensor(
+        [0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, float("inf"), float("-inf"), float("nan")]
+    )
+    g = torch.ones_like(x)
+    for approximate in APPROXIMATIONS:
+        torch.testing.assert_close(
+            fuseops.gelu(x, approximate), F.gelu(x, approximate=approximate), equal_nan=True
+        )
+        torch.testing.assert_close(
+            fuseops.gelu_backward(g, x, approximate),
+            torch.ops.aten.gelu_backward(g, x, approximate=approximate),
+            equal_nan=True,
+        )
+        torch.testing.assert_close(
+            fuseops.bias_gelu(x, torch.zeros(()).expand(x.shape[-1]).contiguous(), approximate),
+            F.gelu(x, approximate=approximate),
+            equal_nan=True,
+        )
+    torch.testing.assert_close(fuseops.silu(x), F.silu(x), equal_nan=True)
+    torch.testing.assert_close(
+        fuseops.silu_backward(g, x), torch.ops.aten.silu_backward(g, x), equal_nan=True
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_autograd_matches_torch(dtype):
+    wide = torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+    x = make_input((37, 19), dtype, "contiguous").requires_grad_()
+    bias = make_input((19,), dtype, "contiguous").requires_grad_()
+    upstream = make_input((37, 19), dtype, "contiguous")
+    scale = upstream.abs().max()
+    for approximate in APPROXIMATIONS:
+        x.grad = bias.grad = None
+        fuseops.bias_gelu(x, bias, approximate).backward(upstream)
+        x_ref = x.detach().to(wide).requires_grad_()
+        bias_ref = bias.detach().to(wide).requires_grad_()
+        F.gelu(x_ref + bias_ref, approximate=approximate).backward(upstream.to(wide))
+        assert_close(x.grad, x_ref.grad.to(dtype), dtype, scale)
+        # A sum over 37 rows, rounded once to the dtype.
+        torch.testing.assert_close(
+            bias.grad.to(wide), bias_ref.grad, rtol=2 * tolerances(dtype)["rtol"], atol=1e-3
+        )
+    x.grad = None
+    fuseops.silu(x).backward(upstream)
+    x_ref = x.detach().to(wide).requires_grad_()
+    F.silu(x_ref).backward(upstream.to(wide))
+    assert_close(x.grad, x_ref.grad.to(dtype), dtype, scale)
+
+
+@pytest.mark.parametrize("approximate", APPROXIMATIONS)
+def test_gradcheck_and_gradgradcheck_float64(approximate):
+    x = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: fuseops.gelu(t, approximate), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: fuseops.gelu(t, approximate), (x,))
+    assert torch.autograd.gradcheck(lambda t, b: fuseops.bias_gelu(t, b, approximate), (x, bias))
+    assert torch.autograd.gradcheck(fuseops.silu, (x,))
+    assert torch.autograd.gradgradcheck(fuseops.silu, (x,))
+
+
+def test_double_backward_of_bias_gelu_is_an_error_not_a_wrong_answer():
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(fuseops.bias_gelu(x, bias).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="bias_gelu_backward"):
+        grad_x.sum().backward()
+
+
+def test_out_variants():
+    x = torch.randn(8, 5)
+    bias = torch.randn(5)
+    out = torch.empty(8, 5)
+    assert fuseops.gelu(x, "tanh", out=out).data_ptr() == out.data_ptr()
+    assert_close(out, expected(reference.gelu, x, "tanh", dtype=torch.float32), torch.float32)
+    strided_out = torch.empty(5, 8).t()
+    fuseops.silu(x, out=strided_out)
+    assert_close(strided_out, expected(reference.silu, x, dtype=torch.float32), torch.float32)
+    small = torch.empty(0)
+    fuseops.bias_gelu(x, bias, out=small)
+    assert_close(small, expected(reference.bias_gelu, x, bias, dtype=torch.float32), torch.float32)
+    y = x.clone()
+    fuseops.gelu(y, out=y)
+    assert_close(y, expected(reference.gelu, x, dtype=torch.float32), torch.float32)
+
+
+def test_opcheck_all_overloads():
+    x = torch.randn(5, 7)
+    b = torch.randn(7)
+    xb = torch.randn(7, 5, dtype=torch.bfloat16).t()
+    samples = [
+        (torch.ops.fuseops.gelu.default, (x,), {}),
+        (torch.ops.fuseops.gelu.default, (torch.randn(4, 3, requires_grad=True), "tanh"), {}),
+        (torch.ops.fuseops.gelu.default, (xb, "none"), {}),
+        (torch.ops.fuseops.gelu.out, (x, "tanh"), {"out": torch.empty(5, 7)}),
+        (torch.ops.fuseops.gelu_backward.default, (torch.randn(5, 7), x, "tanh"), {}),
+        (
+            torch.ops.fuseops.gelu_backward.default,
+            (torch.randn(5, 7, requires_grad=True), x.clone().requires_grad_(), "none"),
+            {},
+        ),
+        (torch.ops.fuseops.silu.default, (torch.randn(4, 3, requires_grad=True),), {}),
+        (torch.ops.fuseops.silu.out, (x,), {"out": torch.empty(5, 7)}),
+        (
+            torch.ops.fuseops.silu_backward.default,
+            (torch.randn(5, 7, requires_grad=True), x.clone().requires_grad_()),
+            {},
+        ),
+        (
+            torch.ops.fuseops.bias_gelu.default,
+            (x.clone().requires_grad_(), b.clone().requires_grad_(), "tanh"),
+            {},
+        ),
+        (torch.ops.fuseops.bias_gelu.out, (x, b, "none"), {"out": torch.empty(5, 7)}),
+        (torch.ops.fuseops.bias_gelu_backward.default, (torch.randn(5, 7), x, b, "none"), {}),
+    ]
+    for op, args, kwargs in samples:
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    def f(x, bias):
+        return fuseops.silu(fuseops.bias_gelu(x, bias, "tanh") * 2.0) + fuseops.gelu(x)
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
+    x = torch.randn(16, 33, requires_grad=True)
+    bias = torch.randn(33, requires_grad=True)
+    y = compiled(x, bias)
+    torch.testing.assert_close(y, f(x, bias))
+    y.sum().backward()
+    gx, gb = x.grad.clone(), bias.grad.clone()
+    x.grad = bias.grad = None
+    f(x, bias).sum().backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gb, bias.grad)
+
+
+def test_torch_export_keeps_the_ops():
+    class M(torch.nn.Module):
+        def forward(self, x, bias):
+            return fuseops.silu(fuseops.bias_gelu(x, bias))
+
+    exported = torch.export.export(M(), (torch.randn(3, 4), torch.randn(4)))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"fuseops.bias_gelu.default", "fuseops.silu.default"} <= targets
+
+
+def test_meta_tensors():
+    x = torch.empty(4, 5, device="meta", dtype=torch.float16)
+    assert fuseops.gelu(x, "tanh").shape == (4, 5)
+    grad_input, grad_bias = fuseops.bias_gelu_backward(x, x, torch.empty(5, device="meta", dtype=torch.float16))
+    assert grad_input.device.type == "meta" and grad_bias.shape == (5,)
+
+
+def test_pybind_path_equals_dispatcher_path():
+    x = torch.randn(9, 31)
+    b = torch.randn(31)
+    torch.testing.assert_close(fuseops._C.gelu(x, "tanh"), torch.ops.fuseops.gelu(x, "tanh"))
+    torch.testing.assert_close(fuseops._C.silu(x), torch.ops.fuseops.silu(x))
+    torch.testing.assert_close(fuseops._C.bias_gelu(x, b), torch.ops.fuseops.bias_gelu(x, b))
+    out = torch.empty(9, 31)
+    fuseops._C.bias_gelu_out(x, b, "tanh", out)
+    torch.testing.assert_close(out, torch.ops.fuseops.bias_gelu(x, b, "tanh"))
+    xg = torch.randn(5, requires_grad=True)
+    fuseops._C.gelu(xg).sum().backward()
+    torch.testing.assert_close(xg.grad, torch.ops.aten.gelu_backward(torch.ones(5), xg.detach()))
+
+
+@pytest.mark.parametrize(
+    "call, fragments",
+    [
+        (lambda: fuseops.gelu(torch.ones(3), "exact"), ["fuseops::gelu", "'approximate'", "'none' or 'tanh'", "'exact'"]),
+        (lambda: fuseops.gelu(torch.ones(3), out=torch.empty(3), approximate="x"), ["fuseops::gelu.out", "'approximate'"]),
+        (lambda: fuseops.gelu(torch.ones(3, dtype=torch.int32)), ["fuseops::gelu", "'input'", "Int"]),
+        (lambda: fuseops.silu(torch.ones(3, dtype=torch.complex64)), ["fuseops::silu", "'input'"]),
+        (lambda: fuseops.silu_backward(torch.ones(3), torch.ones(4)), ["fuseops::silu_backward", "'grad_output'", "shape"]),
+        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(3)), ["fuseops::bias_gelu", "'bias'", "size"]),
+        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(1, 4)), ["fuseops::bias_gelu", "'bias'", "1-D"]),
+        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(4, dtype=torch.float64)), ["fuseops::bias_gelu", "'bias'", "dtype"]),
+        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(4), "erf"), ["fuseops::bias_gelu", "'approximate'", "'erf'"]),
+        (lambda: fuseops.gelu(torch.ones(3), out=torch.empty(3, dtype=torch.float64)), ["fuseops::gelu.out", "'out'", "dtype"]),
+    ],
+)
+def test_bad_input_errors_name_op_and_argument(call, fragments):
+    with pytest.raises(RuntimeError) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_each_cpu_capability(capability):
+    if capability.upper() not in cpu_capabilities():
+        pytest.fail(f"{capability} build missing: {cpu_capabilities()}")
+    if not cpu_runs(capability):
+        # Forcing a capability the CPU lacks makes ATen itself execute
+        # illegal instructions; the gtests still run every build this CPU can.
+        pytest.skip(f"this CPU cannot run {capability} code")
+    code = (
+        "import torch, torch.nn.functional as F, fuseops\n"
+        "torch.manual_seed(0)\n"
+        "x = torch.randn(301, 67, dtype=torch.float64) * 3\n"
+        "b = torch.randn(67, dtype=torch.float64)\n"
+        "g = torch.randn(301, 67, dtype=torch.float64)\n"
+        "for dt, tol in ((torch.float32, 1e-5), (torch.float64, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):\n"
+        "    xt, bt, gt = x.to(dt), b.to(dt), g.to(dt)\n"
+        "    xd, bd, gd = xt.double(), bt.double(), gt.double()\n"
+        "    for a in ('none', 'tanh'):\n"
+        "        torch.testing.assert_close(fuseops.gelu(xt, a).double(), F.gelu(xd, approximate=a), rtol=tol, atol=tol)\n"
+        "        torch.testing.assert_close(fuseops.gelu_backward(gt, xt, a).double(), torch.ops.aten.gelu_backward(gd, xd, approximate=a), rtol=tol, atol=tol)\n"
+        "        torch.testing.assert_close(fuseops.bias_gelu(xt, bt, a).double(), F.gelu(xd + bd, approximate=a), rtol=tol, atol=tol)\n"
+        "        gi, gb = fuseops.bias_gelu_backward(gt, xt, bt, a)\n"
+        "        want = torch.ops.aten.gelu_backward(gd, xd + bd, approximate=a)\n"
+        "        torch.testing.assert_close(gi.double(), want, rtol=tol, atol=tol)\n"
+        "        torch.testing.assert_close(gb.double(), want.sum(0), rtol=tol, atol=tol * 300)\n"
+        "    torch.testing.assert_close(fuseops.silu(xt).double(), F.silu(xd), rtol=tol, atol=tol)\n"
+        "    torch.testing.assert_close(fuseops.silu_backward(gt, xt).double(), torch.ops.aten.silu_backward(gd, xd), rtol=tol, atol=tol)\n"
+        "print(fuseops.build_info()['selected_cpu_capability'])\n"
+    )
+    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
+    assert result.returncode == 0, result.stderr
+    if capability == "default":
+        assert result.stdout.strip().splitlines()[-1] == "DEFAULT"
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(16, 32),
+            torch.nn.GELU(),
+            torch.nn.Linear(32, 32),
+            torch.nn.GELU(approximate="tanh"),
+            torch.nn.Linear(32, 32),
+            torch.nn.SiLU(),
+            torch.nn.SiLU(inplace=True),
+            torch.nn.Linear(32, 4),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_replace_modules_keeps_outputs_and_gradients():
+    model = _Model().double()
+    x = torch.randn(10, 16, dtype=torch.float64)
+    before = model(x)
+    before.sum().backward()
+    grads_before = {n: p.grad.clone() for n, p in model.named_parameters()}
+    state_before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.zero_grad()
+
+    replaced = fuseops.nn.replace_modules(model)
+    assert [(r.name, r.old, r.new) for r in replaced] == [
+        ("net.1", "GELU", "GELU"),
+        ("net.3", "GELU", "GELU"),
+        ("net.5", "SiLU", "SiLU"),
+    ]
+    assert type(model.net[1]) is fuseops.nn.GELU and model.net[3].approximate == "tanh"
+    assert type(model.net[6]) is torch.nn.SiLU  # inplace=True is left to torch
+    assert model.state_dict().keys() == state_before.keys()
+    after = model(x)
+    after.sum().backward()
+    torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-12)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads_before[n], rtol=1e-10, atol=1e-12)
+
+
+def test_modules_construct_like_torch():
+    assert isinstance(fuseops.nn.GELU("tanh"), torch.nn.GELU)
+    assert fuseops.nn.GELU(approximate="tanh").approximate == "tanh"
+    silu = fuseops.nn.SiLU(inplace=True)
+    x = torch.randn(5)
+    want = F.silu(x)
+    assert silu(x) is x  # torch's in-place path
+    torch.testing.assert_close(x, want)

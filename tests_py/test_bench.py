@@ -1,0 +1,200 @@
+"""`python -m fuseops bench`: runs end to end, writes valid outputs, and never
+passes a wrong or missing op. Tiny sizes; timings are never asserted."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+import fuseops
+from fuseops import bench
+from fuseops.__main__ import main
+from fuseops.bench import cases, runner, timing
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+QUICK = ["--shapes", "32x160", "--min-time", "0.005", "--no-progress"]
+
+
+def _bench(tmp_path, *extra: str) -> int:
+    return main(["bench", "--out", str(tmp_path), *QUICK, *extra])
+
+
+def _rows(tmp_path) -> list[dict]:
+    return json.loads((tmp_path / "bench.json").read_text())["rows"]
+
+
+def _run_cases(tmp_path, case_list, *extra: str) -> int:
+    parser = __import__("argparse").ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path), *QUICK, *extra])
+    return bench.run(args, case_list=case_list)
+
+
+def test_relu_end_to_end_writes_table_json_csv_chart_and_trace(tmp_path, capsys):
+    assert _bench(tmp_path, "--ops", "relu", "--dtype", "float32,bfloat16", "--profile") == 0
+    printed = capsys.readouterr().out
+    assert "vs compile" in printed and "relu" in printed
+    assert f"wrote table {tmp_path / 'bench.txt'}" in printed
+
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["environment"]["threads"] == torch.get_num_threads()
+    assert document["environment"]["fuseops_cpu_capability"]
+    rows = document["rows"]
+    assert {(r["dtype"], r["mode"]) for r in rows} == {
+        (d, m) for d in ("float32", "bfloat16") for m in ("forward", "forward+backward", "out")
+    }
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert row["time"]["median_s"] > 0 and row["time"]["samples"] >= 7
+        assert row["gbps"] > 0 and row["roofline_fraction"] > 0
+        assert row["peak_bytes"] is not None
+        assert row["max_abs_err"] is not None and row["error_ratio"] <= 1
+        assert set(row["peers"]) == {"eager", "compiled", "native"}
+        for peer in row["peers"].values():
+            assert peer["error"] == "" and peer["speedup"] > 0
+    out_rows = [r for r in rows if r["mode"] == "out"]
+    assert all(r["peers"]["native"]["variant"] == "out=" for r in out_rows)
+    assert all(r["peers"]["eager"]["variant"] == "allocating" for r in out_rows)
+    # An allocating float32 forward of 32x160 allocates its 20 KiB output.
+    forward = next(r for r in rows if r["mode"] == "forward" and r["dtype"] == "float32")
+    assert forward["peak_bytes"] >= 32 * 160 * 4
+    assert forward["bytes_moved"] == 2 * 32 * 160 * 4
+
+    with open(tmp_path / "bench.csv", newline="") as f:
+        records = list(csv.DictReader(f))
+    assert len(records) == len(rows)
+    assert all(float(r["compiled_speedup"]) > 0 for r in records)
+
+    assert (tmp_path / "speedup.png").read_bytes().startswith(PNG_SIGNATURE)
+    trace = json.loads((tmp_path / "profile" / "relu-float32-32x160-forward.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert "fuseops::relu" in names
+    assert "relu forward [fuseops]" in names
+    assert "fuseops::relu_backward" in {
+        e.get("name") for e in json.loads(
+            (tmp_path / "profile" / "relu-float32-32x160-forward_backward.json").read_text()
+        )["traceEvents"]
+    }
+
+
+def _wrong_relu(x, *, out=None):
+    result = torch.relu(x) + 0.01
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result
+
+
+def test_a_wrong_implementation_is_marked_failed(tmp_path, capsys):
+    wrong = dataclasses.replace(cases.by_name(["relu"])[0], name="wrong_relu", fuseops=_wrong_relu)
+    assert _run_cases(tmp_path, [wrong], "--no-compile", "--dtype", "float32") == 1
+    printed = capsys.readouterr().out
+    assert "!! FAILED: wrong_relu float32 32x160 fwd: MISMATCH vs reference" in printed
+    rows = _rows(tmp_path)
+    assert [r["status"] for r in rows] == ["FAILED"] * 3
+    assert all(r["time"] is None and r["error_ratio"] > 1 for r in rows)
+
+
+def test_a_raising_implementation_is_marked_error(tmp_path, capsys):
+    def broken(x, *, out=None):
+        raise RuntimeError("kernel exploded")
+
+    case = dataclasses.replace(cases.by_name(["relu"])[0], name="broken", fuseops=broken)
+    assert _run_cases(tmp_path, [case], "--no-compile", "--dtype", "float32",
+                      "--modes", "forward") == 1
+    assert "kernel exploded" in capsys.readouterr().out
+    assert [r["status"] for r in _rows(tmp_path)] == ["ERROR"]
+
+
+def test_an_op_missing_from_the_build_is_listed_not_built(tmp_path, capsys):
+    missing = dataclasses.replace(cases.by_name(["relu"])[0], name="teleport",
+                                  fuseops="teleport")
+    relu = cases.by_name(["relu"])[0]
+    assert _run_cases(tmp_path, [missing, relu], "--no-compile", "--dtype", "float32",
+                      "--modes", "forward") == 0
+    printed = capsys.readouterr().out
+    assert "not built: teleport (fuseops.teleport is not in the installed fuseops)" in printed
+    assert "ops not built: 1" in printed
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["not_built"] == ["teleport"]
+    assert [r["status"] for r in document["rows"]] == ["not built", "ok"]
+
+
+def test_every_registered_op_is_timed_or_listed_not_built(tmp_path):
+    # Forward only, no compile: every entry of the registry, as installed now.
+    assert _bench(tmp_path, "--ops", ",".join(case.name for case in cases.CASES),
+                  "--dtype", "float32", "--no-compile", "--modes", "forward,out",
+                  "--no-plot") == 0
+    rows = _rows(tmp_path)
+    assert {r["op"] for r in rows} == {case.name for case in cases.CASES}
+    for row in rows:
+        built = hasattr(fuseops, cases.by_name([row["op"]])[0].fuseops)
+        assert row["status"] == ("ok" if built else "not built"), row
+
+
+def test_quick_preset_leaves_out_variants_and_full_includes_them():
+    quick = {case.name for case in cases.by_name(variants=False)}
+    assert "gelu_tanh" not in quick and "swiglu_packed" not in quick and "gelu" in quick
+    assert {case.name for case in cases.by_name()} == {case.name for case in cases.CASES}
+
+
+def test_cuda_without_a_gpu_says_so_and_fails(tmp_path, capsys):
+    if torch.cuda.is_available():
+        assert runner.check_device(torch.device("cuda")) in (
+            None, "this fuseops was built without CUDA kernels (see python -m fuseops info)")
+        return
+    assert _bench(tmp_path, "--device", "cuda", "--ops", "relu") == 2
+    assert "no CUDA" in capsys.readouterr().err
+
+
+def test_bad_arguments_are_rejected(tmp_path, capsys):
+    assert _bench(tmp_path, "--ops", "nope") == 2
+    assert "unknown op(s) nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--shapes", "12by4"])
+    with pytest.raises(SystemExit):
+        main(["bench", "--dtype", "int8"])
+
+
+def test_registry_entries_are_well_formed():
+    names = [case.name for case in cases.CASES]
+    assert len(names) == len(set(names))
+    assert {"relu", "rms_norm", "fused_add_rms_norm", "layer_norm", "gelu", "silu",
+            "bias_gelu", "swiglu", "geglu"} <= set(names)
+    gen = torch.Generator().manual_seed(0)
+    for case in cases.CASES:
+        inputs = case.make_inputs(3, 8, torch.float32, torch.device("cpu"), gen)
+        assert all(isinstance(t, torch.Tensor) for t in inputs)
+        assert all(0 <= i < len(inputs) for i in case.differentiable)
+        assert case.forward_traffic.bytes(3, 8, 4) > 0
+        assert case.backward_traffic.bytes(3, 8, 4) > 0
+        if case.native is not None:
+            assert isinstance(case.native(*inputs, **case.options), (torch.Tensor, tuple))
+
+
+def test_tolerance_check():
+    want = (torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64),)
+    close = (torch.tensor([1.0 + 5e-5, -2.0, 1e-6]),)
+    assert runner._compare(close, want, torch.float32)[1] <= 1
+    far = (torch.tensor([1.01, -2.0, 0.0]),)
+    err, ratio = runner._compare(far, want, torch.float32)
+    assert err == pytest.approx(0.01, rel=1e-3) and ratio > 1
+    nan = (torch.tensor([float("nan"), -2.0, 0.0]),)
+    assert runner._compare(nan, want, torch.float32) == (math.inf, math.inf)
+    with pytest.raises(AssertionError):
+        runner._compare((torch.zeros(2),), want, torch.float32)
+
+
+def test_timer_and_peak_memory():
+    settings = timing.TimerSettings(min_time=0.001, min_blocks=5, block_time=0.0005)
+    result = timing.measure(lambda: torch.ones(100).sum(), torch.device("cpu"), settings)
+    assert result.median_s > 0 and result.samples >= 5 and result.calls >= result.samples
+    peak = timing.peak_memory(lambda: torch.empty(1 << 20, dtype=torch.uint8),
+                              torch.device("cpu"))
+    assert peak >= 1 << 20
+    assert timing.peak_memory(lambda: None, torch.device("cpu")) == 0

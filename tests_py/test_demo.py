@@ -1,0 +1,85 @@
+"""`python -m fuseops demo`: the plain and the fuseops model train alike, the
+command writes its summary and plot, and it says what it replaced."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import fuseops
+from fuseops import demo
+from fuseops.__main__ import main
+
+TINY = dict(steps=4, d_model=32, n_layers=1, n_heads=2, seq_len=16, batch_size=4,
+            progress=False)
+
+
+def test_two_runs_agree_for_a_few_steps():
+    summary = demo.run_demo(demo.DemoSettings(**TINY))
+    plain, with_fuseops = summary["runs"]["torch.nn"], summary["runs"]["fuseops"]
+    assert len(plain["losses"]) == len(with_fuseops["losses"]) == TINY["steps"]
+    # float32 training: the fused kernels round differently from torch's,
+    # which over 4 steps of a 1-layer model moves the loss by far less than 1e-4.
+    assert summary["loss_max_abs_diff"] < 1e-4
+    # It learns: character-level loss starts near log(vocab) and goes down.
+    assert plain["losses"][0] == pytest.approx(torch.log(torch.tensor(
+        float(summary["data"]["vocab_size"]))).item(), rel=0.2)
+    assert plain["losses"][-1] < plain["losses"][0]
+    assert plain["peak_step_bytes"] > 0 and with_fuseops["peak_step_bytes"] > 0
+
+
+def test_bfloat16_runs_agree_roughly():
+    summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}, dtype="bfloat16"))
+    # bfloat16 has 8 bits of mantissa: losses near 4 agree to a few 1e-2.
+    assert summary["loss_max_abs_diff"] < 0.1
+
+
+def test_fuseops_modules_replace_the_norms_and_mlps_it_has():
+    config = demo.ModelConfig(vocab_size=10, d_model=16, n_layers=2, n_heads=2, seq_len=8)
+    torch.manual_seed(0)
+    plain = demo.TinyLlama(config)
+    model = copy.deepcopy(plain)
+    replaced = demo.use_fuseops(model)
+    expected = set()
+    if torch.nn.RMSNorm in fuseops.nn._REPLACEMENTS:
+        expected |= {"norm", "blocks.0.attn_norm", "blocks.0.mlp_norm", "blocks.1.attn_norm",
+                     "blocks.1.mlp_norm"}
+    if hasattr(fuseops.nn, "SwiGLU"):
+        expected |= {"blocks.0.mlp", "blocks.1.mlp"}
+    assert {r["name"] for r in replaced} == expected
+    # Same parameters under the same names, so the same outputs.
+    assert plain.state_dict().keys() == model.state_dict().keys()
+    tokens = torch.randint(0, 10, (2, 8))
+    torch.testing.assert_close(model(tokens), plain(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_report_says_when_nothing_was_replaced(monkeypatch):
+    monkeypatch.setattr(fuseops.nn, "_REPLACEMENTS", {})
+    monkeypatch.delattr(fuseops.nn, "SwiGLU", raising=False)
+    summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}))
+    assert summary["replaced"] == []
+    assert {k["type"] for k in summary["not_replaced"]} == {"RMSNorm", "SwiGLUMLP"}
+    assert summary["loss_max_abs_diff"] == 0.0  # the very same computation
+    text = demo.report(summary)
+    assert "fuseops replaced NOTHING" in text
+    assert "run-to-run noise, not fuseops" in text
+
+
+def test_cli_writes_summary_and_plot(tmp_path, capsys):
+    assert main(["demo", "--steps", "3", "--d-model", "32", "--layers", "1", "--heads", "2",
+                 "--seq-len", "16", "--batch-size", "2", "--no-progress",
+                 "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "loss curves torch.nn vs fuseops: max |difference|" in printed
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    assert set(summary["runs"]) == {"torch.nn", "fuseops"}
+    assert summary["settings"]["steps"] == 3
+    assert (tmp_path / "demo-loss.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_cli_rejects_heads_that_do_not_divide_the_width(tmp_path, capsys):
+    assert main(["demo", "--d-model", "30", "--heads", "4", "--out", str(tmp_path)]) == 2
+    assert "--heads" in capsys.readouterr().err

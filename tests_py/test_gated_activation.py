@@ -1,0 +1,349 @@
+"""fuseops.swiglu / geglu (separate and packed forms, backward, MLP modules)
+against fuseops.reference and torch itself.
+
+Tolerances as in test_activation.py: float32/float64 against the float64
+reference within 1e-5 relative; bfloat16/float16 against the float32-computed
+reference rounded to the dtype, within one unit in the last place.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuseops
+from fuseops import reference
+
+from conftest import DTYPES, cpu_capabilities, cpu_runs, run_python
+
+# Shapes of the result [..., H]; packed inputs are [..., 2*H].
+SHAPES = [(0, 4), (), (1,), (7,), (3, 17), (2, 0, 3), (2, 3, 4, 5), (300, 67)]
+FORMS = ["swiglu", "geglu-none", "geglu-tanh"]
+
+
+def tolerances(dtype):
+    return {
+        torch.float32: dict(rtol=1e-5, atol=2e-6),
+        torch.float64: dict(rtol=1e-5, atol=1e-6),
+        torch.bfloat16: dict(rtol=2**-7, atol=1e-3),
+        torch.float16: dict(rtol=2**-10, atol=1e-4),
+    }[dtype]
+
+
+def wide(dtype):
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def assert_close(actual, wanted, dtype, scale=1.0):
+    """`scale`: the largest factor multiplying the activation (up, the
+    upstream gradient), which scales the absolute floor too."""
+    assert actual.dtype == dtype and actual.shape == wanted.shape
+    tol = tolerances(dtype)
+    tol["atol"] *= max(1.0, float(scale))
+    torch.testing.assert_close(actual, wanted.to(dtype), equal_nan=True, **tol)
+
+
+def absmax(t):
+    return t.abs().max().item() if t.numel() else 1.0
+
+
+def fused(form, gate, up=None, **kwargs):
+    if form == "swiglu":
+        return fuseops.swiglu(gate, up, **kwargs)
+    return fuseops.geglu(gate, up, form.split("-")[1], **kwargs)
+
+
+def fused_backward(form, grad, gate, up=None):
+    if form == "swiglu":
+        return fuseops.swiglu_backward(grad, gate, up)
+    return fuseops.geglu_backward(grad, gate, up, form.split("-")[1])
+
+
+def act(form, x):
+    if form == "swiglu":
+        return reference.silu(x)
+    return reference.gelu(x, form.split("-")[1])
+
+
+def act_backward(form, grad, x):
+    if form == "swiglu":
+        return reference.silu_backward(grad, x)
+    return reference.gelu_backward(grad, x, form.split("-")[1])
+
+
+def packed_input(shape, dtype):
+    packed_shape = shape[:-1] + (2 * shape[-1],) if shape else (2,)
+    return (torch.randn(packed_shape, dtype=torch.float64) * 3).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("form", FORMS)
+def test_forward_separate_views_contiguous_and_packed(dtype, shape, form):
+    packed = packed_input(shape, dtype)
+    gate, up = packed.chunk(2, dim=-1)  # strided views of the packed tensor
+    if not shape:
+        gate, up = gate.reshape(()), up.reshape(())
+    w = wide(dtype)
+    want = act(form, gate.to(w)) * up.to(w)
+    scale = absmax(up)
+    assert_close(fused(form, gate, up), want, dtype, scale)
+    assert_close(fused(form, gate.contiguous(), up.contiguous()), want, dtype, scale)
+    if shape:
+        assert_close(fused(form, packed), want, dtype, scale)
+        # Transposed leading dims: the packed rows are not evenly spaced.
+        if len(shape) >= 3:
+            t = packed.transpose(0, 1)
+            tg, tu = t.chunk(2, dim=-1)
+            assert_close(fused(form, t), act(form, tg.to(w)) * tu.to(w), dtype, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s], ids=str)
+@pytest.mark.parametrize("form", FORMS)
+def test_backward_separate_and_packed(dtype, shape, form):
+    packed = packed_input(shape, dtype)
+    gate, up = packed.chunk(2, dim=-1)
+    grad = (torch.randn(shape, dtype=torch.float64)).to(dtype)
+    w = wide(dtype)
+    want_gate = act_backward(form, grad.to(w) * up.to(w), gate.to(w))
+    want_up = grad.to(w) * act(form, gate.to(w))
+    grad_gate, grad_up = fused_backward(form, grad, gate, up)
+    scale = absmax(grad) * absmax(packed)
+    assert_close(grad_gate, want_gate, dtype, scale)
+    assert_close(grad_up, want_up, dtype, scale)
+    want_packed = torch.cat([want_gate, want_up], -1)
+    assert_close(fused_backward(form, grad, packed), want_packed, dtype, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("form", FORMS)
+def test_autograd_matches_reference(dtype, form):
+    packed = packed_input((23, 19), dtype).requires_grad_()
+    upstream = torch.randn(23, 19, dtype=torch.float64).to(dtype)
+    fused(form, packed).backward(upstream)
+    ref_packed = packed.detach().to(wide(dtype)).requires_grad_()
+    approximate = "none" if form == "swiglu" else form.split("-")[1]
+    ref = reference.swiglu if form == "swiglu" else (lambda x: reference.geglu(x, None, approximate))
+    ref(ref_packed).backward(upstream.to(wide(dtype)))
+    scale = absmax(upstream) * absmax(packed.detach())
+    assert_close(packed.grad, ref_packed.grad, dtype, scale)
+
+    gate = packed.detach()[:, :19].clone().requires_grad_()
+    up = packed.detach()[:, 19:].clone().requires_grad_()
+    fused(form, gate, up).backward(upstream)
+    assert_close(gate.grad, ref_packed.grad[:, :19], dtype, scale)
+    assert_close(up.grad, ref_packed.grad[:, 19:], dtype, scale)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_gradcheck_float64(form):
+    packed = torch.randn(4, 10, dtype=torch.float64, requires_grad=True)
+    gate = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: fused(form, x), (packed,))
+    assert torch.autograd.gradcheck(lambda a, b: fused(form, a, b), (gate, up))
+
+
+def test_double_backward_is_an_error_not_a_wrong_answer():
+    gate = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    (grad_gate,) = torch.autograd.grad(fuseops.swiglu(gate, up).sum(), gate, create_graph=True)
+    with pytest.raises(RuntimeError, match="swiglu_backward"):
+        grad_gate.sum().backward()
+
+
+def test_special_values_propagate_like_the_composite():
+    specials = torch.tensor([0.0, 1.0, -1.0, 30.0, -30.0, float("inf"), float("-inf"), float("nan")])
+    gate = specials.repeat_interleave(len(specials))
+    up = specials.repeat(len(specials))
+    torch.testing.assert_close(fuseops.swiglu(gate, up), F.silu(gate) * up, equal_nan=True)
+    for a in ("none", "tanh"):
+        torch.testing.assert_close(
+            fuseops.geglu(gate, up, a), F.gelu(gate, approximate=a) * up, equal_nan=True
+        )
+
+
+def test_out_variants():
+    packed = torch.randn(6, 20)
+    gate, up = packed.chunk(2, -1)
+    out = torch.empty(6, 10)
+    assert fuseops.swiglu(packed, out=out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, F.silu(gate) * up)
+    strided_out = torch.empty(10, 6).t()
+    fuseops.geglu(gate, up, "tanh", out=strided_out)
+    torch.testing.assert_close(strided_out, F.gelu(gate, approximate="tanh") * up)
+    small = torch.empty(0)
+    fuseops.geglu(packed, out=small)
+    torch.testing.assert_close(small, F.gelu(gate) * up)
+    # out is the gate half of its own input.
+    buffer = packed.clone()
+    g, u = buffer.chunk(2, -1)
+    fuseops.swiglu(g, u, out=g)
+    torch.testing.assert_close(g, F.silu(gate) * up)
+
+
+def test_opcheck_all_overloads():
+    packed = torch.randn(5, 14)
+    gate, up = torch.randn(5, 7), torch.randn(5, 7)
+    grad = torch.randn(5, 7)
+    bf = torch.randn(14, 5, dtype=torch.bfloat16).t()
+    samples = [
+        (torch.ops.fuseops.swiglu.default, (gate, up), {}),
+        (torch.ops.fuseops.swiglu.default, (gate.clone().requires_grad_(), up.clone().requires_grad_()), {}),
+        (torch.ops.fuseops.swiglu.out, (gate, up), {"out": torch.empty(5, 7)}),
+        (torch.ops.fuseops.swiglu.packed, (packed.clone().requires_grad_(),), {}),
+        (torch.ops.fuseops.swiglu.packed, (bf,), {}),
+        (torch.ops.fuseops.swiglu.packed_out, (packed,), {"out": torch.empty(5, 7)}),
+        (torch.ops.fuseops.swiglu_backward.default, (grad, gate, up), {}),
+        (torch.ops.fuseops.swiglu_backward.packed, (grad, packed), {}),
+        (torch.ops.fuseops.geglu.default, (gate.clone().requires_grad_(), up, "tanh"), {}),
+        (torch.ops.fuseops.geglu.out, (gate, up, "none"), {"out": torch.empty(5, 7)}),
+        (torch.ops.fuseops.geglu.packed, (packed.clone().requires_grad_(), "tanh"), {}),
+        (torch.ops.fuseops.geglu.packed_out, (packed, "none"), {"out": torch.empty(5, 7)}),
+        (torch.ops.fuseops.geglu_backward.default, (grad, gate, up, "tanh"), {}),
+        (torch.ops.fuseops.geglu_backward.packed, (grad, packed, "none"), {}),
+    ]
+    for op, args, kwargs in samples:
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_torch_compile_fullgraph_sees_one_op_forward_and_backward():
+    def f(x):
+        return fuseops.swiglu(x) * 2.0 + fuseops.geglu(*x.chunk(2, -1), approximate="tanh")
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
+    x = torch.randn(16, 34, requires_grad=True)
+    y = compiled(x)
+    torch.testing.assert_close(y, f(x))
+    y.sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    f(x).sum().backward()
+    torch.testing.assert_close(g, x.grad)
+
+
+
+def test_torch_export_keeps_one_op_per_call():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return fuseops.swiglu(x) + fuseops.geglu(*x.chunk(2, -1))
+
+    exported = torch.export.export(M(), (torch.randn(3, 8),))
+    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert "fuseops.swiglu.packed" in targets and "fuseops.geglu.default" in targets
+
+
+def test_meta_tensors():
+    x = torch.empty(4, 6, device="meta", dtype=torch.bfloat16)
+    assert fuseops.swiglu(x).shape == (4, 3)
+    assert fuseops.geglu_backward(torch.empty(4, 3, device="meta", dtype=torch.bfloat16), x).shape == (4, 6)
+
+
+def test_pybind_path_equals_dispatcher_path():
+    packed = torch.randn(9, 62)
+    gate, up = packed.chunk(2, -1)
+    torch.testing.assert_close(fuseops._C.swiglu_packed(packed), torch.ops.fuseops.swiglu.packed(packed))
+    torch.testing.assert_close(fuseops._C.geglu(gate, up, "tanh"), torch.ops.fuseops.geglu(gate, up, "tanh"))
+    grad = torch.randn(9, 31)
+    torch.testing.assert_close(
+        fuseops._C.geglu_packed_backward(grad, packed), torch.ops.fuseops.geglu_backward.packed(grad, packed)
+    )
+
+
+@pytest.mark.parametrize(
+    "call, fragments",
+    [
+        (lambda: fuseops.swiglu(torch.ones(3, 4), torch.ones(3, 5)), ["fuseops::swiglu", "'up'", "shape"]),
+        (lambda: fuseops.swiglu(torch.ones(3), torch.ones(3, dtype=torch.float64)), ["fuseops::swiglu", "'up'", "dtype"]),
+        (lambda: fuseops.swiglu(torch.ones(3, 5)), ["fuseops::swiglu.packed", "'input'", "even", "[3, 5]"]),
+        (lambda: fuseops.swiglu(torch.ones(())), ["fuseops::swiglu.packed", "'input'"]),
+        (lambda: fuseops.geglu(torch.ones(3), torch.ones(3), "fast"), ["fuseops::geglu", "'approximate'", "'fast'"]),
+        (lambda: fuseops.geglu(torch.ones(2, 4), approximate="erf"), ["fuseops::geglu.packed", "'approximate'"]),
+        (lambda: fuseops.swiglu(torch.ones(2, 4, dtype=torch.int64)), ["fuseops::swiglu.packed", "'input'", "Long"]),
+        (lambda: fuseops.swiglu_backward(torch.ones(3, 4), torch.ones(3, 4)), ["fuseops::swiglu_backward.packed", "'grad_output'", "[3, 2]"]),
+        (lambda: fuseops.swiglu(torch.ones(2, 4), out=torch.empty(2, 2, dtype=torch.float64)), ["fuseops::swiglu.packed_out", "'out'", "dtype"]),
+    ],
+)
+def test_bad_input_errors_name_op_and_argument(call, fragments):
+    with pytest.raises(RuntimeError) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_each_cpu_capability(capability):
+    if capability.upper() not in cpu_capabilities():
+        pytest.fail(f"{capability} build missing: {cpu_capabilities()}")
+    if not cpu_runs(capability):
+        # Forcing a capability the CPU lacks makes ATen itself execute
+        # illegal instructions; the gtests still run every build this CPU can.
+        pytest.skip(f"this CPU cannot run {capability} code")
+    code = (
+        "import torch, torch.nn.functional as F, fuseops\n"
+        "torch.manual_seed(0)\n"
+        "x = torch.randn(301, 134, dtype=torch.float64) * 3\n"
+        "g = torch.randn(301, 67, dtype=torch.float64)\n"
+        "for dt, tol in ((torch.float32, 1e-5), (torch.float64, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):\n"
+        "    xt, gt = x.to(dt), g.to(dt)\n"
+        "    a, b = xt.double().chunk(2, -1)\n"
+        "    gd = gt.double()\n"
+        "    for name, f, df in (('swiglu', F.silu, lambda gg, z: torch.ops.aten.silu_backward(gg, z)),\n"
+        "                        ('none', F.gelu, lambda gg, z: torch.ops.aten.gelu_backward(gg, z)),\n"
+        "                        ('tanh', lambda z: F.gelu(z, approximate='tanh'), lambda gg, z: torch.ops.aten.gelu_backward(gg, z, approximate='tanh'))):\n"
+        "        y = fuseops.swiglu(xt) if name == 'swiglu' else fuseops.geglu(xt, approximate=name)\n"
+        "        torch.testing.assert_close(y.double(), f(a) * b, rtol=tol, atol=tol)\n"
+        "        d = fuseops.swiglu_backward(gt, xt) if name == 'swiglu' else fuseops.geglu_backward(gt, xt, approximate=name)\n"
+        "        torch.testing.assert_close(d.double(), torch.cat([df(gd * b, a), gd * f(a)], -1), rtol=tol, atol=tol)\n"
+        "print(fuseops.build_info()['selected_cpu_capability'])\n"
+    )
+    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
+    assert result.returncode == 0, result.stderr
+    if capability == "default":
+        assert result.stdout.strip().splitlines()[-1] == "DEFAULT"
+
+
+class _LlamaMLP(torch.nn.Module):
+    """The composite the fused blocks replace (Llama's MLP)."""
+
+    def __init__(self, dim, hidden, act):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(dim, hidden, bias=False)
+        self.up_proj = torch.nn.Linear(dim, hidden, bias=False)
+        self.down_proj = torch.nn.Linear(hidden, dim, bias=False)
+        self.act = act
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, act",
+    [
+        (fuseops.nn.SwiGLU, {}, F.silu),
+        (fuseops.nn.GeGLU, {}, F.gelu),
+        (fuseops.nn.GeGLU, {"approximate": "tanh"}, lambda t: F.gelu(t, approximate="tanh")),
+    ],
+)
+def test_mlp_blocks_match_the_composite_and_load_its_checkpoint(cls, kwargs, act):
+    ref = _LlamaMLP(12, 40, act).double()
+    block = cls(12, 40, **kwargs, dtype=torch.float64)
+    block.load_state_dict(ref.state_dict())  # same keys: gate_proj/up_proj/down_proj
+    x = torch.randn(3, 5, 12, dtype=torch.float64)
+    y_ref, y = ref(x), block(x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+    y_ref.sum().backward()
+    y.sum().backward()
+    for (name, p), (_, q) in zip(ref.named_parameters(), block.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_mlp_block_options():
+    block = fuseops.nn.SwiGLU(8, 16, out_features=4, bias=True)
+    assert block(torch.randn(2, 8)).shape == (2, 4)
+    assert block.gate_proj.bias is not None
+    with pytest.raises(ValueError, match="approximate"):
+        fuseops.nn.GeGLU(8, 16, approximate="fast")

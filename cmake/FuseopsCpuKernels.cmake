@@ -34,7 +34,12 @@ function(fuseops_enable_cpu_kernels target)
     set_target_properties(${objects} PROPERTIES POSITION_INDEPENDENT_CODE ON)
     target_compile_definitions(${objects} PRIVATE
       CPU_CAPABILITY=${cap} CPU_CAPABILITY_${cap})
-    target_compile_options(${objects} PRIVATE ${FUSEOPS_CPU_FLAGS_${cap}})
+    # -ffp-contract=off: kernels spell out their FMAs (at::vec::fmadd). If the
+    # compiler fused other a*b+c on its own, a scalar tail would round
+    # differently from the vector body, and two passes that must agree (a row
+    # sum and the values it is subtracted from) would not: layer_norm's input
+    # gradient of a one-element row came out 7e-5 instead of 0.
+    target_compile_options(${objects} PRIVATE ${FUSEOPS_CPU_FLAGS_${cap}} -ffp-contract=off)
     # Same include directories, definitions and torch usage requirements as
     # the library itself.
     target_include_directories(${objects} PRIVATE

@@ -20,11 +20,16 @@ import torch
 from . import cases, report, runner, timing
 
 SHAPE_PRESETS = {
-    # A few seconds per op on 2 cores; the bfloat16 tensors (16 MiB) rotate
-    # through enough input sets that the cache does not hold them.
-    "quick": [(2048, 4096)],
-    "full": [(4096, 4096), (16384, 1024), (1024, 4096)],
+    # Each tensor 4-8 MiB; the op rotates through enough input sets that the
+    # cache does not hold them. Every op, both default dtypes and all modes
+    # take a few minutes on 2 cores, most of it torch.compile compiling the
+    # reference (a second run finds its compilations cached).
+    "quick": [(1024, 2048)],
+    # The shapes of the project's speed targets: 64 MiB float32 tensors, whose
+    # allocation page-faults afresh on every call, and many short rows.
+    "full": [(4096, 4096), (16384, 1024)],
 }
+FULL_MIN_TIME = 0.2
 MODE_ALIASES = {
     "forward": "forward", "fwd": "forward",
     "forward+backward": "forward+backward", "fwd+bwd": "forward+backward",
@@ -98,8 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile(reference) peer (its compilation "
                              "takes seconds per op and shape)")
-    parser.add_argument("--min-time", type=float, default=0.2,
-                        help="seconds of timed calls per measurement, at least (default 0.2)")
+    parser.add_argument("--min-time", type=float, default=None,
+                        help="seconds of timed calls per implementation and row, at least "
+                             f"(default {timing.TimerSettings().min_time}, "
+                             f"{FULL_MIN_TIME} with --full); at least "
+                             f"{timing.TimerSettings().min_blocks} samples are taken anyway")
     parser.add_argument("--out", default="bench-results",
                         help="output folder (default bench-results)")
     parser.add_argument("--json", default=None,
@@ -166,7 +174,8 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     config = runner.Config(
         cases=selected, dtypes=dtypes, shapes=shapes, modes=modes, device=device,
         compile_peer=not args.no_compile,
-        timer=timing.TimerSettings(min_time=args.min_time),
+        timer=timing.TimerSettings(min_time=args.min_time if args.min_time is not None else (
+            FULL_MIN_TIME if args.full else timing.TimerSettings().min_time)),
         profile_dir=os.path.join(args.out, "profile") if args.profile else None,
     )
     env = runner.environment(config)

@@ -8,6 +8,7 @@ import itertools
 import math
 import os
 import platform
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -61,6 +62,8 @@ class PeerResult:
     #: "allocating" when an `out=` row's peer can only allocate its output.
     variant: str = ""
     error: str = ""
+    #: Seconds of the first call (for torch.compile, mostly compilation).
+    first_call_s: Optional[float] = None
 
     def as_dict(self, fuseops_time: Optional[float]) -> dict:
         speedup = None
@@ -74,6 +77,7 @@ class PeerResult:
             "max_abs_err": self.max_abs_err,
             "variant": self.variant,
             "error": self.error,
+            "first_call_s": self.first_call_s,
         }
 
 
@@ -323,16 +327,16 @@ def _compare(got: tuple, want: tuple, dtype) -> tuple[float, float]:
         if tuple(g.shape) != tuple(w.shape):
             raise AssertionError(f"shape {tuple(g.shape)}, the reference {tuple(w.shape)}")
         g = g.detach().to(w.dtype)
-        if not torch.equal(torch.isnan(g), torch.isnan(w)):
+        w_nan = torch.isnan(w)
+        if not torch.equal(torch.isnan(g), w_nan):
             return math.inf, math.inf
-        finite = ~torch.isnan(w)
-        g, w = g[finite], w[finite]
         if w.numel() == 0:
             continue
-        diff = (g - w).abs()
-        allowed = atol * max(1.0, w.abs().max().item()) + rtol * w.abs()
+        w_abs = w.abs().nan_to_num_(nan=0.0)
+        diff = (g - w).abs_().masked_fill_(w_nan, 0.0)
+        allowed = w_abs.mul_(rtol).add_(atol * max(1.0, w_abs.max().item()))
         max_err = max(max_err, diff.max().item())
-        worst = max(worst, (diff / allowed).max().item())
+        worst = max(worst, diff.div_(allowed).max().item())
     return max_err, worst
 
 
@@ -484,7 +488,10 @@ class Runner:
                     peer_make_call, variant = _forward_call, "allocating"
             peer = row.peers[name] = PeerResult(label=label, variant=variant)
             try:
-                peer.max_abs_err = _compare(peer_make_call(fn, case, sets[0])(), want, dtype)[0]
+                start = time.perf_counter()
+                got = peer_make_call(fn, case, sets[0])()
+                peer.first_call_s = time.perf_counter() - start
+                peer.max_abs_err = _compare(got, want, dtype)[0]
             except Exception as error:  # a peer that cannot run is reported, not fatal
                 peer.error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 continue

@@ -52,10 +52,11 @@ class Timing:
 
 @dataclass(frozen=True)
 class TimerSettings:
-    min_time: float = 0.1
+    min_time: float = 0.05
     min_blocks: int = 7
     block_time: float = 0.005
-    warmup_calls: int = 2
+    # The calibration blocks after these warm up further.
+    warmup_calls: int = 1
 
 
 def _block_timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:

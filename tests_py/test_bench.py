@@ -3,6 +3,7 @@ passes a wrong or missing op. Tiny sizes; timings are never asserted."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import json
@@ -29,7 +30,7 @@ def _rows(tmp_path) -> list[dict]:
 
 
 def _run_cases(tmp_path, case_list, *extra: str) -> int:
-    parser = __import__("argparse").ArgumentParser()
+    parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     args = parser.parse_args(["--out", str(tmp_path), *QUICK, *extra])
     return bench.run(args, case_list=case_list)
@@ -95,6 +96,7 @@ def test_a_wrong_implementation_is_marked_failed(tmp_path, capsys):
     assert _run_cases(tmp_path, [wrong], "--no-compile", "--dtype", "float32") == 1
     printed = capsys.readouterr().out
     assert "!! FAILED: wrong_relu float32 32x160 fwd: MISMATCH vs reference" in printed
+    assert "the peers' errors: eager reference 0, torch.relu 0" in printed
     rows = _rows(tmp_path)
     assert [r["status"] for r in rows] == ["FAILED"] * 3
     assert all(r["time"] is None and r["error_ratio"] > 1 for r in rows)

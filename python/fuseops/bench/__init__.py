@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full", action="store_true",
                         help="the full sweep: --shapes full ("
                              f"{', '.join('x'.join(map(str, s)) for s in SHAPE_PRESETS['full'])})"
-                             ", variants included")
+                             ", variants included; tens of minutes on 2 cores")
     parser.add_argument("--modes", type=parse_modes, default="forward,forward+backward,out",
                         help="comma-separated: forward, forward+backward, out (default: all)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")

@@ -39,11 +39,20 @@ def header_lines(env: dict) -> list[str]:
         f"device {env['device']}" + (f" ({env['gpu']})" if env.get("gpu") else "")
         + f"; CPU {env['cpu_model']}, {env['logical_cpus']} logical CPUs, "
         f"last-level cache {env['last_level_cache_bytes'] / 2**20:.0f} MiB",
-        f"threads {env['threads']}; CPU capability: fuseops {env['fuseops_cpu_capability']} "
+        f"threads {env['threads']}"
+        + (f" (OMP_WAIT_POLICY={env['omp_wait_policy']})" if env.get("omp_wait_policy") else "")
+        + f"; CPU capability: fuseops {env['fuseops_cpu_capability']} "
         f"(builds {', '.join(env['fuseops_cpu_builds'])}), ATen {env['aten_cpu_capability']}",
     ]
     if not env["compile_peer"]:
         lines.append("torch.compile peer skipped (--no-compile)")
+    load = env.get("load_average_at_start")
+    if env["device"] == "cpu" and load is not None and load >= 1.0:
+        lines.append(f"note: the load average was {load:.1f} at the start (other processes "
+                     f"share these {env['logical_cpus']} CPUs): expect noisy times and ratios")
+        if (env.get("omp_wait_policy") or "").upper() != "PASSIVE":
+            lines.append("      (OpenMP threads spin while they wait for a busy core; "
+                         "OMP_WAIT_POLICY=PASSIVE makes that cheaper)")
     return lines
 
 
@@ -156,6 +165,15 @@ def write_csv(path: str, rows: Sequence[Row], env: dict) -> None:
             writer.writerow({k: ("" if v is None else v) for k, v in record.items()})
 
 
+def _wrap(name: str, width: int = 12) -> str:
+    """Breaks a long op name at the underscore nearest its middle."""
+    if len(name) <= width or "_" not in name:
+        return name
+    cuts = [i for i, ch in enumerate(name) if ch == "_"]
+    cut = min(cuts, key=lambda i: abs(i - len(name) / 2))
+    return name[:cut + 1] + "\n" + name[cut + 1:]
+
+
 def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
     """Bar chart of fuseops' speedup over each peer, one panel per mode.
     Returns False (and writes nothing) when matplotlib is not installed."""
@@ -178,7 +196,7 @@ def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
     width = 0.8 / len(PEERS)
     for ax, mode in zip(axes[:, 0], modes):
         mode_rows = [row for row in timed if row.mode == mode]
-        labels = [f"{row.op}\n{row.dtype}\n{row.shape}" for row in mode_rows]
+        labels = [f"{_wrap(row.op)}\n{row.dtype}\n{row.shape}" for row in mode_rows]
         for k, peer in enumerate(PEERS):
             xs, heights = [], []
             for i, row in enumerate(mode_rows):

@@ -2,16 +2,19 @@
 against fuseops.reference and torch itself.
 
 Tolerances: float32/float64 results are compared with the reference computed
-in float64, within 1e-5 relative: the vectorized erf/tanh/exp are accurate to
-a few ulp, far below that. The float32 absolute floor, 2e-6, covers the tanh
-form's 1 + tanh(u), which cancels to 0 in float32 for x < -5 (in ATen's own
-kernel too) where the true value is still up to ~1.1e-6. bfloat16/float16
+in float64, within 1e-5 relative: the vectorized erf/exp are accurate to a
+few ulp, far below that. The float32 absolute floor, 2e-6, covers the
+reference's own textbook tanh form, 1 + tanh(u), which cancels in float32
+for x < -5 where the true value is still up to ~1.1e-6 (fuseops computes it
+as a sigmoid, without cancellation). bfloat16/float16
 results are computed in float32 and rounded once, so they are compared with
 the float32-computed reference rounded to the dtype, within one unit in the
 last place (2^-7 bfloat16, 2^-10 float16 relative).
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -150,6 +153,44 @@ def test_special_values_propagate_like_torch():
     torch.testing.assert_close(
         fuseops.silu_backward(g, x), torch.ops.aten.silu_backward(g, x), equal_nan=True
     )
+
+
+def test_float32_accuracy_over_the_whole_range():
+    """Every float32 input region, against exact float64 formulas: the
+    inlined exp's range reduction, its overflow (x > 88.72) and flush
+    (x < -87) boundaries, and both tails. Allowed error 1e-5 relative plus
+    an absolute floor: 1e-9 for the forward values (in the far tails they
+    are below 1e-9 and exp's argument, rounded to float32, has a condition
+    number |argument| there); 2e-7 for the derivatives, which are sums of
+    O(1) terms that cancel where a derivative crosses zero (silu's near
+    x = -1.28), so their error is relative to those terms; for GELU-erf,
+    1e-7 * |x| more, the documented bound of the erf approximation ATen uses
+    too (A&S 7.1.26, |error| <= 1.5e-7)."""
+    boundaries = torch.tensor([87.0, 87.3365, 88.0, 88.7228, 88.75, 89.0, 3.5, 5.0, 10.0])
+    x = torch.cat([torch.linspace(-100, 100, 400_001), boundaries, -boundaries])
+    x64 = x.double()
+    g = torch.ones_like(x)
+    s = torch.sigmoid(x64)
+    inner = math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)
+    s2 = torch.sigmoid(2 * inner)
+    d_inner = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x64**2)
+    cdf = 0.5 * torch.special.erfc(-x64 / math.sqrt(2))
+    pdf = torch.exp(-0.5 * x64**2) / math.sqrt(2 * math.pi)
+    cases = {
+        "silu": (fuseops.silu(x), x64 * s, 1e-9, 0.0),
+        "silu_backward": (fuseops.silu_backward(g, x), s * (1 + x64 * (1 - s)), 2e-7, 0.0),
+        "gelu tanh": (fuseops.gelu(x, "tanh"), x64 * s2, 1e-9, 0.0),
+        "gelu_backward tanh": (
+            fuseops.gelu_backward(g, x, "tanh"), s2 + 2 * x64 * s2 * (1 - s2) * d_inner, 2e-7, 0.0),
+        "gelu none": (fuseops.gelu(x, "none"), x64 * cdf, 1e-9, 1e-7),
+        "gelu_backward none": (fuseops.gelu_backward(g, x, "none"), cdf + x64 * pdf, 2e-7, 1e-7),
+    }
+    for name, (got, want, floor, erf_floor) in cases.items():
+        allowed = 1e-5 * want.abs() + floor + erf_floor * x64.abs().clamp(min=1)
+        excess = (got.double() - want).abs() / allowed
+        worst = int(excess.argmax())
+        assert excess[worst] <= 1, (
+            f"{name}: x={x[worst].item()!r} got {got[worst].item()!r} want {want[worst].item()!r}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -45,7 +45,7 @@ struct OpmathBlock {
   using Registers = std::array<Vec, kRegisters>;
   static constexpr int64_t kSize = ScalarVec::size();
 
-  static Registers load(const scalar_t* p, int64_t count = kSize) {
+  C10_ALWAYS_INLINE static Registers load(const scalar_t* p, int64_t count = kSize) {
     const ScalarVec raw = count == kSize ? ScalarVec::loadu(p) : ScalarVec::loadu(p, count);
     if constexpr (kReduced) {
       const auto [lo, hi] = at::vec::convert_to_float<scalar_t>(raw);
@@ -55,7 +55,7 @@ struct OpmathBlock {
     }
   }
 
-  static void store(scalar_t* p, const Registers& v, int64_t count = kSize) {
+  C10_ALWAYS_INLINE static void store(scalar_t* p, const Registers& v, int64_t count = kSize) {
     if constexpr (kReduced) {
       at::vec::convert_from_float<scalar_t>(v[0], v[1]).store(p, count);
     } else {
@@ -113,7 +113,7 @@ struct GeluConstants {
 // std::exp, exp(-Inf) * Inf is NaN in a derivative); NaN stays NaN (its
 // bits keep a NaN exponent). float64 keeps at::vec's exp.
 template <typename T>
-inline Vec<T> activation_exp(const Vec<T>& x) {
+C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
   using V = Vec<T>;
   if constexpr (!std::is_same_v<T, float>) {
     return x.exp();
@@ -142,7 +142,7 @@ inline Vec<T> activation_exp(const Vec<T>& x) {
 
 // 1 / (1 + exp(-x)).
 template <typename T>
-inline Vec<T> activation_sigmoid(const Vec<T>& x) {
+C10_ALWAYS_INLINE Vec<T> activation_sigmoid(const Vec<T>& x) {
   using V = Vec<T>;
   return V(T(1)) / (V(T(1)) + activation_exp(x.neg()));
 }
@@ -150,7 +150,7 @@ inline Vec<T> activation_sigmoid(const Vec<T>& x) {
 // erf(x) by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), the formula of
 // at::vec's float erf, with activation_exp; float64 keeps at::vec's erf.
 template <typename T>
-inline Vec<T> activation_erf(const Vec<T>& x) {
+C10_ALWAYS_INLINE Vec<T> activation_erf(const Vec<T>& x) {
   using V = Vec<T>;
   if constexpr (!std::is_same_v<T, float>) {
     return x.erf();
@@ -172,7 +172,7 @@ inline Vec<T> activation_erf(const Vec<T>& x) {
 // cancellation in 1 + tanh(u) for negative x. For x = -Inf it gives NaN
 // (-Inf * 0), as ATen's formula does.
 template <Activation kAct, typename T>
-inline Vec<T> activation_value(const Vec<T>& x) {
+C10_ALWAYS_INLINE Vec<T> activation_value(const Vec<T>& x) {
   using V = Vec<T>;
   using C = GeluConstants<T>;
   if constexpr (kAct == Activation::Silu) {
@@ -187,7 +187,7 @@ inline Vec<T> activation_value(const Vec<T>& x) {
 
 // Derivative f'(x); with kWantValue also f(x), sharing the transcendental.
 template <Activation kAct, bool kWantValue, typename T>
-inline Vec<T> activation_derivative(const Vec<T>& x, std::type_identity_t<Vec<T>>* value) {
+C10_ALWAYS_INLINE Vec<T> activation_derivative(const Vec<T>& x, std::type_identity_t<Vec<T>>* value) {
   using V = Vec<T>;
   using C = GeluConstants<T>;
   const auto one = V(T(1));

@@ -28,6 +28,15 @@ set(FUSEOPS_CPU_FLAGS_AVX512
   -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma)
 
 function(fuseops_enable_cpu_kernels target)
+  # at::parallel_for is a header template: with ATen built on OpenMP (every
+  # PyTorch release for Linux), it splits the work only in code compiled with
+  # OpenMP; elsewhere its `#pragma omp parallel` is ignored and every kernel
+  # runs on one thread (measured: silu and swiglu did not speed up at all
+  # from 1 to 2 threads while ATen's ops halved). The kernels link the same
+  # libgomp.so.1 torch loads (one runtime, one thread pool).
+  # cpp/ops/cpu/dispatch.h refuses to compile a kernel without it.
+  find_package(OpenMP REQUIRED COMPONENTS CXX)
+  target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
   foreach(cap IN LISTS FUSEOPS_CPU_CAPABILITIES)
     set(objects ${target}_cpu_${cap})
     add_library(${objects} OBJECT)
@@ -51,7 +60,7 @@ function(fuseops_enable_cpu_kernels target)
       # at::vec's partial loads (the tail of a row) leave the unused lanes
       # uninitialised by design; GCC flags that inside its intrinsics headers.
       -Wno-maybe-uninitialized)
-    target_link_libraries(${objects} PRIVATE torch)
+    target_link_libraries(${objects} PRIVATE torch OpenMP::OpenMP_CXX)
     target_sources(${target} PRIVATE $<TARGET_OBJECTS:${objects}>)
     string(TOUPPER "${cap}" cap_upper)
     target_compile_definitions(${target} PRIVATE FUSEOPS_HAVE_CPU_${cap_upper})

@@ -12,7 +12,15 @@
 #include <string>
 #include <vector>
 
+#include <ATen/Config.h>
 #include <c10/util/Exception.h>
+
+// Kernel files (compiled with CPU_CAPABILITY defined) parallelise with
+// at::parallel_for, which only splits work in code compiled with OpenMP when
+// ATen uses OpenMP; without it every kernel would silently run on one thread.
+#if defined(CPU_CAPABILITY) && AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#error "fuseops CPU kernels must be compiled with OpenMP (ATen parallelises with it)"
+#endif
 
 namespace fuseops::cpu {
 

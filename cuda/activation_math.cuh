@@ -1,7 +1,9 @@
 #pragma once
 // GELU/SiLU value and derivative on the device, in opmath (float for
 // bfloat16/float16, double for double), with the formulas of the CPU kernels
-// (cpp/ops/cpu/activation_math.h) and of ATen.
+// (cpp/ops/cpu/activation_math.h): ATen's, except GELU-tanh, written as
+// x * sigmoid(2u) (= 0.5 x (1 + tanh(u))), which does not cancel for
+// negative x.
 
 #include <cmath>
 
@@ -15,8 +17,6 @@ __device__ __forceinline__ float device_erf(float x) { return erff(x); }
 __device__ __forceinline__ double device_erf(double x) { return erf(x); }
 __device__ __forceinline__ float device_exp(float x) { return expf(x); }
 __device__ __forceinline__ double device_exp(double x) { return exp(x); }
-__device__ __forceinline__ float device_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double device_tanh(double x) { return tanh(x); }
 
 template <typename T>
 struct GeluConstants {
@@ -35,7 +35,7 @@ __device__ __forceinline__ T activation_value(T x) {
     return x * T(0.5) * (T(1) + device_erf(x * C::kAlpha));
   } else {
     const T inner = C::kTanhBeta * (x + C::kKappa * x * x * x);
-    return T(0.5) * x * (T(1) + device_tanh(inner));
+    return x / (T(1) + device_exp(T(-2) * inner));
   }
 }
 
@@ -57,16 +57,15 @@ __device__ __forceinline__ T activation_derivative(T x, T* value) {
     }
     return cdf + x * pdf;
   } else {
+    // With s = sigmoid(2u): f = x s and f' = s + 2 x s (1 - s) u'.
     const T x_sq = x * x;
-    const T tanh_inner = device_tanh(C::kTanhBeta * (x + C::kKappa * x_sq * x));
-    const T right = T(1) + tanh_inner;
-    const T left = T(0.5) * x;
+    const T inner = C::kTanhBeta * (x + C::kKappa * x_sq * x);
+    const T s = T(1) / (T(1) + device_exp(T(-2) * inner));
     if (value != nullptr) {
-      *value = left * right;
+      *value = x * s;
     }
-    const T right_derivative =
-        (T(1) - tanh_inner * tanh_inner) * C::kTanhBeta * (T(1) + T(3) * C::kKappa * x_sq);
-    return T(0.5) * right + left * right_derivative;
+    const T inner_derivative = C::kTanhBeta * (T(1) + T(3) * C::kKappa * x_sq);
+    return s + T(2) * x * s * (T(1) - s) * inner_derivative;
   }
 }
 

@@ -17,9 +17,13 @@
 
 #include <fuseops/fuseops.h>
 
+#include "test_helpers.h"
+
 #include "ops/cpu/dispatch.h"
 
 namespace {
+
+using fuseops::testing::expect_error_mentions;
 
 using fuseops::cpu::CpuCapability;
 
@@ -244,20 +248,6 @@ TEST(Activation, OutVariants) {
   at::Tensor y = x.clone();
   fuseops::gelu_out(y, "none", y);
   expect_close(y, gelu_ref(x, "none"));
-}
-
-void expect_error_mentions(const std::function<void()>& call,
-                           const std::vector<std::string>& fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error";
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    for (const auto& fragment : fragments) {
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "'" << fragment << "' not in: " << message;
-    }
-  }
 }
 
 TEST(Activation, BadInputErrorsNameOpAndArgument) {

@@ -9,9 +9,13 @@
 
 #include <fuseops/fuseops.h>
 
+#include "test_helpers.h"
+
 #include "ops/cpu/dispatch.h"
 
 namespace {
+
+using fuseops::testing::expect_error_mentions;
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
                                              at::kHalf};
@@ -159,20 +163,6 @@ TEST(Gated, OutVariants) {
   at::Tensor gate_view = buffer.narrow(1, 0, 10);
   fuseops::swiglu_out(gate_view, buffer.narrow(1, 10, 10), gate_view);
   expect_close(gate_view, at::silu(gate) * up);
-}
-
-void expect_error_mentions(const std::function<void()>& call,
-                           const std::vector<std::string>& fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error";
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    for (const auto& fragment : fragments) {
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "'" << fragment << "' not in: " << message;
-    }
-  }
 }
 
 TEST(Gated, BadInputErrorsNameOpAndArgument) {

@@ -15,10 +15,14 @@
 
 #include <fuseops/fuseops.h>
 
+#include "test_helpers.h"
+
 #include "ops/cpu/dispatch.h"
 #include "ops/layer_norm.h"
 
 namespace {
+
+using fuseops::testing::expect_error_mentions;
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
                                              at::kHalf};
@@ -238,20 +242,6 @@ TEST(LayerNorm, ZeroRowsGiveZeroParameterGradients) {
   EXPECT_EQ(dx.sizes(), x.sizes());
   EXPECT_TRUE(at::equal(dw, at::zeros({12})));
   EXPECT_TRUE(at::equal(db, at::zeros({12})));
-}
-
-void expect_error_mentions(const std::function<void()>& call,
-                           const std::vector<std::string>& fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error";
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    for (const auto& fragment : fragments) {
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "'" << fragment << "' not in: " << message;
-    }
-  }
 }
 
 TEST(LayerNorm, BadInputErrorsNameOpAndArgument) {

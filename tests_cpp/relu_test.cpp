@@ -9,7 +9,11 @@
 
 #include <fuseops/fuseops.h>
 
+#include "test_helpers.h"
+
 namespace {
+
+using fuseops::testing::expect_error_mentions;
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
                                              at::kHalf};
@@ -133,20 +137,6 @@ TEST(Relu, OutVariant) {
   at::Tensor y = x.clone();
   fuseops::relu_out(y, y);
   expect_identical(y, at::relu(x));
-}
-
-void expect_error_mentions(const std::function<void()>& call,
-                           const std::vector<std::string>& fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error";
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    for (const auto& fragment : fragments) {
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "'" << fragment << "' not in: " << message;
-    }
-  }
 }
 
 TEST(Relu, BadInputErrorsNameOpAndArgument) {

@@ -54,3 +54,20 @@ def cpu_runs(capability: str) -> bool:
     if native not in order:
         return capability.upper() == "DEFAULT"
     return order.index(capability.upper()) <= order.index(native)
+
+
+def run_under_cpu_capability(capability: str, code: str) -> None:
+    """Runs `code` (checks of fuseops against ATen) in a fresh interpreter
+    with ATEN_CPU_CAPABILITY=`capability`, so that fuseops picks that build
+    of its kernels, and checks that it did. Fails if the build is missing;
+    skips where this CPU cannot run it (forcing a capability the CPU lacks
+    makes ATen itself execute illegal instructions; the gtests still run
+    every build this CPU can)."""
+    if capability.upper() not in cpu_capabilities():
+        pytest.fail(f"{capability} build missing: {cpu_capabilities()}")
+    if not cpu_runs(capability):
+        pytest.skip(f"this CPU cannot run {capability} code")
+    code += "\nprint(fuseops.build_info()['selected_cpu_capability'])\n"
+    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == capability.upper()

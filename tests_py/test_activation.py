@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, cpu_capabilities, cpu_runs, run_python
+from conftest import DTYPES, run_under_cpu_capability
 
 SHAPES = [(0,), (), (1,), (7,), (3, 17), (5, 0, 3), (2, 3, 4, 5), (1000, 67)]
 APPROXIMATIONS = ["none", "tanh"]
@@ -361,12 +361,6 @@ def test_bad_input_errors_name_op_and_argument(call, fragments):
 @pytest.mark.slow
 @pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
 def test_each_cpu_capability(capability):
-    if capability.upper() not in cpu_capabilities():
-        pytest.fail(f"{capability} build missing: {cpu_capabilities()}")
-    if not cpu_runs(capability):
-        # Forcing a capability the CPU lacks makes ATen itself execute
-        # illegal instructions; the gtests still run every build this CPU can.
-        pytest.skip(f"this CPU cannot run {capability} code")
     code = (
         "import torch, torch.nn.functional as F, fuseops\n"
         "torch.manual_seed(0)\n"
@@ -386,12 +380,8 @@ def test_each_cpu_capability(capability):
         "        torch.testing.assert_close(gb.double(), want.sum(0), rtol=tol, atol=tol * 300)\n"
         "    torch.testing.assert_close(fuseops.silu(xt).double(), F.silu(xd), rtol=tol, atol=tol)\n"
         "    torch.testing.assert_close(fuseops.silu_backward(gt, xt).double(), torch.ops.aten.silu_backward(gd, xd), rtol=tol, atol=tol)\n"
-        "print(fuseops.build_info()['selected_cpu_capability'])\n"
     )
-    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
-    assert result.returncode == 0, result.stderr
-    if capability == "default":
-        assert result.stdout.strip().splitlines()[-1] == "DEFAULT"
+    run_under_cpu_capability(capability, code)
 
 
 class _Model(torch.nn.Module):

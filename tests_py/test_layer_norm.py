@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, cpu_capabilities, run_python, cpu_runs
+from conftest import DTYPES, run_under_cpu_capability
 
 SHAPES = [(1,), (7,), (3, 17), (5, 0, 33), (2, 3, 64), (37, 1000), (16, 4099)]
 AFFINE = [(False, False), (True, False), (False, True), (True, True)]
@@ -285,12 +285,6 @@ def test_pybind_path_equals_dispatcher_path():
 @pytest.mark.slow
 @pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
 def test_each_cpu_capability(capability):
-    if capability.upper() not in cpu_capabilities():
-        pytest.fail(f"{capability} build missing: {cpu_capabilities()}")
-    if not cpu_runs(capability):
-        # Forcing a capability the CPU lacks makes ATen itself execute
-        # illegal instructions; the gtests still run every build this CPU can.
-        pytest.skip(f"this CPU cannot run {capability} code")
     code = (
         "import torch, fuseops\n"
         "from fuseops import reference\n"
@@ -311,13 +305,8 @@ def test_each_cpu_capability(capability):
         "        s = shape[0] ** 0.5\n"
         "        for a, e, k in ((y, y64, 1), (x.grad, x64.grad, 1), (w.grad, w64.grad, s), (b.grad, b64.grad, s)):\n"
         "            torch.testing.assert_close(a.double(), e.to(dt).double(), rtol=t * k, atol=t * k)\n"
-        "print(fuseops.build_info()['selected_cpu_capability'])\n"
     )
-    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
-    assert result.returncode == 0, result.stderr
-    selected = result.stdout.strip().splitlines()[-1]
-    order = ["DEFAULT", "AVX2", "AVX512"]
-    assert order.index(selected) <= order.index(capability.upper())
+    run_under_cpu_capability(capability, code)
 
 
 @pytest.mark.parametrize(

@@ -23,35 +23,21 @@
 
 namespace {
 
+using fuseops::testing::absmax;
+using fuseops::testing::elementwise_tolerance;
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::kDtypes;
 
 using fuseops::cpu::CpuCapability;
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
-                                             at::kHalf};
 const std::vector<std::string> kApproximations = {"none", "tanh"};
-
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16:
-      return 2.0 / 256;
-    case at::kHalf:
-      return 2.0 / 2048;
-    default:
-      return 1e-5;
-  }
-}
-
-double absmax(const at::Tensor& t) {
-  return t.numel() == 0 ? 1.0 : t.abs().max().item<double>();
-}
 
 // `scale`: the largest factor multiplying the activation (the upstream
 // gradient in backward), which scales the absolute floor too.
 void expect_close(const at::Tensor& actual, const at::Tensor& expected_double,
                   double scale = 1.0) {
   ASSERT_EQ(actual.sizes(), expected_double.sizes());
-  const double tol = tolerance(actual.scalar_type());
+  const double tol = elementwise_tolerance(actual.scalar_type());
   const at::Tensor a = actual.to(at::kDouble);
   EXPECT_TRUE(at::equal(a.isnan(), expected_double.isnan()));
   const at::Tensor finite = expected_double.isfinite();
@@ -167,7 +153,7 @@ TEST(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
           const at::Tensor err = (grad_bias.to(at::kDouble) - expected_grad_bias).abs();
           const at::Tensor scale =
               expected_grad_input.abs().reshape({-1, shape.back()}).sum(0) + 1;
-          EXPECT_TRUE((err <= tolerance(dtype) * scale).all().item<bool>())
+          EXPECT_TRUE((err <= elementwise_tolerance(dtype) * scale).all().item<bool>())
               << "grad_bias max error " << err.max().item<double>();
         }
       }

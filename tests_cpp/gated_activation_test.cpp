@@ -15,32 +15,18 @@
 
 namespace {
 
+using fuseops::testing::absmax;
+using fuseops::testing::elementwise_tolerance;
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::kDtypes;
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
-                                             at::kHalf};
-
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16:
-      return 2.0 / 256;
-    case at::kHalf:
-      return 2.0 / 2048;
-    default:
-      return 1e-5;
-  }
-}
-
-double absmax(const at::Tensor& t) {
-  return t.numel() == 0 ? 1.0 : t.abs().max().item<double>();
-}
 
 // `scale`: the largest factor multiplying the activation (up, the upstream
 // gradient), which scales the absolute floor too.
 void expect_close(const at::Tensor& actual, const at::Tensor& expected_double,
                   double scale = 1.0) {
   ASSERT_EQ(actual.sizes(), expected_double.sizes());
-  const double tol = tolerance(actual.scalar_type());
+  const double tol = elementwise_tolerance(actual.scalar_type());
   const at::Tensor err = (actual.to(at::kDouble) - expected_double).abs();
   const at::Tensor bound =
       tol * expected_double.abs() + std::max(tol / 10, 2e-6) * std::max(1.0, scale);

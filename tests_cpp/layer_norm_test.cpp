@@ -23,9 +23,8 @@
 namespace {
 
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::kDtypes;
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
-                                             at::kHalf};
 
 // Rows shorter than a vector, tails after full vectors, zero rows, several
 // parallel chunks, and a row longer than a task's grain.

@@ -14,9 +14,8 @@
 namespace {
 
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::kDtypes;
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
-                                             at::kHalf};
 
 // Sizes that exercise: empty, a scalar, partial vectors, several parallel
 // chunks with a tail.

@@ -23,9 +23,8 @@
 namespace {
 
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::kDtypes;
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
-                                             at::kHalf};
 
 // Rows of widths that cover: a single element, tails shorter than any vector,
 // exact multiples of 8/16/32 lanes, several row blocks per thread, empty

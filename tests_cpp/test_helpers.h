@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include <ATen/Context.h>
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 namespace fuseops::testing {
@@ -16,6 +16,29 @@ namespace fuseops::testing {
 // every run) when the test program starts, so every run draws the same
 // inputs and a failure reproduces.
 inline const bool kSeeded = (at::manual_seed(0), true);
+
+// Every floating dtype the ops accept.
+inline const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16,
+                                                    at::kHalf};
+
+// Relative tolerance of an elementwise result computed in float32 (float64
+// for double) and rounded once: two units in the last place of bfloat16 and
+// float16, 1e-5 (a few float32 ulp of the math library) otherwise.
+inline double elementwise_tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16:
+      return 2.0 / 256;
+    case at::kHalf:
+      return 2.0 / 2048;
+    default:
+      return 1e-5;
+  }
+}
+
+// Largest magnitude in `t` (1 for an empty tensor): the scale of absolute floors.
+inline double absmax(const at::Tensor& t) {
+  return t.numel() == 0 ? 1.0 : t.abs().max().item<double>();
+}
 
 // Expects `call` to throw a c10::Error whose message contains every one of
 // `fragments` (the op's name, the argument's name, what is wrong).

@@ -71,3 +71,12 @@ def run_under_cpu_capability(capability: str, code: str) -> None:
     result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == capability.upper()
+
+
+def expect_error_mentions(call, fragments) -> None:
+    """Expects `call()` to raise a RuntimeError whose message contains every
+    one of `fragments` (the op's name, the argument's name, what is wrong)."""
+    with pytest.raises(RuntimeError) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value)

@@ -34,6 +34,9 @@ BuildInfo build_info() {
   for (auto capability : cpu::compiled_capabilities()) {
     info.cpu_capabilities.emplace_back(cpu::capability_name(capability));
   }
+  for (auto capability : cpu::runnable_capabilities()) {
+    info.runnable_cpu_capabilities.emplace_back(cpu::capability_name(capability));
+  }
   info.selected_cpu_capability = cpu::capability_name(cpu::selected_capability());
 #ifdef FUSEOPS_WITH_CUDA
   info.cuda = true;
@@ -43,6 +46,15 @@ BuildInfo build_info() {
   info.cuda = false;
 #endif
   return info;
+}
+
+std::vector<std::pair<std::string, uint64_t>> cpu_kernel_calls() {
+  const auto calls = cpu::kernel_calls();
+  std::vector<std::pair<std::string, uint64_t>> named;
+  for (auto capability : cpu::compiled_capabilities()) {
+    named.emplace_back(cpu::capability_name(capability), calls[static_cast<int>(capability)]);
+  }
+  return named;
 }
 
 }  // namespace fuseops

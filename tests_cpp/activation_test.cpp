@@ -10,6 +10,9 @@
 // float32 and rounded once, so they must be within one rounding of the
 // reference: 2^-8 (bfloat16) / 2^-11 (float16) relative, doubled for slack.
 
+#include <cmath>
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -67,7 +70,7 @@ const std::vector<std::vector<int64_t>> kShapes = {{0}, {}, {7}, {3, 17}, {5, 0,
                                                    {300, 67}, {40, 4099}};
 
 TEST(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
-  for (auto capability : fuseops::cpu::compiled_capabilities()) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& approximate : kApproximations) {
@@ -87,7 +90,7 @@ TEST(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
 }
 
 TEST(Silu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
-  for (auto capability : fuseops::cpu::compiled_capabilities()) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& shape : kShapes) {
@@ -103,32 +106,77 @@ TEST(Silu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   }
 }
 
-TEST(Activation, SpecialValuesPropagateLikeATen) {
-  const at::Tensor x = at::tensor({0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0,
-                                   std::numeric_limits<double>::infinity(),
-                                   -std::numeric_limits<double>::infinity(),
-                                   std::numeric_limits<double>::quiet_NaN()},
-                                  at::kFloat);
-  const at::Tensor g = at::ones_like(x);
-  for (auto capability : fuseops::cpu::compiled_capabilities()) {
+// The activations and their derivatives evaluated in scalar float64 with
+// IEEE special-value rules: the exact math the kernels must follow, NaN/Inf
+// included. Not ATen: its special values differ between its own CPU builds
+// (the AVX-512 float32 gelu(+Inf) is NaN).
+double exact_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+double exact_value(const std::string& act, double x) {
+  if (act == "silu") {
+    return x * exact_sigmoid(x);
+  }
+  if (act == "none") {
+    return x * 0.5 * (1.0 + std::erf(x * M_SQRT1_2));
+  }
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return x * exact_sigmoid(2.0 * u);  // 0.5 (1 + tanh(u)) without cancellation
+}
+
+double exact_derivative(const std::string& act, double x) {
+  if (act == "silu") {
+    const double s = exact_sigmoid(x);
+    return s * (1.0 + x * (1.0 - s));
+  }
+  if (act == "none") {
+    return 0.5 * (1.0 + std::erf(x * M_SQRT1_2)) +
+           x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+  }
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  const double du = std::sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
+  const double s = exact_sigmoid(2.0 * u);
+  return s + 2.0 * x * s * (1.0 - s) * du;
+}
+
+at::Tensor exact(const at::Tensor& x, double (*f)(const std::string&, double),
+                 const std::string& act) {
+  const at::Tensor x64 = x.to(at::kDouble).contiguous();
+  at::Tensor y = at::empty_like(x64);
+  for (int64_t i = 0; i < x64.numel(); ++i) {
+    y.data_ptr<double>()[i] = f(act, x64.const_data_ptr<double>()[i]);
+  }
+  return y;
+}
+
+TEST(Activation, SpecialValuesFollowFloat64MathOnEveryBuild) {
+  const double inf = std::numeric_limits<double>::infinity();
+  // 17 values: a full vector of every build plus a tail.
+  const at::Tensor x64 = at::tensor({0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, inf, -inf,
+                                     std::numeric_limits<double>::quiet_NaN(), 3.0, -3.0, 0.5,
+                                     -0.5, 1e-30, -1e-30},
+                                    at::kDouble);
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
-    SCOPED_TRACE(fuseops::cpu::capability_name(capability));
-    for (const auto& approximate : kApproximations) {
-      EXPECT_TRUE(at::allclose(fuseops::gelu(x, approximate), at::gelu(x, approximate), 1e-5,
-                               1e-6, /*equal_nan=*/true));
-      EXPECT_TRUE(at::allclose(fuseops::gelu_backward(g, x, approximate),
-                               at::gelu_backward(g, x, approximate), 1e-5, 1e-6, true));
+    for (auto dtype : kDtypes) {
+      const at::Tensor x = x64.to(dtype);
+      const at::Tensor g = at::ones_like(x);
+      for (const std::string act : {"none", "tanh", "silu"}) {
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                        << dtype << " " << act);
+        const at::Tensor y = act == "silu" ? fuseops::silu(x) : fuseops::gelu(x, act);
+        const at::Tensor dy = act == "silu" ? fuseops::silu_backward(g, x)
+                                            : fuseops::gelu_backward(g, x, act);
+        expect_close(y, exact(x, exact_value, act));
+        expect_close(dy, exact(x, exact_derivative, act));
+      }
     }
-    EXPECT_TRUE(at::allclose(fuseops::silu(x), at::silu(x), 1e-5, 1e-6, true));
-    EXPECT_TRUE(at::allclose(fuseops::silu_backward(g, x), at::silu_backward(g, x), 1e-5, 1e-6,
-                             true));
   }
 }
 
 TEST(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   const std::vector<std::vector<int64_t>> shapes = {{0, 5}, {7}, {3, 17}, {2, 0, 3},
                                                     {300, 67}, {2, 33, 130}, {1100, 64}};
-  for (auto capability : fuseops::cpu::compiled_capabilities()) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& approximate : kApproximations) {

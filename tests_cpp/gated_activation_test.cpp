@@ -71,7 +71,7 @@ const std::vector<std::string> kForms = {"silu", "none", "tanh"};
 TEST(Gated, SeparateAndPackedMatchFloat64OnEveryBuild) {
   const std::vector<std::vector<int64_t>> shapes = {{0, 4}, {7}, {3, 17}, {2, 0, 3},
                                                     {300, 67}, {2, 33, 130}};
-  for (auto capability : fuseops::cpu::compiled_capabilities()) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& form : kForms) {

@@ -116,7 +116,7 @@ void check_forward_and_backward(const at::Tensor& x, at::ScalarType dtype, bool 
 }
 
 TEST(LayerNorm, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
-  for (auto capability : fuseops::cpu::compiled_capabilities()) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& shape : kShapes) {

@@ -437,7 +437,7 @@ TEST(RmsNorm, MetaTensorsGiveShapesOnly) {
 }
 
 TEST(RmsNorm, EveryCpuBuildMatches) {
-  for (auto capability : fuseops::cpu::compiled_capabilities()) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import json
 import os
 import subprocess
 import sys
@@ -34,43 +34,80 @@ def _deterministic_seed():
     torch.manual_seed(0)
 
 
-@functools.lru_cache(maxsize=None)
-def _native_cpu_capability() -> str:
-    # ATen's own pick in a fresh process without ATEN_CPU_CAPABILITY: the best
-    # this CPU supports.
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    result = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-        env=env, capture_output=True, text=True, timeout=300, check=True,
-    )
-    return result.stdout.strip().upper()
+CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]
 
 
 def cpu_runs(capability: str) -> bool:
-    """Whether this CPU can execute code built for `capability` (ATen does
-    not lower a forced ATEN_CPU_CAPABILITY the CPU lacks)."""
-    order = ["DEFAULT", "AVX2", "AVX512"]
-    native = _native_cpu_capability()
-    if native not in order:
-        return capability.upper() == "DEFAULT"
-    return order.index(capability.upper()) <= order.index(native)
+    """Whether this CPU can execute code built for `capability`, as fuseops
+    reads it from CPUID (test_build checks that against /proc/cpuinfo).
+    ATen does not lower a forced ATEN_CPU_CAPABILITY the CPU lacks, so the
+    per-build tests run only these."""
+    return capability.upper() in fuseops.build_info()["runnable_cpu_capabilities"]
+
+
+# Builds whose per-build test was collected / ran fuseops kernels in that
+# build and nothing else (see pytest_sessionfinish).
+_capabilities_requested: set[str] = set()
+_capabilities_exercised: set[str] = set()
 
 
 def run_under_cpu_capability(capability: str, code: str) -> None:
-    """Runs `code` (checks of fuseops against ATen) in a fresh interpreter
-    with ATEN_CPU_CAPABILITY=`capability`, so that fuseops picks that build
-    of its kernels, and checks that it did. Fails if the build is missing;
-    skips where this CPU cannot run it (forcing a capability the CPU lacks
-    makes ATen itself execute illegal instructions; the gtests still run
-    every build this CPU can)."""
-    if capability.upper() not in cpu_capabilities():
+    """Runs `code` (which calls fuseops ops and checks their results) in a
+    fresh interpreter with ATEN_CPU_CAPABILITY=`capability`, so that fuseops
+    picks that build of its kernels, and proves it did: the child's kernel
+    calls must all have run in exactly that build. Fails if the build is
+    missing; skips only where this CPU cannot execute it (forcing a
+    capability the CPU lacks makes ATen itself execute illegal
+    instructions)."""
+    capability = capability.upper()
+    if capability not in cpu_capabilities():
         pytest.fail(f"{capability} build missing: {cpu_capabilities()}")
+    _capabilities_requested.add(capability)
     if not cpu_runs(capability):
         pytest.skip(f"this CPU cannot run {capability} code")
-    code += "\nprint(fuseops.build_info()['selected_cpu_capability'])\n"
-    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability})
+    code += (
+        "\nimport json\n"
+        "print(fuseops.build_info()['selected_cpu_capability'],"
+        " json.dumps(fuseops._C.cpu_kernel_calls()))\n"
+    )
+    # The child can import this folder's helpers (exact.py).
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
+    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability.lower(), "PYTHONPATH": pythonpath})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == capability.upper()
+    selected, calls = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert selected == capability
+    calls = json.loads(calls)
+    assert calls[capability] > 0, f"no fuseops kernel ran: {calls}"
+    assert all(n == 0 for cap, n in calls.items() if cap != capability), calls
+    _capabilities_exercised.add(capability)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fails the run when the CPU can execute a build whose per-build tests
+    were collected but none of them ran it (a wrong skip would otherwise
+    look like a pass)."""
+    missing = sorted(
+        cap for cap in _capabilities_requested if cpu_runs(cap) and cap not in _capabilities_exercised
+    )
+    if missing and session.exitstatus == 0:
+        session.exitstatus = 1
+    session.config._fuseops_missing_builds = missing
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _capabilities_requested:
+        return
+    runnable = fuseops.build_info()["runnable_cpu_capabilities"]
+    terminalreporter.write_line(
+        f"fuseops CPU builds exercised: {', '.join(sorted(_capabilities_exercised, key=CAPABILITY_ORDER.index)) or 'none'}"
+        f" (this CPU runs {', '.join(runnable)})"
+    )
+    missing = getattr(config, "_fuseops_missing_builds", [])
+    if missing:
+        terminalreporter.write_line(
+            f"FAILED: this CPU runs {', '.join(missing)} but no per-build test exercised it", red=True
+        )
 
 
 def expect_error_mentions(call, fragments) -> None:

@@ -94,10 +94,18 @@ PYBIND11_MODULE(_C, m) {
     d["torch_version"] = info.torch_version;
     d["cxx11_abi"] = info.cxx11_abi;
     d["cpu_capabilities"] = info.cpu_capabilities;
+    d["runnable_cpu_capabilities"] = info.runnable_cpu_capabilities;
     d["selected_cpu_capability"] = info.selected_cpu_capability;
     d["cuda"] = info.cuda;
     d["cuda_version"] = info.cuda_version;
     d["cuda_architectures"] = info.cuda_architectures;
+    return d;
+  });
+  m.def("cpu_kernel_calls", [] {
+    py::dict d;
+    for (const auto& [capability, calls] : fuseops::cpu_kernel_calls()) {
+      d[py::str(capability)] = calls;
+    }
     return d;
   });
 }

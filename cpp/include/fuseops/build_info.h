@@ -1,6 +1,8 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fuseops {
@@ -11,6 +13,7 @@ struct BuildInfo {
   std::string torch_version;                    // torch it was compiled against
   bool cxx11_abi;                               // _GLIBCXX_USE_CXX11_ABI
   std::vector<std::string> cpu_capabilities;    // compiled kernel builds
+  std::vector<std::string> runnable_cpu_capabilities;  // those this CPU executes
   std::string selected_cpu_capability;          // the build kernels run now
   bool cuda;                                    // CUDA kernels compiled in
   std::string cuda_version;                     // CUDA toolkit, "" without CUDA
@@ -18,5 +21,9 @@ struct BuildInfo {
 };
 
 BuildInfo build_info();
+
+// How many CPU kernel calls each build (DEFAULT, AVX2, AVX512) has run in
+// this process: shows which builds a program, or a test, really exercised.
+std::vector<std::pair<std::string, uint64_t>> cpu_kernel_calls();
 
 }  // namespace fuseops

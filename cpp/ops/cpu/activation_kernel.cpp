@@ -16,29 +16,13 @@ namespace {
 #define FUSEOPS_DISPATCH_FLOATING(dtype, name, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, name, __VA_ARGS__)
 
-// Calls fn(offset, count) for blocks of kBlock elements covering [0, n),
-// split across threads.
-template <int64_t kBlock, typename Fn>
-void parallel_blocks(int64_t n, const Fn& fn) {
-  at::parallel_for(0, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    for_each_block<kBlock>(end - begin, [&](int64_t i, int64_t count) { fn(begin + i, count); });
-  });
-}
-
 void activation_kernel_impl(const at::Tensor& out, const at::Tensor& input,
                             Activation activation) {
   FUSEOPS_DISPATCH_FLOATING(input.scalar_type(), "fuseops::activation", [&] {
-    using Block = OpmathBlock<scalar_t>;
-    scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
-    const scalar_t* in_data = input.const_data_ptr<scalar_t>();
     dispatch_activation(activation, [&](auto act) {
-      parallel_blocks<Block::kSize>(input.numel(), [&](int64_t i, int64_t count) {
-        auto x = Block::load(in_data + i, count);
-        for (auto& v : x) {
-          v = activation_value<decltype(act)::value>(v);
-        }
-        Block::store(out_data + i, x, count);
-      });
+      parallel_map([](auto x) { return activation_value<decltype(act)::value>(x); },
+                   out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+                   input.numel());
     });
   });
 }
@@ -47,19 +31,13 @@ void activation_backward_kernel_impl(const at::Tensor& grad_input,
                                      const at::Tensor& grad_output, const at::Tensor& input,
                                      Activation activation) {
   FUSEOPS_DISPATCH_FLOATING(input.scalar_type(), "fuseops::activation_backward", [&] {
-    using Block = OpmathBlock<scalar_t>;
-    scalar_t* gi_data = grad_input.mutable_data_ptr<scalar_t>();
-    const scalar_t* go_data = grad_output.const_data_ptr<scalar_t>();
-    const scalar_t* in_data = input.const_data_ptr<scalar_t>();
     dispatch_activation(activation, [&](auto act) {
-      parallel_blocks<Block::kSize>(input.numel(), [&](int64_t i, int64_t count) {
-        const auto x = Block::load(in_data + i, count);
-        auto grad = Block::load(go_data + i, count);
-        for (int r = 0; r < Block::kRegisters; ++r) {
-          grad[r] = grad[r] * activation_derivative<decltype(act)::value, false>(x[r], nullptr);
-        }
-        Block::store(gi_data + i, grad, count);
-      });
+      parallel_map2(
+          [](auto grad, auto x) {
+            return grad * activation_derivative<decltype(act)::value, false>(x, nullptr);
+          },
+          grad_input.mutable_data_ptr<scalar_t>(), grad_output.const_data_ptr<scalar_t>(),
+          input.const_data_ptr<scalar_t>(), input.numel());
     });
   });
 }

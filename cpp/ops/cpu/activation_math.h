@@ -1,10 +1,11 @@
 #pragma once
-// Vectorized GELU/SiLU math and float32-through loads/stores, for kernel
-// files compiled per CPU capability. The results (NaN/Inf included) are those
-// of ATen's CPU kernels (aten/src/ATen/native/cpu/Activation.cpp) to float32
-// rounding; the float32 exp is inlined here for speed and GELU-tanh goes
-// through a sigmoid (see activation_value). bfloat16/float16 are computed in
-// float32, float64 in double.
+// Vectorized GELU/SiLU math, for kernel files compiled per CPU capability.
+// The results, NaN/Inf included, follow the exact formulas to float32
+// rounding (tests compare with float64 math, not with ATen, whose special
+// values differ between its own CPU builds: its AVX-512 gelu(+Inf) is NaN).
+// The float32 exp is inlined here for speed and GELU-tanh goes through a
+// sigmoid (see activation_value). bfloat16/float16 are computed in float32
+// (elementwise.h loads them widened), float64 in double.
 
 #include <algorithm>
 #include <array>
@@ -20,6 +21,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include "ops/activation.h"
+#include "ops/cpu/elementwise.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -28,75 +30,6 @@ using detail::Activation;
 
 template <typename T>
 using Vec = at::vec::Vectorized<T>;
-
-// The vector math and the block loads/stores below are C10_ALWAYS_INLINE:
-// in the kernels' many dispatch instantiations GCC otherwise kept them as
-// out-of-line calls, one per vector, passing registers through memory
-// (measured: silu on 2M floats 3.1 ms with the calls, 1.9 ms inlined).
-
-// Loads and stores the opmath registers (float for bfloat16/float16,
-// float32 and float64 as themselves) from/to `count` consecutive scalar_t;
-// lanes past `count` read as zeros and are not written.
-template <typename scalar_t>
-struct OpmathBlock {
-  using opmath_t = at::opmath_type<scalar_t>;
-  using Vec = at::vec::Vectorized<opmath_t>;
-  using ScalarVec = at::vec::Vectorized<scalar_t>;
-  static constexpr bool kReduced = !std::is_same_v<scalar_t, opmath_t>;
-  // One Vectorized<scalar_t> of a reduced type holds two opmath registers.
-  static constexpr int kRegisters = kReduced ? 2 : 1;
-  using Registers = std::array<Vec, kRegisters>;
-  static constexpr int64_t kSize = ScalarVec::size();
-
-  C10_ALWAYS_INLINE static Registers load(const scalar_t* p, int64_t count = kSize) {
-    const ScalarVec raw = count == kSize ? ScalarVec::loadu(p) : ScalarVec::loadu(p, count);
-    if constexpr (kReduced) {
-      const auto [lo, hi] = at::vec::convert_to_float<scalar_t>(raw);
-      return {lo, hi};
-    } else {
-      return {raw};
-    }
-  }
-
-  C10_ALWAYS_INLINE static void store(scalar_t* p, const Registers& v, int64_t count = kSize) {
-    if constexpr (kReduced) {
-      at::vec::convert_from_float<scalar_t>(v[0], v[1]).store(p, count);
-    } else {
-      v[0].store(p, count);
-    }
-  }
-};
-
-// Calls fn(offset, count) for consecutive blocks covering [0, n): full
-// blocks, then one partial block for the tail.
-template <int64_t kBlock, typename Fn>
-inline void for_each_block(int64_t n, const Fn& fn) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    fn(i, kBlock);
-  }
-  if (i < n) {
-    fn(i, n - i);
-  }
-}
-
-// Calls fn(row, col_begin, col_end) for the parts of rows x cols (row-major)
-// each parallel task owns; tasks split the flat range, so short rows are
-// batched and long rows are shared.
-template <typename Fn>
-inline void parallel_rows(int64_t rows, int64_t cols, int64_t grain, const Fn& fn) {
-  at::parallel_for(0, rows * cols, grain, [&](int64_t begin, int64_t end) {
-    int64_t row = begin / cols;
-    int64_t col = begin % cols;
-    while (begin < end) {
-      const int64_t stop = std::min(cols, col + (end - begin));
-      fn(row, col, stop);
-      begin += stop - col;
-      ++row;
-      col = 0;
-    }
-  });
-}
 
 template <typename T>
 struct GeluConstants {

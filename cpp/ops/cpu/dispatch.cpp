@@ -8,6 +8,8 @@ namespace {
 // -1 means no override.
 std::atomic<int> capability_override{-1};
 
+std::array<std::atomic<uint64_t>, kNumCpuCapabilities> kernel_call_counts{};
+
 CpuCapability best_compiled() {
   return compiled_capabilities().back();
 }
@@ -67,6 +69,28 @@ std::vector<CpuCapability> compiled_capabilities() {
   capabilities.push_back(CpuCapability::AVX512);
 #endif
   return capabilities;
+}
+
+std::vector<CpuCapability> runnable_capabilities() {
+  std::vector<CpuCapability> capabilities;
+  for (auto capability : compiled_capabilities()) {
+    if (static_cast<int>(capability) <= static_cast<int>(hardware_capability())) {
+      capabilities.push_back(capability);
+    }
+  }
+  return capabilities;
+}
+
+void count_kernel_call(CpuCapability capability) {
+  kernel_call_counts[static_cast<int>(capability)].fetch_add(1, std::memory_order_relaxed);
+}
+
+std::array<uint64_t, kNumCpuCapabilities> kernel_calls() {
+  std::array<uint64_t, kNumCpuCapabilities> calls{};
+  for (int cap = 0; cap < kNumCpuCapabilities; ++cap) {
+    calls[cap] = kernel_call_counts[cap].load(std::memory_order_relaxed);
+  }
+  return calls;
 }
 
 CpuCapability selected_capability() {

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,15 @@ const char* capability_name(CpuCapability capability);
 
 // Capabilities this library was compiled for, lowest first.
 std::vector<CpuCapability> compiled_capabilities();
+
+// Compiled capabilities this CPU can execute (from CPUID), lowest first.
+std::vector<CpuCapability> runnable_capabilities();
+
+// How many times a kernel of each build has been picked in this process, so
+// that tests can prove which builds they ran (a test that meant to run the
+// AVX512 build but silently ran another would otherwise pass).
+void count_kernel_call(CpuCapability capability);
+std::array<uint64_t, kNumCpuCapabilities> kernel_calls();
 
 // The capability kernels run with: ATen's choice (`at::get_cpu_capability()`,
 // which honours ATEN_CPU_CAPABILITY), lowered to what this CPU supports and
@@ -66,6 +76,7 @@ class CpuKernelTable {
   Fn get() const {
     for (int cap = static_cast<int>(selected_capability()); cap >= 0; --cap) {
       if (kernels_[cap] != nullptr) {
+        count_kernel_call(static_cast<CpuCapability>(cap));
         return kernels_[cap];
       }
     }

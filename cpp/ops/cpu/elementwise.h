@@ -1,10 +1,21 @@
 #pragma once
-// Parallel, vectorized elementwise maps over contiguous buffers, for kernel
-// files compiled per CPU capability. bfloat16/float16 are computed in float32
-// (at::vec::map converts through float), float64 in double.
+// Vectorized loads/stores through the opmath type and the parallel loops of
+// the elementwise kernels, for kernel files compiled per CPU capability.
+//
+// bfloat16/float16 are always widened to float32 before any arithmetic,
+// comparison or blend. at::vec::map would not do that for a generic lambda
+// where Vectorized<BFloat16>/<Half> are specialised (AVX2, AVX512), and
+// under AVX-512 some of their operations are wrong: torch 2.13's
+// Vectorized<Half>/<BFloat16> maximum loses NaN and changes neighbouring
+// lanes. Float32 vectors have no such surprises, and a test pins down the
+// special values of every kernel in every build.
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <type_traits>
 
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -15,20 +26,110 @@ inline namespace CPU_CAPABILITY {
 // Elements per parallel task: big enough that thread start-up is amortised.
 inline constexpr int64_t kElementwiseGrain = 32768;
 
-// out[i] = op(in[i]); `op` takes and returns a Vectorized<opmath>.
-template <typename scalar_t, typename VecOp>
-void parallel_map(const VecOp& op, scalar_t* out, const scalar_t* in, int64_t n) {
+// The block loads/stores below are C10_ALWAYS_INLINE: in the kernels' many
+// dispatch instantiations GCC otherwise kept them as out-of-line calls, one
+// per vector, passing registers through memory (measured: silu on 2M floats
+// 3.1 ms with the calls, 1.9 ms inlined).
+
+// Loads and stores the opmath registers (float for bfloat16/float16,
+// float32 and float64 as themselves) from/to `count` consecutive scalar_t;
+// lanes past `count` read as zeros and are not written.
+template <typename scalar_t>
+struct OpmathBlock {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = at::vec::Vectorized<opmath_t>;
+  using ScalarVec = at::vec::Vectorized<scalar_t>;
+  static constexpr bool kReduced = !std::is_same_v<scalar_t, opmath_t>;
+  // One Vectorized<scalar_t> of a reduced type holds two opmath registers.
+  static constexpr int kRegisters = kReduced ? 2 : 1;
+  using Registers = std::array<Vec, kRegisters>;
+  static constexpr int64_t kSize = ScalarVec::size();
+
+  C10_ALWAYS_INLINE static Registers load(const scalar_t* p, int64_t count = kSize) {
+    const ScalarVec raw = count == kSize ? ScalarVec::loadu(p) : ScalarVec::loadu(p, count);
+    if constexpr (kReduced) {
+      const auto [lo, hi] = at::vec::convert_to_float<scalar_t>(raw);
+      return {lo, hi};
+    } else {
+      return {raw};
+    }
+  }
+
+  C10_ALWAYS_INLINE static void store(scalar_t* p, const Registers& v, int64_t count = kSize) {
+    if constexpr (kReduced) {
+      at::vec::convert_from_float<scalar_t>(v[0], v[1]).store(p, count);
+    } else {
+      v[0].store(p, count);
+    }
+  }
+};
+
+// Calls fn(offset, count) for consecutive blocks covering [0, n): full
+// blocks, then one partial block for the tail.
+template <int64_t kBlock, typename Fn>
+inline void for_each_block(int64_t n, const Fn& fn) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    fn(i, kBlock);
+  }
+  if (i < n) {
+    fn(i, n - i);
+  }
+}
+
+// Calls fn(offset, count) for blocks of kBlock elements covering [0, n),
+// split across threads.
+template <int64_t kBlock, typename Fn>
+inline void parallel_blocks(int64_t n, const Fn& fn) {
   at::parallel_for(0, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    at::vec::map(op, out + begin, in + begin, end - begin);
+    for_each_block<kBlock>(end - begin, [&](int64_t i, int64_t count) { fn(begin + i, count); });
   });
 }
 
-// out[i] = op(a[i], b[i]).
+// Calls fn(row, col_begin, col_end) for the parts of rows x cols (row-major)
+// each parallel task owns; tasks split the flat range, so short rows are
+// batched and long rows are shared.
+template <typename Fn>
+inline void parallel_rows(int64_t rows, int64_t cols, int64_t grain, const Fn& fn) {
+  at::parallel_for(0, rows * cols, grain, [&](int64_t begin, int64_t end) {
+    int64_t row = begin / cols;
+    int64_t col = begin % cols;
+    while (begin < end) {
+      const int64_t stop = std::min(cols, col + (end - begin));
+      fn(row, col, stop);
+      begin += stop - col;
+      ++row;
+      col = 0;
+    }
+  });
+}
+
+// out[i] = op(in[i]) over n contiguous elements; `op` takes and returns a
+// Vectorized<opmath_t> (float for bfloat16/float16).
 template <typename scalar_t, typename VecOp>
-void parallel_map2(const VecOp& op, scalar_t* out, const scalar_t* a,
-                   const scalar_t* b, int64_t n) {
-  at::parallel_for(0, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    at::vec::map2(op, out + begin, a + begin, b + begin, end - begin);
+void parallel_map(const VecOp& op, scalar_t* out, const scalar_t* in, int64_t n) {
+  using Block = OpmathBlock<scalar_t>;
+  parallel_blocks<Block::kSize>(n, [&](int64_t i, int64_t count) {
+    auto x = Block::load(in + i, count);
+    for (auto& v : x) {
+      v = op(v);
+    }
+    Block::store(out + i, x, count);
+  });
+}
+
+// out[i] = op(a[i], b[i]), as parallel_map.
+template <typename scalar_t, typename VecOp>
+void parallel_map2(const VecOp& op, scalar_t* out, const scalar_t* a, const scalar_t* b,
+                   int64_t n) {
+  using Block = OpmathBlock<scalar_t>;
+  parallel_blocks<Block::kSize>(n, [&](int64_t i, int64_t count) {
+    auto x = Block::load(a + i, count);
+    const auto y = Block::load(b + i, count);
+    for (int r = 0; r < Block::kRegisters; ++r) {
+      x[r] = op(x[r], y[r]);
+    }
+    Block::store(out + i, x, count);
   });
 }
 

@@ -15,7 +15,8 @@ void relu_kernel_impl(const at::Tensor& out, const at::Tensor& input) {
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::relu", [&] {
         parallel_map(
             [](auto x) {
-              // at::vec::maximum propagates NaN, like torch.relu.
+              // Float vectors (elementwise.h widens bfloat16/float16):
+              // at::vec::maximum of float propagates NaN, like torch.relu.
               return at::vec::maximum(x, decltype(x)(0));
             },
             out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),

@@ -1,15 +1,16 @@
-"""gdb commands: `fuseops-tensor EXPR [N]` and `fuseops-load-types [FILE]`."""
+"""gdb commands: `fuseops-tensor [-grad] EXPR [N]` and `fuseops-load-types [FILE]`."""
 
 from __future__ import annotations
 
 import os
+import struct
 
 import gdb
 
 from . import settings
-from ._layout import optional_of, pointer_of, type_name
+from ._layout import LayoutError, address_of, deref, lookup_type, member, missing_layout, optional_of, pointer_of, type_name
 from .printers import impl_of_tensor, tensor_text
-from .tensor import safe
+from .tensor import LAYOUTS, safe
 
 _types_object: str | None = None
 
@@ -45,14 +46,28 @@ def _impl_pointer(value: gdb.Value) -> gdb.Value:
     raise gdb.GdbError(f"fuseops-tensor: {name} is not a tensor")
 
 
+def _grad_pointer(impl: gdb.Value) -> gdb.Value:
+    """The c10::TensorImpl* of the .grad of the tensor `impl` points at."""
+    autograd_meta = pointer_of(member(deref(impl), "autograd_meta_"))
+    if address_of(autograd_meta) == 0:
+        raise gdb.GdbError("fuseops-tensor: the tensor has no autograd metadata, so no grad")
+    try:
+        autograd_type = lookup_type("torch::autograd::AutogradMeta")
+        grad = member(deref(autograd_meta, autograd_type), "grad_")
+        return impl_of_tensor(grad)
+    except LayoutError as error:
+        raise gdb.GdbError(f"fuseops-tensor: cannot read the grad: {error}") from None
+
+
 class TensorCommand(gdb.Command):
     """Print a tensor with up to N values.
 
-Usage: fuseops-tensor EXPR [N]
+Usage: fuseops-tensor [-grad] EXPR [N]
 EXPR is an at::Tensor, at::TensorBase, c10::TensorImpl, a pointer or
 c10::intrusive_ptr to one, or a std::optional<at::Tensor>. N (default: the
 setting fuseops-max-elements) is how many values are shown before the middle
-of each dimension is elided; 0 shows all."""
+of each dimension is elided; 0 shows all. -grad prints the tensor's .grad
+instead (read from memory, so it works on a core file too)."""
 
     def __init__(self):
         super().__init__("fuseops-tensor", gdb.COMMAND_DATA, gdb.COMPLETE_EXPRESSION)
@@ -60,7 +75,10 @@ of each dimension is elided; 0 shows all."""
     def invoke(self, argument: str, from_tty: bool) -> None:
         argument = argument.strip()
         if not argument:
-            raise gdb.GdbError("usage: fuseops-tensor EXPR [N]")
+            raise gdb.GdbError("usage: fuseops-tensor [-grad] EXPR [N]")
+        grad = argument.startswith("-grad ")
+        if grad:
+            argument = argument[len("-grad "):].strip()
         limit = settings.max_elements()
         parts = argument.rsplit(None, 1)
         if len(parts) == 2 and parts[1].isdigit():
@@ -68,7 +86,27 @@ of each dimension is elided; 0 shows all."""
             limit = int(parts[1]) or None
         value = gdb.parse_and_eval(argument)
         pointer = _impl_pointer(value)
+        if grad:
+            pointer = _grad_pointer(pointer)
         gdb.write(safe("tensor", lambda: tensor_text("Tensor", pointer, limit)) + "\n")
+
+
+def _has_debug_info(path: str) -> bool:
+    """Whether the ELF file at `path` has a .debug_info section (a stripped
+    one has none, and gdb adds its symbols without complaint)."""
+    with open(path, "rb") as file:
+        data = file.read()
+    if data[:5] != b"\x7fELF\x02":
+        return True  # not a 64-bit ELF file: let gdb judge it
+    (section_headers,) = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    (names,) = struct.unpack_from("<Q", data, section_headers + names_index * entry_size + 0x18)
+    for index in range(count):
+        (name,) = struct.unpack_from("<I", data, section_headers + index * entry_size)
+        start = names + name
+        if data[start : data.index(b"\0", start)] == b".debug_info":
+            return True
+    return False
 
 
 class LoadTypesCommand(gdb.Command):
@@ -89,14 +127,25 @@ which ships with the printers, or of FILE."""
                 f"fuseops-load-types: no types object at {path!r}; pass the path "
                 "of fuseops_gdb_types.so (installed beside the printers)"
             )
-        # Adding symbols resets the frame selection; keep the user's frame.
+        # Adding symbols resets the frame selection; keep the user's frame
+        # (Frame.select, unlike the `frame` command, prints nothing).
         try:
             level = gdb.selected_frame().level()
         except gdb.error:
             level = None
         gdb.execute(f"with confirm off -- add-symbol-file {path}", to_string=True)
         if level:
-            gdb.execute(f"frame {level}", to_string=True)
+            frame = gdb.newest_frame()
+            for _ in range(level):
+                frame = frame.older()
+            frame.select()
+        missing = [text for name, fields in LAYOUTS.items() if (text := missing_layout(name, fields))]
+        if missing:
+            stripped = "" if _has_debug_info(path) else " (it has no debug information: stripped)"
+            raise gdb.GdbError(
+                f"fuseops-load-types: added the symbols of {path}{stripped}, but the printers "
+                "still lack the layout of " + "; ".join(missing)
+            )
         gdb.write(f"fuseops: loaded the torch type layouts from {path}\n")
 
 

@@ -13,12 +13,12 @@ import gdb
 import gdb.printing
 
 from . import settings
-from ._layout import Invalid, LayoutError, address_of, enumerators, member, pointer_of, type_name
+from ._layout import Invalid, LayoutError, address_of, deref, enumerators, member, pointer_of, type_name
 from .tensor import (
     device_name,
     format_tensor,
     read_symint,
-    read_tensor_impl,
+    read_tensor,
     safe,
     SCALAR_TYPES,
     type_meta_dtype,
@@ -34,7 +34,7 @@ def tensor_text(kind: str, impl_pointer: gdb.Value, limit: int | None, with_valu
     def action() -> str:
         if address_of(impl_pointer) == 0:
             return f"{kind} nullptr"
-        info = read_tensor_impl(impl_pointer.dereference())
+        info = read_tensor(impl_pointer)
         return format_tensor(kind, info, limit, with_values)
 
     return safe(kind, action)
@@ -222,7 +222,7 @@ class StoragePrinter:
             pointer = pointer_of(member(self.value, "storage_impl_"))
             if address_of(pointer) == 0:
                 return "Storage nullptr"
-            impl = pointer.dereference()
+            impl = deref(pointer)
             data_ptr = member(impl, "data_ptr_")
             size = read_symint(member(impl, "size_bytes_"))
             data = address_of(member(member(data_ptr, "ptr_"), "data_"))

@@ -17,7 +17,9 @@ from ._layout import (
     Invalid,
     LayoutError,
     address_of,
+    deref,
     enumerators,
+    is_incomplete,
     lookup_type,
     member,
     optional_of,
@@ -204,7 +206,8 @@ class TensorInfo:
     storage_offset: object = 0
     device: str = "?"
     symbolic: bool = False
-    requires_grad: bool = False
+    requires_grad: bool | None = False  # None: unknown, no layout of AutogradMeta
+    grad: gdb.Value | None = None  # c10::TensorImpl* of a defined .grad
     data: int = 0  # address of the storage's first byte
     storage_bytes: int | None = None
     no_values: str | None = None  # why the values cannot be shown
@@ -256,10 +259,10 @@ def _symbolic_shape(impl: gdb.Value, info: TensorInfo) -> None:
     extra = pointer_of(member(impl, "extra_meta_"))
     if address_of(extra) == 0:
         raise Invalid("symbolic sizes without their metadata")
-    meta = pointer_of(member(extra.dereference(), "symbolic_shape_meta_"))
+    meta = pointer_of(member(deref(extra), "symbolic_shape_meta_"))
     if address_of(meta) == 0:
         raise Invalid("symbolic sizes without their metadata")
-    meta = meta.dereference()
+    meta = deref(meta)
     symint = lookup_type("c10::SymInt")
     info.sizes = [read_symint(v) for v in _small_vector_items(member(meta, "sizes_"), symint, MAX_DIMS)]
     info.strides = [read_symint(v) for v in _small_vector_items(member(meta, "strides_"), symint, MAX_DIMS)]
@@ -268,24 +271,71 @@ def _symbolic_shape(impl: gdb.Value, info: TensorInfo) -> None:
         raise Invalid(f"{len(info.sizes)} sizes but {len(info.strides)} strides")
 
 
-def _requires_grad(impl: gdb.Value) -> bool:
+# What the printers read of each class whose layout only a types object
+# provides; `fuseops-load-types` checks that all of it is described.
+LAYOUTS = {
+    "c10::TensorImpl": (
+        "data_type_", "device_opt_", "has_symbolic_sizes_strides_", "sizes_and_strides_",
+        "storage_offset_", "numel_", "autograd_meta_", "storage_access_should_throw_",
+        "storage_", "extra_meta_",
+    ),
+    "c10::StorageImpl": ("data_ptr_", "size_bytes_"),
+    "torch::autograd::AutogradMeta": ("requires_grad_", "grad_fn_", "grad_"),
+}
+
+_singleton_address: int | None = None
+
+
+def _undefined_singleton() -> int | None:
+    """The address of c10::UndefinedTensorImpl::_singleton, which every
+    undefined tensor points at. Its symbol needs no layout, so an undefined
+    tensor is recognised even where c10::TensorImpl is only declared."""
+    global _singleton_address
+    if _singleton_address is None:
+        try:
+            _singleton_address = int(gdb.parse_and_eval("&'c10::UndefinedTensorImpl::_singleton'"))
+        except gdb.error:
+            return None
+    return _singleton_address
+
+
+def clear_caches(*_args) -> None:
+    global _singleton_address
+    _singleton_address = None
+
+
+def _read_autograd(impl: gdb.Value, info: TensorInfo) -> None:
     meta = pointer_of(member(impl, "autograd_meta_"))
     if address_of(meta) == 0:
-        return False
+        return
     # torch::autograd::AutogradMeta is the only implementation of the
-    # interface in torch; read it as that.
-    autograd_meta = meta.reinterpret_cast(lookup_type("torch::autograd::AutogradMeta").pointer()).dereference()
-    if bool(member(autograd_meta, "requires_grad_")):
-        return True
-    return address_of(pointer_of(member(autograd_meta, "grad_fn_"))) != 0
+    # interface in torch; read it as that. Without its layout, only what it
+    # holds is unknown.
+    try:
+        autograd_type = gdb.lookup_type("torch::autograd::AutogradMeta")
+    except gdb.error:
+        autograd_type = None
+    if autograd_type is None or is_incomplete(autograd_type):
+        info.requires_grad = None
+        return
+    autograd_meta = deref(meta, autograd_type)
+    info.requires_grad = bool(member(autograd_meta, "requires_grad_")) or (
+        address_of(pointer_of(member(autograd_meta, "grad_fn_"))) != 0
+    )
+    grad = pointer_of(member(member(autograd_meta, "grad_"), "impl_"))
+    if address_of(grad) not in (0, _undefined_singleton()):
+        info.grad = grad
 
 
-def read_tensor_impl(impl: gdb.Value) -> TensorInfo:
-    """Reads a c10::TensorImpl (a value, not a pointer) into a TensorInfo.
+def read_tensor(pointer: gdb.Value) -> TensorInfo:
+    """Reads the c10::TensorImpl that `pointer` points at into a TensorInfo.
 
     Raises Invalid for garbage, gdb.MemoryError for unreadable metadata and
     LayoutError when the debug information lacks a field.
     """
+    if address_of(pointer) == _undefined_singleton():
+        return TensorInfo(undefined=True)
+    impl = deref(pointer)
     info = TensorInfo()
     dtype_index = int(member(member(impl, "data_type_"), "index_"))
     device = optional_of(member(impl, "device_opt_"))
@@ -310,7 +360,7 @@ def read_tensor_impl(impl: gdb.Value) -> TensorInfo:
             raise Invalid(f"{numel} elements for sizes {info.sizes}")
 
     info.device = device_name(device) if device is not None else "no device"
-    info.requires_grad = _requires_grad(impl)
+    _read_autograd(impl, info)
 
     if info.symbolic:
         info.no_values = "symbolic sizes"
@@ -328,7 +378,7 @@ def read_tensor_impl(impl: gdb.Value) -> TensorInfo:
     if address_of(storage) == 0:
         info.no_values = "no storage"
         return info
-    storage = storage.dereference()
+    storage = deref(storage)
     data_ptr = member(storage, "data_ptr_")
     info.data = address_of(member(member(data_ptr, "ptr_"), "data_"))
     size_bytes = read_symint(member(storage, "size_bytes_"))
@@ -468,8 +518,13 @@ def describe(info: TensorInfo) -> str:
         words.append("strides=" + format_shape(info.strides))
     if str(info.storage_offset) != "0":
         words.append(f"storage_offset={info.storage_offset}")
-    if info.requires_grad:
+    if info.requires_grad is None:
+        words.append("requires_grad=?")
+    elif info.requires_grad:
         words.append("requires_grad=True")
+    if info.grad is not None:
+        grad = info.grad
+        words.append("grad=<" + safe("grad", lambda: describe(read_tensor(grad))) + ">")
     return " ".join(words)
 
 

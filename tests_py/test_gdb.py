@@ -147,8 +147,9 @@ Tensor int64 [2, 3] cpu
  [ 0, ...,  2]]""",
     ),
     "layout_error": (
-        "python import fuseops_gdb.tensor as t\n"
-        "python print(t.safe('at::Tensor', lambda: t.member(gdb.parse_and_eval('contiguous_float'), 'sizes_')))",
+        "python from fuseops_gdb import _layout, formatting\n"
+        "python print(formatting.safe('at::Tensor', "
+        "lambda: _layout.member(gdb.parse_and_eval('contiguous_float'), 'sizes_')))",
         "<at::Tensor: at::Tensor has no field 'sizes_' (renamed in this torch version?); "
         "the fuseops printers need updating>",
     ),

@@ -10,7 +10,8 @@ import gdb
 from . import settings
 from ._layout import LayoutError, address_of, deref, lookup_type, member, missing_layout, optional_of, pointer_of, type_name
 from .printers import impl_of_tensor, tensor_text
-from .tensor import LAYOUTS, safe
+from .formatting import safe
+from .reader import LAYOUTS
 
 _types_object: str | None = None
 

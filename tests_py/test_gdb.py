@@ -92,6 +92,7 @@ Tensor int32 [1, 2, 1, 3, 1, 2, 1] cpu
     [[[10],
       [11]]]]]]]""",
     "requires_grad": "Tensor float32 [3] cpu requires_grad=True = [1., 1., 1.]",
+    "with_grad": "Tensor float32 [2] cpu requires_grad=True grad=<float32 [2] cpu> = [1., 1.]",
     "optional_tensor": "std::optional<at::Tensor> = {[contained value] = Tensor int16 [3] cpu = [0, 1, 2]}",
     "optional_empty": "std::optional<at::Tensor> [no contained value]",
     "complex": "Tensor complex64 [2] cpu = [ 1.0000+2.j, -0.5000+0.j]",
@@ -128,6 +129,10 @@ Tensor float32 [3, 2] cpu strides=[1, 3]
 [[0., 3.],
  [1., 4.],
  [2., 5.]]"""),
+    "command_grad": ("fuseops-tensor -grad with_grad", "Tensor float32 [2] cpu = [0.2500, 0.2500]"),
+    # uint8 has no autograd metadata at all, contiguous_float (a view) an undefined grad.
+    "command_no_grad": ("fuseops-tensor -grad uint8\nfuseops-tensor -grad contiguous_float",
+                        "Tensor undefined\nTensor undefined"),
     "command_optional": ("fuseops-tensor optional_tensor", "Tensor int16 [3] cpu = [0, 1, 2]"),
     "command_all_values": ("fuseops-tensor long_vector 0", None),
     # A failing command would end the batch script: catch its error.
@@ -457,7 +462,8 @@ def test_pip_install_names_missing_layouts_then_loads_them(
     assert "warning" not in printed.lower(), run.output
 
 
-def _load_types_session(fixture_dir: Path, workdir: Path, name: str, types_object: Path, cases: list[str]) -> GdbRun:
+def _load_types_session(fixture_dir: Path, workdir: Path, name: str, types_object: Path, cases: list[str],
+                        commands: tuple[str, ...] = ()) -> GdbRun:
     # fuseops-load-types fails when layouts are missing; catch its error, as
     # a failing command would end the batch script.
     text = "\n".join([
@@ -468,6 +474,7 @@ def _load_types_session(fixture_dir: Path, workdir: Path, name: str, types_objec
         f"    gdb.execute('fuseops-load-types {types_object}')\n"
         "except gdb.error as error:\n    print(error)\nend",
         *[line for case in cases for line in (f"echo {MARK}{case}\\n", f"output {case}", "echo \\n")],
+        *[line for command in commands for line in (f"echo {MARK}{command}\\n", command)],
         f"echo {MARK}end\\n", "kill",
     ]) + "\n"
     return GdbRun(_gdb(), fixture_dir / "gdb_fixture_no_types", workdir, name, text=text, solibs=True)
@@ -491,8 +498,9 @@ def test_load_types_names_a_stripped_types_object(fixture_dir: Path, workdir: Pa
 
 def test_without_autograd_layout_only_autograd_is_unknown(fixture_dir: Path, workdir: Path) -> None:
     types_object = fixture_dir / "gdb_fixture_types_no_autograd.so"
+    grad = "fuseops-tensor -grad with_grad"
     run = _load_types_session(fixture_dir, workdir, "no_autograd", types_object,
-                              ["transposed", "with_grad", "undefined"])
+                              ["transposed", "with_grad", "undefined"], (grad,))
     assert run.sections["load"] == (
         f"fuseops-load-types: added the symbols of {types_object}, but the printers still lack "
         "the layout of torch::autograd::AutogradMeta: not described"
@@ -504,4 +512,8 @@ Tensor float32 [3, 2] cpu strides=[1, 3] requires_grad=?
  [2., 5.]]""", "transposed")
     _assert_matches(run.sections["with_grad"], "Tensor float32 [3] cpu requires_grad=? = [1., 1., 1.]", "with_grad")
     _assert_matches(run.sections["undefined"], "Tensor undefined", "undefined")
+    assert run.sections[grad] == (
+        "<tensor: the grad is unknown: torch::autograd::AutogradMeta has no layout; run "
+        f"`fuseops-load-types` (see {PRINTERS.parent / 'README.md'}, \"Type information\")>"
+    ), run.output
     assert "warning" not in run.output.lower(), run.output

@@ -8,10 +8,10 @@ import struct
 import gdb
 
 from . import settings
-from ._layout import LayoutError, address_of, deref, lookup_type, member, missing_layout, optional_of, pointer_of, type_name
-from .printers import impl_of_tensor, tensor_text
+from ._layout import README, LayoutError, missing_layout, optional_of, pointer_of, type_name
 from .formatting import safe
-from .reader import LAYOUTS
+from .printers import impl_of_tensor, tensor_text
+from .reader import LAYOUTS, read_tensor
 
 _types_object: str | None = None
 
@@ -47,19 +47,6 @@ def _impl_pointer(value: gdb.Value) -> gdb.Value:
     raise gdb.GdbError(f"fuseops-tensor: {name} is not a tensor")
 
 
-def _grad_pointer(impl: gdb.Value) -> gdb.Value:
-    """The c10::TensorImpl* of the .grad of the tensor `impl` points at."""
-    autograd_meta = pointer_of(member(deref(impl), "autograd_meta_"))
-    if address_of(autograd_meta) == 0:
-        raise gdb.GdbError("fuseops-tensor: the tensor has no autograd metadata, so no grad")
-    try:
-        autograd_type = lookup_type("torch::autograd::AutogradMeta")
-        grad = member(deref(autograd_meta, autograd_type), "grad_")
-        return impl_of_tensor(grad)
-    except LayoutError as error:
-        raise gdb.GdbError(f"fuseops-tensor: cannot read the grad: {error}") from None
-
-
 class TensorCommand(gdb.Command):
     """Print a tensor with up to N values.
 
@@ -85,11 +72,21 @@ instead (read from memory, so it works on a core file too)."""
         if len(parts) == 2 and parts[1].isdigit():
             argument = parts[0]
             limit = int(parts[1]) or None
-        value = gdb.parse_and_eval(argument)
-        pointer = _impl_pointer(value)
-        if grad:
-            pointer = _grad_pointer(pointer)
-        gdb.write(safe("tensor", lambda: tensor_text("Tensor", pointer, limit)) + "\n")
+        pointer = _impl_pointer(gdb.parse_and_eval(argument))
+
+        def text() -> str:
+            if not grad:
+                return tensor_text("Tensor", pointer, limit)
+            info = read_tensor(pointer)
+            if info.requires_grad is None:
+                raise LayoutError(
+                    "the grad is unknown: torch::autograd::AutogradMeta has no layout; run "
+                    f"`fuseops-load-types` (see {README}, \"Type information\")"
+                )
+            # No autograd metadata, or an undefined grad: torch's `.grad is None`.
+            return "Tensor undefined" if info.grad is None else tensor_text("Tensor", info.grad, limit)
+
+        gdb.write(safe("tensor", text) + "\n")
 
 
 def _has_debug_info(path: str) -> bool:

@@ -4,6 +4,8 @@ tests_cpp/gdb/gdb_fixture.cpp holds one variable per case and stops in
 fixture_stop(). gdb prints every case live, writes a core file, and prints
 them again from the core file; the same cases are printed from the -O2 build
 of the fixture. The output is compared line by line with EXPECTED.
+gdb_fixture_no_types, a program without the torch class layouts, is printed
+with the printers and types object of the installed package (PIP_EXPECTED).
 
 The fixture programs come from FUSEOPS_GDB_FIXTURE_DIR, the folder of a
 CMake build that holds them (e.g. build/dev/tests_cpp/gdb; missing ones are
@@ -362,9 +364,9 @@ def test_gdb_init_lines_load_the_printers(fixture_dir: Path) -> None:
 # The pip path: gdb_fixture_no_types has no torch layouts of its own, as a
 # pip user's program; the printers and the types object come from the
 # installed package, found through `python -m fuseops gdb-init`. No
-# `set auto-solib-add off` here: with torch's symbols loaded, gdb looks up the
-# dynamic type of polymorphic objects (and warned about
-# DifferentiableViewMeta).
+# `set auto-solib-add off` here: only with torch's symbols loaded can gdb
+# find the dynamic type of a polymorphic object, and warn about one the types
+# object does not describe (a view's DifferentiableViewMeta).
 PIP_EXPECTED = {
     "undefined": "Tensor undefined",
     "contiguous_float": """\

@@ -4,6 +4,8 @@ tests_cpp/gdb/gdb_fixture.cpp holds one variable per case and stops in
 fixture_stop(). gdb prints every case live, writes a core file, and prints
 them again from the core file; the same cases are printed from the -O2 build
 of the fixture. The output is compared line by line with EXPECTED.
+gdb_fixture_no_types, a program without the torch class layouts, is printed
+with the printers and types object of the installed package (PIP_EXPECTED).
 
 The fixture programs come from FUSEOPS_GDB_FIXTURE_DIR, the folder of a
 CMake build that holds them (e.g. build/dev/tests_cpp/gdb; missing ones are
@@ -36,6 +38,7 @@ FIXTURE_FILES = {
     "gdb_fixture_o2": "gdb_fixture_o2",
     "gdb_fixture_no_types": "gdb_fixture_no_types",
     "gdb_fixture_types": "gdb_fixture_types.so",
+    "gdb_fixture_types_no_autograd": "gdb_fixture_types_no_autograd.so",
 }
 # Stands for an address in EXPECTED: heap addresses differ between runs.
 ADDRESS = "0x@"
@@ -91,6 +94,7 @@ Tensor int32 [1, 2, 1, 3, 1, 2, 1] cpu
     [[[10],
       [11]]]]]]]""",
     "requires_grad": "Tensor float32 [3] cpu requires_grad=True = [1., 1., 1.]",
+    "with_grad": "Tensor float32 [2] cpu requires_grad=True grad=<float32 [2] cpu> = [1., 1.]",
     "optional_tensor": "std::optional<at::Tensor> = {[contained value] = Tensor int16 [3] cpu = [0, 1, 2]}",
     "optional_empty": "std::optional<at::Tensor> [no contained value]",
     "complex": "Tensor complex64 [2] cpu = [ 1.0000+2.j, -0.5000+0.j]",
@@ -127,6 +131,10 @@ Tensor float32 [3, 2] cpu strides=[1, 3]
 [[0., 3.],
  [1., 4.],
  [2., 5.]]"""),
+    "command_grad": ("fuseops-tensor -grad with_grad", "Tensor float32 [2] cpu = [0.2500, 0.2500]"),
+    # uint8 has no autograd metadata at all, contiguous_float (a view) an undefined grad.
+    "command_no_grad": ("fuseops-tensor -grad uint8\nfuseops-tensor -grad contiguous_float",
+                        "Tensor undefined\nTensor undefined"),
     "command_optional": ("fuseops-tensor optional_tensor", "Tensor int16 [3] cpu = [0, 1, 2]"),
     "command_all_values": ("fuseops-tensor long_vector 0", None),
     # A failing command would end the batch script: catch its error.
@@ -146,8 +154,9 @@ Tensor int64 [2, 3] cpu
  [ 0, ...,  2]]""",
     ),
     "layout_error": (
-        "python import fuseops_gdb.tensor as t\n"
-        "python print(t.safe('at::Tensor', lambda: t.member(gdb.parse_and_eval('contiguous_float'), 'sizes_')))",
+        "python from fuseops_gdb import _layout, formatting\n"
+        "python print(formatting.safe('at::Tensor', "
+        "lambda: _layout.member(gdb.parse_and_eval('contiguous_float'), 'sizes_')))",
         "<at::Tensor: at::Tensor has no field 'sizes_' (renamed in this torch version?); "
         "the fuseops printers need updating>",
     ),
@@ -251,10 +260,13 @@ def _sections(output: str) -> dict[str, str]:
 
 class GdbRun:
     def __init__(self, gdb: str, binary: Path, workdir: Path, name: str, core: Path | None = None,
-                 write_core: Path | None = None, extras: bool = False, text: str | None = None):
+                 write_core: Path | None = None, extras: bool = False, text: str | None = None,
+                 solibs: bool = False):
         script = workdir / f"{name}.gdb"
         script.write_text(text or _script(live=core is None, core=write_core, extras=extras))
-        command = [gdb, "-nx", "-batch", "-iex", "set auto-solib-add off", "-x", str(script), str(binary)]
+        # Without shared library symbols gdb starts in under a second.
+        startup = [] if solibs else ["-iex", "set auto-solib-add off"]
+        command = [gdb, "-nx", "-batch", *startup, "-x", str(script), str(binary)]
         if core is not None:
             command.append(str(core))
         started = time.monotonic()
@@ -349,19 +361,161 @@ def test_gdb_init_lines_load_the_printers(fixture_dir: Path) -> None:
     assert "fuseops" in result.stdout and "at most 20 values" in result.stdout, result.stdout
 
 
-def test_missing_layouts_are_named_and_load_types_adds_them(fixture_dir: Path, workdir: Path) -> None:
-    # The printers must say what is missing, and fuseops-load-types must fix it.
+# The pip path: gdb_fixture_no_types has no torch layouts of its own, as a
+# pip user's program; the printers and the types object come from the
+# installed package, found through `python -m fuseops gdb-init`. No
+# `set auto-solib-add off` here: only with torch's symbols loaded can gdb
+# find the dynamic type of a polymorphic object, and warn about one the types
+# object does not describe (a view's DifferentiableViewMeta).
+PIP_EXPECTED = {
+    "undefined": "Tensor undefined",
+    "contiguous_float": """\
+Tensor float32 [2, 3] cpu
+[[0., 1., 2.],
+ [3., 4., 5.]]""",
+    "transposed": """\
+Tensor float32 [3, 2] cpu strides=[1, 3]
+[[0., 3.],
+ [1., 4.],
+ [2., 5.]]""",
+    "with_grad": "Tensor float32 [3] cpu requires_grad=True grad=<float32 [3] cpu> = [1., 1., 1.]",
+    "without_grad": "Tensor float64 [2] cpu requires_grad=True = [0., 0.]",
+}
+PIP_COMMANDS = {
+    "grad": ("fuseops-tensor -grad with_grad", "Tensor float32 [3] cpu = [0.5000, 0.5000, 0.5000]"),
+    "grad_undefined": ("fuseops-tensor -grad without_grad", "Tensor undefined"),
+}
+
+
+@pytest.fixture(scope="module")
+def installed_printers() -> tuple[list[str], Path]:
+    """The gdb-init lines of the installed fuseops, and its printers folder."""
+    result = _run([sys.executable, "-m", "fuseops", "gdb-init"], "python -m fuseops gdb-init", timeout=120)
+    lines = result.stdout.splitlines()
+    sources = [Path(line.split(None, 1)[1]) for line in lines if line.startswith("source ")]
+    assert len(sources) == 1, lines
+    printers = sources[0].parent
+    assert printers != PRINTERS.parent, f"gdb-init names the checkout's printers, not an installed package: {lines}"
+    assert (printers / "fuseops_gdb_types.so").is_file(), f"no types object beside {sources[0]}"
+    return [line for line in lines if line.strip() and not line.startswith("#")], printers
+
+
+def _pip_script(init_lines: list[str], live: bool, core: Path | None) -> str:
+    lines = ["set pagination off", "set width 0", "set confirm off", "set style enabled off", *init_lines]
+    if live:
+        lines += ["break fixture_stop", "run"]
+    lines += ["up"]
+    # Before the layouts are loaded: an undefined tensor needs none.
+    lines += [f"echo {MARK}before_undefined\\n", "output undefined", "echo \\n",
+              f"echo {MARK}before\\n", "output contiguous_float", "echo \\n",
+              f"echo {MARK}load\\n", "fuseops-load-types"]
+    for case in PIP_EXPECTED:
+        lines += [f"echo {MARK}{case}\\n", f"output {case}", "echo \\n"]
+    for case, (command, _) in PIP_COMMANDS.items():
+        lines += [f"echo {MARK}{case}\\n", command]
+    if core is not None:
+        lines += [f"echo {MARK}core\\n", f"generate-core-file {core}"]
+    lines += [f"echo {MARK}end\\n"]
+    if live:
+        lines += ["kill"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def pip_runs(fixture_dir: Path, workdir: Path, installed_printers) -> dict[str, GdbRun]:
+    gdb = _gdb()
+    init_lines, _ = installed_printers
+    binary = fixture_dir / "gdb_fixture_no_types"
+    core = workdir / "gdb_fixture_no_types.core"
+    live = GdbRun(gdb, binary, workdir, "pip_live", text=_pip_script(init_lines, True, core), solibs=True)
+    if not core.is_file():
+        pytest.fail(f"generate-core-file wrote no core file:\n{live.sections.get('core', live.output[-2000:])}")
+    try:
+        from_core = GdbRun(gdb, binary, workdir, "pip_core", core=core,
+                           text=_pip_script(init_lines, False, None), solibs=True)
+    finally:
+        core.unlink()
+    return {"live": live, "core": from_core}
+
+
+@pytest.mark.parametrize("mode", ["live", "core"])
+@pytest.mark.parametrize("case", [*PIP_EXPECTED, *PIP_COMMANDS])
+def test_pip_install_printers(pip_runs: dict[str, GdbRun], installed_printers, mode: str, case: str) -> None:
+    expected = PIP_EXPECTED[case] if case in PIP_EXPECTED else PIP_COMMANDS[case][1]
+    _assert_matches(pip_runs[mode].sections.get(case), expected, f"{case} ({mode}, installed printers)")
+
+
+@pytest.mark.parametrize("mode", ["live", "core"])
+def test_pip_install_names_missing_layouts_then_loads_them(
+    pip_runs: dict[str, GdbRun], installed_printers, mode: str
+) -> None:
+    run = pip_runs[mode]
+    _, printers = installed_printers
+    assert run.sections["before_undefined"] == "Tensor undefined", run.output
+    assert run.sections["before"] == (
+        "<Tensor: c10::TensorImpl has no layout: the program's debug information only declares it; "
+        f"run `fuseops-load-types` (see {printers / 'README.md'}, \"Type information\")>"
+    ), run.output
+    assert run.sections["load"] == (
+        f"fuseops: loaded the torch type layouts from {printers / 'fuseops_gdb_types.so'}"
+    ), run.output
+    # generate-core-file warns about the vsyscall page, which is no printer's doing.
+    printed = "\n".join(text for name, text in run.sections.items() if name != "core")
+    assert "warning" not in printed.lower(), run.output
+
+
+def _load_types_session(fixture_dir: Path, workdir: Path, name: str, types_object: Path, cases: list[str],
+                        commands: tuple[str, ...] = ()) -> GdbRun:
+    # fuseops-load-types fails when layouts are missing; catch its error, as
+    # a failing command would end the batch script.
     text = "\n".join([
         "set pagination off", "set confirm off", "set style enabled off", f"source {PRINTERS}",
         "break fixture_stop", "run", "up",
-        f"echo {MARK}before\\n", "output undefined", "echo \\n",
-        f"echo {MARK}load\\n", f"fuseops-load-types {fixture_dir / 'gdb_fixture_types.so'}",
-        f"echo {MARK}after\\n", "output undefined", "echo \\n",
+        f"echo {MARK}load\\n",
+        "python\ntry:\n"
+        f"    gdb.execute('fuseops-load-types {types_object}')\n"
+        "except gdb.error as error:\n    print(error)\nend",
+        *[line for case in cases for line in (f"echo {MARK}{case}\\n", f"output {case}", "echo \\n")],
+        *[line for command in commands for line in (f"echo {MARK}{command}\\n", command)],
         f"echo {MARK}end\\n", "kill",
     ]) + "\n"
-    run = GdbRun(_gdb(), fixture_dir / "gdb_fixture_no_types", workdir, "no_types", text=text)
-    assert run.sections["before"] == (
-        "<Tensor: c10::TensorImpl has no layout: the program's debug information only declares it; "
-        "build libfuseops with debug information or run `fuseops-load-types` (tools/gdb/README.md)>"
+    return GdbRun(_gdb(), fixture_dir / "gdb_fixture_no_types", workdir, name, text=text, solibs=True)
+
+
+def test_load_types_names_a_stripped_types_object(fixture_dir: Path, workdir: Path) -> None:
+    strip = shutil.which("strip")
+    if strip is None:
+        pytest.fail("strip (binutils) is needed to make a stripped types object")
+    stripped = workdir / "stripped_types.so"
+    _run([strip, "--strip-debug", "-o", str(stripped), str(fixture_dir / "gdb_fixture_types.so")],
+         "strip", timeout=60)
+    run = _load_types_session(fixture_dir, workdir, "stripped", stripped, ["undefined"])
+    assert run.sections["load"] == (
+        f"fuseops-load-types: added the symbols of {stripped} (it has no debug information: stripped), "
+        "but the printers still lack the layout of c10::TensorImpl: not described; "
+        "c10::StorageImpl: not described; torch::autograd::AutogradMeta: not described"
     ), run.output
-    assert run.sections["after"] == "Tensor undefined", run.output
+    assert run.sections["undefined"] == "Tensor undefined", run.output
+
+
+def test_without_autograd_layout_only_autograd_is_unknown(fixture_dir: Path, workdir: Path) -> None:
+    types_object = fixture_dir / "gdb_fixture_types_no_autograd.so"
+    grad = "fuseops-tensor -grad with_grad"
+    run = _load_types_session(fixture_dir, workdir, "no_autograd", types_object,
+                              ["transposed", "with_grad", "undefined"], (grad,))
+    assert run.sections["load"] == (
+        f"fuseops-load-types: added the symbols of {types_object}, but the printers still lack "
+        "the layout of torch::autograd::AutogradMeta: not described"
+    ), run.output
+    _assert_matches(run.sections["transposed"], """\
+Tensor float32 [3, 2] cpu strides=[1, 3] requires_grad=?
+[[0., 3.],
+ [1., 4.],
+ [2., 5.]]""", "transposed")
+    _assert_matches(run.sections["with_grad"], "Tensor float32 [3] cpu requires_grad=? = [1., 1., 1.]", "with_grad")
+    _assert_matches(run.sections["undefined"], "Tensor undefined", "undefined")
+    assert run.sections[grad] == (
+        "<tensor: the grad is unknown: torch::autograd::AutogradMeta has no layout; run "
+        f"`fuseops-load-types` (see {PRINTERS.parent / 'README.md'}, \"Type information\")>"
+    ), run.output
+    assert "warning" not in run.output.lower(), run.output

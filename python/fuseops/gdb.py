@@ -47,6 +47,8 @@ def gdb_init_lines() -> list[str]:
         + os.path.join(printers, "README.md")
         + ")",
         "source " + os.path.join(printers, "fuseops-gdb.py"),
+        "# tensors print '<... has no layout ...>' in a program without torch's class"
+        " layouts (as a pip install's is): run `fuseops-load-types` in gdb",
     ]
     if os.path.isdir(library_dir()):
         lines += [

@@ -58,6 +58,8 @@ int main() {
   at::Tensor undefined;
   at::Tensor seven_dim = at::arange(12, at::kInt).reshape({1, 2, 1, 3, 1, 2, 1});
   at::Tensor requires_grad = at::ones({3}, at::kFloat).set_requires_grad(true);
+  at::Tensor with_grad = at::ones({2}, at::kFloat).set_requires_grad(true);
+  with_grad.mutable_grad() = at::full({2}, 0.25, at::kFloat);
   std::optional<at::Tensor> optional_tensor = at::arange(3, at::kShort);
   std::optional<at::Tensor> optional_empty;
   at::Tensor complex = at::complex(at::tensor({1.0f, -0.5f}), at::tensor({2.0f, 0.0f}));
@@ -101,7 +103,7 @@ int main() {
 
   void* const cases[] = {
       &contiguous_float, &transposed, &sliced, &bf16, &fp16, &int64, &boolean,
-      &scalar, &empty, &undefined, &seven_dim, &requires_grad, &optional_tensor,
+      &scalar, &empty, &undefined, &seven_dim, &requires_grad, &with_grad, &optional_tensor,
       &optional_empty, &complex, &uint8, &long_vector, &meta, &cuda, &symbolic,
       &int_array_ref, &small_vector, &cpu_device, &cuda_device, &scalar_type,
       &type_meta, &sym_int, &storage, &impl_pointer, &garbage_tensor, &garbage_impl,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gdb
 import gdb.printing
 
-from . import _layout, commands, settings
+from . import _layout, commands, reader, settings
 from .printers import build_collection
 
 _collection = None
@@ -30,5 +30,6 @@ def register(objfile=None, types_object: str | None = None) -> None:
     gdb.printing.register_pretty_printer(None, _collection, replace=True)
     settings.install()
     commands.install()
-    gdb.events.new_objfile.connect(_layout.clear_caches)
-    gdb.events.clear_objfiles.connect(_layout.clear_caches)
+    for clear in (_layout.clear_caches, reader.clear_caches):
+        gdb.events.new_objfile.connect(clear)
+        gdb.events.clear_objfiles.connect(clear)

@@ -8,6 +8,8 @@ fails with a LayoutError naming it.
 
 from __future__ import annotations
 
+import os
+
 import gdb
 
 
@@ -19,11 +21,15 @@ class Invalid(Exception):
     """The object holds values no live object of its type can hold."""
 
 
+# The README installed beside the printers (tools/gdb/README.md in a checkout,
+# <site-packages>/fuseops/share/gdb/README.md in a wheel).
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
 # Debug information that only declares these classes is the usual reason
 # for a missing field; say how to get the full description.
-_TYPES_HINT = (
-    "the program's debug information only declares it; build libfuseops with "
-    "debug information or run `fuseops-load-types` (tools/gdb/README.md)"
+TYPES_HINT = (
+    "the program's debug information only declares it; run `fuseops-load-types` "
+    f"(see {README}, \"Type information\")"
 )
 
 
@@ -49,7 +55,7 @@ def member(value: gdb.Value, name: str) -> gdb.Value:
         if "no member named" not in str(error).lower() and "there is no member" not in str(error).lower():
             raise
         if is_incomplete(value.type):
-            raise LayoutError(f"{_describe(value.type)} has no layout: {_TYPES_HINT}") from None
+            raise LayoutError(f"{_describe(value.type)} has no layout: {TYPES_HINT}") from None
         raise LayoutError(
             f"{_describe(value.type)} has no field '{name}' (renamed in this torch "
             f"version?); the fuseops printers need updating"
@@ -60,8 +66,46 @@ def lookup_type(name: str) -> gdb.Type:
     try:
         type_ = gdb.lookup_type(name)
     except gdb.error:
-        raise LayoutError(f"no debug information for {name}: {_TYPES_HINT}") from None
+        raise LayoutError(f"no debug information for {name}: {TYPES_HINT}") from None
     return type_
+
+
+def missing_layout(name: str, fields: tuple[str, ...]) -> str | None:
+    """What the debug information lacks of class `name` and its `fields`, or None."""
+    try:
+        type_ = gdb.lookup_type(name).strip_typedefs()
+    except gdb.error:
+        return f"{name}: not described"
+    if is_incomplete(type_):
+        return f"{name}: only declared"
+    present = set()
+    pending = [type_]
+    while pending:
+        for field in pending.pop().fields():
+            if field.is_base_class:
+                pending.append(field.type.strip_typedefs())
+            elif field.name:
+                present.add(field.name)
+    absent = [field for field in fields if field not in present]
+    if absent:
+        return f"{name}: no field " + ", ".join(absent)
+    return None
+
+
+def deref(pointer: gdb.Value, type_: gdb.Type | None = None) -> gdb.Value:
+    """*pointer as its declared type, or as type_ when given.
+
+    gdb's own dereference (and a cast between class pointers) looks up the
+    dynamic type of a polymorphic object, and warns ("RTTI symbol not found
+    for class ...") whenever the debug information lacks that subclass --
+    torch's DifferentiableViewMeta, any TensorImpl subclass. Through a
+    pointer to an array of the type it does not look.
+    """
+    target = (type_ or pointer.type.strip_typedefs().target()).strip_typedefs()
+    if is_incomplete(target):
+        # Nothing to look up, and no array of it; member() names what is missing.
+        return pointer.cast(target.pointer()).dereference()
+    return pointer.cast(target.array(0).pointer()).dereference()[0]
 
 
 def type_name(value: gdb.Value) -> str:

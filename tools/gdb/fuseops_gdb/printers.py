@@ -13,16 +13,10 @@ import gdb
 import gdb.printing
 
 from . import settings
-from ._layout import Invalid, LayoutError, address_of, enumerators, member, pointer_of, type_name
-from .tensor import (
-    device_name,
-    format_tensor,
-    read_symint,
-    read_tensor_impl,
-    safe,
-    SCALAR_TYPES,
-    type_meta_dtype,
-)
+from ._layout import Invalid, LayoutError, address_of, deref, enumerators, member, pointer_of, type_name
+from .decode import SCALAR_TYPES, device_name, read_symint, type_meta_dtype
+from .formatting import format_tensor, safe
+from .reader import read_tensor
 
 
 def impl_of_tensor(tensor: gdb.Value) -> gdb.Value:
@@ -34,22 +28,26 @@ def tensor_text(kind: str, impl_pointer: gdb.Value, limit: int | None, with_valu
     def action() -> str:
         if address_of(impl_pointer) == 0:
             return f"{kind} nullptr"
-        info = read_tensor_impl(impl_pointer.dereference())
+        info = read_tensor(impl_pointer)
         return format_tensor(kind, info, limit, with_values)
 
     return safe(kind, action)
 
 
-class TensorPrinter:
+class Printer:
+    """Base of the printers: gdb makes one per printed value."""
+
+    def __init__(self, value: gdb.Value):
+        self.value = value
+
+
+class TensorPrinter(Printer):
     """at::Tensor and at::TensorBase: metadata, then the values.
 
     Tensor float32 [2, 3] cpu
     [[0., 1., 2.],
      [3., 4., 5.]]
     """
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         return safe(
@@ -58,11 +56,8 @@ class TensorPrinter:
         )
 
 
-class TensorImplPrinter:
+class TensorImplPrinter(Printer):
     """c10::TensorImpl (the object itself): as a tensor, values included."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         return safe(
@@ -71,13 +66,10 @@ class TensorImplPrinter:
         )
 
 
-class TensorImplPointerPrinter:
+class TensorImplPointerPrinter(Printer):
     """c10::TensorImpl* and c10::intrusive_ptr<c10::TensorImpl>: the address
     and one line of metadata, no values (they appear in backtraces and
     structures); `print *p` shows the values."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         def action() -> str:
@@ -90,11 +82,8 @@ class TensorImplPointerPrinter:
         return safe("c10::TensorImpl pointer", action)
 
 
-class ArrayRefPrinter:
+class ArrayRefPrinter(Printer):
     """c10::ArrayRef<T> (IntArrayRef, SymIntArrayRef, ...): its elements."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def _data_and_length(self):
         return member(self.value, "Data"), int(member(self.value, "Length"))
@@ -116,11 +105,8 @@ class ArrayRefPrinter:
         return "array"
 
 
-class SmallVectorPrinter:
+class SmallVectorPrinter(Printer):
     """c10::SmallVector<T, N> and c10::SmallVectorImpl<T>: size, capacity, elements."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def _element_type(self) -> gdb.Type:
         return self.value.type.strip_typedefs().template_argument(0)
@@ -151,11 +137,8 @@ class SmallVectorPrinter:
         return "array"
 
 
-class ScalarTypePrinter:
+class ScalarTypePrinter(Printer):
     """c10::ScalarType: the enumerator and torch's dtype name, e.g. "BFloat16 (bfloat16)"."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         def action() -> str:
@@ -168,11 +151,8 @@ class ScalarTypePrinter:
         return safe("c10::ScalarType", action)
 
 
-class TypeMetaPrinter:
+class TypeMetaPrinter(Printer):
     """caffe2::TypeMeta: the dtype name for scalar types, else its index."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         def action() -> str:
@@ -184,22 +164,16 @@ class TypeMetaPrinter:
         return safe("caffe2::TypeMeta", action)
 
 
-class DevicePrinter:
+class DevicePrinter(Printer):
     """c10::Device: "cpu", "cuda:1", ... as torch writes it."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         return safe("c10::Device", lambda: device_name(self.value))
 
 
-class SymIntPrinter:
+class SymIntPrinter(Printer):
     """c10::SymInt: the integer, or that it is symbolic (a node's expression
     lives in Python or behind virtual calls, out of reach of a core file)."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         def action() -> str:
@@ -211,18 +185,15 @@ class SymIntPrinter:
         return safe("c10::SymInt", action)
 
 
-class StoragePrinter:
+class StoragePrinter(Printer):
     """c10::Storage: size in bytes, device and data address."""
-
-    def __init__(self, value: gdb.Value):
-        self.value = value
 
     def to_string(self) -> str:
         def action() -> str:
             pointer = pointer_of(member(self.value, "storage_impl_"))
             if address_of(pointer) == 0:
                 return "Storage nullptr"
-            impl = pointer.dereference()
+            impl = deref(pointer)
             data_ptr = member(impl, "data_ptr_")
             size = read_symint(member(impl, "size_bytes_"))
             data = address_of(member(member(data_ptr, "ptr_"), "data_"))

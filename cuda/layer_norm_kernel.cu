@@ -98,18 +98,27 @@ __global__ void layer_norm_forward_kernel(T* __restrict__ out, at::opmath_type<T
         sum += static_cast<acc_t>(v.val[k]);
       }
     }
-    const acc_t row_mean = block_sum(sum, shared) / static_cast<acc_t>(hidden);
+    const acc_t rough_mean = block_sum(sum, shared) / static_cast<acc_t>(hidden);
 
+    // The corrected two-pass algorithm, as in the CPU kernel: the sum of the
+    // deviations from the rough mean removes its rounding (constant rows
+    // normalise to exactly 0 even with eps = 1e-12).
+    acc_t deviations = 0;
     acc_t squares = 0;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
       const auto v = load_vec<T, kVec>(x, c);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        const acc_t d = static_cast<acc_t>(v.val[k]) - row_mean;
+        const acc_t d = static_cast<acc_t>(v.val[k]) - rough_mean;
+        deviations += d;
         squares += d * d;
       }
     }
-    const acc_t variance = block_sum(squares, shared) / static_cast<acc_t>(hidden);
+    const acc_t sum_d = block_sum(deviations, shared);
+    const acc_t sum_sq = block_sum(squares, shared);
+    const acc_t count = static_cast<acc_t>(hidden);
+    const acc_t row_mean = rough_mean + sum_d / count;
+    const acc_t variance = max(acc_t(0), (sum_sq - sum_d * sum_d / count) / count);
     const acc_t row_rstd = acc_t(1) / sqrt(variance + eps);
     if (threadIdx.x == 0 && mean != nullptr) {
       mean[row] = row_mean;

@@ -303,4 +303,38 @@ TEST(LayerNorm, MetaTensorsGiveShapesOnly) {
   EXPECT_EQ(db.scalar_type(), at::kBFloat16);
 }
 
+// Rows where a naive float32 mean or variance fails, on every build:
+// constant rows with BERT's eps = 1e-12 (the rounding of a plain float32
+// mean is all of x - mean there, and 1 / sqrt(eps) = 1e6 magnifies it to
+// |y| ~ 0.9), rows with an offset larger than their spread, and rows whose
+// squared deviations overflow float32 (|x| ~ 1e30). Expected: the float64
+// composite, within the module's tolerances; constant rows give exactly the
+// bias.
+TEST(LayerNorm, NumericallyHardRowsOnEveryBuild) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
+      const auto options = at::TensorOptions().dtype(dtype);
+      for (int64_t hidden : {1, 7, 4096, 100003}) {
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                        << dtype << " hidden " << hidden);
+        const at::Tensor b = at::randn({hidden}, options);
+        const at::Tensor w = at::randn({hidden}, options);
+        const at::Tensor constant = at::full({3, hidden}, 3.3, options);
+        EXPECT_TRUE(at::equal(fuseops::layer_norm(constant, w, b, 1e-12), b.expand({3, hidden})));
+
+        // An offset ten times the spread: the float32 rounding of the mean
+        // (half an ulp of 10, 5e-7) stays below the tolerance.
+        const at::Tensor offset = at::randn({3, hidden}, options) + 10;
+        const at::Tensor huge = at::randn({3, hidden}, options) * 1e30;
+        for (const at::Tensor& x : {offset, huge}) {
+          SCOPED_TRACE(testing::Message() << "max |x| " << x.abs().max().item<double>());
+          expect_close(fuseops::layer_norm(x, w, b, 1e-12),
+                       composite_forward(x, w, b, 1e-12).out, dtype);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -3,8 +3,7 @@
 //
 // Rows are processed in parallel, one row at a time per thread. A row is
 // small enough to stay in L1/L2 while it is worked on, so the statistics take
-// two exact passes over it (mean, then the sum of squared deviations: no
-// cancellation as in E[x^2] - mean^2) and memory sees each input once.
+// two passes over it (see row_statistics) and memory sees each input once.
 // bfloat16/float16 rows are widened to a float32 scratch row first; all
 // arithmetic is in float32 (float64 for float64 input).
 
@@ -12,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/Dispatch.h>
@@ -124,6 +124,77 @@ acc_t row_sum(const acc_t* x, int64_t n, const F& f) {
   return sum;
 }
 
+// Sums of d and d * d over the row, d = x - center, four accumulators wide.
+template <typename acc_t>
+std::pair<acc_t, acc_t> deviation_sums(const acc_t* x, int64_t n, acc_t center) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t kWidth = Vec::size();
+  const Vec c(center);
+  Vec s0(0), s1(0), q0(0), q1(0);
+  int64_t i = 0;
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    const Vec d0 = Vec::loadu(x + i) - c;
+    const Vec d1 = Vec::loadu(x + i + kWidth) - c;
+    s0 += d0;
+    s1 += d1;
+    q0 = at::vec::fmadd(d0, d0, q0);
+    q1 = at::vec::fmadd(d1, d1, q1);
+  }
+  for (; i + kWidth <= n; i += kWidth) {
+    const Vec d = Vec::loadu(x + i) - c;
+    s0 += d;
+    q0 = at::vec::fmadd(d, d, q0);
+  }
+  acc_t sum = reduce_add(s0 + s1);
+  acc_t sum_sq = reduce_add(q0 + q1);
+  for (; i < n; ++i) {
+    const acc_t d = x[i] - center;
+    sum += d;
+    sum_sq += d * d;
+  }
+  return {sum, sum_sq};
+}
+
+// Mean and 1 / sqrt(variance + eps) of a row, by the corrected two-pass
+// algorithm (Chan, Golub & LeVeque): a first mean m0, then the sums of
+// d = x - m0 and of d^2 in one more pass; mean = m0 + sum(d) / n and
+// variance = (sum(d^2) - sum(d)^2 / n) / n. The correction removes the
+// rounding of m0 (a plain float32 sum of 4096 copies of 3.3 is not 4096 *
+// 3.3), so a constant row has variance 0 and normalises to exactly 0 even
+// with BERT's eps = 1e-12, where an uncorrected mean left |y| ~ 0.9. Rows
+// whose squared deviations overflow (|x| ~ 1e20 and up in float32) are
+// measured again in units of their largest deviation.
+template <typename acc_t>
+std::pair<acc_t, acc_t> row_statistics(const acc_t* x, int64_t n, double eps) {
+  const acc_t count = static_cast<acc_t>(n);
+  const acc_t rough_mean = row_sum(x, n, [](auto v) { return v; }) / count;
+  auto [sum, sum_sq] = deviation_sums(x, n, rough_mean);
+  const acc_t mean = rough_mean + sum / count;
+  acc_t scale = 1;
+  if (std::isinf(sum_sq) && std::isfinite(rough_mean)) {
+    // Rare: a scalar pass with double sums of the scaled deviations (<= 1).
+    scale = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      scale = std::max(scale, std::abs(x[i] - mean));
+    }
+    double scaled_sum = 0;
+    double scaled_sum_sq = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = static_cast<double>((x[i] - mean) / scale);
+      scaled_sum += d;
+      scaled_sum_sq += d * d;
+    }
+    sum = static_cast<acc_t>(scaled_sum);
+    sum_sq = static_cast<acc_t>(scaled_sum_sq);
+  }
+  const acc_t variance = std::max(acc_t(0), (sum_sq - sum * sum / count) / count);
+  // 1 / (scale * sqrt(variance + eps / scale^2)) is 1 / sqrt(scale^2 *
+  // variance + eps) without forming scale^2 * variance.
+  const acc_t rstd = acc_t(1) / (scale * std::sqrt(variance + static_cast<acc_t>(eps) /
+                                                                   (scale * scale)));
+  return {mean, rstd};
+}
+
 // Per-thread [H] rows of weight and bias as acc_t: the parameter itself when
 // it already is acc_t, else a widened copy, or ones / zeros when absent (an
 // exact identity in the fused multiply-add).
@@ -172,15 +243,7 @@ void layer_norm_forward_impl(const at::Tensor& out, const at::Tensor& mean,
     std::vector<acc_t> scratch(kIsReduced<T> ? hidden : 0);
     for (int64_t row = begin; row < end; ++row) {
       const acc_t* x = row_in_acc(x_data + row * hidden, scratch.data(), hidden);
-      const acc_t row_mean =
-          row_sum(x, hidden, [](auto v) { return v; }) / static_cast<acc_t>(hidden);
-      const acc_t variance = row_sum(x, hidden,
-                                     [row_mean](auto v) {
-                                       const auto d = v - decltype(v)(row_mean);
-                                       return d * d;
-                                     }) /
-                             static_cast<acc_t>(hidden);
-      const acc_t row_rstd = acc_t(1) / std::sqrt(variance + static_cast<acc_t>(eps));
+      const auto [row_mean, row_rstd] = row_statistics(x, hidden, eps);
       if (mean_data != nullptr) {
         mean_data[row] = row_mean;
         rstd_data[row] = row_rstd;

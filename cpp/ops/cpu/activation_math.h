@@ -41,23 +41,37 @@ struct GeluConstants {
 
 // exp(x). float32 uses an inlined Cephes-style exp: n = round(x / ln 2),
 // r = x - n ln 2 (ln 2 in two parts), e^r by a degree-5 polynomial (~1 ulp),
-// and n added straight into the exponent bits. That is 18 vector operations
-// and no call, about twice as fast as at::vec's exp() (a Sleef call) on
-// AVX2, and the activations are bound by their operation count. Range: to
-// float32 rounding for x in [-87, ln(FLT_MAX)]; +Inf above; 0 below -87,
-// where e^x < 1.7e-38 (results near FLT_MIN are flushed, so that, as with
-// std::exp, exp(-Inf) * Inf is NaN in a derivative); NaN stays NaN (its
-// bits keep a NaN exponent). float64 keeps at::vec's exp.
+// and n added straight into the exponent bits (AVX-512: vscalefps). That is
+// 18 vector operations (AVX-512: 13) and no call, about twice as fast as
+// at::vec's exp() (a Sleef call) on AVX2, and the activations are bound by
+// their operation count. Range: to float32 rounding for x in
+// [-87, ln(FLT_MAX)]; +Inf above; 0 below -87, where e^x < 1.7e-38 (results
+// near FLT_MIN are flushed, so that, as with std::exp, exp(-Inf) * Inf is
+// NaN in a derivative; AVX-512 gives denormals down to -103 and 0 below);
+// NaN stays NaN. float64 keeps at::vec's exp.
 template <typename T>
 C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
   using V = Vec<T>;
   if constexpr (!std::is_same_v<T, float>) {
     return x.exp();
   } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    // AVX-512 scales by 2^n in one instruction (vscalefps), which also
+    // saturates to +Inf and 0 by itself. x is clamped first so that r stays
+    // small: 89 > ln(FLT_MAX) still overflows to +Inf, and -110 gives
+    // exactly 0 (exp(-Inf) * Inf must stay NaN in a derivative). Results
+    // between 1e-45 and 1.2e-38 come out as denormals instead of 0. The
+    // clamps keep NaN: min/max return their second operand when either is
+    // NaN.
+    const V clamped(_mm512_max_ps(V(-110.0f), _mm512_min_ps(V(89.0f), x)));
+    const V n = (clamped * V(1.44269504088896341f)).round();
+    V r = at::vec::fmadd(n, V(-0.693359375f), clamped);  // n * 0.693359375 is exact
+#else
     const V max_x(88.72283935546875f);  // ln(FLT_MAX)
     const V min_x(-87.0f);
     const V n = (x * V(1.44269504088896341f)).round();
     V r = at::vec::fmadd(n, V(-0.693359375f), x);  // n * 0.693359375 is exact
+#endif
     r = at::vec::fmadd(n, V(2.12194440e-4f), r);
     V p(1.9875691500e-4f);
     p = at::vec::fmadd(p, r, V(1.3981999507e-3f));
@@ -66,6 +80,9 @@ C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
     p = at::vec::fmadd(p, r, V(1.6666665459e-1f));
     p = at::vec::fmadd(p, r, V(5.0000001201e-1f));
     const V exp_r = at::vec::fmadd(p, r * r, r + V(1.0f));
+#if defined(CPU_CAPABILITY_AVX512)
+    return V(_mm512_scalef_ps(exp_r, n));
+#else
     // e^r * 2^n: add n << 23 (computed exactly in float as n * 2^23) to the
     // bits. In range the result is a normal float (n = 128 only with
     // e^r <= 1); outside it the lanes are replaced below.
@@ -73,6 +90,7 @@ C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
                                      at::vec::convert<int32_t>(n * V(8388608.0f)));
     return V::blendv(V::blendv(y, V(std::numeric_limits<float>::infinity()), x > max_x),
                      V(0.0f), x < min_x);
+#endif
   }
 }
 

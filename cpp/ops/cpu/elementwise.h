@@ -26,6 +26,36 @@ inline namespace CPU_CAPABILITY {
 // Elements per parallel task: big enough that thread start-up is amortised.
 inline constexpr int64_t kElementwiseGrain = 32768;
 
+#if defined(CPU_CAPABILITY_AVX512)
+// AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) rounds 32
+// floats to bfloat16 in one instruction; ATen's portable conversion takes
+// about twenty (measured with the AVX-512 exp below, 2M elements in cache,
+// one thread: silu bfloat16 forward 583 -> 375 us, relu 165 -> 88 us).
+// Read once; the branch on it is always predicted.
+inline const bool kCpuHasAvx512Bf16 = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
+#endif
+
+// Rounds two float vectors to one vector of bfloat16/float16 (to nearest,
+// ties to even; NaN stays NaN).
+template <typename scalar_t>
+C10_ALWAYS_INLINE at::vec::Vectorized<scalar_t> narrow_from_float(
+    const at::vec::Vectorized<float>& lo, const at::vec::Vectorized<float>& hi) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (kCpuHasAvx512Bf16) {
+      // vcvtne2ps2bf16 (AT&T order: low half from the first operand). The
+      // compiler is not told about AVX512_BF16 (-mavx512bf16 would let it
+      // emit such instructions anywhere in this build), hence the asm. The
+      // instruction flushes float32 denormals (below 1.2e-38) to zero.
+      __m512i packed;
+      asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(packed) : "v"(__m512(hi)), "v"(__m512(lo)));
+      return packed;
+    }
+  }
+#endif
+  return at::vec::convert_from_float<scalar_t>(lo, hi);
+}
+
 // The block loads/stores below are C10_ALWAYS_INLINE: in the kernels' many
 // dispatch instantiations GCC otherwise kept them as out-of-line calls, one
 // per vector, passing registers through memory (measured: silu on 2M floats
@@ -57,7 +87,7 @@ struct OpmathBlock {
 
   C10_ALWAYS_INLINE static void store(scalar_t* p, const Registers& v, int64_t count = kSize) {
     if constexpr (kReduced) {
-      at::vec::convert_from_float<scalar_t>(v[0], v[1]).store(p, count);
+      narrow_from_float<scalar_t>(v[0], v[1]).store(p, count);
     } else {
       v[0].store(p, count);
     }

@@ -21,6 +21,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/layer_norm.h"
 
 namespace fuseops::cpu {
@@ -74,7 +75,7 @@ void store_row(T* dst, int64_t n, const VecFn& value, const ScalarFn& scalar) {
   if constexpr (kIsReduced<T>) {
     using bVec = Vectorized<T>;
     for (; i + bVec::size() <= n; i += bVec::size()) {
-      at::vec::convert_from_float<T>(value(i), value(i + aVec::size())).store(dst + i);
+      narrow_from_float<T>(value(i), value(i + aVec::size())).store(dst + i);
     }
   } else {
     for (; i + aVec::size() <= n; i += aVec::size()) {

@@ -21,6 +21,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/zeros.h>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/rms_norm.h"
 
 namespace fuseops::cpu {
@@ -57,7 +58,7 @@ struct Lanes {
     if constexpr (kParts == 1) {
       return part[0];
     } else {
-      return at::vec::convert_from_float<scalar_t>(part[0], part[1]);
+      return narrow_from_float<scalar_t>(part[0], part[1]);
     }
   }
   void store(scalar_t* p) const { narrow().store(p); }

@@ -173,6 +173,27 @@ TEST(Activation, SpecialValuesFollowFloat64MathOnEveryBuild) {
   }
 }
 
+// bfloat16/float16 results are the float32 result rounded once, to nearest
+// with ties to even (as ATen's .to() rounds), bit for bit, in every build:
+// the AVX512 build rounds bfloat16 with its own instruction where the CPU
+// has AVX512_BF16.
+TEST(Activation, ReducedPrecisionIsTheFloat32ResultRoundedOnce) {
+  const at::Tensor x64 = at::randn({4099}, at::kDouble) * 3;
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    for (auto dtype : {at::kBFloat16, at::kHalf}) {
+      SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                      << dtype);
+      const at::Tensor x = x64.to(dtype);
+      const at::Tensor x32 = x.to(at::kFloat);
+      EXPECT_TRUE(at::equal(fuseops::silu(x), fuseops::silu(x32).to(dtype)));
+      EXPECT_TRUE(at::equal(fuseops::gelu(x, "none"), fuseops::gelu(x32, "none").to(dtype)));
+      EXPECT_TRUE(at::equal(fuseops::silu_backward(x, x),
+                            fuseops::silu_backward(x32, x32).to(dtype)));
+    }
+  }
+}
+
 TEST(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   const std::vector<std::vector<int64_t>> shapes = {{0, 5}, {7}, {3, 17}, {2, 0, 3},
                                                     {300, 67}, {2, 33, 130}, {1100, 64}};

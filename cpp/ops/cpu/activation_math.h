@@ -101,23 +101,31 @@ C10_ALWAYS_INLINE Vec<T> activation_sigmoid(const Vec<T>& x) {
   return V(T(1)) / (V(T(1)) + activation_exp(x.neg()));
 }
 
-// erf(x) by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), the formula of
-// at::vec's float erf, with activation_exp; float64 keeps at::vec's erf.
+// The standard normal CDF Phi(x) = 0.5 (1 + erf(x / sqrt(2))), and in
+// *gauss exp(-x^2 / 2), which the GELU derivative needs too (one exp for
+// both). float32: Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7, the
+// formula of at::vec's float erf) applied to z = |x| / sqrt(2) gives the
+// tail q = 0.5 (1 - erf(z)) = 0.5 t P(t) e^(-z^2) directly; Phi is q for
+// x < 0 and 1 - q otherwise, so the negative tail keeps its relative
+// accuracy instead of cancelling in 1 + erf. NaN stays NaN, Phi(+Inf) = 1,
+// Phi(-Inf) = 0. float64 keeps at::vec's erf and exp.
 template <typename T>
-C10_ALWAYS_INLINE Vec<T> activation_erf(const Vec<T>& x) {
+C10_ALWAYS_INLINE Vec<T> activation_normal_cdf(const Vec<T>& x, Vec<T>* gauss) {
   using V = Vec<T>;
   if constexpr (!std::is_same_v<T, float>) {
-    return x.erf();
+    *gauss = (x * x * V(T(-0.5))).exp();
+    return V(T(0.5)) * (V(T(1)) + (x * V(GeluConstants<T>::kAlpha)).erf());
   } else {
-    const auto one = V(1.0f);
-    const auto t = one / at::vec::fmadd(V(0.3275911f), x.abs(), one);
-    auto r = at::vec::fmadd(V(1.061405429f), t, V(-1.453152027f));
-    r = at::vec::fmadd(r, t, V(1.421413741f));
-    r = at::vec::fmadd(r, t, V(-0.284496736f));
-    r = at::vec::fmadd(r, t, V(0.254829592f));
-    const auto magnitude = one - r * t * activation_exp((x * x).neg());
-    // Give the magnitude x's sign (NaN stays NaN).
-    return magnitude ^ (x & V(-0.0f));
+    const V one(1.0f);
+    const V t = one / at::vec::fmadd(V(0.3275911f * float(M_SQRT1_2)), x.abs(), one);
+    // The A&S coefficients, halved.
+    V r = at::vec::fmadd(V(0.5307027145f), t, V(-0.7265760135f));
+    r = at::vec::fmadd(r, t, V(0.7107068705f));
+    r = at::vec::fmadd(r, t, V(-0.142248368f));
+    r = at::vec::fmadd(r, t, V(0.127414796f));
+    *gauss = activation_exp(x * x * V(-0.5f));
+    const V q = r * t * *gauss;
+    return V::blendv(one - q, q, x < V(0.0f));
   }
 }
 
@@ -132,7 +140,8 @@ C10_ALWAYS_INLINE Vec<T> activation_value(const Vec<T>& x) {
   if constexpr (kAct == Activation::Silu) {
     return x * activation_sigmoid(x);
   } else if constexpr (kAct == Activation::GeluErf) {
-    return x * V(T(0.5)) * (V(T(1)) + activation_erf(x * V(C::kAlpha)));
+    V gauss;
+    return x * activation_normal_cdf(x, &gauss);
   } else {
     const auto inner = V(C::kTanhBeta) * (x + V(C::kKappa) * (x * x * x));
     return x * activation_sigmoid(inner + inner);
@@ -146,7 +155,6 @@ C10_ALWAYS_INLINE Vec<T> activation_derivative(const Vec<T>& x,
   using V = Vec<T>;
   using C = GeluConstants<T>;
   const auto one = V(T(1));
-  const auto half = V(T(0.5));
   if constexpr (kAct == Activation::Silu) {
     const auto sigmoid = activation_sigmoid(x);
     if constexpr (kWantValue) {
@@ -154,8 +162,9 @@ C10_ALWAYS_INLINE Vec<T> activation_derivative(const Vec<T>& x,
     }
     return sigmoid * (one + x * (one - sigmoid));
   } else if constexpr (kAct == Activation::GeluErf) {
-    const auto cdf = half * (one + activation_erf(x * V(C::kAlpha)));
-    const auto pdf = V(C::kBeta) * activation_exp(x * x * V(T(-0.5)));
+    V gauss;
+    const auto cdf = activation_normal_cdf(x, &gauss);
+    const auto pdf = V(C::kBeta) * gauss;
     if constexpr (kWantValue) {
       *value = x * cdf;
     }

@@ -22,7 +22,7 @@ of the result, 2**-9 and 2**-11, with a factor 4 for the float32 math
 before it). A wrong value from a kernel reading memory it has already
 written is off by O(1).
 
-FUSEOPS_FUZZ_ITERATIONS sets the number of cases (default 400, about 2 s);
+FUSEOPS_FUZZ_ITERATIONS sets the number of cases (default 2000, about 2 s);
 FUSEOPS_FUZZ_SEED the first seed (default 0). A failure names the seed of
 its case, which FUSEOPS_FUZZ_SEED=<seed> FUSEOPS_FUZZ_ITERATIONS=1 replays.
 """
@@ -40,7 +40,7 @@ import torch
 import fuseops
 from fuseops import reference
 
-ITERATIONS = int(os.environ.get("FUSEOPS_FUZZ_ITERATIONS", "400"))
+ITERATIONS = int(os.environ.get("FUSEOPS_FUZZ_ITERATIONS", "2000"))
 FIRST_SEED = int(os.environ.get("FUSEOPS_FUZZ_SEED", "0"))
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]

@@ -5,6 +5,8 @@ with hidden size 0, and gradients silently missing through the backward ops.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -129,3 +131,64 @@ def test_backward_op_with_derivative_is_differentiable(op):
     backward = getattr(fuseops, op + "_backward")
     arg = fuseops.relu(x) if op == "relu" else x
     assert torch.autograd.gradcheck(lambda g, a: backward(g, a), (g, arg.detach().requires_grad_(op != "relu")))
+
+
+# README, "Where results differ from torch": with an infinite upstream
+# gradient, gelu_backward multiplies it by gelu'(x) computed whole. Where
+# gelu'(x) is tiny but not zero (x = -8: about -4e-14 for the erf form,
+# -1e-20 for tanh) the product is -inf, the exact limit; torch's vectorized
+# CPU path (64 elements here) distributes the product over terms one of
+# which has underflowed to 0, and inf * 0 gives NaN. In float16 at x = -13.5
+# (erf form) it is the other way round: fuseops' float32 derivative is
+# already 0 (NaN), torch's is not (-inf).
+EXTREME_GELU = [
+    ("none", torch.float32, -8.0, float("-inf"), "nan"),
+    ("tanh", torch.float32, -8.0, float("-inf"), "nan"),
+    ("none", torch.float16, -13.5, "nan", float("-inf")),
+]
+
+
+def exact_gelu_derivative(x, approximate):
+    """gelu'(x) in float64, in forms that keep its tiny negative tail."""
+    if approximate == "none":
+        phi = math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        return 0.5 * math.erfc(-x / math.sqrt(2)) + x * phi
+    k, c = math.sqrt(2 / math.pi), 0.044715
+    e = math.exp(2 * k * (x + c * x**3))  # 1 + tanh(u) = 2e / (1 + e)
+    du = k * (1 + 3 * c * x * x)
+    return e / (1 + e) + 0.5 * x * 4 * e / (1 + e) ** 2 * du
+
+
+@pytest.mark.parametrize("approximate,dtype,x,ours,torchs", EXTREME_GELU)
+def test_gelu_backward_of_infinite_gradient_where_the_derivative_is_tiny(
+        approximate, dtype, x, ours, torchs):
+    assert exact_gelu_derivative(x, approximate) < 0  # inf * gelu'(x) -> -inf
+    xt = torch.full((64,), x, dtype=dtype)
+    upstream = torch.full((64,), float("inf"), dtype=dtype)
+    xr = xt.clone().requires_grad_()
+    torch.nn.functional.gelu(xr, approximate=approximate).backward(upstream)
+    for got, pinned in ((fuseops.gelu_backward(upstream, xt, approximate), ours),
+                        (xr.grad, torchs)):
+        if pinned == "nan":
+            assert got.isnan().all()
+        else:
+            assert (got == pinned).all()
+    # A finite upstream gradient agrees with torch.
+    torch.testing.assert_close(fuseops.gelu_backward(torch.ones_like(xt), xt, approximate),
+                               torch.ops.aten.gelu_backward(torch.ones_like(xt), xt,
+                                                            approximate=approximate))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norm_rows_whose_squares_overflow_float32(op):
+    # README: where the row's mean square (or variance) overflows float32,
+    # rstd is 0; the output is 0 and the gradients 0 or NaN, never a finite
+    # nonzero value (torch is no better there, with NaN in other places).
+    x = (torch.randn(3, 16, dtype=torch.float64) * 1e30).float().requires_grad_()
+    w = torch.randn(16, requires_grad=True)
+    y = getattr(fuseops, op)(x, w)
+    assert torch.equal(y, torch.zeros_like(y))
+    for upstream in (torch.ones(3, 16), torch.full((3, 16), 1e30)):
+        grads = torch.autograd.grad(getattr(fuseops, op)(x, w), (x, w), upstream)
+        for g in grads:
+            assert ((g == 0) | g.isnan()).all()

@@ -282,8 +282,9 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
   const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
   const double eps_value = resolve_eps(eps, input);
   // Each output is written in place when it can be: `out` and
-  // `residual_out` may be `input` and `residual` themselves (a row is read
-  // whole before either output row is written).
+  // `residual_out` may be `input` and `residual` themselves, either way
+  // round: the kernel reads each element of both before it writes that
+  // element of `residual_out`, and writes `out` from `residual_out`.
   const bool out_direct =
       writes_directly(out, {contiguous_input, contiguous_residual}, {opmath_weight});
   const bool residual_direct =

@@ -71,8 +71,9 @@ std::pair<int64_t, int64_t> byte_span(const at::Tensor& t) {
 // (different storages, or address ranges that do not intersect). Unlike
 // at::get_overlap_status it never answers "too hard".
 bool share_memory(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined() || symbolic(a) || symbolic(b) || a.numel() == 0 || b.numel() == 0 ||
-      !a.has_storage() || !b.has_storage() || !a.storage().is_alias_of(b.storage())) {
+  if (!a.defined() || !b.defined() || symbolic(a) || symbolic(b) || a.numel() == 0 ||
+      b.numel() == 0 || !a.has_storage() || !b.has_storage() ||
+      !a.storage().is_alias_of(b.storage())) {
     return false;
   }
   const auto [a_begin, a_end] = byte_span(a);

@@ -192,3 +192,51 @@ def test_norm_rows_whose_squares_overflow_float32(op):
         grads = torch.autograd.grad(getattr(fuseops, op)(x, w), (x, w), upstream)
         for g in grads:
             assert ((g == 0) | g.isnan()).all()
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norm_weight_gradient_near_float32_max(op):
+    # README: weight gradients are float32 sums over rows. A sum beyond
+    # float32's range is +-inf with the exact sum's sign; a sum whose terms'
+    # magnitudes add up to less than float32's maximum is accurate (1e-5,
+    # float32 accumulation); in between a partial sum may overflow, giving
+    # +-inf or NaN though the exact sum fits (torch too, in other columns).
+    x = torch.randn(8, 16)
+    w = torch.ones(16, requires_grad=True)
+    upstream = torch.full((8, 16), 1e38)
+    (grad_w,) = torch.autograd.grad(getattr(fuseops, op)(x, w), (w,), upstream)
+    x64 = x.double()
+    if op == "layer_norm":
+        centred = x64 - x64.mean(-1, keepdim=True)
+        x_hat = centred * (centred.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt()
+    else:
+        eps = torch.finfo(torch.float32).eps  # rms_norm's default
+        x_hat = x64 * (x64.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    terms = upstream.double() * x_hat
+    exact, magnitude = terms.sum(0), terms.abs().sum(0)
+    float32_max = torch.finfo(torch.float32).max
+    beyond, safe = exact.abs() > float32_max, magnitude < float32_max
+    assert beyond.any() and safe.any()
+    assert torch.equal(grad_w[beyond], exact[beyond].sign().float() * math.inf)
+    torch.testing.assert_close(grad_w[safe].double(), exact[safe], rtol=1e-5, atol=0)
+    between = ~beyond & ~safe
+    close = (grad_w.double() - exact).abs() <= 1e-5 * exact.abs()
+    assert (close | ~grad_w.isfinite())[between].all()
+
+
+def test_fused_gelu_backwards_and_silu_with_infinite_gradient():
+    # README: bias_gelu and geglu share gelu_backward's -inf at x = -8;
+    # silu_backward matches torch everywhere on a fine grid.
+    x = torch.full((4, 16), -8.0)
+    upstream = torch.full((4, 16), float("inf"))
+    for approximate in ("none", "tanh"):
+        grad_x, _ = fuseops.bias_gelu_backward(upstream, x, torch.zeros(16), approximate)
+        grad_gate, _ = fuseops.geglu_backward(upstream, x, torch.ones(4, 16), approximate)
+        assert (grad_x == -math.inf).all() and (grad_gate == -math.inf).all()
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        grid = torch.linspace(-1000, 1000, 20001, dtype=torch.float64).to(dtype)
+        for sign in (1, -1):
+            g = torch.full_like(grid, sign * math.inf)
+            torch.testing.assert_close(fuseops.silu_backward(g, grid),
+                                       torch.ops.aten.silu_backward(g, grid),
+                                       equal_nan=True, rtol=0, atol=0)

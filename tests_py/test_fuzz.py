@@ -33,7 +33,7 @@ before it); gradients 1e-7 in float64 (sums over rows, still far from
 float64 rounding). A wrong value from a kernel reading memory it has
 already written is off by O(1).
 
-FUSEOPS_FUZZ_ITERATIONS sets the number of cases (default 2000, about 2 s);
+FUSEOPS_FUZZ_ITERATIONS sets the number of cases (default 2000 per test, about 3 s in all);
 FUSEOPS_FUZZ_SEED the first seed (default 0). A failure names the seed of
 its case, which FUSEOPS_FUZZ_SEED=<seed> FUSEOPS_FUZZ_ITERATIONS=1 replays.
 """

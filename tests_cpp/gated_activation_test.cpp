@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <fuseops/fuseops.h>
 
@@ -173,6 +174,32 @@ TEST(Gated, MetaTensorsGiveShapesOnly) {
   EXPECT_EQ(fuseops::geglu_packed_backward(at::empty({4, 3}, meta), at::empty({4, 6}, meta))
                 .sizes(),
             at::IntArrayRef({4, 6}));
+}
+
+// out= overlapping a strided input (the report of the fuzzer): ATen calls
+// this overlap "too hard"; it must be computed as if the inputs were copied.
+TEST(Gated, OutOverlappingAStridedInput) {
+  at::Tensor buffer = at::arange(1, 7, at::kDouble).view({3, 2});
+  const at::Tensor gate = buffer.narrow(1, 0, 1).clone();
+  const at::Tensor up = buffer.narrow(1, 1, 1).clone();
+  at::Tensor out = buffer.view({-1}).slice(0, 2, 5).view({3, 1});
+  fuseops::swiglu_packed_out(buffer, out);
+  EXPECT_TRUE(at::allclose(out, at::silu(gate) * up, 1e-12, 1e-12));
+  EXPECT_NEAR(out[1].item<double>(), 11.431, 1e-3);
+}
+
+TEST(Gated, MissingTensorThroughTheDispatcherNamesTheArgument) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::swiglu", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  expect_error_mentions([] { op.call(at::Tensor(), at::ones({2, 3})); },
+                        {"fuseops::swiglu", "'gate'", "undefined"});
+}
+
+TEST(Gated, InternallyOverlappingOutIsRefused) {
+  at::Tensor out = at::empty({1, 8}).expand({4, 8});
+  expect_error_mentions([&] { fuseops::swiglu_out(at::ones({4, 8}), at::ones({4, 8}), out); },
+                        {"fuseops::swiglu.out", "'out'", "share memory"});
 }
 
 }  // namespace

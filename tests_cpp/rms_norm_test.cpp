@@ -468,4 +468,46 @@ TEST(RmsNorm, EveryCpuBuildMatches) {
   }
 }
 
+// The out= rule of ops/common/checks.h, through the C++ API.
+TEST(RmsNorm, OutSharingAWeightOrAnotherOutput) {
+  const at::Tensor x = at::randn({4, 8}, at::kDouble);
+  const at::Tensor r = at::randn({4, 8}, at::kDouble);
+  at::Tensor w = at::randn({8}, at::kDouble);
+  const at::Tensor w_before = w.clone();
+  // Resizing `w` into the output would change the weight before it is read.
+  expect_error_mentions([&] { fuseops::rms_norm_out(x, w, 1e-6, w); },
+                        {"fuseops::rms_norm.out", "'out'", "'weight'"});
+  EXPECT_TRUE(at::equal(w, w_before));
+  at::Tensor o = at::empty({4, 8}, at::kDouble);
+  expect_error_mentions([&] { fuseops::fused_add_rms_norm_out(x, r, w, 1e-6, o, o); },
+                        {"fuseops::fused_add_rms_norm.out", "'out'", "'residual_out'"});
+  // Rows 1..4 of a buffer whose row 0 is the weight: computed as if the
+  // weight had been copied first.
+  at::Tensor buffer = at::randn({5, 8}, at::kDouble);
+  const at::Tensor weight_row = buffer[0];
+  const at::Tensor expected = composite(x, weight_row.clone(), 1e-6);
+  at::Tensor out = buffer.slice(0, 0, 4);
+  fuseops::rms_norm_out(x, weight_row, 1e-6, out);
+  expect_close(out, expected, at::kDouble);
+}
+
+TEST(RmsNorm, BackwardOpsRefuseToRecordAGradient) {
+  const at::Tensor x = at::randn({3, 8}, at::kDouble).requires_grad_();
+  const at::Tensor g = at::randn({3, 8}, at::kDouble);
+  const at::Tensor rstd = std::get<1>(fuseops::rms_norm_forward(x.detach(), {}, 1e-6));
+  expect_error_mentions([&] { fuseops::rms_norm_backward(g, x, {}, rstd); },
+                        {"fuseops::rms_norm_backward", "not differentiable"});
+  expect_error_mentions([&] { fuseops::fused_add_rms_norm_backward(g, {}, x, {}, rstd); },
+                        {"fuseops::fused_add_rms_norm_backward", "not differentiable"});
+}
+
+TEST(RmsNorm, HiddenSizeZeroWithWeightUnderCreateGraph) {
+  const at::Tensor x = at::randn({3, 0}, at::kDouble).requires_grad_();
+  const at::Tensor w = at::randn({0}, at::kDouble).requires_grad_();
+  const auto grads = torch::autograd::grad({fuseops::rms_norm(x, w, 1e-6).sum()}, {x, w}, {},
+                                           /*retain_graph=*/true, /*create_graph=*/true);
+  EXPECT_EQ(grads[0].sizes(), x.sizes());
+  EXPECT_EQ(grads[1].sizes(), w.sizes());
+}
+
 }  // namespace

@@ -4,7 +4,6 @@
 
 #include "ops/activation.h"
 
-#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -27,13 +26,10 @@ Activation parse_gelu_approximate(const char* op, std::string_view approximate) 
               approximate, "'");
 }
 
-void fill_out(at::Tensor& out, at::ArrayRef<at::Tensor> inputs,
+void fill_out(at::Tensor& out, std::initializer_list<at::Tensor> same_index,
+              std::initializer_list<at::Tensor> inputs,
               const std::function<void(const at::Tensor&)>& fill) {
-  bool direct = out.is_contiguous();
-  for (const at::Tensor& input : inputs) {
-    direct = direct && at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial;
-  }
-  if (direct) {
+  if (writes_directly(out, same_index, inputs)) {
     fill(out);
   } else {
     at::Tensor result = at::empty(out.sizes(), out.options());
@@ -77,12 +73,12 @@ at::Tensor& activation_out_with(const char* op, const at::Tensor& input,
                                 ActivationKernel kernel) {
   check_floating_input(op, "input", input);
   check_out(op, out, "input", input);
-  resize_out(out, input.sizes());
+  prepare_outputs(op, {{"out", out}}, input.sizes(), {{"input", input}});
   if (kernel == nullptr || input.numel() == 0) {
     return out;
   }
   const at::Tensor contiguous_input = input.contiguous();
-  fill_out(out, {contiguous_input},
+  fill_out(out, {contiguous_input}, {},
            [&](const at::Tensor& target) { kernel(target, contiguous_input, activation); });
   return out;
 }
@@ -121,13 +117,13 @@ at::Tensor& bias_gelu_out_with(const at::Tensor& input, const at::Tensor& bias,
   check_bias_gelu_inputs(op, input, bias);
   const Activation activation = parse_gelu_approximate(op, approximate);
   check_out(op, out, "input", input);
-  resize_out(out, input.sizes());
+  prepare_outputs(op, {{"out", out}}, input.sizes(), {{"input", input}, {"bias", bias}});
   if (kernel == nullptr || input.numel() == 0) {
     return out;
   }
   const at::Tensor contiguous_input = input.contiguous();
   const at::Tensor contiguous_bias = bias.contiguous();
-  fill_out(out, {contiguous_input, contiguous_bias}, [&](const at::Tensor& target) {
+  fill_out(out, {contiguous_input}, {contiguous_bias}, [&](const at::Tensor& target) {
     kernel(target, contiguous_input, contiguous_bias, activation);
   });
   return out;

@@ -3,6 +3,7 @@
 // their backends, and the activation choice the gated ops reuse.
 
 #include <functional>
+#include <initializer_list>
 #include <string_view>
 #include <tuple>
 
@@ -59,10 +60,11 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& gra
                                                            std::string_view approximate,
                                                            BiasGeluBackwardKernel kernel);
 
-// Fills a caller's `out` with `fill(target)`: straight into `out` when it is
-// contiguous and does not partially overlap any of `inputs` (reads would see
-// values already overwritten), else into a temporary copied over afterwards.
-void fill_out(at::Tensor& out, at::ArrayRef<at::Tensor> inputs,
+// Fills a caller's `out` with `fill(target)`: straight into `out` when
+// writes_directly(out, same_index, inputs) (ops/common/checks.h) allows it,
+// else into a temporary copied over afterwards.
+void fill_out(at::Tensor& out, std::initializer_list<at::Tensor> same_index,
+              std::initializer_list<at::Tensor> inputs,
               const std::function<void(const at::Tensor&)>& fill);
 
 }  // namespace fuseops::detail

@@ -80,14 +80,14 @@ at::Tensor& gated_out_with(const char* op, const at::Tensor& gate, const at::Ten
                            Activation activation, at::Tensor& out, GatedKernel kernel) {
   check_gate_and_up(op, gate, up);
   check_out(op, out, "gate", gate);
-  resize_out(out, gate.sizes());
+  prepare_outputs(op, {{"out", out}}, gate.sizes(), {{"gate", gate}, {"up", up}});
   if (kernel == nullptr || gate.numel() == 0) {
     return out;
   }
   const int64_t cols = last_dim_size(gate);
   const at::Tensor gate_rows = as_rows(gate, cols);
   const at::Tensor up_rows = as_rows(up, cols);
-  fill_out(out, {gate_rows, up_rows}, [&](const at::Tensor& target) {
+  fill_out(out, {gate_rows, up_rows}, {}, [&](const at::Tensor& target) {
     kernel(target.view({-1, cols}), gate_rows, up_rows, activation);
   });
   return out;
@@ -129,14 +129,16 @@ at::Tensor& gated_packed_out_with(const char* op, const at::Tensor& input,
                                   Activation activation, at::Tensor& out, GatedKernel kernel) {
   check_packed(op, input);
   check_out(op, out, "input", input);
-  resize_out(out, packed_output_shape(input));
+  prepare_outputs(op, {{"out", out}}, packed_output_shape(input), {{"input", input}});
   if (kernel == nullptr || input.numel() == 0) {
     return out;
   }
+  // A half is strided within the packed rows: any overlap with `out` goes
+  // through a temporary.
   const auto halves = packed_halves(input);
   const at::Tensor& gate = halves.first;
   const at::Tensor& up = halves.second;
-  fill_out(out, {gate, up}, [&](const at::Tensor& target) {
+  fill_out(out, {}, {gate, up}, [&](const at::Tensor& target) {
     kernel(target.view({-1, gate.size(1)}), gate, up, activation);
   });
   return out;

@@ -6,7 +6,6 @@
 
 #include <limits>
 
-#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -120,20 +119,15 @@ at::Tensor& layer_norm_out_with(const at::Tensor& input,
   const at::Tensor b = defined_or_undefined(bias);
   check_forward_args(op, input, w, b);
   check_out(op, out, "input", input);
-  resize_out(out, input.sizes());
+  prepare_outputs(op, {{"out", out}}, input.sizes(),
+                  {{"input", input}, {"weight", w}, {"bias", b}});
   if (kernel == nullptr || input.numel() == 0) {
     return out;
   }
   // Each row is read completely before it is written, so `out` may be
-  // `input` itself; any other overlap (with a neighbouring row, with weight
-  // or bias) or a strided `out` goes through a temporary.
+  // `input` itself.
   const at::Tensor contiguous_input = input.contiguous();
-  auto disjoint = [&](const at::Tensor& param) {
-    return !param.defined() || at::get_overlap_status(out, param) == at::MemOverlapStatus::No;
-  };
-  if (out.is_contiguous() &&
-      at::get_overlap_status(out, contiguous_input) != at::MemOverlapStatus::Partial &&
-      disjoint(w) && disjoint(b)) {
+  if (writes_directly(out, {contiguous_input}, {w, b})) {
     run_forward(kernel, out, at::Tensor(), at::Tensor(), contiguous_input, w, b, eps);
   } else {
     at::Tensor result = at::empty(input.sizes(), input.options());

@@ -4,7 +4,6 @@
 
 #include "ops/relu.h"
 
-#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -34,16 +33,12 @@ at::Tensor relu_with(const at::Tensor& input, ReluKernel kernel) {
 at::Tensor& relu_out_with(const at::Tensor& input, at::Tensor& out, ReluKernel kernel) {
   check_floating_input("fuseops::relu.out", "input", input);
   check_out("fuseops::relu.out", out, "input", input);
-  resize_out(out, input.sizes());
+  prepare_outputs("fuseops::relu.out", {{"out", out}}, input.sizes(), {{"input", input}});
   if (kernel == nullptr || input.numel() == 0) {
     return out;
   }
-  // Write straight into `out` when it is contiguous and either is `input` or
-  // does not overlap it; otherwise (strided `out`, or a partial overlap that
-  // would read values already overwritten) go through a temporary.
   const at::Tensor contiguous_input = input.contiguous();
-  if (out.is_contiguous() &&
-      at::get_overlap_status(out, contiguous_input) != at::MemOverlapStatus::Partial) {
+  if (writes_directly(out, {contiguous_input}, {})) {
     kernel(out, contiguous_input);
   } else {
     at::Tensor result = empty_contiguous_like(input);

@@ -6,10 +6,8 @@
 #include "ops/rms_norm.h"
 
 #include <cfloat>
-#include <initializer_list>
 #include <limits>
 
-#include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -95,22 +93,6 @@ void fill_rstd_of_empty_rows(const at::Tensor& rstd) {
   if (rstd.defined() && rstd.numel() > 0) {
     rstd.fill_(std::numeric_limits<double>::quiet_NaN());
   }
-}
-
-// A kernel may write straight into `out` when it is contiguous and, for
-// every input, either is that input or does not overlap it; otherwise
-// (strided `out`, or a partial overlap that would read values already
-// overwritten) it writes a temporary that is copied into `out`.
-bool writable_in_place(const at::Tensor& out, std::initializer_list<at::Tensor> inputs) {
-  if (!out.is_contiguous()) {
-    return false;
-  }
-  for (const at::Tensor& input : inputs) {
-    if (input.defined() && at::get_overlap_status(out, input) == at::MemOverlapStatus::Partial) {
-      return false;
-    }
-  }
-  return true;
 }
 
 struct ForwardResult {
@@ -231,14 +213,15 @@ void rms_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>&
   check_input(op, input);
   const at::Tensor weight = checked_weight(op, input, weight_opt);
   check_out(op, out, "input", input);
-  resize_out(out, input.sizes());
+  prepare_outputs(op, {{"out", out}}, input.sizes(), {{"input", input}, {"weight", weight}});
   if (kernel == nullptr || input.numel() == 0) {
     return;
   }
   const at::Tensor contiguous_input = input.contiguous();
   const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
   const double eps_value = resolve_eps(eps, input);
-  if (writable_in_place(out, {contiguous_input, opmath_weight})) {
+  // Each row is read whole (for its mean square) before it is written.
+  if (writes_directly(out, {contiguous_input}, {opmath_weight})) {
     kernel({out, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), opmath_weight,
             eps_value});
   } else {
@@ -289,8 +272,8 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
               ": argument 'residual_out' must be a defined tensor");
   check_same_dtype(op, "residual_out", residual_out, "input", input);
   check_same_device(op, "residual_out", residual_out, "input", input);
-  resize_out(out, input.sizes());
-  resize_out(residual_out, input.sizes());
+  prepare_outputs(op, {{"out", out}, {"residual_out", residual_out}}, input.sizes(),
+                  {{"input", input}, {"residual", residual}, {"weight", weight}});
   if (kernel == nullptr || input.numel() == 0) {
     return;
   }
@@ -299,11 +282,13 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
   const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
   const double eps_value = resolve_eps(eps, input);
   // Each output is written in place when it can be: `out` and
-  // `residual_out` may be `input` and `residual` themselves.
-  const bool out_direct = writable_in_place(
-      out, {contiguous_input, contiguous_residual, opmath_weight, residual_out});
-  const bool residual_direct = writable_in_place(
-      residual_out, {contiguous_input, contiguous_residual, opmath_weight, out});
+  // `residual_out` may be `input` and `residual` themselves, either way
+  // round: the kernel reads each element of both before it writes that
+  // element of `residual_out`, and writes `out` from `residual_out`.
+  const bool out_direct =
+      writes_directly(out, {contiguous_input, contiguous_residual}, {opmath_weight});
+  const bool residual_direct =
+      writes_directly(residual_out, {contiguous_input, contiguous_residual}, {opmath_weight});
   const at::Tensor out_target = out_direct ? out : empty_contiguous_like(input);
   const at::Tensor residual_target =
       residual_direct ? residual_out : empty_contiguous_like(input);

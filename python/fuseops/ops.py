@@ -1,4 +1,10 @@
-"""The public fuseops ops: thin wrappers over ``torch.ops.fuseops``."""
+"""The public fuseops ops: thin wrappers over ``torch.ops.fuseops``.
+
+Every ``out=`` may share memory with the inputs (the result is that of the
+inputs before the call); an ``out=`` whose elements overlap each other, two
+outputs sharing memory, or an ``out=`` that must be resized while sharing an
+input's memory are refused (README, "out= and memory shared with inputs").
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 // Autograd for fuseops::gelu, silu and bias_gelu, registered in C++ so
 // LibTorch programs get gradients without Python. gelu_backward and
 // silu_backward are differentiable too (double backward, gradgradcheck);
-// bias_gelu_backward is not: differentiating through it raises an error
-// instead of returning a silently wrong gradient.
+// bias_gelu_backward is not (see autograd/no_derivative.h).
+// Function::apply fails on an undefined tensor with a message naming
+// nothing, so each kernel checks its tensors first.
 
 #include <cmath>
 #include <string>
@@ -11,13 +12,14 @@
 #include <ATen/ops/exp.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
-#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/activation.h>
 
 #include "ops/activation.h"
+#include "ops/autograd/no_derivative.h"
+#include "ops/common/checks.h"
 
 namespace fuseops {
 namespace {
@@ -143,25 +145,43 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
 };
 
 at::Tensor gelu_autograd(const at::Tensor& input, c10::string_view approximate) {
+  check_floating_input("fuseops::gelu", "input", input);
   return GeluFunction::apply(input, std::string(approximate));
 }
 
 at::Tensor gelu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input,
                                   c10::string_view approximate) {
+  check_floating_input("fuseops::gelu_backward", "grad_output", grad_output);
+  check_floating_input("fuseops::gelu_backward", "input", input);
   return ActivationBackwardFunction::apply(grad_output, input, std::string(approximate), false);
 }
 
 at::Tensor silu_autograd(const at::Tensor& input) {
+  check_floating_input("fuseops::silu", "input", input);
   return SiluFunction::apply(input);
 }
 
 at::Tensor silu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input) {
+  check_floating_input("fuseops::silu_backward", "grad_output", grad_output);
+  check_floating_input("fuseops::silu_backward", "input", input);
   return ActivationBackwardFunction::apply(grad_output, input, std::string("none"), true);
 }
 
 at::Tensor bias_gelu_autograd(const at::Tensor& input, const at::Tensor& bias,
                               c10::string_view approximate) {
+  check_floating_input("fuseops::bias_gelu", "input", input);
+  check_floating_input("fuseops::bias_gelu", "bias", bias);
   return BiasGeluFunction::apply(input, bias, std::string(approximate));
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor& grad_output,
+                                                               const at::Tensor& input,
+                                                               const at::Tensor& bias,
+                                                               c10::string_view approximate) {
+  autograd_detail::check_no_derivative("fuseops::bias_gelu_backward",
+                                       {grad_output, input, bias});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::bias_gelu_backward(grad_output, input, bias, approximate);
 }
 
 }  // namespace
@@ -172,7 +192,7 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("silu", TORCH_FN(silu_autograd));
   m.impl("silu_backward", TORCH_FN(silu_backward_autograd));
   m.impl("bias_gelu", TORCH_FN(bias_gelu_autograd));
-  m.impl("bias_gelu_backward", torch::autograd::autogradNotImplementedFallback());
+  m.impl("bias_gelu_backward", TORCH_FN(bias_gelu_backward_autograd));
 }
 
 }  // namespace fuseops

@@ -1,15 +1,18 @@
 // Autograd for fuseops::swiglu and geglu (separate and packed), registered in
 // C++ so LibTorch programs get gradients without Python. The backward ops
-// are not differentiable: differentiating through them raises an error
-// instead of returning a silently wrong gradient.
+// are not differentiable (see autograd/no_derivative.h). Function::apply
+// fails on an undefined tensor with a message naming nothing, so each
+// kernel checks its tensors first.
 
 #include <string>
 
-#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/gated_activation.h>
+
+#include "ops/autograd/no_derivative.h"
+#include "ops/common/checks.h"
 
 namespace fuseops {
 namespace {
@@ -61,10 +64,13 @@ class GatedPackedFunction : public torch::autograd::Function<GatedPackedFunction
 };
 
 at::Tensor swiglu_autograd(const at::Tensor& gate, const at::Tensor& up) {
+  check_floating_input("fuseops::swiglu", "gate", gate);
+  check_floating_input("fuseops::swiglu", "up", up);
   return GatedFunction::apply(gate, up, std::string());
 }
 
 at::Tensor swiglu_packed_autograd(const at::Tensor& input) {
+  check_floating_input("fuseops::swiglu.packed", "input", input);
   return GatedPackedFunction::apply(input, std::string());
 }
 
@@ -78,12 +84,48 @@ std::string geglu_approximate(const char* op, c10::string_view approximate) {
 
 at::Tensor geglu_autograd(const at::Tensor& gate, const at::Tensor& up,
                           c10::string_view approximate) {
+  check_floating_input("fuseops::geglu", "gate", gate);
+  check_floating_input("fuseops::geglu", "up", up);
   return GatedFunction::apply(gate, up, geglu_approximate("fuseops::geglu", approximate));
 }
 
 at::Tensor geglu_packed_autograd(const at::Tensor& input, c10::string_view approximate) {
+  check_floating_input("fuseops::geglu.packed", "input", input);
   return GatedPackedFunction::apply(input,
                                     geglu_approximate("fuseops::geglu.packed", approximate));
+}
+
+using TensorPair = std::tuple<at::Tensor, at::Tensor>;
+
+TensorPair swiglu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& gate,
+                                    const at::Tensor& up) {
+  autograd_detail::check_no_derivative("fuseops::swiglu_backward", {grad_output, gate, up});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::swiglu_backward(grad_output, gate, up);
+}
+
+at::Tensor swiglu_packed_backward_autograd(const at::Tensor& grad_output,
+                                           const at::Tensor& input) {
+  autograd_detail::check_no_derivative("fuseops::swiglu_backward.packed",
+                                       {grad_output, input});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::swiglu_packed_backward(grad_output, input);
+}
+
+TensorPair geglu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& gate,
+                                   const at::Tensor& up, c10::string_view approximate) {
+  autograd_detail::check_no_derivative("fuseops::geglu_backward", {grad_output, gate, up});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::geglu_backward(grad_output, gate, up, approximate);
+}
+
+at::Tensor geglu_packed_backward_autograd(const at::Tensor& grad_output,
+                                          const at::Tensor& input,
+                                          c10::string_view approximate) {
+  autograd_detail::check_no_derivative("fuseops::geglu_backward.packed",
+                                       {grad_output, input});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::geglu_packed_backward(grad_output, input, approximate);
 }
 
 }  // namespace
@@ -93,10 +135,10 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("swiglu.packed", TORCH_FN(swiglu_packed_autograd));
   m.impl("geglu", TORCH_FN(geglu_autograd));
   m.impl("geglu.packed", TORCH_FN(geglu_packed_autograd));
-  m.impl("swiglu_backward", torch::autograd::autogradNotImplementedFallback());
-  m.impl("swiglu_backward.packed", torch::autograd::autogradNotImplementedFallback());
-  m.impl("geglu_backward", torch::autograd::autogradNotImplementedFallback());
-  m.impl("geglu_backward.packed", torch::autograd::autogradNotImplementedFallback());
+  m.impl("swiglu_backward", TORCH_FN(swiglu_backward_autograd));
+  m.impl("swiglu_backward.packed", TORCH_FN(swiglu_packed_backward_autograd));
+  m.impl("geglu_backward", TORCH_FN(geglu_backward_autograd));
+  m.impl("geglu_backward.packed", TORCH_FN(geglu_packed_backward_autograd));
 }
 
 }  // namespace fuseops

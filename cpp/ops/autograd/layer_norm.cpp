@@ -1,14 +1,15 @@
 // Autograd for fuseops::layer_norm, registered in C++ so LibTorch programs get
 // gradients without Python. The forward keeps the per-row mean and rstd, so
 // backward reads each input once and never recomputes the statistics.
-// layer_norm_backward has no derivative of its own: asking for one (double
-// backward) is an error, not a silently missing term.
+// layer_norm_backward has no derivative of its own (see
+// autograd/no_derivative.h).
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/layer_norm.h>
 
+#include "ops/autograd/no_derivative.h"
 #include "ops/layer_norm.h"
 
 namespace fuseops {
@@ -76,11 +77,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_autograd(
     const at::Tensor& grad_output, const at::Tensor& input,
     const std::optional<at::Tensor>& weight, const at::Tensor& mean,
     const at::Tensor& rstd) {
-  TORCH_CHECK(!at::GradMode::is_enabled() ||
-                  !(grad_output.requires_grad() || input.requires_grad() ||
-                    requires_grad(weight) || mean.requires_grad() || rstd.requires_grad()),
-              "fuseops::layer_norm_backward is not differentiable: double backward "
-              "through fuseops::layer_norm is not supported");
+  autograd_detail::check_no_derivative("fuseops::layer_norm_backward",
+                                       {grad_output, input, weight, mean, rstd});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::layer_norm_backward(grad_output, input, weight, mean, rstd);
 }

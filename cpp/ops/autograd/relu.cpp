@@ -8,6 +8,8 @@
 
 #include <fuseops/relu.h>
 
+#include "ops/common/checks.h"
+
 namespace fuseops {
 namespace {
 
@@ -47,12 +49,17 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
   }
 };
 
+// Function::apply fails on an undefined tensor with a message naming
+// nothing, so the tensors are checked first.
 at::Tensor relu_autograd(const at::Tensor& input) {
+  check_floating_input("fuseops::relu", "input", input);
   return ReluFunction::apply(input);
 }
 
 at::Tensor relu_backward_autograd(const at::Tensor& grad_output,
                                   const at::Tensor& result) {
+  check_floating_input("fuseops::relu_backward", "grad_output", grad_output);
+  check_floating_input("fuseops::relu_backward", "result", result);
   return ReluBackwardFunction::apply(grad_output, result);
 }
 

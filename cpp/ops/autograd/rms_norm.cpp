@@ -2,18 +2,24 @@
 // in C++ so LibTorch programs get gradients without Python. The forward saves
 // the per-row rstd; the backward is one fused op (input and weight gradients
 // in one pass). Double backward (create_graph=True) differentiates an ATen
-// composite of the same gradient formula instead.
+// composite of the same gradient formula instead; the backward ops
+// themselves have no derivative (see autograd/no_derivative.h).
+// Function::apply fails on an undefined tensor with a message naming
+// nothing, so each kernel checks its tensors first.
 
 #include <initializer_list>
 #include <optional>
 
 #include <ATen/OpMathType.h>
 #include <ATen/TensorOperators.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/rms_norm.h>
 
+#include "ops/autograd/no_derivative.h"
+#include "ops/common/checks.h"
 #include "ops/rms_norm.h"
 
 namespace fuseops {
@@ -41,7 +47,10 @@ std::tuple<at::Tensor, at::Tensor> composite_backward(const at::Tensor& grad,
       rstd * (g_hat - x_hat * (g_hat * x_hat).mean(-1, /*keepdim=*/true));
   at::Tensor grad_weight;
   if (weight.defined()) {
-    grad_weight = (g * x_hat).reshape({-1, x.size(-1)}).sum(0).to(weight.scalar_type());
+    // Rows counted explicitly: reshape cannot infer them (-1) when the
+    // hidden size is 0.
+    const int64_t rows = c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
+    grad_weight = (g * x_hat).reshape({rows, x.size(-1)}).sum(0).to(weight.scalar_type());
   }
   return {grad_input.to(input.scalar_type()), grad_weight};
 }
@@ -144,6 +153,7 @@ bool records_grad(std::initializer_list<at::Tensor> inputs) {
 
 at::Tensor rms_norm_autograd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                              std::optional<double> eps) {
+  check_floating_input("fuseops::rms_norm", "input", input);
   if (!records_grad({input, weight_or_undefined(weight)})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::rms_norm(input, weight, eps);
@@ -154,6 +164,7 @@ at::Tensor rms_norm_autograd(const at::Tensor& input, const std::optional<at::Te
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_autograd(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     std::optional<double> eps) {
+  check_floating_input("fuseops::rms_norm_forward", "input", input);
   const variable_list result = RmsNormFunction::apply(input, weight, eps);
   return {result[0], result[1]};
 }
@@ -161,6 +172,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward_autograd(
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
     const at::Tensor& input, const at::Tensor& residual,
     const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  check_floating_input("fuseops::fused_add_rms_norm", "input", input);
+  check_floating_input("fuseops::fused_add_rms_norm", "residual", residual);
   if (!records_grad({input, residual, weight_or_undefined(weight)})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::fused_add_rms_norm(input, residual, weight, eps);
@@ -173,9 +186,32 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_autograd(
     const at::Tensor& input, const at::Tensor& residual,
     const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  check_floating_input("fuseops::fused_add_rms_norm_forward", "input", input);
+  check_floating_input("fuseops::fused_add_rms_norm_forward", "residual", residual);
   const variable_list result =
       FusedAddRmsNormFunction::apply(input, residual, weight, eps);
   return {result[0], result[1], result[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_autograd(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& rstd) {
+  autograd_detail::check_no_derivative("fuseops::rms_norm_backward",
+                                       {grad_output, input, weight, rstd});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::rms_norm_backward(grad_output, input, weight, rstd);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_autograd(
+    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
+    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd) {
+  autograd_detail::check_no_derivative(
+      "fuseops::fused_add_rms_norm_backward",
+      {grad_output, grad_new_residual, new_residual, weight, rstd});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::fused_add_rms_norm_backward(grad_output, grad_new_residual, new_residual,
+                                              weight, rstd);
 }
 
 }  // namespace
@@ -185,6 +221,8 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("rms_norm_forward", TORCH_FN(rms_norm_forward_autograd));
   m.impl("fused_add_rms_norm", TORCH_FN(fused_add_rms_norm_autograd));
   m.impl("fused_add_rms_norm_forward", TORCH_FN(fused_add_rms_norm_forward_autograd));
+  m.impl("rms_norm_backward", TORCH_FN(rms_norm_backward_autograd));
+  m.impl("fused_add_rms_norm_backward", TORCH_FN(fused_add_rms_norm_backward_autograd));
 }
 
 }  // namespace fuseops

@@ -1,0 +1,242 @@
+"""Regressions found by fuzzing (other than out= aliasing, in
+test_aliasing.py): unclear errors for missing tensors, valid input refused
+with hidden size 0, and gradients silently missing through the backward ops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fuseops
+from fuseops import reference
+
+from conftest import expect_error_mentions
+
+
+def x34():
+    return torch.randn(3, 4)
+
+
+# (op as the dispatcher names it, argument, call) for every op with a tensor
+# argument left as None, through the public wrapper and through torch.ops.
+MISSING_TENSOR_CALLS = [
+    ("fuseops::relu", "input", lambda: fuseops.relu(None)),
+    ("fuseops::relu", "input", lambda: torch.ops.fuseops.relu(None)),
+    ("fuseops::relu_backward", "result", lambda: fuseops.relu_backward(x34(), None)),
+    ("fuseops::gelu", "input", lambda: fuseops.gelu(None)),
+    ("fuseops::gelu_backward", "grad_output", lambda: fuseops.gelu_backward(None, x34())),
+    ("fuseops::silu", "input", lambda: torch.ops.fuseops.silu(None)),
+    ("fuseops::silu_backward", "input", lambda: fuseops.silu_backward(x34(), None)),
+    ("fuseops::bias_gelu", "bias", lambda: fuseops.bias_gelu(x34(), None)),
+    ("fuseops::bias_gelu", "input", lambda: fuseops.bias_gelu(None, torch.randn(4))),
+    ("fuseops::bias_gelu_backward", "bias",
+     lambda: fuseops.bias_gelu_backward(x34(), x34(), None)),
+    ("fuseops::swiglu", "gate", lambda: torch.ops.fuseops.swiglu(None, x34())),
+    ("fuseops::swiglu", "up", lambda: torch.ops.fuseops.swiglu(x34(), None)),
+    ("fuseops::swiglu.packed", "input", lambda: fuseops.swiglu(None)),
+    ("fuseops::swiglu_backward", "gate", lambda: fuseops.swiglu_backward(x34(), None, x34())),
+    ("fuseops::swiglu_backward.packed", "input",
+     lambda: fuseops.swiglu_backward(x34(), None)),
+    ("fuseops::geglu", "up", lambda: torch.ops.fuseops.geglu(x34(), None)),
+    ("fuseops::geglu.packed", "input", lambda: fuseops.geglu(None)),
+    ("fuseops::geglu_backward", "up",
+     lambda: torch.ops.fuseops.geglu_backward(x34(), x34(), None)),
+    ("fuseops::rms_norm", "input", lambda: fuseops.rms_norm(None, torch.randn(4))),
+    ("fuseops::rms_norm_forward", "input",
+     lambda: fuseops.rms_norm_forward(None, torch.randn(4, requires_grad=True))),
+    ("fuseops::rms_norm_backward", "rstd",
+     lambda: fuseops.rms_norm_backward(x34(), x34(), None, None)),
+    ("fuseops::fused_add_rms_norm", "residual",
+     lambda: fuseops.fused_add_rms_norm(x34(), None)),
+    ("fuseops::fused_add_rms_norm_backward", "new_residual",
+     lambda: fuseops.fused_add_rms_norm_backward(x34(), None, None, None, torch.ones(3))),
+    ("fuseops::layer_norm", "input", lambda: fuseops.layer_norm(None)),
+]
+
+
+@pytest.mark.parametrize("op,arg,call", MISSING_TENSOR_CALLS,
+                         ids=[f"{op}-{arg}-{i}" for i, (op, arg, _) in enumerate(MISSING_TENSOR_CALLS)])
+def test_missing_tensor_names_op_and_argument(op, arg, call):
+    expect_error_mentions(call, [op, f"'{arg}'", "undefined"])
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
+def test_hidden_size_zero_with_weight_and_create_graph(fused):
+    # Each row is empty: the result is empty, the weight gradient an empty sum.
+    x = torch.randn(3, 0, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(0, dtype=torch.float64, requires_grad=True)
+    if fused:
+        r = torch.randn(3, 0, dtype=torch.float64, requires_grad=True)
+        y = fuseops.fused_add_rms_norm(x, r, w)[0]
+        wanted = reference.fused_add_rms_norm(x, r, w)[0]
+    else:
+        y = fuseops.rms_norm(x, w)
+        wanted = reference.rms_norm(x, w)
+    assert y.shape == wanted.shape == (3, 0)
+    grad_x, grad_w = torch.autograd.grad(y.sum(), (x, w), create_graph=True)
+    assert grad_x.shape == (3, 0) and grad_w.shape == (0,)
+
+
+def rms_norm_backward_call(x, w, g):
+    _, rstd = fuseops.rms_norm_forward(x.detach(), w.detach())
+    return fuseops.rms_norm_backward(g, x, w, rstd)
+
+
+def fused_backward_call(x, w, g):
+    _, new_residual, rstd = fuseops.fused_add_rms_norm_forward(
+        x.detach(), torch.zeros_like(x).detach(), w.detach())
+    return fuseops.fused_add_rms_norm_backward(g, None, x, w, rstd)
+
+
+def layer_norm_backward_call(x, w, g):
+    mean = x.detach().mean(-1)
+    rstd = (x.detach().var(-1, unbiased=False) + 1e-5).rsqrt()
+    return fuseops.layer_norm_backward(g, x, w, mean, rstd)
+
+
+BACKWARD_CALLS = {
+    "fuseops::rms_norm_backward": rms_norm_backward_call,
+    "fuseops::fused_add_rms_norm_backward": fused_backward_call,
+    "fuseops::layer_norm_backward": layer_norm_backward_call,
+    "fuseops::bias_gelu_backward": lambda x, w, g: fuseops.bias_gelu_backward(g, x, w),
+    "fuseops::swiglu_backward": lambda x, w, g: fuseops.swiglu_backward(g, x, x * 2),
+    "fuseops::swiglu_backward.packed":
+        lambda x, w, g: fuseops.swiglu_backward(g[:, :2], x),
+    "fuseops::geglu_backward": lambda x, w, g: fuseops.geglu_backward(g, x, x * 2),
+    "fuseops::geglu_backward.packed":
+        lambda x, w, g: fuseops.geglu_backward(g[:, :2], x),
+}
+
+
+@pytest.mark.parametrize("op", sorted(BACKWARD_CALLS))
+def test_backward_op_without_derivative_refuses_recording(op):
+    # One policy for every backward op without a derivative of its own:
+    # refuse when a gradient would be recorded, instead of a None gradient.
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64)
+    g = torch.randn(3, 4, dtype=torch.float64)
+    expect_error_mentions(lambda: BACKWARD_CALLS[op](x, w, g), [op, "not differentiable"])
+    with torch.no_grad():
+        BACKWARD_CALLS[op](x, w, g)
+    BACKWARD_CALLS[op](x.detach(), w, g)
+
+
+@pytest.mark.parametrize("op", ["relu", "gelu", "silu"])
+def test_backward_op_with_derivative_is_differentiable(op):
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    backward = getattr(fuseops, op + "_backward")
+    arg = fuseops.relu(x) if op == "relu" else x
+    assert torch.autograd.gradcheck(lambda g, a: backward(g, a), (g, arg.detach().requires_grad_(op != "relu")))
+
+
+# README, "Where results differ from torch": with an infinite upstream
+# gradient, gelu_backward multiplies it by gelu'(x) computed whole. Where
+# gelu'(x) is tiny but not zero (x = -8: about -4e-14 for the erf form,
+# -1e-20 for tanh) the product is -inf, the exact limit; torch's vectorized
+# CPU path (64 elements here) distributes the product over terms one of
+# which has underflowed to 0, and inf * 0 gives NaN. In float16 at x = -13.5
+# (erf form) it is the other way round: fuseops' float32 derivative is
+# already 0 (NaN), torch's is not (-inf).
+EXTREME_GELU = [
+    ("none", torch.float32, -8.0, float("-inf"), "nan"),
+    ("tanh", torch.float32, -8.0, float("-inf"), "nan"),
+    ("none", torch.float16, -13.5, "nan", float("-inf")),
+]
+
+
+def exact_gelu_derivative(x, approximate):
+    """gelu'(x) in float64, in forms that keep its tiny negative tail."""
+    if approximate == "none":
+        phi = math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        return 0.5 * math.erfc(-x / math.sqrt(2)) + x * phi
+    k, c = math.sqrt(2 / math.pi), 0.044715
+    e = math.exp(2 * k * (x + c * x**3))  # 1 + tanh(u) = 2e / (1 + e)
+    du = k * (1 + 3 * c * x * x)
+    return e / (1 + e) + 0.5 * x * 4 * e / (1 + e) ** 2 * du
+
+
+@pytest.mark.parametrize("approximate,dtype,x,ours,torchs", EXTREME_GELU)
+def test_gelu_backward_of_infinite_gradient_where_the_derivative_is_tiny(
+        approximate, dtype, x, ours, torchs):
+    assert exact_gelu_derivative(x, approximate) < 0  # inf * gelu'(x) -> -inf
+    xt = torch.full((64,), x, dtype=dtype)
+    upstream = torch.full((64,), float("inf"), dtype=dtype)
+    xr = xt.clone().requires_grad_()
+    torch.nn.functional.gelu(xr, approximate=approximate).backward(upstream)
+    for got, pinned in ((fuseops.gelu_backward(upstream, xt, approximate), ours),
+                        (xr.grad, torchs)):
+        if pinned == "nan":
+            assert got.isnan().all()
+        else:
+            assert (got == pinned).all()
+    # A finite upstream gradient agrees with torch.
+    torch.testing.assert_close(fuseops.gelu_backward(torch.ones_like(xt), xt, approximate),
+                               torch.ops.aten.gelu_backward(torch.ones_like(xt), xt,
+                                                            approximate=approximate))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norm_rows_whose_squares_overflow_float32(op):
+    # README: where the row's mean square (or variance) overflows float32,
+    # rstd is 0; the output is 0 and the gradients 0 or NaN, never a finite
+    # nonzero value (torch is no better there, with NaN in other places).
+    x = (torch.randn(3, 16, dtype=torch.float64) * 1e30).float().requires_grad_()
+    w = torch.randn(16, requires_grad=True)
+    y = getattr(fuseops, op)(x, w)
+    assert torch.equal(y, torch.zeros_like(y))
+    for upstream in (torch.ones(3, 16), torch.full((3, 16), 1e30)):
+        grads = torch.autograd.grad(getattr(fuseops, op)(x, w), (x, w), upstream)
+        for g in grads:
+            assert ((g == 0) | g.isnan()).all()
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norm_weight_gradient_near_float32_max(op):
+    # README: weight gradients are float32 sums over rows. A sum beyond
+    # float32's range is +-inf with the exact sum's sign; a sum whose terms'
+    # magnitudes add up to less than float32's maximum is accurate (1e-5,
+    # float32 accumulation); in between a partial sum may overflow, giving
+    # +-inf or NaN though the exact sum fits (torch too, in other columns).
+    x = torch.randn(8, 16)
+    w = torch.ones(16, requires_grad=True)
+    upstream = torch.full((8, 16), 1e38)
+    (grad_w,) = torch.autograd.grad(getattr(fuseops, op)(x, w), (w,), upstream)
+    x64 = x.double()
+    if op == "layer_norm":
+        centred = x64 - x64.mean(-1, keepdim=True)
+        x_hat = centred * (centred.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt()
+    else:
+        eps = torch.finfo(torch.float32).eps  # rms_norm's default
+        x_hat = x64 * (x64.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    terms = upstream.double() * x_hat
+    exact, magnitude = terms.sum(0), terms.abs().sum(0)
+    float32_max = torch.finfo(torch.float32).max
+    beyond, safe = exact.abs() > float32_max, magnitude < float32_max
+    assert beyond.any() and safe.any()
+    assert torch.equal(grad_w[beyond], exact[beyond].sign().float() * math.inf)
+    torch.testing.assert_close(grad_w[safe].double(), exact[safe], rtol=1e-5, atol=0)
+    between = ~beyond & ~safe
+    close = (grad_w.double() - exact).abs() <= 1e-5 * exact.abs()
+    assert (close | ~grad_w.isfinite())[between].all()
+
+
+def test_fused_gelu_backwards_and_silu_with_infinite_gradient():
+    # README: bias_gelu and geglu share gelu_backward's -inf at x = -8;
+    # silu_backward matches torch everywhere on a fine grid.
+    x = torch.full((4, 16), -8.0)
+    upstream = torch.full((4, 16), float("inf"))
+    for approximate in ("none", "tanh"):
+        grad_x, _ = fuseops.bias_gelu_backward(upstream, x, torch.zeros(16), approximate)
+        grad_gate, _ = fuseops.geglu_backward(upstream, x, torch.ones(4, 16), approximate)
+        assert (grad_x == -math.inf).all() and (grad_gate == -math.inf).all()
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        grid = torch.linspace(-1000, 1000, 20001, dtype=torch.float64).to(dtype)
+        for sign in (1, -1):
+            g = torch.full_like(grid, sign * math.inf)
+            torch.testing.assert_close(fuseops.silu_backward(g, grid),
+                                       torch.ops.aten.silu_backward(g, grid),
+                                       equal_nan=True, rtol=0, atol=0)

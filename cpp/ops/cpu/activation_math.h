@@ -47,8 +47,7 @@ struct GeluConstants {
 // their operation count. Range: to float32 rounding for x in
 // [-87, ln(FLT_MAX)]; +Inf above; 0 below -87, where e^x < 1.7e-38 (results
 // near FLT_MIN are flushed, so that, as with std::exp, exp(-Inf) * Inf is
-// NaN in a derivative; AVX-512 gives denormals down to -103 and 0 below);
-// NaN stays NaN. float64 keeps at::vec's exp.
+// NaN in a derivative); NaN stays NaN. float64 keeps at::vec's exp.
 template <typename T>
 C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
   using V = Vec<T>;
@@ -57,13 +56,13 @@ C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
   } else {
 #if defined(CPU_CAPABILITY_AVX512)
     // AVX-512 scales by 2^n in one instruction (vscalefps), which also
-    // saturates to +Inf and 0 by itself. x is clamped first so that r stays
-    // small: 89 > ln(FLT_MAX) still overflows to +Inf, and -110 gives
-    // exactly 0 (exp(-Inf) * Inf must stay NaN in a derivative). Results
-    // between 1e-45 and 1.2e-38 come out as denormals instead of 0. The
-    // clamps keep NaN: min/max return their second operand when either is
-    // NaN.
-    const V clamped(_mm512_max_ps(V(-110.0f), _mm512_min_ps(V(89.0f), x)));
+    // saturates to +Inf by itself; x is clamped first so that r stays small
+    // (89 > ln(FLT_MAX) still overflows to +Inf; min returns its second
+    // operand, x, when x is NaN). Lanes with x < -87 are zeroed by the same
+    // instruction, as the other builds flush them: every build gives the
+    // same results there (NaN compares "not less", so it stays NaN).
+    const V clamped(_mm512_min_ps(V(89.0f), x));
+    const __mmask16 in_range = _mm512_cmp_ps_mask(x, V(-87.0f), _CMP_NLT_UQ);
     const V n = (clamped * V(1.44269504088896341f)).round();
     V r = at::vec::fmadd(n, V(-0.693359375f), clamped);  // n * 0.693359375 is exact
 #else
@@ -81,7 +80,7 @@ C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
     p = at::vec::fmadd(p, r, V(5.0000001201e-1f));
     const V exp_r = at::vec::fmadd(p, r * r, r + V(1.0f));
 #if defined(CPU_CAPABILITY_AVX512)
-    return V(_mm512_scalef_ps(exp_r, n));
+    return V(_mm512_maskz_scalef_ps(in_range, exp_r, n));
 #else
     // e^r * 2^n: add n << 23 (computed exactly in float as n * 2^23) to the
     // bits. In range the result is a normal float (n = 128 only with

@@ -32,11 +32,19 @@ function(fuseops_enable_cpu_kernels target)
   # PyTorch release for Linux), it splits the work only in code compiled with
   # OpenMP; elsewhere its `#pragma omp parallel` is ignored and every kernel
   # runs on one thread (measured: silu and swiglu did not speed up at all
-  # from 1 to 2 threads while ATen's ops halved). The kernels link the same
-  # libgomp.so.1 torch loads (one runtime, one thread pool).
+  # from 1 to 2 threads while ATen's ops halved).
   # cpp/ops/cpu/dispatch.h refuses to compile a kernel without it.
   find_package(OpenMP REQUIRED COMPONENTS CXX)
-  target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+  # One runtime, one thread pool: the library links the libgomp.so.1 torch
+  # ships (pip wheels keep it in torch/lib) rather than the compiler's, which
+  # would also leave two libgomp.so.1 on the runtime search path.
+  find_file(_fuseops_torch_libgomp libgomp.so.1
+    PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH NO_CACHE)
+  if(_fuseops_torch_libgomp)
+    target_link_libraries(${target} PRIVATE "${_fuseops_torch_libgomp}")
+  else()
+    target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+  endif()
   foreach(cap IN LISTS FUSEOPS_CPU_CAPABILITIES)
     set(objects ${target}_cpu_${cap})
     add_library(${objects} OBJECT)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+
 import pytest
 import torch
 
@@ -95,8 +99,19 @@ def test_cli_info_prints_the_build():
 
 
 def test_cmake_prefix_path_holds_the_package_config():
-    import os
-
     assert os.path.isfile(os.path.join(fuseops.cmake_prefix_path, "fuseops", "fuseopsConfig.cmake"))
     assert os.path.isfile(os.path.join(fuseops.include_dir, "fuseops", "fuseops.h"))
     assert os.path.isfile(fuseops.library_path)
+
+
+def test_installed_library_finds_torch_and_its_openmp_runtime():
+    # Through the library's RUNPATH alone: a libgomp.so.1 found elsewhere
+    # first (the system's) would become the OpenMP runtime of torch too.
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    result = subprocess.run(["ldd", fuseops.library_path], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "not found" not in result.stdout, result.stdout
+    resolved = dict(re.findall(r"^\s*(\S+) => (\S+)", result.stdout, flags=re.M))
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for name in ("libtorch_cpu.so", "libc10.so", "libgomp.so.1"):
+        assert os.path.realpath(resolved[name]) == os.path.realpath(os.path.join(torch_lib, name)), result.stdout

@@ -26,17 +26,33 @@ set(FUSEOPS_CPU_FLAGS_AVX2
   -mavx2 -mfma -mf16c -mno-avx256-split-unaligned-load -mno-avx256-split-unaligned-store)
 set(FUSEOPS_CPU_FLAGS_AVX512
   -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma)
+# GCC before 13 warns inside its own avx512fintrin.h, where the
+# _mm512_undefined_* helpers spell "undefined" as `__m512 __Y = __Y;`: one
+# -Wuninitialized per inlined use (711 in a build; GCC bug 105593). Only the
+# AVX512 objects include that code; the same kernel sources are compiled with
+# the warning on as DEFAULT and AVX2.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+  set(FUSEOPS_CPU_WARNINGS_AVX512 -Wno-uninitialized)
+endif()
 
 function(fuseops_enable_cpu_kernels target)
   # at::parallel_for is a header template: with ATen built on OpenMP (every
   # PyTorch release for Linux), it splits the work only in code compiled with
   # OpenMP; elsewhere its `#pragma omp parallel` is ignored and every kernel
   # runs on one thread (measured: silu and swiglu did not speed up at all
-  # from 1 to 2 threads while ATen's ops halved). The kernels link the same
-  # libgomp.so.1 torch loads (one runtime, one thread pool).
+  # from 1 to 2 threads while ATen's ops halved).
   # cpp/ops/cpu/dispatch.h refuses to compile a kernel without it.
   find_package(OpenMP REQUIRED COMPONENTS CXX)
-  target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+  # One runtime, one thread pool: the library links the libgomp.so.1 torch
+  # ships (pip wheels keep it in torch/lib) rather than the compiler's, which
+  # would also leave two libgomp.so.1 on the runtime search path.
+  find_file(_fuseops_torch_libgomp libgomp.so.1
+    PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH NO_CACHE)
+  if(_fuseops_torch_libgomp)
+    target_link_libraries(${target} PRIVATE "${_fuseops_torch_libgomp}")
+  else()
+    target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+  endif()
   foreach(cap IN LISTS FUSEOPS_CPU_CAPABILITIES)
     set(objects ${target}_cpu_${cap})
     add_library(${objects} OBJECT)
@@ -59,7 +75,8 @@ function(fuseops_enable_cpu_kernels target)
       $<TARGET_PROPERTY:${target},COMPILE_OPTIONS>
       # at::vec's partial loads (the tail of a row) leave the unused lanes
       # uninitialised by design; GCC flags that inside its intrinsics headers.
-      -Wno-maybe-uninitialized)
+      -Wno-maybe-uninitialized
+      ${FUSEOPS_CPU_WARNINGS_${cap}})
     target_link_libraries(${objects} PRIVATE torch OpenMP::OpenMP_CXX)
     target_sources(${target} PRIVATE $<TARGET_OBJECTS:${objects}>)
     string(TOUPPER "${cap}" cap_upper)

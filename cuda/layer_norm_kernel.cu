@@ -426,7 +426,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
 TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
   m.impl("layer_norm", TORCH_FN(layer_norm_cuda));
   m.impl("layer_norm.out", TORCH_FN(layer_norm_out_cuda));
-  m.impl("_layer_norm_forward", TORCH_FN(layer_norm_forward_cuda));
+  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_cuda));
   m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_cuda));
 }
 

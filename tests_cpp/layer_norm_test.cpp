@@ -146,14 +146,67 @@ TEST(LayerNorm, NonContiguousInputs) {
 
 TEST(LayerNorm, StatisticsAreFloat32MeanAndRstd) {
   const at::Tensor x = at::randn({6, 50}, at::kBFloat16);
-  const auto [out, mean, rstd] =
-      fuseops::detail::layer_norm_forward(x, std::nullopt, std::nullopt, 1e-5);
+  const auto [out, mean, rstd] = fuseops::layer_norm_forward(x);
   EXPECT_EQ(mean.scalar_type(), at::kFloat);
   EXPECT_EQ(mean.sizes(), at::IntArrayRef({6}));
   const Composite expected = composite_forward(x, at::Tensor(), at::Tensor(), 1e-5);
   EXPECT_TRUE(at::allclose(mean.to(at::kDouble), expected.mean, 1e-6, 1e-6));
   EXPECT_TRUE(at::allclose(rstd.to(at::kDouble), expected.rstd, 1e-5, 1e-5));
   EXPECT_TRUE(at::equal(out, fuseops::layer_norm(x)));
+}
+
+// What code with its own autograd does: keep (mean, rstd) from
+// layer_norm_forward and hand them to layer_norm_backward.
+TEST(LayerNorm, ForwardStatisticsFeedBackwardLikeAutograd) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(testing::Message() << dtype);
+    const auto options = at::TensorOptions().dtype(dtype);
+    const at::Tensor x = (at::randn({5, 3, 70}, options) * 3 + 1).requires_grad_();
+    const at::Tensor w = at::randn({70}, options).requires_grad_();
+    const at::Tensor b = at::randn({70}, options).requires_grad_();
+    const auto [out, mean, rstd] = fuseops::layer_norm_forward(x, w, b, 1e-5);
+    EXPECT_TRUE(out.requires_grad());
+    EXPECT_FALSE(mean.requires_grad());
+    EXPECT_FALSE(rstd.requires_grad());
+    EXPECT_EQ(mean.sizes(), at::IntArrayRef({5, 3}));
+    EXPECT_TRUE(at::equal(out, fuseops::layer_norm(x, w, b, 1e-5)));
+    const at::Tensor upstream = at::randn({5, 3, 70}, options);
+    out.backward(upstream);
+
+    const auto [dx, dw, db] =
+        fuseops::layer_norm_backward(upstream, x.detach(), w.detach(), mean, rstd);
+    EXPECT_TRUE(at::equal(dx, x.grad()));
+    EXPECT_TRUE(at::equal(dw, w.grad()));
+    EXPECT_TRUE(at::equal(db, b.grad()));
+    const auto grads = composite_backward(upstream, x.detach(), w.detach(), 1e-5);
+    expect_close(dx, grads[0], dtype);
+    const double tol = tolerance(dtype) * std::sqrt(15.0);
+    EXPECT_TRUE(at::allclose(dw.to(at::kDouble), grads[1], tol, tol));
+    EXPECT_TRUE(at::allclose(db.to(at::kDouble), grads[2], tol, tol));
+  }
+}
+
+// at::native_layer_norm keeps a trailing 1 in the statistics' shape and, on
+// CPU, input's dtype; its own backward is the reference for them.
+TEST(LayerNorm, BackwardTakesNativeLayerNormStatistics) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(testing::Message() << dtype);
+    const auto options = at::TensorOptions().dtype(dtype);
+    const at::Tensor x = at::randn({4, 6, 40}, options) * 3 + 1;
+    const at::Tensor w = at::randn({40}, options);
+    const at::Tensor b = at::randn({40}, options);
+    const auto [out, mean, rstd] = at::native_layer_norm(x, {40}, w, b, 1e-5);
+    ASSERT_EQ(mean.sizes(), at::IntArrayRef({4, 6, 1}));
+    const at::Tensor dy = at::randn({4, 6, 40}, options);
+    const auto [dx, dw, db] = fuseops::layer_norm_backward(dy, x, w, mean, rstd);
+    const auto [ex, ew, eb] =
+        at::native_layer_norm_backward(dy, x, {40}, mean, rstd, w, b, {true, true, true});
+    const double tol = tolerance(dtype);
+    const double sum_tol = tol * std::sqrt(24.0);
+    EXPECT_TRUE(at::allclose(dx.to(at::kDouble), ex.to(at::kDouble), tol, tol));
+    EXPECT_TRUE(at::allclose(dw.to(at::kDouble), ew.to(at::kDouble), sum_tol, sum_tol));
+    EXPECT_TRUE(at::allclose(db.to(at::kDouble), eb.to(at::kDouble), sum_tol, sum_tol));
+  }
 }
 
 TEST(LayerNorm, NanAndInfPropagateAsInATen) {
@@ -269,12 +322,17 @@ TEST(LayerNorm, BadInputErrorsNameOpAndArgument) {
   expect_error_mentions(
       [&] {
         fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt,
-                                     at::ones({3}, at::kDouble), at::ones({3}));
+                                     at::ones({3}, at::kInt), at::ones({3}));
       },
-      {"fuseops::layer_norm_backward", "'mean'", "Float", "Double"});
+      {"fuseops::layer_norm_backward", "'mean'", "dtype", "Int"});
   expect_error_mentions(
       [&] { fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt, at::ones({3}), at::ones({4})); },
-      {"fuseops::layer_norm_backward", "'rstd'", "shape"});
+      {"fuseops::layer_norm_backward", "'rstd'", "shape [3]", "followed by 1", "[4]"});
+  expect_error_mentions(
+      [&] { fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt, at::ones({3, 2}), at::ones({3})); },
+      {"fuseops::layer_norm_backward", "'mean'", "shape [3]", "[3, 2]"});
+  expect_error_mentions([&] { fuseops::layer_norm_forward(x, at::ones({7})); },
+                        {"fuseops::layer_norm_forward", "'weight'", "[8]", "[7]"});
 }
 
 TEST(LayerNorm, DoubleBackwardIsAClearError) {

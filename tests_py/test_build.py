@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+
 import pytest
 import torch
 
@@ -105,8 +109,6 @@ def test_cli_info_prints_the_build():
 
 
 def test_cmake_prefix_path_holds_the_package_config():
-    import os
-
     assert os.path.isfile(os.path.join(fuseops.cmake_prefix_path, "fuseops", "fuseopsConfig.cmake"))
     assert os.path.isfile(os.path.join(fuseops.include_dir, "fuseops", "fuseops.h"))
     assert os.path.isfile(fuseops.library_path)
@@ -130,3 +132,16 @@ def test_runnable_builds_agree_with_proc_cpuinfo():
             runs.add("AVX512")
     expected = [cap for cap in cpu_capabilities() if cap in runs]
     assert fuseops.build_info()["runnable_cpu_capabilities"] == expected
+
+
+def test_installed_library_finds_torch_and_its_openmp_runtime():
+    # Through the library's RUNPATH alone: a libgomp.so.1 found elsewhere
+    # first (the system's) would become the OpenMP runtime of torch too.
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    result = subprocess.run(["ldd", fuseops.library_path], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "not found" not in result.stdout, result.stdout
+    resolved = dict(re.findall(r"^\s*(\S+) => (\S+)", result.stdout, flags=re.M))
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for name in ("libtorch_cpu.so", "libc10.so", "libgomp.so.1"):
+        assert os.path.realpath(resolved[name]) == os.path.realpath(os.path.join(torch_lib, name)), result.stdout

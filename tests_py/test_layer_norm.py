@@ -54,6 +54,10 @@ def as_double(t):
     return None if t is None else t.double()
 
 
+def as_detached(t):
+    return None if t is None else t.detach()
+
+
 def assert_close_to(actual, expected_double, dtype, scale=1.0):
     assert actual.dtype == dtype
     assert actual.shape == expected_double.shape
@@ -105,7 +109,7 @@ def test_autograd_matches_float64_reference(dtype, shape, layout, affine):
 def test_backward_op_matches_reference(dtype, with_weight):
     x = torch.randn(33, 130, dtype=dtype)
     weight = torch.randn(130, dtype=dtype) if with_weight else None
-    _, mean, rstd = torch.ops.fuseops._layer_norm_forward(x, weight, None, 1e-5)
+    _, mean, rstd = fuseops.layer_norm_forward(x, weight, None, 1e-5)
     assert mean.dtype == rstd.dtype == stats_dtype(dtype)
     assert mean.shape == rstd.shape == (33,)
     grad = torch.randn(33, 130, dtype=dtype)
@@ -117,9 +121,58 @@ def test_backward_op_matches_reference(dtype, with_weight):
         assert_close_to(a, e, dtype, scale)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("affine", AFFINE, ids=lambda a: f"w{int(a[0])}b{int(a[1])}")
+def test_forward_statistics_feed_backward_like_autograd(dtype, affine):
+    # What a caller writing its own autograd does: keep (mean, rstd) from
+    # layer_norm_forward and hand them to layer_norm_backward.
+    x = (torch.randn(4, 9, 70, dtype=dtype) * 3 + 1).requires_grad_()
+    weight, bias = make_affine(70, dtype, *affine)
+    params = [p.requires_grad_() for p in (weight, bias) if p is not None]
+    out, mean, rstd = fuseops.layer_norm_forward(x, weight, bias, 1e-5)
+    assert out.requires_grad and not mean.requires_grad and not rstd.requires_grad
+    assert torch.equal(out, fuseops.layer_norm(x, weight, bias, 1e-5))
+    upstream = torch.randn(4, 9, 70, dtype=dtype)
+    out.backward(upstream)
+
+    grads = fuseops.layer_norm_backward(upstream, x.detach(), as_detached(weight), mean, rstd)
+    assert torch.equal(grads[0], x.grad)
+    if weight is not None:
+        assert torch.equal(grads[1], weight.grad)
+    if bias is not None:
+        assert torch.equal(grads[2], bias.grad)
+    x_ref = x.detach().clone().requires_grad_()
+    params_ref = [p.detach().clone().requires_grad_() for p in params]
+    w_ref = params_ref[0] if weight is not None else None
+    b_ref = params_ref[-1] if bias is not None else None
+    F.layer_norm(x_ref, (70,), w_ref, b_ref, 1e-5).backward(upstream)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=tol, atol=tol)
+    for p, p_ref in zip(params, params_ref):
+        torch.testing.assert_close(p.grad, p_ref.grad, rtol=tol * 6, atol=tol * 6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward_takes_native_layer_norm_statistics(dtype):
+    # torch.native_layer_norm keeps a trailing 1 in the statistics' shape and,
+    # on CPU, input's dtype; its own backward is the reference for them.
+    x = torch.randn(3, 11, 40, dtype=dtype) * 3 + 1
+    weight, bias = torch.randn(40, dtype=dtype), torch.randn(40, dtype=dtype)
+    _, mean, rstd = torch.native_layer_norm(x, [40], weight, bias, 1e-5)
+    assert mean.shape == rstd.shape == (3, 11, 1) and mean.dtype == dtype
+    upstream = torch.randn(3, 11, 40, dtype=dtype)
+    actual = fuseops.layer_norm_backward(upstream, x, weight, mean, rstd)
+    expected = torch.ops.aten.native_layer_norm_backward(
+        upstream, x, [40], mean, rstd, weight, bias, [True, True, True]
+    )
+    tol = TOLERANCE[dtype]
+    for a, e, scale in zip(actual, expected, (1.0, math.sqrt(33), math.sqrt(33))):
+        torch.testing.assert_close(a, e, rtol=tol * scale, atol=tol * scale)
+
+
 def test_statistics_match_float64():
     x = torch.randn(9, 300) * 5 + 100
-    _, mean, rstd = torch.ops.fuseops._layer_norm_forward(x, None, None, 1e-5)
+    _, mean, rstd = fuseops.layer_norm_forward(x)
     x64 = x.double()
     torch.testing.assert_close(mean.double(), x64.mean(-1), rtol=1e-6, atol=0)
     torch.testing.assert_close(
@@ -191,7 +244,7 @@ def test_out_variant():
 def test_opcheck_all_overloads():
     x = torch.randn(5, 24)
     w, b = torch.randn(24), torch.randn(24)
-    _, mean, rstd = torch.ops.fuseops._layer_norm_forward(x, w, b, 1e-5)
+    _, mean, rstd = fuseops.layer_norm_forward(x, w, b, 1e-5)
     xb = torch.randn(6, 20, dtype=torch.bfloat16).t()
     samples = [
         (torch.ops.fuseops.layer_norm.default, (x, w, b, 1e-5), {}),
@@ -204,7 +257,13 @@ def test_opcheck_all_overloads():
         ),
         (torch.ops.fuseops.layer_norm.default, (torch.randn(3, 24, requires_grad=True), None, None, 1e-5), {}),
         (torch.ops.fuseops.layer_norm.out, (x, w, b, 1e-5), {"out": torch.empty(5, 24)}),
-        (torch.ops.fuseops._layer_norm_forward.default, (x, w, None, 1e-5), {}),
+        (torch.ops.fuseops.layer_norm_forward.default, (x, w, None, 1e-5), {}),
+        (
+            torch.ops.fuseops.layer_norm_forward.default,
+            (torch.randn(3, 24, requires_grad=True), w.clone().requires_grad_(), b, 1e-5),
+            {},
+        ),
+        (torch.ops.fuseops.layer_norm_backward.default, (torch.randn(5, 24), x, w, mean[:, None], rstd[:, None]), {}),
         (torch.ops.fuseops.layer_norm_backward.default, (torch.randn(5, 24), x, w, mean, rstd), {}),
         (torch.ops.fuseops.layer_norm_backward.default, (torch.randn(5, 24), x, None, mean, rstd), {}),
     ]
@@ -257,7 +316,7 @@ def test_meta_tensors():
     w = torch.empty(16, device="meta", dtype=torch.float16)
     y = fuseops.layer_norm(x, w, w)
     assert y.device.type == "meta" and y.shape == x.shape and y.dtype == torch.float16
-    _, mean, rstd = torch.ops.fuseops._layer_norm_forward(x, w, None, 1e-5)
+    _, mean, rstd = fuseops.layer_norm_forward(x, w, None, 1e-5)
     assert mean.shape == (4, 5) and mean.dtype == torch.float32
 
 
@@ -269,7 +328,9 @@ def test_pybind_path_equals_dispatcher_path():
     out = torch.empty(9, 31)
     fuseops._C.layer_norm_out(x, w, None, 1e-5, out)
     assert torch.equal(out, fuseops.layer_norm(x, w))
-    _, mean, rstd = torch.ops.fuseops._layer_norm_forward(x, w, b, 1e-5)
+    _, mean, rstd = fuseops.layer_norm_forward(x, w, b, 1e-5)
+    for a, e in zip(fuseops._C.layer_norm_forward(x, w, b, 1e-5), (fuseops.layer_norm(x, w, b), mean, rstd)):
+        assert torch.equal(a, e)
     g = torch.randn(9, 31)
     for a, e in zip(
         fuseops._C.layer_norm_backward(g, x, w, mean, rstd),
@@ -329,13 +390,17 @@ def test_each_cpu_capability(capability):
         ),
         (
             lambda: fuseops.layer_norm_backward(
-                torch.ones(3, 8), torch.ones(3, 8), None, torch.ones(3, dtype=torch.float64), torch.ones(3)
+                torch.ones(3, 8), torch.ones(3, 8), None, torch.ones(3, dtype=torch.int64), torch.ones(3)
             ),
-            ["fuseops::layer_norm_backward", "'mean'", "dtype"],
+            ["fuseops::layer_norm_backward", "'mean'", "dtype", "Long"],
         ),
         (
-            lambda: torch.ops.fuseops._layer_norm_forward(torch.ones(2, 3, requires_grad=True), None, None, 1e-5),
-            ["fuseops::_layer_norm_forward", "not differentiable"],
+            lambda: fuseops.layer_norm_backward(torch.ones(3, 8), torch.ones(3, 8), None, torch.ones(3), torch.ones(3, 2)),
+            ["fuseops::layer_norm_backward", "'rstd'", "shape [3]", "followed by 1", "[3, 2]"],
+        ),
+        (
+            lambda: fuseops.layer_norm_forward(torch.ones(3, 8), torch.ones(7)),
+            ["fuseops::layer_norm_forward", "'weight'", "[8]", "[7]"],
         ),
     ],
 )

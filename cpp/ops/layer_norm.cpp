@@ -56,17 +56,23 @@ void check_affine(const char* op, const char* arg, const at::Tensor& param,
               "] (the last dimension of 'input'), got ", param.sizes());
 }
 
+// mean and rstd as layer_norm_forward returns them, or as
+// at::native_layer_norm does: with a trailing dimension of 1 and, on CPU,
+// input's dtype.
 void check_stats(const char* op, const char* arg, const at::Tensor& stats,
                  const at::Tensor& input) {
-  TORCH_CHECK(stats.defined(), op, ": argument '", arg,
-              "' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(stats.scalar_type() == stats_dtype(input), op, ": argument '", arg,
-              "' must have dtype ", stats_dtype(input), " for input of dtype ",
-              input.scalar_type(), ", got ", stats.scalar_type());
+  check_floating_input(op, arg, stats);
   check_same_device(op, arg, stats, "input", input);
-  TORCH_CHECK(stats.sizes() == stats_shape(input), op, ": argument '", arg,
+  const bool keepdim = stats.dim() == input.dim() && stats.size(-1) == 1 &&
+                       stats.sizes().slice(0, stats.dim() - 1) == stats_shape(input);
+  TORCH_CHECK(stats.sizes() == stats_shape(input) || keepdim, op, ": argument '", arg,
               "' must have shape ", stats_shape(input),
-              " (input's shape without its last dimension), got ", stats.sizes());
+              " (input's shape without its last dimension) or that shape followed by 1 "
+              "(as at::native_layer_norm returns it), got ", stats.sizes());
+}
+
+at::Tensor kernel_stats(const at::Tensor& stats, const at::Tensor& input) {
+  return stats.reshape(stats_shape(input)).to(stats_dtype(input)).contiguous();
 }
 
 void check_forward_args(const char* op, const at::Tensor& input, const at::Tensor& weight,
@@ -142,7 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_with(
     const std::optional<at::Tensor>& bias, double eps, LayerNormKernel kernel) {
   const at::Tensor w = defined_or_undefined(weight);
   const at::Tensor b = defined_or_undefined(bias);
-  check_forward_args("fuseops::_layer_norm_forward", input, w, b);
+  check_forward_args("fuseops::layer_norm_forward", input, w, b);
   at::Tensor out = at::empty(input.sizes(), input.options());
   const auto stats_options = input.options().dtype(stats_dtype(input));
   at::Tensor mean = at::empty(stats_shape(input), stats_options);
@@ -180,21 +186,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
     return {grad_input, grad_weight, grad_bias};
   }
   kernel(grad_input, grad_weight, grad_bias, grad_output.contiguous(), input.contiguous(),
-         contiguous_if_defined(w), mean.contiguous(), rstd.contiguous());
+         contiguous_if_defined(w), kernel_stats(mean, input), kernel_stats(rstd, input));
   return {grad_input, grad_weight, grad_bias};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  check_floating_input("fuseops::_layer_norm_forward", "input", input);
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fuseops::_layer_norm_forward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const std::optional<at::Tensor>&,
-              const std::optional<at::Tensor>&, double)>();
-  return op.call(input, weight, bias, eps);
 }
 
 }  // namespace detail
@@ -228,6 +221,16 @@ at::Tensor& layer_norm_out(const at::Tensor& input, const std::optional<at::Tens
                                    const std::optional<at::Tensor>&, double, at::Tensor&)>();
   op.call(input, weight, bias, eps, out);
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  check_floating_input("fuseops::layer_norm_forward", "input", input);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fuseops::layer_norm_forward", "")
+                       .typed<decltype(layer_norm_forward)>();
+  return op.call(input, weight, bias, eps);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
@@ -302,10 +305,9 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def("layer_norm.out(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
         "*, Tensor(a!) out) -> ()",
         {at::Tag::pt2_compliant_tag});
-  // The forward autograd runs: it also returns the per-row mean and rstd
-  // that layer_norm_backward takes.
-  m.def("_layer_norm_forward(Tensor input, Tensor? weight, Tensor? bias, float eps) "
-        "-> (Tensor output, Tensor mean, Tensor rstd)",
+  // layer_norm plus the per-row mean and rstd that layer_norm_backward takes.
+  m.def("layer_norm_forward(Tensor input, Tensor? weight=None, Tensor? bias=None, "
+        "float eps=1e-05) -> (Tensor output, Tensor mean, Tensor rstd)",
         {at::Tag::pt2_compliant_tag});
   m.def("layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
         "Tensor rstd) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
@@ -315,14 +317,14 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
 TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
   m.impl("layer_norm", TORCH_FN(layer_norm_cpu));
   m.impl("layer_norm.out", TORCH_FN(layer_norm_out_cpu));
-  m.impl("_layer_norm_forward", TORCH_FN(layer_norm_forward_cpu));
+  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_cpu));
   m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_cpu));
 }
 
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   m.impl("layer_norm", TORCH_FN(layer_norm_meta));
   m.impl("layer_norm.out", TORCH_FN(layer_norm_out_meta));
-  m.impl("_layer_norm_forward", TORCH_FN(layer_norm_forward_meta));
+  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_meta));
   m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_meta));
 }
 

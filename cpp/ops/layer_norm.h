@@ -45,12 +45,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
     const std::optional<at::Tensor>& weight, const at::Tensor& mean,
     const at::Tensor& rstd, LayerNormBackwardKernel kernel);
 
-// fuseops::_layer_norm_forward through the dispatcher: (out, mean, rstd), the
-// forward that keeps the statistics backward needs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps);
-
 }  // namespace fuseops::detail
 
 namespace fuseops::cpu {

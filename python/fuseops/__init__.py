@@ -18,7 +18,7 @@ from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
 from .ops import bias_gelu, bias_gelu_backward, gelu, gelu_backward  # noqa: E402
 from .ops import geglu, geglu_backward, silu, silu_backward  # noqa: E402
 from .ops import swiglu, swiglu_backward  # noqa: E402
-from .ops import layer_norm, layer_norm_backward  # noqa: E402
+from .ops import layer_norm, layer_norm_backward, layer_norm_forward  # noqa: E402
 from .ops import relu, relu_backward  # noqa: E402
 from .ops import fused_add_rms_norm, fused_add_rms_norm_backward  # noqa: E402
 from .ops import fused_add_rms_norm_forward, rms_norm, rms_norm_backward  # noqa: E402
@@ -54,6 +54,7 @@ __all__ = [
     "include_dir",
     "layer_norm",
     "layer_norm_backward",
+    "layer_norm_forward",
     "library_path",
     "nn",
     "reference",

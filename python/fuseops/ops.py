@@ -152,6 +152,19 @@ def layer_norm(
     return torch.ops.fuseops.layer_norm(x, weight, bias, eps)
 
 
+def layer_norm_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(layer_norm(x, weight, bias, eps), mean, rstd)``: the per-row mean and
+    ``rstd = 1 / sqrt(var + eps)`` (shape ``x.shape[:-1]``, float32; float64
+    for float64 ``x``) are what :func:`layer_norm_backward` needs. The output
+    is differentiable, the statistics are not."""
+    return torch.ops.fuseops.layer_norm_forward(x, weight, bias, eps)
+
+
 def layer_norm_backward(
     grad_output: torch.Tensor,
     x: torch.Tensor,
@@ -160,10 +173,12 @@ def layer_norm_backward(
     rstd: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of layer_norm: ``(grad_input, grad_weight, grad_bias)`` from
-    the per-row ``mean`` and ``rstd = 1 / sqrt(var + eps)`` of ``x`` (shape
-    ``x.shape[:-1]``, float32; float64 for float64 ``x``). grad_weight and
-    grad_bias are the row sums of ``grad_output * x_hat`` and ``grad_output``,
-    returned whether or not the forward had a weight or bias."""
+    the per-row ``mean`` and ``rstd = 1 / sqrt(var + eps)`` of ``x``, as
+    :func:`layer_norm_forward` returns them (shape ``x.shape[:-1]``) or as
+    ``torch.native_layer_norm`` does (shape ``x.shape[:-1] + (1,)``, on CPU
+    in x's dtype); used in float32 (float64 for float64 ``x``). grad_weight
+    and grad_bias are the row sums of ``grad_output * x_hat`` and
+    ``grad_output``, returned whether or not the forward had a weight or bias."""
     return torch.ops.fuseops.layer_norm_backward(grad_output, x, weight, mean, rstd)
 
 

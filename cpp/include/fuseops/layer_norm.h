@@ -26,9 +26,21 @@ at::Tensor& layer_norm_out(const at::Tensor& input,
                            const std::optional<at::Tensor>& bias, double eps,
                            at::Tensor& out);
 
-// Gradients of layer_norm given the per-row statistics its forward saved:
-// `mean` and `rstd` (1 / sqrt(var + eps)) have the shape input.shape[:-1] and
-// dtype float32 (float64 for float64 input). Returns
+// layer_norm that also returns the per-row statistics layer_norm_backward
+// takes: (out, mean, rstd) with rstd = 1 / sqrt(var + eps), both of shape
+// input.shape[:-1] and dtype float32 (float64 for float64 input).
+// Differentiable in input, weight and bias (mean and rstd are not).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight = std::nullopt,
+    const std::optional<at::Tensor>& bias = std::nullopt, double eps = 1e-5);
+
+// Gradients of layer_norm given the per-row `mean` and `rstd`
+// (1 / sqrt(var + eps)) of `input`. Both have the shape input.shape[:-1] (as
+// layer_norm_forward returns them) or input.shape[:-1] + [1] (as
+// at::native_layer_norm does), and dtype float32, float64, bfloat16 or
+// float16; they are used in float32 (float64 for float64 input). Statistics
+// stored in bfloat16/float16 (at::native_layer_norm's on CPU for such input)
+// carry their rounding into the gradients, as in ATen's own backward. Returns
 // (grad_input, grad_weight, grad_bias); grad_weight = sum over rows of
 // grad_output * x_hat and grad_bias = sum over rows of grad_output, both of
 // shape {H} and computed in the same pass as grad_input, whether or not the

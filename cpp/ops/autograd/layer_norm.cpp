@@ -24,19 +24,25 @@ bool requires_grad(const std::optional<at::Tensor>& t) {
 
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const std::optional<at::Tensor>& weight,
-                            const std::optional<at::Tensor>& bias, double eps) {
+  // Returns (out, mean, rstd); mean and rstd are not differentiable.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, mean, rstd] = detail::layer_norm_forward(input, weight, bias, eps);
+    auto [out, mean, rstd] = fuseops::layer_norm_forward(input, weight, bias, eps);
+    ctx->mark_non_differentiable({mean, rstd});
+    ctx->set_materialize_grads(false);
     const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
     ctx->save_for_backward({input, w, mean, rstd});
     ctx->saved_data["has_weight"] = w.defined();
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    return out;
+    return {out, mean, rstd};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) {
+      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
     const std::optional<at::Tensor> weight =
@@ -57,20 +63,14 @@ at::Tensor layer_norm_autograd(const at::Tensor& input, const std::optional<at::
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::layer_norm(input, weight, bias, eps);
   }
-  return LayerNormFunction::apply(input, weight, bias, eps);
+  return LayerNormFunction::apply(input, weight, bias, eps)[0];
 }
 
-// The statistics-keeping forward exists for this file's LayerNormFunction;
-// gradients go through fuseops::layer_norm.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_autograd(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps) {
-  TORCH_CHECK(!at::GradMode::is_enabled() ||
-                  !(input.requires_grad() || requires_grad(weight) || requires_grad(bias)),
-              "fuseops::_layer_norm_forward is not differentiable: call "
-              "fuseops::layer_norm for gradients");
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return detail::layer_norm_forward(input, weight, bias, eps);
+  const variable_list result = LayerNormFunction::apply(input, weight, bias, eps);
+  return {result[0], result[1], result[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_autograd(
@@ -87,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_autograd(
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("layer_norm", TORCH_FN(layer_norm_autograd));
-  m.impl("_layer_norm_forward", TORCH_FN(layer_norm_forward_autograd));
+  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_autograd));
   m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_autograd));
 }
 

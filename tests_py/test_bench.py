@@ -15,7 +15,7 @@ import torch
 import fuseops
 from fuseops import bench
 from fuseops.__main__ import main
-from fuseops.bench import cases, runner, timing
+from fuseops.bench import cases, correctness, environment, timing
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 QUICK = ["--shapes", "32x160", "--min-time", "0.005", "--no-progress"]
@@ -45,6 +45,11 @@ def test_relu_end_to_end_writes_table_json_csv_chart_and_trace(tmp_path, capsys)
     document = json.loads((tmp_path / "bench.json").read_text())
     assert document["environment"]["threads"] == torch.get_num_threads()
     assert document["environment"]["fuseops_cpu_capability"]
+    method = document["environment"]["method"]
+    assert method["timing"] == timing.TIMING_METHOD
+    assert method["peak_memory"] == timing.PEAK_MEMORY_METHOD
+    assert set(method) == {"timing", "peak_memory", "tolerance", "bytes_moved", "roofline"}
+    assert all(method.values())
     rows = document["rows"]
     assert {(r["dtype"], r["mode"]) for r in rows} == {
         (d, m) for d in ("float32", "bfloat16") for m in ("forward", "forward+backward", "out")
@@ -147,7 +152,7 @@ def test_quick_preset_leaves_out_variants_and_full_includes_them():
 
 def test_cuda_without_a_gpu_says_so_and_fails(tmp_path, capsys):
     if torch.cuda.is_available():
-        assert runner.check_device(torch.device("cuda")) in (
+        assert environment.check_device(torch.device("cuda")) in (
             None, "this fuseops was built without CUDA kernels (see python -m fuseops info)")
         return
     assert _bench(tmp_path, "--device", "cuda", "--ops", "relu") == 2
@@ -182,14 +187,14 @@ def test_registry_entries_are_well_formed():
 def test_tolerance_check():
     want = (torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64),)
     close = (torch.tensor([1.0 + 5e-5, -2.0, 1e-6]),)
-    assert runner._compare(close, want, torch.float32)[1] <= 1
+    assert correctness.compare(close, want, torch.float32)[1] <= 1
     far = (torch.tensor([1.01, -2.0, 0.0]),)
-    err, ratio = runner._compare(far, want, torch.float32)
+    err, ratio = correctness.compare(far, want, torch.float32)
     assert err == pytest.approx(0.01, rel=1e-3) and ratio > 1
     nan = (torch.tensor([float("nan"), -2.0, 0.0]),)
-    assert runner._compare(nan, want, torch.float32) == (math.inf, math.inf)
+    assert correctness.compare(nan, want, torch.float32) == (math.inf, math.inf)
     with pytest.raises(AssertionError):
-        runner._compare((torch.zeros(2),), want, torch.float32)
+        correctness.compare((torch.zeros(2),), want, torch.float32)
 
 
 def test_timer_and_peak_memory():

@@ -4,10 +4,11 @@ A Llama-style decoder (token embedding, RMSNorm, causal self-attention with
 rotary positions via ``scaled_dot_product_attention``, SwiGLU MLP, output
 layer tied to the embedding) learns to predict the next character of Python's
 own ``argparse.py`` source. It is trained from the same seed on the same
-batches twice: once as plain ``torch.nn``, once after
-``fuseops.nn.replace_modules`` (and with ``fuseops.nn.SwiGLU`` for the MLP
-blocks), optionally a third time under ``torch.compile``. The loss
-curves must agree; the difference in speed and memory is what fuseops buys.
+batches twice: once as plain ``torch.nn`` (the MLP blocks are
+``fuseops.nn.SwiGLUMLP``, plain torch too), once after
+``fuseops.nn.replace_modules``, optionally a third time under
+``torch.compile``. The loss curves must agree; the difference in speed and
+memory is what fuseops buys.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 import fuseops
 
 from .bench.timing import peak_memory
+from .nn import SwiGLUMLP
 
 
 # ---------------------------------------------------------------------------
@@ -113,27 +115,13 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, seq, d))
 
 
-class SwiGLUMLP(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)), with the parameter names
-    of Llama's MLP (and of fuseops.nn.SwiGLU)."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(config.ffn_hidden, config.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Block(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.d_model, eps=config.eps)
         self.attn = Attention(config)
         self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.eps)
-        self.mlp = SwiGLUMLP(config)
+        self.mlp = SwiGLUMLP(config.d_model, config.ffn_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
@@ -156,29 +144,12 @@ class TinyLlama(nn.Module):
 
 
 def use_fuseops(model: nn.Module) -> list[dict]:
-    """Swaps fuseops into `model` in place: `fuseops.nn.replace_modules` for
-    the torch.nn modules it has drop-ins for, and fuseops.nn.SwiGLU (loaded
-    from the same state dict) for the MLPs, which torch.nn has no module for.
+    """Swaps fuseops into `model` in place with `fuseops.nn.replace_modules`.
     Returns what was replaced, as dicts of name, old and new."""
-    replaced = [
+    return [
         {"name": r.name, "old": r.old, "new": f"fuseops.nn.{r.new}"}
         for r in fuseops.nn.replace_modules(model)
     ]
-    swiglu = getattr(fuseops.nn, "SwiGLU", None)
-    if swiglu is None:
-        return replaced
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not SwiGLUMLP:
-                continue
-            weight = child.gate_proj.weight
-            fused = swiglu(child.gate_proj.in_features, child.gate_proj.out_features, bias=False,
-                           device=weight.device, dtype=weight.dtype)
-            fused.load_state_dict(child.state_dict())
-            setattr(parent, name, fused)
-            qualified = f"{parent_name}.{name}" if parent_name else name
-            replaced.append({"name": qualified, "old": "SwiGLUMLP", "new": "fuseops.nn.SwiGLU"})
-    return replaced
 
 
 # ---------------------------------------------------------------------------

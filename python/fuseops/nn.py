@@ -3,7 +3,8 @@
 Each module subclasses its ``torch.nn`` counterpart and only overrides
 ``forward``: constructor arguments, parameters and ``state_dict`` keys are the
 same, so an existing checkpoint loads unchanged. ``replace_modules(model)``
-swaps them into an existing model in place.
+swaps them into an existing model in place. For gated MLPs, which torch.nn
+lacks, ``SwiGLUMLP`` is the plain-torch counterpart that ``SwiGLU`` replaces.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 
 from . import ops
 
-# torch.nn class -> (fuseops class, predicate saying whether an instance's
-# configuration is supported; None means always).
+# Replaced class (torch.nn's, or SwiGLUMLP) -> (fuseops class, predicate
+# saying whether an instance's configuration is supported; None means always).
 _REPLACEMENTS: dict[type, tuple[type, Optional[Callable[[torch.nn.Module], bool]]]] = {}
 
 
@@ -46,8 +47,8 @@ def _converted(module: torch.nn.Module, cls: type) -> torch.nn.Module:
 
 
 def replace_modules(model: torch.nn.Module) -> list[Replacement]:
-    """Replaces, in place, every torch.nn module of `model` that fuseops has a
-    drop-in for (exact type match, supported configuration), and returns what
+    """Replaces, in place, every torch.nn module (and SwiGLUMLP) of `model`
+    that fuseops has a drop-in for (exact type match, supported configuration), and returns what
     was replaced. `model` itself is never replaced, only its submodules."""
     replaced: list[Replacement] = []
     for parent_name, parent in list(model.named_modules()):
@@ -119,8 +120,7 @@ class SiLU(torch.nn.SiLU):
 
 
 class _GatedMLP(torch.nn.Module):
-    """Llama-style gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))``,
-    with the activation-times-up step fused."""
+    """Llama-style gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))``."""
 
     def __init__(
         self,
@@ -139,9 +139,21 @@ class _GatedMLP(torch.nn.Module):
         self.down_proj = torch.nn.Linear(hidden_features, out_features, bias=bias, **factory)
 
 
-class SwiGLU(_GatedMLP):
-    """SwiGLU MLP block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``
-    (parameter names as Llama's ``LlamaMLP``, so its checkpoints load)."""
+class SwiGLUMLP(_GatedMLP):
+    """SwiGLU MLP block in plain torch:
+    ``down_proj(F.silu(gate_proj(x)) * up_proj(x))``. torch.nn has no gated
+    MLP module, so this is the one a model builds to be plain torch and still
+    be found by ``replace_modules``, which swaps it for ``SwiGLU``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@_replaces(SwiGLUMLP)
+class SwiGLU(SwiGLUMLP):
+    """SwiGLU MLP block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, with
+    the activation-times-up step fused (parameter names as Llama's
+    ``LlamaMLP``, so its checkpoints load)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
@@ -182,5 +194,6 @@ __all__ = [
     "Replacement",
     "SiLU",
     "SwiGLU",
+    "SwiGLUMLP",
     "replace_modules",
 ]

@@ -4,8 +4,12 @@ For each op, dtype, shape and mode (forward, forward+backward, forward with
 ``out=``) the result is first checked against a high-precision reference on
 the very inputs that are timed, then fuseops, the eager reference,
 ``torch.compile`` of the reference, PyTorch's native op and a copy of the same
-bytes are timed in one run. See ``cases`` for the registry of ops, ``timing``
-for how time and memory are measured.
+bytes are timed in one run. The modules: ``cases``, the registry of ops;
+``runner``, the loop over cases, dtypes, shapes and modes; ``calls``, how each
+mode calls an op and its peers; ``correctness``, the check against the
+reference; ``timing``, how time and memory are measured; ``environment``, the
+machine and method recorded with the results; ``results`` and ``report``, the
+rows and their table, JSON, CSV and chart.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import cases, report, runner, timing
+from . import cases, correctness, environment, report, results, runner, timing
 
 SHAPE_PRESETS = {
     # Each tensor 4-8 MiB; the op rotates through enough input sets that the
@@ -46,7 +50,7 @@ def parse_dtypes(text: str) -> list[torch.dtype]:
     dtypes = []
     for name in _split(text):
         dtype = getattr(torch, name, None)
-        if dtype not in runner.TOLERANCES:
+        if dtype not in correctness.TOLERANCES:
             raise argparse.ArgumentTypeError(
                 f"unsupported dtype {name!r}: use float32, bfloat16, float16 or float64")
         dtypes.append(dtype)
@@ -75,7 +79,7 @@ def parse_modes(text: str) -> list[str]:
             raise argparse.ArgumentTypeError(
                 f"unknown mode {name!r}: use forward, forward+backward, out")
         modes.append(MODE_ALIASES[name])
-    return [mode for mode in runner.MODES if mode in modes]
+    return [mode for mode in results.MODES if mode in modes]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +158,7 @@ def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[str], None], Cal
 def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     """Runs the benchmark for parsed `args` (tests pass their own cases)."""
     device = torch.device(args.device)
-    problem = runner.check_device(device)
+    problem = environment.check_device(device)
     if problem:
         print(f"fuseops bench: {problem}", file=sys.stderr)
         return 2
@@ -178,7 +182,7 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
             FULL_MIN_TIME if args.full else timing.TimerSettings().min_time)),
         profile_dir=os.path.join(args.out, "profile") if args.profile else None,
     )
-    env = runner.environment(config)
+    env = environment.environment(config)
     bench = runner.Runner(config)
     advance, close = _progress_bar(bench.row_count(), not args.no_progress)
     bench.progress = advance

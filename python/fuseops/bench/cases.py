@@ -24,6 +24,8 @@ EPS = 1e-6
 #: Builds the positional inputs for one shape: (rows, hidden, dtype, device, generator).
 InputMaker = Callable[[int, int, torch.dtype, torch.device, torch.Generator], tuple]
 
+TRAFFIC_METHOD = "each input read once and each output written once, at the least"
+
 
 @dataclass(frozen=True)
 class Traffic:

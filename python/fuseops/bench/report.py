@@ -6,7 +6,7 @@ import csv
 import json
 from typing import Optional, Sequence
 
-from .runner import MODE_LABELS, MODES, PEERS, Row
+from .results import MODE_LABELS, MODES, PEERS, Row
 
 PEER_COLUMNS = {"eager": "vs eager", "compiled": "vs compile", "native": "vs native"}
 

@@ -1,20 +1,5 @@
-"""Timing and peak-memory measurement for the benchmark.
-
-Timing: a few warm-up calls, then a block size chosen so that one block lasts
-at least `block_time`; then fuseops, its peers and the copy take turns, one
-block each per round, until each has `min_blocks` blocks and `min_time`
-seconds. Each block's time divided by its call count is one sample; the median
-is the figure, the interquartile range its spread. CPU blocks are timed with
-`time.perf_counter`; CUDA blocks with CUDA events on the current stream.
-
-Peak memory: the most memory allocated at any moment during one call, above
-what was allocated before it (so inputs do not count; outputs, saved
-activations, gradients and temporaries do). On CUDA this is
-`torch.cuda.max_memory_allocated`; on CPU, where PyTorch keeps no such
-counter, one call runs under `torch.profiler` with `profile_memory=True` and
-the allocation and free events it records (every allocation through c10's CPU
-allocator, i.e. every tensor) are summed in time order.
-"""
+"""Timing and peak-memory measurement for the benchmark; the methods are
+described in TIMING_METHOD and PEAK_MEMORY_METHOD, which bench.json repeats."""
 
 from __future__ import annotations
 
@@ -27,6 +12,23 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+TIMING_METHOD = (
+    "Timing: a few warm-up calls, then a block size chosen so that one block lasts at least "
+    "`block_time`; then fuseops, its peers and the copy take turns, one block each per round, "
+    "until each has `min_blocks` blocks and `min_time` seconds. Each block's time divided by "
+    "its call count is one sample; the median is the figure, the interquartile range its "
+    "spread. CPU blocks are timed with `time.perf_counter`; CUDA blocks with CUDA events on "
+    "the current stream."
+)
+PEAK_MEMORY_METHOD = (
+    "Peak memory: the most memory allocated at any moment during one call, above what was "
+    "allocated before it (so inputs do not count; outputs, saved activations, gradients and "
+    "temporaries do). On CUDA this is `torch.cuda.max_memory_allocated`; on CPU, where "
+    "PyTorch keeps no such counter, one call runs under `torch.profiler` with "
+    "`profile_memory=True` and the allocation and free events it records (every allocation "
+    "through c10's CPU allocator, i.e. every tensor) are summed in time order."
+)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -13,6 +15,21 @@ import torch
 import fuseops
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _inductor_cache_for_this_build() -> str:
+    """torch.compile caches compiled graphs across processes, keyed by the
+    Python-level graph: a graph compiled against another build of
+    libfuseops (an op renamed or its autograd changed) would be reused and
+    call ops that no longer exist. One cache folder per library build."""
+    digest = hashlib.sha1()
+    with open(fuseops.library_path, "rb") as library:
+        for block in iter(lambda: library.read(1 << 20), b""):
+            digest.update(block)
+    return os.path.join(tempfile.gettempdir(), "fuseops-inductor-cache", digest.hexdigest()[:16])
+
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_for_this_build())
 
 
 def cpu_capabilities() -> list[str]:

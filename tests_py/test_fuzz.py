@@ -328,7 +328,7 @@ def backward_op_call(case, inputs, grad):
         rstd = fuseops.rms_norm_forward(x.detach(), None if w is None else w.detach(), EPS)[1]
         results = fuseops.fused_add_rms_norm_backward(grad, None, x, w, rstd)
     else:
-        _, mean, rstd = torch.ops.fuseops._layer_norm_forward(
+        _, mean, rstd = fuseops.layer_norm_forward(
             x.detach(), None if w is None else w.detach(), None, EPS)
         results = fuseops.layer_norm_backward(grad, x, w, mean, rstd)
     return base + "_backward", results if isinstance(results, tuple) else (results,)

@@ -3,13 +3,15 @@
 //
 // Rows are processed in parallel, one row at a time per thread. A row is
 // small enough to stay in L1/L2 while it is worked on, so the statistics take
-// two passes over it (see row_statistics) and memory sees each input once.
+// one or two passes over it (see row_statistics) and memory sees each input
+// once.
 // bfloat16/float16 rows are widened to a float32 scratch row first; all
 // arithmetic is in float32 (float64 for float64 input).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -101,30 +103,6 @@ acc_t reduce_add(const Vectorized<acc_t>& v) {
   return sum;
 }
 
-// Sum of f(x[i]) over the row, four accumulators wide to hide add latency;
-// f maps a Vectorized<acc_t> (or an acc_t for the tail) to the same.
-template <typename acc_t, typename F>
-acc_t row_sum(const acc_t* x, int64_t n, const F& f) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t kWidth = Vec::size();
-  Vec s0(0), s1(0), s2(0), s3(0);
-  int64_t i = 0;
-  for (; i + 4 * kWidth <= n; i += 4 * kWidth) {
-    s0 += f(Vec::loadu(x + i));
-    s1 += f(Vec::loadu(x + i + kWidth));
-    s2 += f(Vec::loadu(x + i + 2 * kWidth));
-    s3 += f(Vec::loadu(x + i + 3 * kWidth));
-  }
-  for (; i + kWidth <= n; i += kWidth) {
-    s0 += f(Vec::loadu(x + i));
-  }
-  acc_t sum = reduce_add((s0 + s1) + (s2 + s3));
-  for (; i < n; ++i) {
-    sum += f(x[i]);
-  }
-  return sum;
-}
-
 // Sums of d and d * d over the row, d = x - center, four accumulators wide.
 template <typename acc_t>
 std::pair<acc_t, acc_t> deviation_sums(const acc_t* x, int64_t n, acc_t center) {
@@ -156,23 +134,67 @@ std::pair<acc_t, acc_t> deviation_sums(const acc_t* x, int64_t n, acc_t center) 
   return {sum, sum_sq};
 }
 
-// Mean and 1 / sqrt(variance + eps) of a row, by the corrected two-pass
-// algorithm (Chan, Golub & LeVeque): a first mean m0, then the sums of
-// d = x - m0 and of d^2 in one more pass; mean = m0 + sum(d) / n and
-// variance = (sum(d^2) - sum(d)^2 / n) / n. The correction removes the
-// rounding of m0 (a plain float32 sum of 4096 copies of 3.3 is not 4096 *
-// 3.3), so a constant row has variance 0 and normalises to exactly 0 even
-// with BERT's eps = 1e-12, where an uncorrected mean left |y| ~ 0.9. Rows
-// whose squared deviations overflow (|x| ~ 1e20 and up in float32) are
+// deviation_sums of a bfloat16/float16 row, widening it into `dst` in the
+// same pass (the later passes read the float copy).
+template <typename T>
+std::pair<float, float> widen_and_sum_deviations(const T* src, float* dst, int64_t n,
+                                                 float center) {
+  using bVec = Vectorized<T>;
+  using fVec = Vectorized<float>;
+  const fVec c(center);
+  fVec s0(0), s1(0), q0(0), q1(0);
+  int64_t i = 0;
+  for (; i + bVec::size() <= n; i += bVec::size()) {
+    auto [lo, hi] = at::vec::convert_to_float<T>(bVec::loadu(src + i));
+    lo.store(dst + i);
+    hi.store(dst + i + fVec::size());
+    const fVec d0 = lo - c;
+    const fVec d1 = hi - c;
+    s0 += d0;
+    s1 += d1;
+    q0 = at::vec::fmadd(d0, d0, q0);
+    q1 = at::vec::fmadd(d1, d1, q1);
+  }
+  float sum = reduce_add(s0 + s1);
+  float sum_sq = reduce_add(q0 + q1);
+  for (; i < n; ++i) {
+    dst[i] = static_cast<float>(src[i]);
+    const float d = dst[i] - center;
+    sum += d;
+    sum_sq += d * d;
+  }
+  return {sum, sum_sq};
+}
+
+// Mean and 1 / sqrt(variance + eps) of a row from the sums of d = x - c
+// and d^2 around a center c: mean = c + sum(d) / n and variance =
+// (sum(d^2) - sum(d)^2 / n) / n (the shifted-data / corrected two-pass
+// formulas, Chan, Golub & LeVeque). The first pass takes c = x[0]: one pass
+// over the row, and exact for a constant row (every d is 0, so it
+// normalises to exactly 0 even with BERT's eps = 1e-12; a plain float32
+// mean of 4096 copies of 3.3 is not 3.3 and left |y| ~ 0.9). The
+// subtraction in the variance has a relative error of about
+// (1 + k^2) * float eps when c lies k standard deviations from the mean: for
+// k > 3 (0.3% of Gaussian rows) a second pass centres on the mean found.
+// Rows whose squared deviations overflow (|x| ~ 1e20 and up in float32) are
 // measured again in units of their largest deviation.
+// `first` holds the sums around x[0].
 template <typename acc_t>
-std::pair<acc_t, acc_t> row_statistics(const acc_t* x, int64_t n, double eps) {
+std::pair<acc_t, acc_t> row_statistics(const acc_t* x, int64_t n, double eps,
+                                       std::pair<acc_t, acc_t> first) {
   const acc_t count = static_cast<acc_t>(n);
-  const acc_t rough_mean = row_sum(x, n, [](auto v) { return v; }) / count;
-  auto [sum, sum_sq] = deviation_sums(x, n, rough_mean);
-  const acc_t mean = rough_mean + sum / count;
+  acc_t center = x[0];
+  auto [sum, sum_sq] = first;
+  acc_t mean = center + sum / count;
+  const acc_t offset_sq = sum * sum / count;  // n (mean - center)^2
+  // Written so that NaN or Inf sums take the second pass too.
+  if (!(offset_sq <= acc_t(9) * (sum_sq - offset_sq))) {
+    center = mean;
+    std::tie(sum, sum_sq) = deviation_sums(x, n, center);
+    mean = center + sum / count;
+  }
   acc_t scale = 1;
-  if (std::isinf(sum_sq) && std::isfinite(rough_mean)) {
+  if (std::isinf(sum_sq) && std::isfinite(center)) {
     // Rare: a scalar pass with double sums of the scaled deviations (<= 1).
     scale = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -243,8 +265,18 @@ void layer_norm_forward_impl(const at::Tensor& out, const at::Tensor& mean,
     const AffineRow<T> b(bias, hidden, acc_t(0));
     std::vector<acc_t> scratch(kIsReduced<T> ? hidden : 0);
     for (int64_t row = begin; row < end; ++row) {
-      const acc_t* x = row_in_acc(x_data + row * hidden, scratch.data(), hidden);
-      const auto [row_mean, row_rstd] = row_statistics(x, hidden, eps);
+      // The first statistics pass widens a bfloat16/float16 row as it goes.
+      const T* src = x_data + row * hidden;
+      const acc_t* x;
+      std::pair<acc_t, acc_t> first;
+      if constexpr (kIsReduced<T>) {
+        first = widen_and_sum_deviations(src, scratch.data(), hidden, static_cast<acc_t>(src[0]));
+        x = scratch.data();
+      } else {
+        first = deviation_sums(src, hidden, src[0]);
+        x = src;
+      }
+      const auto [row_mean, row_rstd] = row_statistics(x, hidden, eps, first);
       if (mean_data != nullptr) {
         mean_data[row] = row_mean;
         rstd_data[row] = row_rstd;

@@ -369,15 +369,8 @@ def test_gdb_init_lines_load_the_printers(fixture_dir: Path) -> None:
 # object does not describe (a view's DifferentiableViewMeta).
 PIP_EXPECTED = {
     "undefined": "Tensor undefined",
-    "contiguous_float": """\
-Tensor float32 [2, 3] cpu
-[[0., 1., 2.],
- [3., 4., 5.]]""",
-    "transposed": """\
-Tensor float32 [3, 2] cpu strides=[1, 3]
-[[0., 3.],
- [1., 4.],
- [2., 5.]]""",
+    "contiguous_float": EXPECTED["contiguous_float"],
+    "transposed": EXPECTED["transposed"],
     "with_grad": "Tensor float32 [3] cpu requires_grad=True grad=<float32 [3] cpu> = [1., 1., 1.]",
     "without_grad": "Tensor float64 [2] cpu requires_grad=True = [0., 0.]",
 }

@@ -15,14 +15,10 @@ _loader.load()
 from . import _C  # noqa: E402  (needs the library loaded first)
 from . import nn, reference  # noqa: E402
 from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
-from .ops import bias_gelu, bias_gelu_backward, gelu, gelu_backward  # noqa: E402
-from .ops import geglu, geglu_backward, silu, silu_backward  # noqa: E402
-from .ops import swiglu, swiglu_backward  # noqa: E402
-from .ops import layer_norm, layer_norm_backward, layer_norm_forward  # noqa: E402
-from .ops import relu, relu_backward  # noqa: E402
-from .ops import fused_add_rms_norm, fused_add_rms_norm_backward  # noqa: E402
-from .ops import fused_add_rms_norm_forward, rms_norm, rms_norm_backward  # noqa: E402
-from .ops import rms_norm_forward  # noqa: E402
+from . import ops as _ops  # noqa: E402
+
+# Every op module's public wrappers, found by fuseops.ops (no list here).
+globals().update(_ops.exported("ops"))
 
 #: Folder to add to CMAKE_PREFIX_PATH so that ``find_package(fuseops)`` finds
 #: this installation (like ``torch.utils.cmake_prefix_path``).
@@ -38,33 +34,15 @@ def build_info() -> dict:
     return _C.build_info()
 
 
-__all__ = [
-    "__version__",
-    "bias_gelu",
-    "bias_gelu_backward",
-    "build_info",
-    "cmake_prefix_path",
-    "fused_add_rms_norm",
-    "fused_add_rms_norm_backward",
-    "fused_add_rms_norm_forward",
-    "geglu",
-    "geglu_backward",
-    "gelu",
-    "gelu_backward",
-    "include_dir",
-    "layer_norm",
-    "layer_norm_backward",
-    "layer_norm_forward",
-    "library_path",
-    "nn",
-    "reference",
-    "relu",
-    "relu_backward",
-    "rms_norm",
-    "rms_norm_backward",
-    "rms_norm_forward",
-    "silu",
-    "silu_backward",
-    "swiglu",
-    "swiglu_backward",
-]
+__all__ = sorted(
+    [
+        "__version__",
+        "build_info",
+        "cmake_prefix_path",
+        "include_dir",
+        "library_path",
+        "nn",
+        "reference",
+    ]
+    + list(_ops.exported("ops"))
+)

@@ -14,7 +14,10 @@ from typing import Callable, Optional
 
 import torch
 
-from . import ops
+from .ops.activation import gelu, silu
+from .ops.gated_activation import geglu, swiglu
+from .ops.layer_norm import layer_norm
+from .ops.rms_norm import rms_norm
 
 # Replaced class (torch.nn's, or SwiGLUMLP) -> (fuseops class, predicate
 # saying whether an instance's configuration is supported; None means always).
@@ -80,7 +83,7 @@ class LayerNorm(torch.nn.LayerNorm):
         )
         if len(self.normalized_shape) != 1 or not params_match:
             return super().forward(input)
-        return ops.layer_norm(input, self.weight, self.bias, self.eps)
+        return layer_norm(input, self.weight, self.bias, self.eps)
 
 
 
@@ -95,7 +98,7 @@ class RMSNorm(torch.nn.RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.normalized_shape) != 1:
             return super().forward(x)
-        return ops.rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 @_replaces(torch.nn.GELU)
@@ -103,7 +106,7 @@ class GELU(torch.nn.GELU):
     """torch.nn.GELU computed by fuseops.gelu (forward and backward)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return ops.gelu(input, self.approximate)
+        return gelu(input, self.approximate)
 
 
 @_replaces(torch.nn.SiLU, supported=lambda m: not m.inplace)
@@ -116,7 +119,7 @@ class SiLU(torch.nn.SiLU):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.inplace:
             return super().forward(input)
-        return ops.silu(input)
+        return silu(input)
 
 
 class _GatedMLP(torch.nn.Module):
@@ -156,7 +159,7 @@ class SwiGLU(SwiGLUMLP):
     ``LlamaMLP``, so its checkpoints load)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class GeGLU(_GatedMLP):
@@ -180,7 +183,7 @@ class GeGLU(_GatedMLP):
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.geglu(self.gate_proj(x), self.up_proj(x), self.approximate))
+        return self.down_proj(geglu(self.gate_proj(x), self.up_proj(x), self.approximate))
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"

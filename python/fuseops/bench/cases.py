@@ -1,4 +1,6 @@
-"""The benchmark's case registry: one small declarative entry per op.
+"""The benchmark's case registry: one small declarative entry per op, defined
+by the op's own module (``fuseops.ops.<module>.bench_cases()``) and collected
+here, module by module in name order.
 
 An entry names the fuseops function and its reference by attribute (looked up
 at run time, so an op that is not in the installed build is reported as "not
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 EPS = 1e-6
 
@@ -70,163 +71,61 @@ class Case:
     variant: bool = False
 
 
-def _row(rows, hidden, dtype, device, gen):
+# Input makers the op modules' cases share.
+
+
+def row(rows, hidden, dtype, device, gen):
     return torch.randn(rows, hidden, dtype=dtype, device=device, generator=gen)
 
 
-def _vector(hidden, dtype, device, gen, offset=1.0, scale=0.1):
+def vector(hidden, dtype, device, gen, offset=1.0, scale=0.1):
     v = torch.randn(hidden, dtype=torch.float32, device=device, generator=gen)
     return (offset + scale * v).to(dtype)
 
 
-def _x(rows, hidden, dtype, device, gen):
-    return (_row(rows, hidden, dtype, device, gen),)
+def x(rows, hidden, dtype, device, gen):
+    return (row(rows, hidden, dtype, device, gen),)
 
 
-def _x_weight(rows, hidden, dtype, device, gen):
-    return (_row(rows, hidden, dtype, device, gen), _vector(hidden, dtype, device, gen))
+def x_weight(rows, hidden, dtype, device, gen):
+    return (row(rows, hidden, dtype, device, gen), vector(hidden, dtype, device, gen))
 
 
-def _x_residual_weight(rows, hidden, dtype, device, gen):
+def x_residual_weight(rows, hidden, dtype, device, gen):
     return (
-        _row(rows, hidden, dtype, device, gen),
-        _row(rows, hidden, dtype, device, gen),
-        _vector(hidden, dtype, device, gen),
+        row(rows, hidden, dtype, device, gen),
+        row(rows, hidden, dtype, device, gen),
+        vector(hidden, dtype, device, gen),
     )
 
 
-def _x_weight_bias(rows, hidden, dtype, device, gen):
+def x_weight_bias(rows, hidden, dtype, device, gen):
     return (
-        _row(rows, hidden, dtype, device, gen),
-        _vector(hidden, dtype, device, gen),
-        _vector(hidden, dtype, device, gen, offset=0.0),
+        row(rows, hidden, dtype, device, gen),
+        vector(hidden, dtype, device, gen),
+        vector(hidden, dtype, device, gen, offset=0.0),
     )
 
 
-def _x_bias(rows, hidden, dtype, device, gen):
-    return (_row(rows, hidden, dtype, device, gen), _vector(hidden, dtype, device, gen, 0.0))
+def x_bias(rows, hidden, dtype, device, gen):
+    return (row(rows, hidden, dtype, device, gen), vector(hidden, dtype, device, gen, 0.0))
 
 
-def _gate_up(rows, hidden, dtype, device, gen):
-    return (_row(rows, hidden, dtype, device, gen), _row(rows, hidden, dtype, device, gen))
+def gate_up(rows, hidden, dtype, device, gen):
+    return (row(rows, hidden, dtype, device, gen), row(rows, hidden, dtype, device, gen))
 
 
-def _packed(rows, hidden, dtype, device, gen):
-    return (_row(rows, 2 * hidden, dtype, device, gen),)
+def packed(rows, hidden, dtype, device, gen):
+    return (row(rows, 2 * hidden, dtype, device, gen),)
 
 
-def _native_fused_add_rms_norm(x, residual, weight, *, eps):
-    new_residual = x + residual
-    return F.rms_norm(new_residual, (x.shape[-1],), weight, eps), new_residual
+def _collect() -> list[Case]:
+    from .. import ops
+
+    return [case for module in ops.MODULES for case in module.bench_cases()]
 
 
-def _fused_add_rms_norm_out(fn, args, options, outs):
-    fn(*args, **options, out=outs[0], residual_out=outs[1])
-
-
-CASES: list[Case] = [
-    Case(
-        "relu", "relu", "relu", _x,
-        forward_traffic=Traffic(rows=2),  # x in, y out
-        backward_traffic=Traffic(rows=3),  # dy, y in; dx out
-        native=torch.relu, native_label="torch.relu",
-        native_out=lambda x, *, out: torch.clamp_min(x, 0, out=out),
-        description="max(x, 0)",
-    ),
-    Case(
-        "rms_norm", "rms_norm", "rms_norm", _x_weight, options={"eps": EPS},
-        forward_traffic=Traffic(rows=2, vectors=1),  # x, w in; y out
-        backward_traffic=Traffic(rows=3, vectors=2),  # dy, x, w in; dx, dw out
-        native=lambda x, w, *, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
-        native_label="F.rms_norm",
-        differentiable=(0, 1),
-        description="RMSNorm over the last dimension, with weight",
-    ),
-    Case(
-        "fused_add_rms_norm", "fused_add_rms_norm", "fused_add_rms_norm", _x_residual_weight,
-        options={"eps": EPS},
-        # x, residual, w in; out, new_residual out
-        forward_traffic=Traffic(rows=4, vectors=1),
-        # d_out, d_new_residual, new_residual, w in; one gradient for x and
-        # residual (they are equal), dw out
-        backward_traffic=Traffic(rows=4, vectors=2),
-        native=_native_fused_add_rms_norm, native_label="x + residual, F.rms_norm",
-        differentiable=(0, 1, 2),
-        call_out=_fused_add_rms_norm_out,
-        description="residual add then RMSNorm; returns (out, new residual)",
-    ),
-    Case(
-        "layer_norm", "layer_norm", "layer_norm", _x_weight_bias, options={"eps": 1e-5},
-        forward_traffic=Traffic(rows=2, vectors=2),  # x, w, b in; y out
-        backward_traffic=Traffic(rows=3, vectors=3),  # dy, x, w in; dx, dw, db out
-        native=lambda x, w, b, *, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
-        native_label="F.layer_norm",
-        differentiable=(0, 1, 2),
-        description="LayerNorm over the last dimension, with weight and bias",
-    ),
-    Case(
-        "gelu", "gelu", "gelu", _x, options={"approximate": "none"},
-        forward_traffic=Traffic(rows=2),
-        backward_traffic=Traffic(rows=3),  # dy, x in; dx out
-        native=lambda x, *, approximate: F.gelu(x, approximate=approximate),
-        native_label="F.gelu",
-        native_out=lambda x, *, approximate, out: torch.ops.aten.gelu.out(
-            x, approximate=approximate, out=out
-        ),
-        description="exact (erf) GELU",
-    ),
-    Case(
-        "gelu_tanh", "gelu", "gelu", _x, options={"approximate": "tanh"},
-        forward_traffic=Traffic(rows=2),
-        backward_traffic=Traffic(rows=3),
-        native=lambda x, *, approximate: F.gelu(x, approximate=approximate),
-        native_label="F.gelu(tanh)",
-        native_out=lambda x, *, approximate, out: torch.ops.aten.gelu.out(
-            x, approximate=approximate, out=out
-        ),
-        description="tanh-approximated GELU",
-        variant=True,
-    ),
-    Case(
-        "silu", "silu", "silu", _x,
-        forward_traffic=Traffic(rows=2),
-        backward_traffic=Traffic(rows=3),
-        native=F.silu, native_label="F.silu",
-        native_out=lambda x, *, out: torch.ops.aten.silu.out(x, out=out),
-        description="x * sigmoid(x)",
-    ),
-    Case(
-        "bias_gelu", "bias_gelu", "bias_gelu", _x_bias, options={"approximate": "none"},
-        forward_traffic=Traffic(rows=2, vectors=1),  # x, bias in; y out
-        backward_traffic=Traffic(rows=3, vectors=2),  # dy, x, bias in; dx, dbias out
-        native=lambda x, b, *, approximate: F.gelu(x + b, approximate=approximate),
-        native_label="F.gelu(x + bias)",
-        differentiable=(0, 1),
-        description="bias add then exact GELU",
-    ),
-    Case(
-        "swiglu", "swiglu", "swiglu", _gate_up,
-        forward_traffic=Traffic(rows=3),  # gate, up in; out
-        backward_traffic=Traffic(rows=5),  # dy, gate, up in; dgate, dup out
-        differentiable=(0, 1),
-        description="silu(gate) * up (the reference is the native composite)",
-    ),
-    Case(
-        "swiglu_packed", "swiglu", "swiglu", _packed,
-        forward_traffic=Traffic(rows=3),  # both halves in; out
-        backward_traffic=Traffic(rows=5),  # dy, both halves in; the packed gradient out
-        description="silu(x[..., :H]) * x[..., H:] on one packed [..., 2H] tensor "
-        "(hidden is H)",
-        variant=True,
-    ),
-    Case(
-        "geglu", "geglu", "geglu", _gate_up, options={"approximate": "none"},
-        forward_traffic=Traffic(rows=3),
-        backward_traffic=Traffic(rows=5),
-        differentiable=(0, 1),
-        description="gelu(gate) * up (the reference is the native composite)",
-    ),
-]
+CASES: list[Case] = _collect()
 
 
 def by_name(names: Optional[Sequence[str]] = None, variants: bool = True) -> list[Case]:

@@ -1,0 +1,228 @@
+"""The activations gelu (erf or tanh form), silu and bias_gelu (bias add then
+gelu), with their backward ops."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._sample import DTYPES, Sample, tensor
+
+#: Inputs where the activations' special cases live: signed zeros, the
+#: saturated tails, infinities and NaN.
+SPECIAL_VALUES = (0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, float("inf"), float("-inf"), float("nan"))
+
+
+def gelu(
+    x: torch.Tensor, approximate: str = "none", *, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """GELU as ``torch.nn.functional.gelu``: ``approximate="none"`` is
+    ``x * Phi(x)`` (erf form), ``"tanh"`` the tanh approximation; any other
+    string is an error. Differentiable (twice). bfloat16/float16 compute in
+    float32. With ``out=`` the result goes into a preallocated tensor (resized
+    if its shape differs); that form is not differentiable."""
+    if out is not None:
+        torch.ops.fuseops.gelu.out(x, approximate, out=out)
+        return out
+    return torch.ops.fuseops.gelu(x, approximate)
+
+
+def gelu_backward(
+    grad_output: torch.Tensor, x: torch.Tensor, approximate: str = "none"
+) -> torch.Tensor:
+    """``grad_output * gelu'(x)``."""
+    return torch.ops.fuseops.gelu_backward(grad_output, x, approximate)
+
+
+def silu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """SiLU (swish) ``x * sigmoid(x)`` as ``torch.nn.functional.silu``;
+    differentiable (twice). ``out=`` as in :func:`gelu`."""
+    if out is not None:
+        torch.ops.fuseops.silu.out(x, out=out)
+        return out
+    return torch.ops.fuseops.silu(x)
+
+
+def silu_backward(grad_output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``grad_output * silu'(x)``."""
+    return torch.ops.fuseops.silu_backward(grad_output, x)
+
+
+def bias_gelu(
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    approximate: str = "none",
+    *,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``gelu(x + bias, approximate)`` in one pass (bias 1-D of size
+    ``x.shape[-1]``, x's dtype), as Megatron's bias-GELU; differentiable with
+    respect to ``x`` and ``bias``. ``out=`` as in :func:`gelu`."""
+    if out is not None:
+        torch.ops.fuseops.bias_gelu.out(x, bias, approximate, out=out)
+        return out
+    return torch.ops.fuseops.bias_gelu(x, bias, approximate)
+
+
+def bias_gelu_backward(
+    grad_output: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_input, grad_bias)`` of bias_gelu: ``grad_output * gelu'(x + bias)``
+    and its sum over all rows (float32 accumulation for bfloat16/float16)."""
+    return torch.ops.fuseops.bias_gelu_backward(grad_output, x, bias, approximate)
+
+
+def gelu_reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    # The textbook formulas, as model code writes them (e.g. "gelu_new").
+    if approximate == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+        return 0.5 * x * (1.0 + torch.tanh(inner))
+    if approximate != "none":
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def gelu_backward_reference(
+    grad_output: torch.Tensor, x: torch.Tensor, approximate: str = "none"
+) -> torch.Tensor:
+    if approximate == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        t = torch.tanh(k * (x + 0.044715 * x * x * x))
+        derivative = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+    else:
+        cdf = 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+        pdf = torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        derivative = cdf + x * pdf
+    return grad_output * derivative
+
+
+def silu_reference(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+def silu_backward_reference(grad_output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(x)
+    return grad_output * s * (1 + x * (1 - s))
+
+
+def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return gelu_reference(x + bias, approximate)
+
+
+def bias_gelu_backward_reference(
+    grad_output: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_input = gelu_backward_reference(grad_output, x + bias, approximate)
+    return grad_input, grad_input.reshape(-1, x.shape[-1]).sum(0)
+
+
+def _gelu_out(x, *, approximate, out):
+    return torch.ops.aten.gelu.out(x, approximate=approximate, out=out)
+
+
+def bench_cases():
+    from ..bench.cases import Case, Traffic, x, x_bias
+
+    return [
+        Case(
+            "gelu", "gelu", "gelu", x, options={"approximate": "none"},
+            forward_traffic=Traffic(rows=2),
+            backward_traffic=Traffic(rows=3),  # dy, x in; dx out
+            native=lambda x, *, approximate: F.gelu(x, approximate=approximate),
+            native_label="F.gelu",
+            native_out=_gelu_out,
+            description="exact (erf) GELU",
+        ),
+        Case(
+            "gelu_tanh", "gelu", "gelu", x, options={"approximate": "tanh"},
+            forward_traffic=Traffic(rows=2),
+            backward_traffic=Traffic(rows=3),
+            native=lambda x, *, approximate: F.gelu(x, approximate=approximate),
+            native_label="F.gelu(tanh)",
+            native_out=_gelu_out,
+            description="tanh-approximated GELU",
+            variant=True,
+        ),
+        Case(
+            "silu", "silu", "silu", x,
+            forward_traffic=Traffic(rows=2),
+            backward_traffic=Traffic(rows=3),
+            native=F.silu, native_label="F.silu",
+            native_out=lambda x, *, out: torch.ops.aten.silu.out(x, out=out),
+            description="x * sigmoid(x)",
+        ),
+        Case(
+            "bias_gelu", "bias_gelu", "bias_gelu", x_bias, options={"approximate": "none"},
+            forward_traffic=Traffic(rows=2, vectors=1),  # x, bias in; y out
+            backward_traffic=Traffic(rows=3, vectors=2),  # dy, x, bias in; dx, dbias out
+            native=lambda x, b, *, approximate: F.gelu(x + b, approximate=approximate),
+            native_label="F.gelu(x + bias)",
+            differentiable=(0, 1),
+            description="bias add then exact GELU",
+        ),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+
+    def t(shape, dtype=torch.float32, layout="contiguous", grad=False):
+        return tensor(shape, dtype, device, layout, grad, scale=3.0)
+
+    x, b = t((5, 7)), t((7,))
+    specials = torch.tensor(SPECIAL_VALUES, device=device)
+    result = [
+        Sample(ops.gelu.default, (x, "none"), gelu),
+        Sample(ops.gelu.default, (t((4, 3), grad=True), "tanh"), gelu),
+        Sample(ops.gelu.default, (t((5, 7), torch.bfloat16, "transposed"), "none"), gelu),
+        Sample(ops.gelu.default, (t((2, 3, 4), torch.float64, "expanded", True), "none"), gelu),
+        Sample(ops.gelu.default, (t((0, 3), torch.float16), "tanh"), gelu),
+        Sample(ops.gelu.default, (t(()), "none"), gelu),
+        Sample(ops.gelu.out, (x, "tanh"), gelu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(ops.gelu_backward.default, (t((5, 7)), x, "tanh"), gelu_backward),
+        Sample(ops.gelu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True), "none"), gelu_backward),
+        Sample(ops.silu.default, (t((4, 3), grad=True),), silu),
+        Sample(ops.silu.default, (t((3, 8), torch.float16, "sliced", True),), silu),
+        Sample(ops.silu.out, (x,), silu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(ops.silu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True)), silu_backward),
+        Sample(ops.bias_gelu.default, (t((5, 7), grad=True), t((7,), grad=True), "tanh"), bias_gelu),
+        Sample(
+            ops.bias_gelu.default,
+            (t((6, 7), torch.bfloat16, "transposed", True), t((7,), torch.bfloat16, "sliced", True), "none"),
+            bias_gelu,
+        ),
+        Sample(ops.bias_gelu.default, (t((0, 7)), b, "none"), bias_gelu),
+        Sample(ops.bias_gelu.out, (x, b, "none"), bias_gelu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(ops.bias_gelu_backward.default, (t((5, 7)), x, b, "none"), bias_gelu_backward),
+        Sample(
+            ops.bias_gelu_backward.default,
+            (t((4, 5), torch.float16), t((4, 5), torch.float16), t((5,), torch.float16), "tanh"),
+            bias_gelu_backward,
+        ),
+    ]
+    # Every CPU build on the special values, and on 301 rows of 67 (several
+    # tasks per thread, a vector tail in every row).
+    result += [
+        Sample(ops.gelu.default, (specials.clone().requires_grad_(), "none"), gelu, large=True),
+        Sample(ops.gelu.default, (specials.clone().requires_grad_(), "tanh"), gelu, large=True),
+        Sample(ops.silu.default, (specials.clone().requires_grad_(),), silu, large=True),
+    ]
+    for dtype in DTYPES:
+        for approximate in ("none", "tanh"):
+            result += [
+                Sample(ops.gelu.default, (t((301, 67), dtype, grad=True), approximate), gelu, large=True),
+                Sample(
+                    ops.bias_gelu.default,
+                    (t((301, 67), dtype, grad=True), t((67,), dtype, grad=True), approximate),
+                    bias_gelu,
+                    large=True,
+                ),
+            ]
+        result.append(Sample(ops.silu.default, (t((301, 67), dtype, grad=True),), silu, large=True))
+    return result
+
+
+__all__ = ["bias_gelu", "bias_gelu_backward", "gelu", "gelu_backward", "silu", "silu_backward"]

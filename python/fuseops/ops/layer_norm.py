@@ -1,0 +1,173 @@
+"""layer_norm over the last dimension, its forward op that also returns the
+statistics backward needs, and its backward op."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._sample import DTYPES, Sample, tensor
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    *,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Layer normalization over the last dimension, as
+    ``F.layer_norm(x, (x.shape[-1],), weight, bias, eps)``; differentiable with
+    respect to ``x``, ``weight`` and ``bias`` (each optional, of shape
+    ``(x.shape[-1],)`` and x's dtype). bfloat16/float16 compute in float32.
+
+    With ``out=`` the result is written into a preallocated tensor (resized if
+    its shape differs; ``x`` itself is allowed); that form is not differentiable.
+    """
+    if out is not None:
+        torch.ops.fuseops.layer_norm.out(x, weight, bias, eps, out=out)
+        return out
+    return torch.ops.fuseops.layer_norm(x, weight, bias, eps)
+
+
+def layer_norm_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(layer_norm(x, weight, bias, eps), mean, rstd)``: the per-row mean and
+    ``rstd = 1 / sqrt(var + eps)`` (shape ``x.shape[:-1]``, float32; float64
+    for float64 ``x``) are what :func:`layer_norm_backward` needs. The output
+    is differentiable, the statistics are not."""
+    return torch.ops.fuseops.layer_norm_forward(x, weight, bias, eps)
+
+
+def layer_norm_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of layer_norm: ``(grad_input, grad_weight, grad_bias)`` from
+    the per-row ``mean`` and ``rstd = 1 / sqrt(var + eps)`` of ``x``, as
+    :func:`layer_norm_forward` returns them (shape ``x.shape[:-1]``) or as
+    ``torch.native_layer_norm`` does (shape ``x.shape[:-1] + (1,)``, on CPU
+    in x's dtype); used in float32 (float64 for float64 ``x``). grad_weight
+    and grad_bias are the row sums of ``grad_output * x_hat`` and
+    ``grad_output``, returned whether or not the forward had a weight or bias."""
+    return torch.ops.fuseops.layer_norm_backward(grad_output, x, weight, mean, rstd)
+
+
+def layer_norm_reference(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    mean = x.mean(dim=-1, keepdim=True)
+    var = (x - mean).pow(2).mean(dim=-1, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def layer_norm_backward_reference(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # With x_hat = (x - mean) * rstd and g = grad_output * weight:
+    # grad_input = rstd * (g - mean(g) - x_hat * mean(g * x_hat)).
+    x_hat = (x - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
+    g = grad_output * weight if weight is not None else grad_output
+    grad_input = rstd.unsqueeze(-1) * (
+        g - g.mean(dim=-1, keepdim=True) - x_hat * (g * x_hat).mean(dim=-1, keepdim=True)
+    )
+    rows = tuple(range(x.dim() - 1))
+    grad_weight = (grad_output * x_hat).sum(dim=rows) if rows else grad_output * x_hat
+    grad_bias = grad_output.sum(dim=rows) if rows else grad_output.clone()
+    return grad_input.to(x.dtype), grad_weight.to(x.dtype), grad_bias.to(x.dtype)
+
+
+def bench_cases():
+    from ..bench.cases import Case, Traffic, x_weight_bias
+
+    return [
+        Case(
+            "layer_norm", "layer_norm", "layer_norm", x_weight_bias, options={"eps": 1e-5},
+            forward_traffic=Traffic(rows=2, vectors=2),  # x, w, b in; y out
+            backward_traffic=Traffic(rows=3, vectors=3),  # dy, x, w in; dx, dw, db out
+            native=lambda x, w, b, *, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+            native_label="F.layer_norm",
+            differentiable=(0, 1, 2),
+            description="LayerNorm over the last dimension, with weight and bias",
+        ),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+
+    def t(shape, dtype=torch.float32, layout="contiguous", grad=False):
+        return tensor(shape, dtype, device, layout, grad)
+
+    x, w, b = t((5, 24)), t((24,)), t((24,))
+    _, mean, rstd = layer_norm_forward(x, w, b, 1e-5)
+    result = [
+        Sample(ops.layer_norm.default, (x, w, b, 1e-5), layer_norm),
+        Sample(ops.layer_norm.default, (x, None, None, 1e-6), layer_norm),
+        Sample(
+            ops.layer_norm.default,
+            (t((6, 20), torch.bfloat16, "transposed"), None, t((20,), torch.bfloat16), 1e-5),
+            layer_norm,
+        ),
+        Sample(ops.layer_norm.default, (t((3, 4, 24), grad=True), t((24,), grad=True), t((24,), grad=True), 1e-5), layer_norm),
+        Sample(ops.layer_norm.default, (t((3, 24), grad=True), None, None, 1e-5), layer_norm),
+        Sample(
+            ops.layer_norm.default,
+            (t((4, 16), torch.float64, "expanded", True), t((16,), torch.float64, "sliced", True), None, 1e-5),
+            layer_norm,
+        ),
+        Sample(ops.layer_norm.default, (t((2, 3, 16), torch.float16, "sliced"), None, None, 1e-5), layer_norm),
+        Sample(ops.layer_norm.default, (t((0, 16), grad=True), t((16,), grad=True), t((16,), grad=True), 1e-5), layer_norm),
+        Sample(ops.layer_norm.out, (x, w, b, 1e-5), layer_norm, {"out": torch.empty(5, 24, device=device)}),
+        Sample(ops.layer_norm_forward.default, (x, w, None, 1e-5), layer_norm_forward),
+        Sample(
+            ops.layer_norm_forward.default,
+            (t((4, 5, 16), torch.float16), t((16,), torch.float16), None, 1e-5),
+            layer_norm_forward,
+        ),
+        Sample(
+            ops.layer_norm_forward.default,
+            (t((3, 24), grad=True), t((24,), grad=True), b, 1e-5),
+            layer_norm_forward,
+        ),
+        # Statistics as torch.native_layer_norm keeps them (a trailing 1).
+        Sample(ops.layer_norm_backward.default, (t((5, 24)), x, w, mean[:, None], rstd[:, None]), layer_norm_backward),
+        Sample(ops.layer_norm_backward.default, (t((5, 24)), x, w, mean, rstd), layer_norm_backward),
+        Sample(ops.layer_norm_backward.default, (t((5, 24)), x, None, mean, rstd), layer_norm_backward),
+    ]
+    for dtype in DTYPES:
+        for shape in [(3, 7), (37, 1000), (5, 4099)]:
+            result.append(
+                Sample(
+                    ops.layer_norm.default,
+                    (t(shape, dtype, grad=True), t(shape[-1:], dtype, grad=True), t(shape[-1:], dtype, grad=True), 1e-5),
+                    layer_norm,
+                    large=True,
+                )
+            )
+    return result
+
+
+__all__ = ["layer_norm", "layer_norm_backward", "layer_norm_forward"]

@@ -1,0 +1,283 @@
+"""rms_norm and fused_add_rms_norm (residual add, then RMSNorm), with the
+forward ops that also return what backward needs and the backward ops."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._sample import DTYPES, Sample, tensor
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: Optional[float] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """RMSNorm over the last dimension, as
+    ``F.rms_norm(x, (x.shape[-1],), weight, eps)``: ``x / sqrt(mean(x^2) + eps)
+    * weight``, differentiable with respect to ``x`` and ``weight``. ``weight``
+    (optional, shape ``(x.shape[-1],)``) may have another floating dtype than
+    ``x``; the result has x's dtype. bfloat16/float16 compute in float32.
+    ``eps=None`` is PyTorch's default, the machine epsilon of float32 (of
+    float64 for float64 input).
+
+    With ``out=`` the result is written into a preallocated tensor (resized if
+    its shape differs; ``x`` itself is allowed); that form is not differentiable.
+    """
+    if out is not None:
+        torch.ops.fuseops.rms_norm.out(x, weight, eps, out=out)
+        return out
+    return torch.ops.fuseops.rms_norm(x, weight, eps)
+
+
+def rms_norm_forward(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x, weight, eps), rstd)``, where ``rstd = 1 / sqrt(mean(x^2) + eps)``
+    per row (shape ``x.shape[:-1]``, float32, or float64 for float64 input) is
+    what :func:`rms_norm_backward` needs."""
+    return torch.ops.fuseops.rms_norm_forward(x, weight, eps)
+
+
+def rms_norm_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_input, grad_weight)`` of rms_norm in one pass over the rows;
+    grad_weight (weight's dtype, accumulated in float32) is an empty tensor
+    when ``weight`` is None."""
+    return torch.ops.fuseops.rms_norm_backward(grad_output, x, weight, rstd)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: Optional[float] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+    residual_out: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add and RMSNorm in one pass: returns ``(out, new_residual)``
+    with ``new_residual = x + residual`` (rounded to the dtype, as ``x +
+    residual`` is) and ``out = rms_norm(new_residual, weight, eps)``.
+    Differentiable with respect to ``x``, ``residual`` and ``weight``.
+
+    With ``out=`` and ``residual_out=`` (both or neither) the results are
+    written into preallocated tensors, which may be ``x`` and ``residual``
+    themselves (in place, as inference engines update the residual stream);
+    that form is not differentiable.
+    """
+    if (out is None) != (residual_out is None):
+        raise TypeError("fuseops.fused_add_rms_norm: pass both out= and residual_out=, or neither")
+    if out is not None:
+        torch.ops.fuseops.fused_add_rms_norm.out(
+            x, residual, weight, eps, out=out, residual_out=residual_out
+        )
+        return out, residual_out
+    return torch.ops.fuseops.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def fused_add_rms_norm_forward(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, new_residual, rstd)``: fused_add_rms_norm plus what
+    :func:`fused_add_rms_norm_backward` needs."""
+    return torch.ops.fuseops.fused_add_rms_norm_forward(x, residual, weight, eps)
+
+
+def fused_add_rms_norm_backward(
+    grad_output: torch.Tensor,
+    grad_new_residual: Optional[torch.Tensor],
+    new_residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_input, grad_weight)`` of fused_add_rms_norm. grad_input, the
+    gradient of new_residual through the norm plus ``grad_new_residual``, is
+    the gradient of both ``x`` and ``residual``."""
+    return torch.ops.fuseops.fused_add_rms_norm_backward(
+        grad_output, grad_new_residual, new_residual, weight, rstd
+    )
+
+
+def _rms_norm_eps(x: torch.Tensor, eps: Optional[float]) -> float:
+    # F.rms_norm's default: the machine epsilon of the computation dtype.
+    if eps is not None:
+        return eps
+    return torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+
+
+def rms_norm_reference(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None
+) -> torch.Tensor:
+    # As Llama-style model code writes it: bfloat16/float16 are upcast to
+    # float32 for the mean of squares (in half precision it loses the row).
+    xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + _rms_norm_eps(x, eps))
+    if weight is not None:
+        y = y * weight
+    return y.to(x.dtype)
+
+
+def rms_norm_backward_reference(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_input, grad_weight); grad_weight is empty when weight is None."""
+    compute = rstd.dtype
+    g = grad_output.to(compute)
+    x_hat = x.to(compute) * rstd.unsqueeze(-1)
+    g_hat = g * weight.to(compute) if weight is not None else g
+    grad_input = rstd.unsqueeze(-1) * (g_hat - x_hat * (g_hat * x_hat).mean(dim=-1, keepdim=True))
+    if weight is None:
+        grad_weight = x.new_empty(0)
+    else:
+        grad_weight = (g * x_hat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+    return grad_input.to(x.dtype), grad_weight
+
+
+def fused_add_rms_norm_reference(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual)."""
+    new_residual = x + residual
+    return rms_norm_reference(new_residual, weight, eps), new_residual
+
+
+def _native_fused_add_rms_norm(x, residual, weight, *, eps):
+    new_residual = x + residual
+    return F.rms_norm(new_residual, (x.shape[-1],), weight, eps), new_residual
+
+
+def _fused_add_rms_norm_out(fn, args, options, outs):
+    fn(*args, **options, out=outs[0], residual_out=outs[1])
+
+
+def bench_cases():
+    from ..bench.cases import EPS, Case, Traffic, x_residual_weight, x_weight
+
+    return [
+        Case(
+            "rms_norm", "rms_norm", "rms_norm", x_weight, options={"eps": EPS},
+            forward_traffic=Traffic(rows=2, vectors=1),  # x, w in; y out
+            backward_traffic=Traffic(rows=3, vectors=2),  # dy, x, w in; dx, dw out
+            native=lambda x, w, *, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
+            native_label="F.rms_norm",
+            differentiable=(0, 1),
+            description="RMSNorm over the last dimension, with weight",
+        ),
+        Case(
+            "fused_add_rms_norm", "fused_add_rms_norm", "fused_add_rms_norm", x_residual_weight,
+            options={"eps": EPS},
+            # x, residual, w in; out, new_residual out
+            forward_traffic=Traffic(rows=4, vectors=1),
+            # d_out, d_new_residual, new_residual, w in; one gradient for x and
+            # residual (they are equal), dw out
+            backward_traffic=Traffic(rows=4, vectors=2),
+            native=_native_fused_add_rms_norm, native_label="x + residual, F.rms_norm",
+            differentiable=(0, 1, 2),
+            call_out=_fused_add_rms_norm_out,
+            description="residual add then RMSNorm; returns (out, new residual)",
+        ),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+
+    def t(shape, dtype=torch.float32, layout="contiguous", grad=False):
+        return tensor(shape, dtype, device, layout, grad)
+
+    x, r, w = t((5, 24)), t((5, 24)), t((24,))
+    _, rstd = rms_norm_forward(x, w)
+    _, new_residual, rstd2 = fused_add_rms_norm_forward(x, r, w)
+    result = [
+        Sample(ops.rms_norm.default, (x, w, 1e-6), rms_norm),
+        Sample(ops.rms_norm.default, (x, None, None), rms_norm),
+        Sample(ops.rms_norm.default, (t((6, 24), torch.bfloat16, "transposed"), None, 1e-5), rms_norm),
+        Sample(ops.rms_norm.default, (t((3, 4, 24), grad=True), t((24,), grad=True), 1e-6), rms_norm),
+        Sample(ops.rms_norm.default, (t((4, 16), torch.float64, "expanded", True), None, None), rms_norm),
+        Sample(ops.rms_norm.default, (t((3, 16), torch.float16, "sliced"), t((16,), torch.float16, "sliced"), 1e-6), rms_norm),
+        # A weight of another floating dtype than the input.
+        Sample(ops.rms_norm.default, (t((4, 8), torch.bfloat16), t((8,)), 1e-6), rms_norm),
+        Sample(ops.rms_norm.default, (t((0, 16), grad=True), t((16,), grad=True), 1e-6), rms_norm),
+        Sample(ops.rms_norm.out, (x, w, 1e-6), rms_norm, {"out": torch.empty(5, 24, device=device)}),
+        Sample(ops.rms_norm_forward.default, (x, w, None), rms_norm_forward),
+        Sample(ops.rms_norm_forward.default, (t((4, 5), torch.float16), t((5,), torch.float16), None), rms_norm_forward),
+        Sample(ops.rms_norm_forward.default, (t((5, 24), grad=True), t((24,), grad=True), 1e-6), rms_norm_forward),
+        Sample(ops.rms_norm_backward.default, (t((5, 24)), x, w, rstd), rms_norm_backward),
+        Sample(ops.rms_norm_backward.default, (t((5, 24)), x, None, rstd), rms_norm_backward),
+        Sample(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), fused_add_rms_norm),
+        Sample(
+            ops.fused_add_rms_norm.default,
+            (t((5, 24), grad=True), t((5, 24), layout="transposed", grad=True), t((24,), grad=True), None),
+            fused_add_rms_norm,
+        ),
+        Sample(
+            ops.fused_add_rms_norm.out,
+            (x, r, w, 1e-6),
+            fused_add_rms_norm,
+            {"out": torch.empty(5, 24, device=device), "residual_out": torch.empty(5, 24, device=device)},
+        ),
+        Sample(ops.fused_add_rms_norm_forward.default, (x, r, None, 1e-6), fused_add_rms_norm_forward),
+        Sample(
+            ops.fused_add_rms_norm_forward.default,
+            (t((5, 24), grad=True), t((5, 24), grad=True), t((24,), grad=True), 1e-6),
+            fused_add_rms_norm_forward,
+        ),
+        Sample(
+            ops.fused_add_rms_norm_backward.default,
+            (t((5, 24)), t((5, 24)), new_residual, w, rstd2),
+            fused_add_rms_norm_backward,
+        ),
+        Sample(
+            ops.fused_add_rms_norm_backward.default,
+            (t((5, 24)), None, new_residual, w, rstd2),
+            fused_add_rms_norm_backward,
+        ),
+    ]
+    # 300 rows of 1027: several tasks per thread, a tail in every row.
+    for dtype in DTYPES:
+        result += [
+            Sample(
+                ops.rms_norm.default,
+                (t((300, 1027), dtype, grad=True), t((1027,), dtype, grad=True), 1e-6),
+                rms_norm,
+                large=True,
+            ),
+            Sample(
+                ops.fused_add_rms_norm.default,
+                (t((300, 1027), dtype, grad=True), t((300, 1027), dtype, grad=True),
+                 t((1027,), dtype, grad=True), 1e-6),
+                fused_add_rms_norm,
+                large=True,
+            ),
+            Sample(ops.rms_norm.default, (t((1027,), dtype), None, 1e-6), rms_norm, large=True),
+        ]
+    return result
+
+
+__all__ = [
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_backward",
+    "fused_add_rms_norm_forward",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_forward",
+]

@@ -16,6 +16,10 @@ import fuseops
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
+#: Every device tests run on: the CPU, and CUDA where this machine has it (no
+#: CUDA parameter exists elsewhere, rather than one that is skipped).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 def _inductor_cache_for_this_build() -> str:
     """torch.compile caches compiled graphs across processes, keyed by the
@@ -49,6 +53,12 @@ def run_python(code: str, env_overrides: dict[str, str] | None = None) -> subpro
 @pytest.fixture(autouse=True)
 def _deterministic_seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    """Each device in DEVICES in turn."""
+    return request.param
 
 
 CAPABILITY_ORDER = ["DEFAULT", "AVX2", "AVX512"]

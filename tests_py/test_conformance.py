@@ -361,16 +361,11 @@ def float64_reference(sample, results, grad_outputs):
     return [(w.to(r.dtype), k) for w, r, k in zip(wanted, results, terms)]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("capability", [c.lower() for c in CAPABILITY_ORDER])
-def test_every_op_in_each_cpu_build(capability, tmp_path):
-    """Every CPU sample, forward and backward, in a child process forced to
-    one CPU build: the same results as this process's build, and the large
-    samples (several tasks per thread, a vector tail in every row) the
-    float64 reference's, as the op files check this process's build. Samples
-    with Inf or NaN inputs are compared with this process's build only: the
-    op files check them against exact formulas (the textbook references
-    give NaN where the limit exists)."""
+@pytest.fixture(scope="module")
+def cpu_calls(tmp_path_factory):
+    """Every CPU sample's call saved for the child processes (path), with
+    what this process's build computed and, for the large samples with finite
+    inputs, the float64 reference: computed once for all builds."""
     calls, expected = [], []
     for sample in SAMPLES["cpu"]:
         args, kwargs, _ = fresh(sample)
@@ -380,11 +375,26 @@ def test_every_op_in_each_cpu_build(capability, tmp_path):
         finite = all(a.isfinite().all() for a in args if isinstance(a, torch.Tensor))
         reference = float64_reference(sample, results, grad_outputs) if sample.large and finite else None
         expected.append((sample, results, reference))
-    torch.save(calls, tmp_path / "calls.pt")
+    path = tmp_path_factory.mktemp("cpu_builds") / "calls.pt"
+    torch.save(calls, path)
+    return path, expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", [c.lower() for c in CAPABILITY_ORDER])
+def test_every_op_in_each_cpu_build(capability, cpu_calls, tmp_path):
+    """Every CPU sample, forward and backward, in a child process forced to
+    one CPU build: the same results as this process's build, and the large
+    samples (several tasks per thread, a vector tail in every row) the
+    float64 reference's, as the op files check this process's build. Samples
+    with Inf or NaN inputs are compared with this process's build only: the
+    op files check them against exact formulas (the textbook references
+    give NaN where the limit exists)."""
+    calls_path, expected = cpu_calls
     run_under_cpu_capability(
         capability,
         "import fuseops, sample_run\n"
-        f"sample_run.main({str(tmp_path / 'calls.pt')!r}, {str(tmp_path / 'results.pt')!r})\n",
+        f"sample_run.main({str(calls_path)!r}, {str(tmp_path / 'results.pt')!r})\n",
     )
     actual = torch.load(tmp_path / "results.pt")
     assert len(actual) == len(expected)

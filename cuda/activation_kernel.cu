@@ -10,7 +10,6 @@
 #include "activation_math.cuh"
 #include "elementwise.cuh"
 #include "ops/activation.h"
-#include "ops/activation_registration.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -91,8 +90,7 @@ void bias_gelu_kernel(const at::Tensor& out, const at::Tensor& input, const at::
         const scalar_t* x = input.const_data_ptr<scalar_t>();
         const scalar_t* b = bias.const_data_ptr<scalar_t>();
         constexpr int kVec = 16 / sizeof(scalar_t);
-        const bool vectorizable = cols % kVec == 0 && is_aligned(out_data, 16) &&
-                                  is_aligned(x, 16) && is_aligned(b, 16);
+        const bool vectorizable = can_vectorize<scalar_t>(cols, {out_data, x, b});
         auto stream = c10::cuda::getCurrentCUDAStream();
         dispatch_activation(activation, [&](auto act) {
           constexpr Activation kAct = decltype(act)::value;
@@ -180,7 +178,7 @@ void bias_gelu_backward_kernel(const at::Tensor& grad_input, const at::Tensor& g
       });
 }
 
-struct CudaKernels {
+struct Kernels {
   static detail::ActivationKernel forward() { return &activation_kernel; }
   static detail::ActivationBackwardKernel backward() { return &activation_backward_kernel; }
   static detail::BiasGeluKernel bias_gelu() { return &bias_gelu_kernel; }
@@ -192,7 +190,7 @@ struct CudaKernels {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::ActivationRegistrations<CudaKernels>::register_all(m);
+  detail::ActivationRegistrations<Kernels>::register_all(m);
 }
 
 }  // namespace fuseops::cuda

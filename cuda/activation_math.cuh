@@ -12,19 +12,13 @@
 namespace fuseops::cuda {
 
 using detail::Activation;
+using detail::dispatch_activation;
+using detail::GeluConstants;
 
 __device__ __forceinline__ float device_erf(float x) { return erff(x); }
 __device__ __forceinline__ double device_erf(double x) { return erf(x); }
 __device__ __forceinline__ float device_exp(float x) { return expf(x); }
 __device__ __forceinline__ double device_exp(double x) { return exp(x); }
-
-template <typename T>
-struct GeluConstants {
-  static constexpr T kAlpha = T(M_SQRT1_2);                      // 1/sqrt(2)
-  static constexpr T kBeta = T(M_2_SQRTPI * M_SQRT1_2 * 0.5);    // 1/sqrt(2*pi)
-  static constexpr T kTanhBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5);  // sqrt(2/pi)
-  static constexpr T kKappa = T(0.044715);
-};
 
 template <Activation kAct, typename T>
 __device__ __forceinline__ T activation_value(T x) {
@@ -66,22 +60,6 @@ __device__ __forceinline__ T activation_derivative(T x, T* value) {
     }
     const T inner_derivative = C::kTanhBeta * (T(1) + T(3) * C::kKappa * x_sq);
     return s + T(2) * x * s * (T(1) - s) * inner_derivative;
-  }
-}
-
-// Runs fn(std::integral_constant<Activation, A>{}) for the runtime `activation`.
-template <typename Fn>
-inline void dispatch_activation(Activation activation, const Fn& fn) {
-  switch (activation) {
-    case Activation::Silu:
-      fn(std::integral_constant<Activation, Activation::Silu>{});
-      break;
-    case Activation::GeluErf:
-      fn(std::integral_constant<Activation, Activation::GeluErf>{});
-      break;
-    case Activation::GeluTanh:
-      fn(std::integral_constant<Activation, Activation::GeluTanh>{});
-      break;
   }
 }
 

@@ -4,6 +4,7 @@
 // bfloat16/float16 (at::opmath_type), int64 indexing.
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
@@ -18,6 +19,41 @@ struct alignas(sizeof(T) * N) AlignedVector {
 
 inline bool is_aligned(const void* ptr, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+// Every kernel's vector loads and stores are this wide.
+inline constexpr int kVectorBytes = 16;
+
+// Whether every pointer is kVectorBytes-aligned; null pointers (absent
+// optional tensors) do not count.
+inline bool all_aligned(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (p != nullptr && !is_aligned(p, kVectorBytes)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether vectors of T may run along rows that start `row_elements` apart in
+// each of `pointers`: no vector straddles two rows and every row starts
+// aligned.
+template <typename T>
+bool can_vectorize(int64_t row_elements, std::initializer_list<const void*> pointers) {
+  constexpr int64_t kVec = kVectorBytes / sizeof(T);
+  return row_elements % kVec == 0 && all_aligned(pointers);
+}
+
+constexpr int kWarpSize = 32;
+
+// Sum of `value` over the warp, returned to every lane.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  return value;
 }
 
 constexpr int kThreadsPerBlock = 256;
@@ -76,8 +112,7 @@ void launch_elementwise_impl(int64_t n, Op op, scalar_t* out, const scalar_t* a,
   }
   constexpr int kVec = 16 / sizeof(scalar_t);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const bool vectorizable =
-      is_aligned(out, 16) && is_aligned(a, 16) && (!kBinary || is_aligned(b, 16));
+  const bool vectorizable = all_aligned({out, a, b});
   if (vectorizable) {
     elementwise_kernel<kVec, kBinary>
         <<<blocks_for((n + kVec - 1) / kVec), kThreadsPerBlock, 0, stream>>>(n, op, out, a, b);

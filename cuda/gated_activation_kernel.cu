@@ -11,7 +11,6 @@
 #include "activation_math.cuh"
 #include "elementwise.cuh"
 #include "ops/gated_activation.h"
-#include "ops/gated_activation_registration.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -37,12 +36,11 @@ RowPtr<scalar_t> mutable_rows_of(const at::Tensor& t) {
 // start is aligned.
 template <typename scalar_t>
 bool rows_vectorizable(int64_t cols, std::initializer_list<at::Tensor> views) {
-  constexpr int kVec = 16 / sizeof(scalar_t);
-  if (cols % kVec != 0) {
+  if (!can_vectorize<scalar_t>(cols, {})) {
     return false;
   }
   for (const at::Tensor& t : views) {
-    if (t.stride(0) % kVec != 0 || !is_aligned(t.const_data_ptr(), 16)) {
+    if (!can_vectorize<scalar_t>(t.stride(0), {t.const_data_ptr()})) {
       return false;
     }
   }
@@ -166,7 +164,7 @@ void gated_backward_kernel(const at::Tensor& grad_gate, const at::Tensor& grad_u
       });
 }
 
-struct CudaGatedKernels {
+struct Kernels {
   static detail::GatedKernel forward() { return &gated_kernel; }
   static detail::GatedBackwardKernel backward() { return &gated_backward_kernel; }
 };
@@ -174,7 +172,7 @@ struct CudaGatedKernels {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::GatedRegistrations<CudaGatedKernels>::register_all(m);
+  detail::GatedRegistrations<Kernels>::register_all(m);
 }
 
 }  // namespace fuseops::cuda

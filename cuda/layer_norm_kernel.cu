@@ -28,18 +28,8 @@
 namespace fuseops::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
 constexpr int kMaxThreads = 512;
 constexpr int kMaxWarps = kMaxThreads / kWarpSize;
-
-template <typename acc_t>
-__device__ acc_t warp_sum(acc_t value) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  return value;
-}
 
 // Sum of `value` over the block (blockDim.x a multiple of 32), returned to
 // every thread. `shared` holds one value per warp.
@@ -276,20 +266,6 @@ __global__ void sum_partials_kernel(T* __restrict__ grad_weight, T* __restrict__
   }
 }
 
-template <typename T>
-int vector_width(int64_t hidden, std::initializer_list<const void*> pointers) {
-  constexpr int kVec = 16 / sizeof(T);
-  if (hidden % kVec != 0) {
-    return 1;
-  }
-  for (const void* p : pointers) {
-    if (p != nullptr && !is_aligned(p, 16)) {
-      return 1;
-    }
-  }
-  return kVec;
-}
-
 int device_attribute(cudaDeviceAttr attribute, int device) {
   int value = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
@@ -316,7 +292,9 @@ void layer_norm_kernel(const at::Tensor& out, const at::Tensor& mean, const at::
         const scalar_t* b = data_or_null<scalar_t>(bias);
         acc_t* mean_data = mean.defined() ? mean.mutable_data_ptr<acc_t>() : nullptr;
         acc_t* rstd_data = rstd.defined() ? rstd.mutable_data_ptr<acc_t>() : nullptr;
-        const int vec = vector_width<scalar_t>(hidden, {y, x, w, b});
+        const int vec = can_vectorize<scalar_t>(hidden, {y, x, w, b})
+                            ? static_cast<int>(16 / sizeof(scalar_t))
+                            : 1;
         const int threads = threads_for(hidden / vec);
         const auto grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
         auto stream = c10::cuda::getCurrentCUDAStream();
@@ -382,7 +360,7 @@ void layer_norm_backward_kernel_launch(const at::Tensor& grad_input,
         const acc_t* mean_data = mean.const_data_ptr<acc_t>();
         const acc_t* rstd_data = rstd.const_data_ptr<acc_t>();
         auto stream = c10::cuda::getCurrentCUDAStream();
-        if (vector_width<scalar_t>(hidden, {dx, dy, x, w}) > 1) {
+        if (can_vectorize<scalar_t>(hidden, {dx, dy, x, w})) {
           launch_backward<scalar_t, 16 / sizeof(scalar_t)>(dx, partial_data, dy, x, w,
                                                            mean_data, rstd_data, rows, hidden,
                                                            blocks, device, stream);
@@ -400,34 +378,15 @@ void layer_norm_backward_kernel_launch(const at::Tensor& grad_input,
       });
 }
 
-at::Tensor layer_norm_cuda(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                           const std::optional<at::Tensor>& bias, double eps) {
-  return detail::layer_norm_with(input, weight, bias, eps, &layer_norm_kernel);
-}
-void layer_norm_out_cuda(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                         const std::optional<at::Tensor>& bias, double eps, at::Tensor& out) {
-  detail::layer_norm_out_with(input, weight, bias, eps, out, &layer_norm_kernel);
-}
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_cuda(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  return detail::layer_norm_forward_with(input, weight, bias, eps, &layer_norm_kernel);
-}
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd) {
-  return detail::layer_norm_backward_with(grad_output, input, weight, mean, rstd,
-                                          &layer_norm_backward_kernel_launch);
-}
+struct Kernels {
+  static detail::LayerNormKernel forward() { return &layer_norm_kernel; }
+  static detail::LayerNormBackwardKernel backward() { return &layer_norm_backward_kernel_launch; }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  m.impl("layer_norm", TORCH_FN(layer_norm_cuda));
-  m.impl("layer_norm.out", TORCH_FN(layer_norm_out_cuda));
-  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_cuda));
-  m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_cuda));
+  detail::LayerNormRegistrations<Kernels>::register_all(m);
 }
 
 }  // namespace fuseops::cuda

@@ -48,22 +48,15 @@ void relu_backward_kernel(const at::Tensor& grad_input, const at::Tensor& grad_o
       });
 }
 
-at::Tensor relu_cuda(const at::Tensor& input) {
-  return detail::relu_with(input, &relu_kernel);
-}
-void relu_out_cuda(const at::Tensor& input, at::Tensor& out) {
-  detail::relu_out_with(input, out, &relu_kernel);
-}
-at::Tensor relu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& result) {
-  return detail::relu_backward_with(grad_output, result, &relu_backward_kernel);
-}
+struct Kernels {
+  static detail::ReluKernel forward() { return &relu_kernel; }
+  static detail::ReluBackwardKernel backward() { return &relu_backward_kernel; }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  m.impl("relu", TORCH_FN(relu_cuda));
-  m.impl("relu.out", TORCH_FN(relu_out_cuda));
-  m.impl("relu_backward", TORCH_FN(relu_backward_cuda));
+  detail::ReluRegistrations<Kernels>::register_all(m);
 }
 
 }  // namespace fuseops::cuda

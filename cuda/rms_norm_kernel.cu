@@ -23,24 +23,16 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <torch/library.h>
+
 #include "elementwise.cuh"
-#include "ops/rms_norm_backend.h"
+#include "ops/rms_norm.h"
 
 namespace fuseops::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
 constexpr int kBlockThreads = 256;
 constexpr int kWarpsPerBlock = kBlockThreads / kWarpSize;
-
-template <typename T>
-__device__ __forceinline__ T warp_sum(T value) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  return value;
-}
 
 // Sum over the lanes that share a row: one warp, or the whole block (then
 // blockDim.y == 1 and every thread of the block works on the same row).
@@ -328,12 +320,11 @@ void launch_backward(const detail::RmsNormBackwardArgs& args, int64_t rows, int6
 // row start is aligned (the opmath weight is read one element at a time).
 template <typename scalar_t>
 bool vectorizable(int64_t hidden, std::initializer_list<const at::Tensor*> tensors) {
-  constexpr int kVec = 16 / sizeof(scalar_t);
-  if (hidden % kVec != 0) {
+  if (!can_vectorize<scalar_t>(hidden, {})) {
     return false;
   }
   for (const at::Tensor* t : tensors) {
-    if (t->defined() && !is_aligned(t->const_data_ptr(), 16)) {
+    if (t->defined() && !all_aligned({t->const_data_ptr()})) {
       return false;
     }
   }
@@ -372,7 +363,7 @@ void rms_norm_backward_cuda_kernel(const detail::RmsNormBackwardArgs& args) {
       });
 }
 
-struct CudaKernels {
+struct Kernels {
   static detail::RmsNormForwardKernel forward() { return &rms_norm_forward_cuda_kernel; }
   static detail::RmsNormBackwardKernel backward() { return &rms_norm_backward_cuda_kernel; }
 };
@@ -380,7 +371,7 @@ struct CudaKernels {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::RmsNormBackend<CudaKernels>::register_impls(m);
+  detail::RmsNormRegistrations<Kernels>::register_all(m);
 }
 
 }  // namespace fuseops::cuda

@@ -18,7 +18,6 @@
 #include "test_helpers.h"
 
 #include "ops/cpu/dispatch.h"
-#include "ops/layer_norm.h"
 
 namespace {
 

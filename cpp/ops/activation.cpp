@@ -1,16 +1,16 @@
-// fuseops::gelu, silu and bias_gelu: schemas, C++ API, shared checks, and the
-// CPU and Meta registrations. Kernels: cpp/ops/cpu/activation_kernel.cpp,
+// fuseops::gelu, silu and bias_gelu: schemas, C++ API, shared checks and the
+// Meta registration. CPU: cpp/ops/cpu/activation.cpp; CUDA:
 // cuda/activation_kernel.cu; autograd: cpp/ops/autograd/activation.cpp.
 
 #include "ops/activation.h"
 
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <fuseops/activation.h>
 
-#include "ops/activation_registration.h"
 #include "ops/common/checks.h"
+#include "ops/common/dispatcher.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace detail {
@@ -26,23 +26,7 @@ Activation parse_gelu_approximate(const char* op, std::string_view approximate) 
               approximate, "'");
 }
 
-void fill_out(at::Tensor& out, std::initializer_list<at::Tensor> same_index,
-              std::initializer_list<at::Tensor> inputs,
-              const std::function<void(const at::Tensor&)>& fill) {
-  if (writes_directly(out, same_index, inputs)) {
-    fill(out);
-  } else {
-    at::Tensor result = at::empty(out.sizes(), out.options());
-    fill(result);
-    out.copy_(result);
-  }
-}
-
 namespace {
-
-at::Tensor empty_contiguous_like(const at::Tensor& t) {
-  return at::empty(t.sizes(), t.options());
-}
 
 void check_bias_gelu_inputs(const char* op, const at::Tensor& input, const at::Tensor& bias) {
   check_floating_input(op, "input", input);
@@ -158,30 +142,19 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& gra
 
 }  // namespace detail
 
-namespace cpu {
-FUSEOPS_DEFINE_CPU_KERNEL(activation_kernel, detail::ActivationKernel);
-FUSEOPS_DEFINE_CPU_KERNEL(activation_backward_kernel, detail::ActivationBackwardKernel);
-FUSEOPS_DEFINE_CPU_KERNEL(bias_gelu_kernel, detail::BiasGeluKernel);
-FUSEOPS_DEFINE_CPU_KERNEL(bias_gelu_backward_kernel, detail::BiasGeluBackwardKernel);
-}  // namespace cpu
-
 // C++ API: through the dispatcher, so autograd and the device kernels apply.
 // Undefined tensors carry no dispatch key, so they are rejected here, before
 // the dispatcher would fail with a message that names no argument.
 at::Tensor gelu(const at::Tensor& input, std::string_view approximate) {
   check_floating_input("fuseops::gelu", "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::gelu", "")
-                       .typed<at::Tensor(const at::Tensor&, c10::string_view)>();
+  static auto op = detail::find_op<decltype(gelu)>("fuseops::gelu");
   return op.call(input, approximate);
 }
 
 at::Tensor& gelu_out(const at::Tensor& input, std::string_view approximate, at::Tensor& out) {
   check_floating_input("fuseops::gelu.out", "input", input);
   check_out("fuseops::gelu.out", out, "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::gelu", "out")
-                       .typed<void(const at::Tensor&, c10::string_view, at::Tensor&)>();
+  static auto op = detail::find_out_op<decltype(gelu_out)>("fuseops::gelu", "out");
   op.call(input, approximate, out);
   return out;
 }
@@ -190,27 +163,20 @@ at::Tensor gelu_backward(const at::Tensor& grad_output, const at::Tensor& input,
                          std::string_view approximate) {
   check_floating_input("fuseops::gelu_backward", "grad_output", grad_output);
   check_floating_input("fuseops::gelu_backward", "input", input);
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fuseops::gelu_backward", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  static auto op = detail::find_op<decltype(gelu_backward)>("fuseops::gelu_backward");
   return op.call(grad_output, input, approximate);
 }
 
 at::Tensor silu(const at::Tensor& input) {
   check_floating_input("fuseops::silu", "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::silu", "")
-                       .typed<at::Tensor(const at::Tensor&)>();
+  static auto op = detail::find_op<decltype(silu)>("fuseops::silu");
   return op.call(input);
 }
 
 at::Tensor& silu_out(const at::Tensor& input, at::Tensor& out) {
   check_floating_input("fuseops::silu.out", "input", input);
   check_out("fuseops::silu.out", out, "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::silu", "out")
-                       .typed<void(const at::Tensor&, at::Tensor&)>();
+  static auto op = detail::find_out_op<decltype(silu_out)>("fuseops::silu", "out");
   op.call(input, out);
   return out;
 }
@@ -218,9 +184,7 @@ at::Tensor& silu_out(const at::Tensor& input, at::Tensor& out) {
 at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input) {
   check_floating_input("fuseops::silu_backward", "grad_output", grad_output);
   check_floating_input("fuseops::silu_backward", "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::silu_backward", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static auto op = detail::find_op<decltype(silu_backward)>("fuseops::silu_backward");
   return op.call(grad_output, input);
 }
 
@@ -228,10 +192,7 @@ at::Tensor bias_gelu(const at::Tensor& input, const at::Tensor& bias,
                      std::string_view approximate) {
   check_floating_input("fuseops::bias_gelu", "input", input);
   check_floating_input("fuseops::bias_gelu", "bias", bias);
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fuseops::bias_gelu", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  static auto op = detail::find_op<decltype(bias_gelu)>("fuseops::bias_gelu");
   return op.call(input, bias, approximate);
 }
 
@@ -240,10 +201,7 @@ at::Tensor& bias_gelu_out(const at::Tensor& input, const at::Tensor& bias,
   check_floating_input("fuseops::bias_gelu.out", "input", input);
   check_floating_input("fuseops::bias_gelu.out", "bias", bias);
   check_out("fuseops::bias_gelu.out", out, "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::bias_gelu", "out")
-                       .typed<void(const at::Tensor&, const at::Tensor&, c10::string_view,
-                                   at::Tensor&)>();
+  static auto op = detail::find_out_op<decltype(bias_gelu_out)>("fuseops::bias_gelu", "out");
   op.call(input, bias, approximate, out);
   return out;
 }
@@ -256,25 +214,17 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_out
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
   check_floating_input(name, "bias", bias);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow(name, "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           c10::string_view)>();
+  static auto op = detail::find_op<decltype(bias_gelu_backward)>(name);
   return op.call(grad_output, input, bias, approximate);
 }
 
 namespace {
 
-struct CpuKernels {
-  static detail::ActivationKernel forward() { return cpu::activation_kernel.get(); }
-  static detail::ActivationBackwardKernel backward() {
-    return cpu::activation_backward_kernel.get();
-  }
-  static detail::BiasGeluKernel bias_gelu() { return cpu::bias_gelu_kernel.get(); }
-  static detail::BiasGeluBackwardKernel bias_gelu_backward() {
-    return cpu::bias_gelu_backward_kernel.get();
-  }
+struct MetaKernels {
+  static detail::ActivationKernel forward() { return nullptr; }
+  static detail::ActivationBackwardKernel backward() { return nullptr; }
+  static detail::BiasGeluKernel bias_gelu() { return nullptr; }
+  static detail::BiasGeluBackwardKernel bias_gelu_backward() { return nullptr; }
 };
 
 }  // namespace
@@ -300,12 +250,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       tags);
 }
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::ActivationRegistrations<CpuKernels>::register_all(m);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::ActivationRegistrations<detail::MetaActivationKernels>::register_all(m);
+  detail::ActivationRegistrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

@@ -1,19 +1,45 @@
 #pragma once
-// Internal pieces of the activation ops (gelu, silu, bias_gelu) shared by
-// their backends, and the activation choice the gated ops reuse.
+// The contract of the activation ops (gelu, silu, bias_gelu) between their
+// shared entry points and their kernels (see ops/relu.h), and the activation
+// choice the gated ops reuse.
 
-#include <functional>
-#include <initializer_list>
+#include <cmath>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 #include <ATen/core/Tensor.h>
-
-#include "ops/cpu/dispatch.h"
+#include <c10/core/CompileTimeFunctionPointer.h>
 
 namespace fuseops::detail {
 
 enum class Activation { Silu, GeluErf, GeluTanh };
+
+// The GELU constants of every backend: host code, the CPU kernels and (as
+// compile-time constants) the CUDA kernels.
+template <typename T>
+struct GeluConstants {
+  static constexpr T kAlpha = T(M_SQRT1_2);                      // 1/sqrt(2)
+  static constexpr T kBeta = T(M_2_SQRTPI * M_SQRT1_2 * 0.5);    // 1/sqrt(2*pi)
+  static constexpr T kTanhBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5);  // sqrt(2/pi)
+  static constexpr T kKappa = T(0.044715);
+};
+
+// Runs fn(std::integral_constant<Activation, A>{}) for the runtime `activation`.
+template <typename Fn>
+inline void dispatch_activation(Activation activation, const Fn& fn) {
+  switch (activation) {
+    case Activation::Silu:
+      fn(std::integral_constant<Activation, Activation::Silu>{});
+      break;
+    case Activation::GeluErf:
+      fn(std::integral_constant<Activation, Activation::GeluErf>{});
+      break;
+    case Activation::GeluTanh:
+      fn(std::integral_constant<Activation, Activation::GeluTanh>{});
+      break;
+  }
+}
 
 // The GELU form named by an `approximate` argument ("none" or "tanh"); any
 // other string is an error naming `op`.
@@ -60,18 +86,67 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& gra
                                                            std::string_view approximate,
                                                            BiasGeluBackwardKernel kernel);
 
-// Fills a caller's `out` with `fill(target)`: straight into `out` when
-// writes_directly(out, same_index, inputs) (ops/common/checks.h) allows it,
-// else into a temporary copied over afterwards.
-void fill_out(at::Tensor& out, std::initializer_list<at::Tensor> same_index,
-              std::initializer_list<at::Tensor> inputs,
-              const std::function<void(const at::Tensor&)>& fill);
+// The dispatcher entry points of one backend, whose `Kernels::forward()`,
+// `backward()`, `bias_gelu()` and `bias_gelu_backward()` return its kernels.
+template <typename Kernels>
+struct ActivationRegistrations {
+  static at::Tensor gelu(const at::Tensor& input, std::string_view approximate) {
+    constexpr const char* op = "fuseops::gelu";
+    return activation_with(op, input, parse_gelu_approximate(op, approximate),
+                           Kernels::forward());
+  }
+  static void gelu_out(const at::Tensor& input, std::string_view approximate,
+                       at::Tensor& out) {
+    constexpr const char* op = "fuseops::gelu.out";
+    activation_out_with(op, input, parse_gelu_approximate(op, approximate), out,
+                        Kernels::forward());
+  }
+  static at::Tensor gelu_backward(const at::Tensor& grad_output, const at::Tensor& input,
+                                  std::string_view approximate) {
+    constexpr const char* op = "fuseops::gelu_backward";
+    return activation_backward_with(op, grad_output, input,
+                                    parse_gelu_approximate(op, approximate),
+                                    Kernels::backward());
+  }
+  static at::Tensor silu(const at::Tensor& input) {
+    return activation_with("fuseops::silu", input, Activation::Silu, Kernels::forward());
+  }
+  static void silu_out(const at::Tensor& input, at::Tensor& out) {
+    activation_out_with("fuseops::silu.out", input, Activation::Silu, out,
+                        Kernels::forward());
+  }
+  static at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input) {
+    return activation_backward_with("fuseops::silu_backward", grad_output, input,
+                                    Activation::Silu, Kernels::backward());
+  }
+  static at::Tensor bias_gelu(const at::Tensor& input, const at::Tensor& bias,
+                              std::string_view approximate) {
+    return bias_gelu_with(input, bias, approximate, Kernels::bias_gelu());
+  }
+  static void bias_gelu_out(const at::Tensor& input, const at::Tensor& bias,
+                            std::string_view approximate, at::Tensor& out) {
+    bias_gelu_out_with(input, bias, approximate, out, Kernels::bias_gelu());
+  }
+  static std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_output,
+                                                               const at::Tensor& input,
+                                                               const at::Tensor& bias,
+                                                               std::string_view approximate) {
+    return bias_gelu_backward_with(grad_output, input, bias, approximate,
+                                   Kernels::bias_gelu_backward());
+  }
+
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("gelu", TORCH_FN(gelu));
+    m.impl("gelu.out", TORCH_FN(gelu_out));
+    m.impl("gelu_backward", TORCH_FN(gelu_backward));
+    m.impl("silu", TORCH_FN(silu));
+    m.impl("silu.out", TORCH_FN(silu_out));
+    m.impl("silu_backward", TORCH_FN(silu_backward));
+    m.impl("bias_gelu", TORCH_FN(bias_gelu));
+    m.impl("bias_gelu.out", TORCH_FN(bias_gelu_out));
+    m.impl("bias_gelu_backward", TORCH_FN(bias_gelu_backward));
+  }
+};
 
 }  // namespace fuseops::detail
-
-namespace fuseops::cpu {
-FUSEOPS_DECLARE_CPU_KERNEL(activation_kernel, detail::ActivationKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(activation_backward_kernel, detail::ActivationBackwardKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(bias_gelu_kernel, detail::BiasGeluKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(bias_gelu_backward_kernel, detail::BiasGeluBackwardKernel);
-}  // namespace fuseops::cpu

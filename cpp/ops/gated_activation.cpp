@@ -1,6 +1,6 @@
 // fuseops::swiglu and geglu (separate and packed forms): schemas, C++ API,
-// shared checks, and the CPU and Meta registrations. Kernels:
-// cpp/ops/cpu/gated_activation_kernel.cpp, cuda/gated_activation_kernel.cu;
+// shared checks and the Meta registration. CPU:
+// cpp/ops/cpu/gated_activation.cpp; CUDA: cuda/gated_activation_kernel.cu;
 // autograd: cpp/ops/autograd/gated_activation.cpp.
 
 #include "ops/gated_activation.h"
@@ -12,7 +12,7 @@
 #include <fuseops/gated_activation.h>
 
 #include "ops/common/checks.h"
-#include "ops/gated_activation_registration.h"
+#include "ops/common/dispatcher.h"
 
 namespace fuseops {
 namespace detail {
@@ -167,11 +167,6 @@ at::Tensor gated_packed_backward_with(const char* op, const at::Tensor& grad_out
 
 }  // namespace detail
 
-namespace cpu {
-FUSEOPS_DEFINE_CPU_KERNEL(gated_kernel, detail::GatedKernel);
-FUSEOPS_DEFINE_CPU_KERNEL(gated_backward_kernel, detail::GatedBackwardKernel);
-}  // namespace cpu
-
 // C++ API: through the dispatcher, so autograd and the device kernels apply.
 // Undefined tensors carry no dispatch key, so they are rejected here, before
 // the dispatcher would fail with a message that names no argument.
@@ -184,25 +179,18 @@ void check_defined_pair(const char* op, const at::Tensor& gate, const at::Tensor
   check_floating_input(op, "up", up);
 }
 
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> find_op(const char* name, const char* overload) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).typed<Signature>();
-}
-
 }  // namespace
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   check_defined_pair("fuseops::swiglu", gate, up);
-  static auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>(
-      "fuseops::swiglu", "");
+  static auto op = detail::find_op<decltype(swiglu)>("fuseops::swiglu");
   return op.call(gate, up);
 }
 
 at::Tensor& swiglu_out(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
   check_defined_pair("fuseops::swiglu.out", gate, up);
   check_out("fuseops::swiglu.out", out, "gate", gate);
-  static auto op = find_op<void(const at::Tensor&, const at::Tensor&, at::Tensor&)>(
-      "fuseops::swiglu", "out");
+  static auto op = detail::find_out_op<decltype(swiglu_out)>("fuseops::swiglu", "out");
   op.call(gate, up, out);
   return out;
 }
@@ -211,15 +199,13 @@ TensorPair swiglu_backward(const at::Tensor& grad_output, const at::Tensor& gate
                            const at::Tensor& up) {
   check_floating_input("fuseops::swiglu_backward", "grad_output", grad_output);
   check_defined_pair("fuseops::swiglu_backward", gate, up);
-  static auto op =
-      find_op<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
-          "fuseops::swiglu_backward", "");
+  static auto op = detail::find_op<decltype(swiglu_backward)>("fuseops::swiglu_backward");
   return op.call(grad_output, gate, up);
 }
 
 at::Tensor swiglu_packed(const at::Tensor& input) {
   check_floating_input("fuseops::swiglu.packed", "input", input);
-  static auto op = find_op<at::Tensor(const at::Tensor&)>("fuseops::swiglu", "packed");
+  static auto op = detail::find_op<decltype(swiglu_packed)>("fuseops::swiglu", "packed");
   return op.call(input);
 }
 
@@ -227,7 +213,7 @@ at::Tensor& swiglu_packed_out(const at::Tensor& input, at::Tensor& out) {
   check_floating_input("fuseops::swiglu.packed_out", "input", input);
   check_out("fuseops::swiglu.packed_out", out, "input", input);
   static auto op =
-      find_op<void(const at::Tensor&, at::Tensor&)>("fuseops::swiglu", "packed_out");
+      detail::find_out_op<decltype(swiglu_packed_out)>("fuseops::swiglu", "packed_out");
   op.call(input, out);
   return out;
 }
@@ -235,16 +221,14 @@ at::Tensor& swiglu_packed_out(const at::Tensor& input, at::Tensor& out) {
 at::Tensor swiglu_packed_backward(const at::Tensor& grad_output, const at::Tensor& input) {
   check_floating_input("fuseops::swiglu_backward.packed", "grad_output", grad_output);
   check_floating_input("fuseops::swiglu_backward.packed", "input", input);
-  static auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>(
-      "fuseops::swiglu_backward", "packed");
+  static auto op =
+      detail::find_op<decltype(swiglu_packed_backward)>("fuseops::swiglu_backward", "packed");
   return op.call(grad_output, input);
 }
 
 at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up, std::string_view approximate) {
   check_defined_pair("fuseops::geglu", gate, up);
-  static auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>(
-          "fuseops::geglu", "");
+  static auto op = detail::find_op<decltype(geglu)>("fuseops::geglu");
   return op.call(gate, up, approximate);
 }
 
@@ -252,9 +236,7 @@ at::Tensor& geglu_out(const at::Tensor& gate, const at::Tensor& up,
                       std::string_view approximate, at::Tensor& out) {
   check_defined_pair("fuseops::geglu.out", gate, up);
   check_out("fuseops::geglu.out", out, "gate", gate);
-  static auto op =
-      find_op<void(const at::Tensor&, const at::Tensor&, c10::string_view, at::Tensor&)>(
-          "fuseops::geglu", "out");
+  static auto op = detail::find_out_op<decltype(geglu_out)>("fuseops::geglu", "out");
   op.call(gate, up, approximate, out);
   return out;
 }
@@ -263,15 +245,13 @@ TensorPair geglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
                           const at::Tensor& up, std::string_view approximate) {
   check_floating_input("fuseops::geglu_backward", "grad_output", grad_output);
   check_defined_pair("fuseops::geglu_backward", gate, up);
-  static auto op = find_op<TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                      c10::string_view)>("fuseops::geglu_backward", "");
+  static auto op = detail::find_op<decltype(geglu_backward)>("fuseops::geglu_backward");
   return op.call(grad_output, gate, up, approximate);
 }
 
 at::Tensor geglu_packed(const at::Tensor& input, std::string_view approximate) {
   check_floating_input("fuseops::geglu.packed", "input", input);
-  static auto op =
-      find_op<at::Tensor(const at::Tensor&, c10::string_view)>("fuseops::geglu", "packed");
+  static auto op = detail::find_op<decltype(geglu_packed)>("fuseops::geglu", "packed");
   return op.call(input, approximate);
 }
 
@@ -279,8 +259,7 @@ at::Tensor& geglu_packed_out(const at::Tensor& input, std::string_view approxima
                              at::Tensor& out) {
   check_floating_input("fuseops::geglu.packed_out", "input", input);
   check_out("fuseops::geglu.packed_out", out, "input", input);
-  static auto op = find_op<void(const at::Tensor&, c10::string_view, at::Tensor&)>(
-      "fuseops::geglu", "packed_out");
+  static auto op = detail::find_out_op<decltype(geglu_packed_out)>("fuseops::geglu", "packed_out");
   op.call(input, approximate, out);
   return out;
 }
@@ -290,16 +269,15 @@ at::Tensor geglu_packed_backward(const at::Tensor& grad_output, const at::Tensor
   check_floating_input("fuseops::geglu_backward.packed", "grad_output", grad_output);
   check_floating_input("fuseops::geglu_backward.packed", "input", input);
   static auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>(
-          "fuseops::geglu_backward", "packed");
+      detail::find_op<decltype(geglu_packed_backward)>("fuseops::geglu_backward", "packed");
   return op.call(grad_output, input, approximate);
 }
 
 namespace {
 
-struct CpuGatedKernels {
-  static detail::GatedKernel forward() { return cpu::gated_kernel.get(); }
-  static detail::GatedBackwardKernel backward() { return cpu::gated_backward_kernel.get(); }
+struct MetaKernels {
+  static detail::GatedKernel forward() { return nullptr; }
+  static detail::GatedBackwardKernel backward() { return nullptr; }
 };
 
 }  // namespace
@@ -329,12 +307,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       tags);
 }
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::GatedRegistrations<CpuGatedKernels>::register_all(m);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::GatedRegistrations<detail::MetaGatedKernels>::register_all(m);
+  detail::GatedRegistrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

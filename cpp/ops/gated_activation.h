@@ -1,14 +1,14 @@
 #pragma once
-// Internal pieces of the gated activations (swiglu, geglu) shared by their
-// backends.
+// The contract of the gated activations (swiglu, geglu) between their shared
+// entry points and their kernels (see ops/relu.h).
 
 #include <string_view>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/CompileTimeFunctionPointer.h>
 
 #include "ops/activation.h"
-#include "ops/cpu/dispatch.h"
 
 namespace fuseops::detail {
 
@@ -44,9 +44,90 @@ at::Tensor gated_packed_backward_with(const char* op, const at::Tensor& grad_out
                                       const at::Tensor& input, Activation activation,
                                       GatedBackwardKernel kernel);
 
-}  // namespace fuseops::detail
+// The dispatcher entry points of one backend, whose `Kernels::forward()` and
+// `Kernels::backward()` return its kernels.
+template <typename Kernels>
+struct GatedRegistrations {
+  using TensorPair = std::tuple<at::Tensor, at::Tensor>;
 
-namespace fuseops::cpu {
-FUSEOPS_DECLARE_CPU_KERNEL(gated_kernel, detail::GatedKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(gated_backward_kernel, detail::GatedBackwardKernel);
-}  // namespace fuseops::cpu
+  static at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+    return gated_with("fuseops::swiglu", gate, up, Activation::Silu, Kernels::forward());
+  }
+  static void swiglu_out(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+    gated_out_with("fuseops::swiglu.out", gate, up, Activation::Silu, out, Kernels::forward());
+  }
+  static at::Tensor swiglu_packed(const at::Tensor& input) {
+    return gated_packed_with("fuseops::swiglu.packed", input, Activation::Silu,
+                             Kernels::forward());
+  }
+  static void swiglu_packed_out(const at::Tensor& input, at::Tensor& out) {
+    gated_packed_out_with("fuseops::swiglu.packed_out", input, Activation::Silu, out,
+                          Kernels::forward());
+  }
+  static TensorPair swiglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
+                                    const at::Tensor& up) {
+    return gated_backward_with("fuseops::swiglu_backward", grad_output, gate, up,
+                               Activation::Silu, Kernels::backward());
+  }
+  static at::Tensor swiglu_packed_backward(const at::Tensor& grad_output,
+                                           const at::Tensor& input) {
+    return gated_packed_backward_with("fuseops::swiglu_backward.packed", grad_output, input,
+                                      Activation::Silu, Kernels::backward());
+  }
+
+  static at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up,
+                          std::string_view approximate) {
+    constexpr const char* op = "fuseops::geglu";
+    return gated_with(op, gate, up, parse_gelu_approximate(op, approximate),
+                      Kernels::forward());
+  }
+  static void geglu_out(const at::Tensor& gate, const at::Tensor& up,
+                        std::string_view approximate, at::Tensor& out) {
+    constexpr const char* op = "fuseops::geglu.out";
+    gated_out_with(op, gate, up, parse_gelu_approximate(op, approximate), out,
+                   Kernels::forward());
+  }
+  static at::Tensor geglu_packed(const at::Tensor& input, std::string_view approximate) {
+    constexpr const char* op = "fuseops::geglu.packed";
+    return gated_packed_with(op, input, parse_gelu_approximate(op, approximate),
+                             Kernels::forward());
+  }
+  static void geglu_packed_out(const at::Tensor& input, std::string_view approximate,
+                               at::Tensor& out) {
+    constexpr const char* op = "fuseops::geglu.packed_out";
+    gated_packed_out_with(op, input, parse_gelu_approximate(op, approximate), out,
+                          Kernels::forward());
+  }
+  static TensorPair geglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
+                                   const at::Tensor& up, std::string_view approximate) {
+    constexpr const char* op = "fuseops::geglu_backward";
+    return gated_backward_with(op, grad_output, gate, up,
+                               parse_gelu_approximate(op, approximate), Kernels::backward());
+  }
+  static at::Tensor geglu_packed_backward(const at::Tensor& grad_output,
+                                          const at::Tensor& input,
+                                          std::string_view approximate) {
+    constexpr const char* op = "fuseops::geglu_backward.packed";
+    return gated_packed_backward_with(op, grad_output, input,
+                                      parse_gelu_approximate(op, approximate),
+                                      Kernels::backward());
+  }
+
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("swiglu", TORCH_FN(swiglu));
+    m.impl("swiglu.out", TORCH_FN(swiglu_out));
+    m.impl("swiglu.packed", TORCH_FN(swiglu_packed));
+    m.impl("swiglu.packed_out", TORCH_FN(swiglu_packed_out));
+    m.impl("swiglu_backward", TORCH_FN(swiglu_backward));
+    m.impl("swiglu_backward.packed", TORCH_FN(swiglu_packed_backward));
+    m.impl("geglu", TORCH_FN(geglu));
+    m.impl("geglu.out", TORCH_FN(geglu_out));
+    m.impl("geglu.packed", TORCH_FN(geglu_packed));
+    m.impl("geglu.packed_out", TORCH_FN(geglu_packed_out));
+    m.impl("geglu_backward", TORCH_FN(geglu_backward));
+    m.impl("geglu_backward.packed", TORCH_FN(geglu_packed_backward));
+  }
+};
+
+}  // namespace fuseops::detail

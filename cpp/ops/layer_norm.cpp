@@ -1,5 +1,5 @@
-// fuseops::layer_norm: schemas, C++ API, shared checks, and the CPU and Meta
-// registrations. Kernels: cpp/ops/cpu/layer_norm_kernel.cpp,
+// fuseops::layer_norm: schemas, C++ API, shared checks and the Meta
+// registration. CPU: cpp/ops/cpu/layer_norm.cpp; CUDA:
 // cuda/layer_norm_kernel.cu; autograd: cpp/ops/autograd/layer_norm.cpp.
 
 #include "ops/layer_norm.h"
@@ -12,6 +12,8 @@
 #include <fuseops/layer_norm.h>
 
 #include "ops/common/checks.h"
+#include "ops/common/dispatcher.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace detail {
@@ -25,14 +27,6 @@ at::ScalarType stats_dtype(const at::Tensor& input) {
 // mean and rstd have input's shape without its last dimension.
 at::IntArrayRef stats_shape(const at::Tensor& input) {
   return input.sizes().slice(0, input.dim() - 1);
-}
-
-at::Tensor defined_or_undefined(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? *t : at::Tensor();
-}
-
-at::Tensor contiguous_if_defined(const at::Tensor& t) {
-  return t.defined() ? t.contiguous() : t;
 }
 
 void check_input(const char* op, const at::Tensor& input) {
@@ -108,10 +102,10 @@ void run_forward(LayerNormKernel kernel, const at::Tensor& out, const at::Tensor
 at::Tensor layer_norm_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                            const std::optional<at::Tensor>& bias, double eps,
                            LayerNormKernel kernel) {
-  const at::Tensor w = defined_or_undefined(weight);
-  const at::Tensor b = defined_or_undefined(bias);
+  const at::Tensor w = undefined_if_none(weight);
+  const at::Tensor b = undefined_if_none(bias);
   check_forward_args("fuseops::layer_norm", input, w, b);
-  at::Tensor out = at::empty(input.sizes(), input.options());
+  at::Tensor out = empty_contiguous_like(input);
   run_forward(kernel, out, at::Tensor(), at::Tensor(), input, w, b, eps);
   return out;
 }
@@ -121,8 +115,8 @@ at::Tensor& layer_norm_out_with(const at::Tensor& input,
                                 const std::optional<at::Tensor>& bias, double eps,
                                 at::Tensor& out, LayerNormKernel kernel) {
   constexpr const char* op = "fuseops::layer_norm.out";
-  const at::Tensor w = defined_or_undefined(weight);
-  const at::Tensor b = defined_or_undefined(bias);
+  const at::Tensor w = undefined_if_none(weight);
+  const at::Tensor b = undefined_if_none(bias);
   check_forward_args(op, input, w, b);
   check_out(op, out, "input", input);
   prepare_outputs(op, {{"out", out}}, input.sizes(),
@@ -133,23 +127,19 @@ at::Tensor& layer_norm_out_with(const at::Tensor& input,
   // Each row is read completely before it is written, so `out` may be
   // `input` itself.
   const at::Tensor contiguous_input = input.contiguous();
-  if (writes_directly(out, {contiguous_input}, {w, b})) {
-    run_forward(kernel, out, at::Tensor(), at::Tensor(), contiguous_input, w, b, eps);
-  } else {
-    at::Tensor result = at::empty(input.sizes(), input.options());
-    run_forward(kernel, result, at::Tensor(), at::Tensor(), contiguous_input, w, b, eps);
-    out.copy_(result);
-  }
+  fill_out(out, {contiguous_input}, {w, b}, [&](const at::Tensor& target) {
+    run_forward(kernel, target, at::Tensor(), at::Tensor(), contiguous_input, w, b, eps);
+  });
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_with(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, LayerNormKernel kernel) {
-  const at::Tensor w = defined_or_undefined(weight);
-  const at::Tensor b = defined_or_undefined(bias);
+  const at::Tensor w = undefined_if_none(weight);
+  const at::Tensor b = undefined_if_none(bias);
   check_forward_args("fuseops::layer_norm_forward", input, w, b);
-  at::Tensor out = at::empty(input.sizes(), input.options());
+  at::Tensor out = empty_contiguous_like(input);
   const auto stats_options = input.options().dtype(stats_dtype(input));
   at::Tensor mean = at::empty(stats_shape(input), stats_options);
   at::Tensor rstd = at::empty(stats_shape(input), stats_options);
@@ -162,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
     const std::optional<at::Tensor>& weight, const at::Tensor& mean,
     const at::Tensor& rstd, LayerNormBackwardKernel kernel) {
   constexpr const char* op = "fuseops::layer_norm_backward";
-  const at::Tensor w = defined_or_undefined(weight);
+  const at::Tensor w = undefined_if_none(weight);
   check_input(op, input);
   check_floating_input(op, "grad_output", grad_output);
   check_same_dtype(op, "grad_output", grad_output, "input", input);
@@ -173,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
   check_stats(op, "rstd", rstd, input);
 
   const int64_t hidden = input.size(-1);
-  at::Tensor grad_input = at::empty(input.sizes(), input.options());
+  at::Tensor grad_input = empty_contiguous_like(input);
   at::Tensor grad_weight = at::empty({hidden}, input.options());
   at::Tensor grad_bias = at::empty({hidden}, input.options());
   if (kernel == nullptr) {
@@ -192,21 +182,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
 
 }  // namespace detail
 
-namespace cpu {
-FUSEOPS_DEFINE_CPU_KERNEL(layer_norm_kernel, detail::LayerNormKernel);
-FUSEOPS_DEFINE_CPU_KERNEL(layer_norm_backward_kernel, detail::LayerNormBackwardKernel);
-}  // namespace cpu
-
 // C++ API: through the dispatcher, so autograd and the device kernels apply.
 // Undefined tensors carry no dispatch key, so they are rejected here, before
 // the dispatcher would fail with a message that names no argument.
 at::Tensor layer_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                       const std::optional<at::Tensor>& bias, double eps) {
   check_floating_input("fuseops::layer_norm", "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::layer_norm", "")
-                       .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
-                                         const std::optional<at::Tensor>&, double)>();
+  static auto op = detail::find_op<decltype(layer_norm)>("fuseops::layer_norm");
   return op.call(input, weight, bias, eps);
 }
 
@@ -215,10 +197,8 @@ at::Tensor& layer_norm_out(const at::Tensor& input, const std::optional<at::Tens
                            at::Tensor& out) {
   check_floating_input("fuseops::layer_norm.out", "input", input);
   check_out("fuseops::layer_norm.out", out, "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::layer_norm", "out")
-                       .typed<void(const at::Tensor&, const std::optional<at::Tensor>&,
-                                   const std::optional<at::Tensor>&, double, at::Tensor&)>();
+  static auto op =
+      detail::find_out_op<decltype(layer_norm_out)>("fuseops::layer_norm", "out");
   op.call(input, weight, bias, eps, out);
   return out;
 }
@@ -227,9 +207,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps) {
   check_floating_input("fuseops::layer_norm_forward", "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::layer_norm_forward", "")
-                       .typed<decltype(layer_norm_forward)>();
+  static auto op =
+      detail::find_op<decltype(layer_norm_forward)>("fuseops::layer_norm_forward");
   return op.call(input, weight, bias, eps);
 }
 
@@ -242,58 +221,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
   check_floating_input(name, "input", input);
   TORCH_CHECK(mean.defined(), name, ": argument 'mean' must be a defined tensor, got an undefined tensor");
   TORCH_CHECK(rstd.defined(), name, ": argument 'rstd' must be a defined tensor, got an undefined tensor");
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow(name, "")
-                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, const at::Tensor&,
-                           const at::Tensor&)>();
+  static auto op = detail::find_op<decltype(layer_norm_backward)>(name);
   return op.call(grad_output, input, weight, mean, rstd);
 }
 
 namespace {
 
-at::Tensor layer_norm_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                          const std::optional<at::Tensor>& bias, double eps) {
-  return detail::layer_norm_with(input, weight, bias, eps, cpu::layer_norm_kernel.get());
-}
-void layer_norm_out_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                        const std::optional<at::Tensor>& bias, double eps, at::Tensor& out) {
-  detail::layer_norm_out_with(input, weight, bias, eps, out, cpu::layer_norm_kernel.get());
-}
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_cpu(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  return detail::layer_norm_forward_with(input, weight, bias, eps,
-                                         cpu::layer_norm_kernel.get());
-}
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd) {
-  return detail::layer_norm_backward_with(grad_output, input, weight, mean, rstd,
-                                          cpu::layer_norm_backward_kernel.get());
-}
-
-at::Tensor layer_norm_meta(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                           const std::optional<at::Tensor>& bias, double eps) {
-  return detail::layer_norm_with(input, weight, bias, eps, nullptr);
-}
-void layer_norm_out_meta(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                         const std::optional<at::Tensor>& bias, double eps, at::Tensor& out) {
-  detail::layer_norm_out_with(input, weight, bias, eps, out, nullptr);
-}
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_meta(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  return detail::layer_norm_forward_with(input, weight, bias, eps, nullptr);
-}
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd) {
-  return detail::layer_norm_backward_with(grad_output, input, weight, mean, rstd, nullptr);
-}
+struct MetaKernels {
+  static detail::LayerNormKernel forward() { return nullptr; }
+  static detail::LayerNormBackwardKernel backward() { return nullptr; }
+};
 
 }  // namespace
 
@@ -314,18 +251,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
         {at::Tag::pt2_compliant_tag});
 }
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  m.impl("layer_norm", TORCH_FN(layer_norm_cpu));
-  m.impl("layer_norm.out", TORCH_FN(layer_norm_out_cpu));
-  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_cpu));
-  m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_cpu));
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  m.impl("layer_norm", TORCH_FN(layer_norm_meta));
-  m.impl("layer_norm.out", TORCH_FN(layer_norm_out_meta));
-  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_meta));
-  m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_meta));
+  detail::LayerNormRegistrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

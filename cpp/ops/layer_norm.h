@@ -1,12 +1,12 @@
 #pragma once
-// Internal pieces of the layer_norm op shared by its backends.
+// layer_norm's contract between its shared entry points and its kernels
+// (see ops/relu.h).
 
 #include <optional>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-
-#include "ops/cpu/dispatch.h"
+#include <c10/core/CompileTimeFunctionPointer.h>
 
 namespace fuseops::detail {
 
@@ -45,9 +45,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
     const std::optional<at::Tensor>& weight, const at::Tensor& mean,
     const at::Tensor& rstd, LayerNormBackwardKernel kernel);
 
-}  // namespace fuseops::detail
+// The dispatcher entry points of one backend, whose `Kernels::forward()` and
+// `Kernels::backward()` return its kernels.
+template <typename Kernels>
+struct LayerNormRegistrations {
+  using TensorTriple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-namespace fuseops::cpu {
-FUSEOPS_DECLARE_CPU_KERNEL(layer_norm_kernel, detail::LayerNormKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(layer_norm_backward_kernel, detail::LayerNormBackwardKernel);
-}  // namespace fuseops::cpu
+  static at::Tensor layer_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, double eps) {
+    return layer_norm_with(input, weight, bias, eps, Kernels::forward());
+  }
+  static void layer_norm_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                             const std::optional<at::Tensor>& bias, double eps,
+                             at::Tensor& out) {
+    layer_norm_out_with(input, weight, bias, eps, out, Kernels::forward());
+  }
+  static TensorTriple layer_norm_forward(const at::Tensor& input,
+                                         const std::optional<at::Tensor>& weight,
+                                         const std::optional<at::Tensor>& bias, double eps) {
+    return layer_norm_forward_with(input, weight, bias, eps, Kernels::forward());
+  }
+  static TensorTriple layer_norm_backward(const at::Tensor& grad_output,
+                                          const at::Tensor& input,
+                                          const std::optional<at::Tensor>& weight,
+                                          const at::Tensor& mean, const at::Tensor& rstd) {
+    return layer_norm_backward_with(grad_output, input, weight, mean, rstd,
+                                    Kernels::backward());
+  }
+
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("layer_norm", TORCH_FN(layer_norm));
+    m.impl("layer_norm.out", TORCH_FN(layer_norm_out));
+    m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward));
+    m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward));
+  }
+};
+
+}  // namespace fuseops::detail

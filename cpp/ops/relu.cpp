@@ -1,25 +1,19 @@
-// fuseops::relu: schema, C++ API, shared checks, and the CPU and Meta
-// registrations. Kernels: cpp/ops/cpu/relu_kernel.cpp, cuda/relu_kernel.cu;
-// autograd: cpp/ops/autograd/relu.cpp.
+// fuseops::relu: schema, C++ API, shared checks and the Meta registration.
+// CPU: cpp/ops/cpu/relu.cpp; CUDA: cuda/relu_kernel.cu; autograd:
+// cpp/ops/autograd/relu.cpp.
 
 #include "ops/relu.h"
 
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <fuseops/relu.h>
 
 #include "ops/common/checks.h"
+#include "ops/common/dispatcher.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace detail {
-namespace {
-
-at::Tensor empty_contiguous_like(const at::Tensor& t) {
-  return at::empty(t.sizes(), t.options());
-}
-
-}  // namespace
 
 at::Tensor relu_with(const at::Tensor& input, ReluKernel kernel) {
   check_floating_input("fuseops::relu", "input", input);
@@ -38,13 +32,8 @@ at::Tensor& relu_out_with(const at::Tensor& input, at::Tensor& out, ReluKernel k
     return out;
   }
   const at::Tensor contiguous_input = input.contiguous();
-  if (writes_directly(out, {contiguous_input}, {})) {
-    kernel(out, contiguous_input);
-  } else {
-    at::Tensor result = empty_contiguous_like(input);
-    kernel(result, contiguous_input);
-    out.copy_(result);
-  }
+  fill_out(out, {contiguous_input}, {},
+           [&](const at::Tensor& target) { kernel(target, contiguous_input); });
   return out;
 }
 
@@ -66,28 +55,19 @@ at::Tensor relu_backward_with(const at::Tensor& grad_output,
 
 }  // namespace detail
 
-namespace cpu {
-FUSEOPS_DEFINE_CPU_KERNEL(relu_kernel, detail::ReluKernel);
-FUSEOPS_DEFINE_CPU_KERNEL(relu_backward_kernel, detail::ReluBackwardKernel);
-}  // namespace cpu
-
 // C++ API: through the dispatcher, so autograd and the device kernels apply.
 // Undefined tensors carry no dispatch key, so they are rejected here, before
 // the dispatcher would fail with a message that names no argument.
 at::Tensor relu(const at::Tensor& input) {
   check_floating_input("fuseops::relu", "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::relu", "")
-                       .typed<at::Tensor(const at::Tensor&)>();
+  static auto op = detail::find_op<decltype(relu)>("fuseops::relu");
   return op.call(input);
 }
 
 at::Tensor& relu_out(const at::Tensor& input, at::Tensor& out) {
   check_floating_input("fuseops::relu.out", "input", input);
   check_out("fuseops::relu.out", out, "input", input);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::relu", "out")
-                       .typed<void(const at::Tensor&, at::Tensor&)>();
+  static auto op = detail::find_out_op<decltype(relu_out)>("fuseops::relu", "out");
   op.call(input, out);
   return out;
 }
@@ -95,33 +75,16 @@ at::Tensor& relu_out(const at::Tensor& input, at::Tensor& out) {
 at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result) {
   check_floating_input("fuseops::relu_backward", "grad_output", grad_output);
   check_floating_input("fuseops::relu_backward", "result", result);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fuseops::relu_backward", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static auto op = detail::find_op<decltype(relu_backward)>("fuseops::relu_backward");
   return op.call(grad_output, result);
 }
 
 namespace {
 
-at::Tensor relu_cpu(const at::Tensor& input) {
-  return detail::relu_with(input, cpu::relu_kernel.get());
-}
-void relu_out_cpu(const at::Tensor& input, at::Tensor& out) {
-  detail::relu_out_with(input, out, cpu::relu_kernel.get());
-}
-at::Tensor relu_backward_cpu(const at::Tensor& grad_output, const at::Tensor& result) {
-  return detail::relu_backward_with(grad_output, result, cpu::relu_backward_kernel.get());
-}
-
-at::Tensor relu_meta(const at::Tensor& input) {
-  return detail::relu_with(input, nullptr);
-}
-void relu_out_meta(const at::Tensor& input, at::Tensor& out) {
-  detail::relu_out_with(input, out, nullptr);
-}
-at::Tensor relu_backward_meta(const at::Tensor& grad_output, const at::Tensor& result) {
-  return detail::relu_backward_with(grad_output, result, nullptr);
-}
+struct MetaKernels {
+  static detail::ReluKernel forward() { return nullptr; }
+  static detail::ReluBackwardKernel backward() { return nullptr; }
+};
 
 }  // namespace
 
@@ -134,16 +97,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
         {at::Tag::pt2_compliant_tag});
 }
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  m.impl("relu", TORCH_FN(relu_cpu));
-  m.impl("relu.out", TORCH_FN(relu_out_cpu));
-  m.impl("relu_backward", TORCH_FN(relu_backward_cpu));
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  m.impl("relu", TORCH_FN(relu_meta));
-  m.impl("relu.out", TORCH_FN(relu_out_meta));
-  m.impl("relu_backward", TORCH_FN(relu_backward_meta));
+  detail::ReluRegistrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

@@ -1,9 +1,10 @@
 #pragma once
-// Internal pieces of the relu op shared by its backends.
+// relu's contract between its shared entry points and its kernels. Every
+// backend (CPU, CUDA, Meta) registers the same entry points with its own
+// kernels, so checks, layout and allocation cannot differ between them.
 
 #include <ATen/core/Tensor.h>
-
-#include "ops/cpu/dispatch.h"
+#include <c10/core/CompileTimeFunctionPointer.h>
 
 namespace fuseops::detail {
 
@@ -22,9 +23,26 @@ at::Tensor relu_backward_with(const at::Tensor& grad_output,
                               const at::Tensor& result,
                               ReluBackwardKernel kernel);
 
-}  // namespace fuseops::detail
+// The dispatcher entry points of one backend, whose `Kernels::forward()` and
+// `Kernels::backward()` return its kernels.
+template <typename Kernels>
+struct ReluRegistrations {
+  static at::Tensor relu(const at::Tensor& input) {
+    return relu_with(input, Kernels::forward());
+  }
+  static void relu_out(const at::Tensor& input, at::Tensor& out) {
+    relu_out_with(input, out, Kernels::forward());
+  }
+  static at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result) {
+    return relu_backward_with(grad_output, result, Kernels::backward());
+  }
 
-namespace fuseops::cpu {
-FUSEOPS_DECLARE_CPU_KERNEL(relu_kernel, detail::ReluKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(relu_backward_kernel, detail::ReluBackwardKernel);
-}  // namespace fuseops::cpu
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("relu", TORCH_FN(relu));
+    m.impl("relu.out", TORCH_FN(relu_out));
+    m.impl("relu_backward", TORCH_FN(relu_backward));
+  }
+};
+
+}  // namespace fuseops::detail

@@ -1,7 +1,6 @@
 // fuseops::rms_norm and fuseops::fused_add_rms_norm: schemas, C++ API, shared
-// checks, and the CPU and Meta registrations. Kernels:
-// cpp/ops/cpu/rms_norm_kernel.cpp, cuda/rms_norm_kernel.cu; autograd:
-// cpp/ops/autograd/rms_norm.cpp.
+// checks and the Meta registration. CPU: cpp/ops/cpu/rms_norm.cpp; CUDA:
+// cuda/rms_norm_kernel.cu; autograd: cpp/ops/autograd/rms_norm.cpp.
 
 #include "ops/rms_norm.h"
 
@@ -16,15 +15,12 @@
 #include <fuseops/rms_norm.h>
 
 #include "ops/common/checks.h"
-#include "ops/rms_norm_backend.h"
+#include "ops/common/dispatcher.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace detail {
 namespace {
-
-at::Tensor value_or_undefined(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? *t : at::Tensor();
-}
 
 void check_input(const char* op, const at::Tensor& input) {
   check_floating_input(op, "input", input);
@@ -36,7 +32,7 @@ void check_input(const char* op, const at::Tensor& input) {
 // The weight as given (undefined for None), after checking it against input.
 at::Tensor checked_weight(const char* op, const at::Tensor& input,
                           const std::optional<at::Tensor>& weight_opt) {
-  at::Tensor weight = value_or_undefined(weight_opt);
+  at::Tensor weight = undefined_if_none(weight_opt);
   if (!weight.defined()) {
     return weight;
   }
@@ -56,10 +52,6 @@ at::ScalarType opmath_dtype(const at::Tensor& input) {
 // (hidden,) vector per call instead of one per row.
 at::Tensor kernel_weight(const at::Tensor& weight, at::ScalarType opmath) {
   return weight.defined() ? weight.to(opmath).contiguous() : weight;
-}
-
-at::Tensor empty_contiguous_like(const at::Tensor& t) {
-  return at::empty(t.sizes(), t.options());
 }
 
 at::Tensor empty_rstd(const at::Tensor& input) {
@@ -221,15 +213,10 @@ void rms_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>&
   const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
   const double eps_value = resolve_eps(eps, input);
   // Each row is read whole (for its mean square) before it is written.
-  if (writes_directly(out, {contiguous_input}, {opmath_weight})) {
-    kernel({out, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), opmath_weight,
+  fill_out(out, {contiguous_input}, {opmath_weight}, [&](const at::Tensor& target) {
+    kernel({target, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), opmath_weight,
             eps_value});
-  } else {
-    const at::Tensor result = empty_contiguous_like(input);
-    kernel({result, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), opmath_weight,
-            eps_value});
-    out.copy_(result);
-  }
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(
@@ -307,41 +294,25 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_with(
     const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
     const at::Tensor& rstd, RmsNormBackwardKernel kernel) {
   BackwardResult r = backward("fuseops::fused_add_rms_norm_backward", grad_output,
-                              value_or_undefined(grad_new_residual), "new_residual",
+                              undefined_if_none(grad_new_residual), "new_residual",
                               new_residual, weight, rstd, kernel);
   return {r.grad_input, r.grad_weight};
 }
 
 }  // namespace detail
 
-namespace cpu {
-FUSEOPS_DEFINE_CPU_KERNEL(rms_norm_forward_kernel, detail::RmsNormForwardKernel);
-FUSEOPS_DEFINE_CPU_KERNEL(rms_norm_backward_kernel, detail::RmsNormBackwardKernel);
-}  // namespace cpu
-
 // C++ API: through the dispatcher, so autograd and the device kernels apply.
 // Undefined tensors carry no dispatch key, so they are rejected here, before
 // the dispatcher would fail with a message that names no argument; an
 // undefined weight means no weight.
-namespace {
-
-std::optional<at::Tensor> none_if_undefined(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() ? t : std::nullopt;
-}
-
-c10::OperatorHandle find_op(const char* name, const char* overload) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
-}
-
-}  // namespace
+using detail::find_op;
+using detail::find_out_op;
+using detail::none_if_undefined;
 
 at::Tensor rms_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                     std::optional<double> eps) {
   check_floating_input("fuseops::rms_norm", "input", input);
-  static auto op =
-      find_op("fuseops::rms_norm", "")
-          .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
-                            std::optional<double>)>();
+  static auto op = find_op<decltype(rms_norm)>("fuseops::rms_norm");
   return op.call(input, none_if_undefined(weight), eps);
 }
 
@@ -349,9 +320,7 @@ at::Tensor& rms_norm_out(const at::Tensor& input, const std::optional<at::Tensor
                          std::optional<double> eps, at::Tensor& out) {
   check_floating_input("fuseops::rms_norm.out", "input", input);
   check_out("fuseops::rms_norm.out", out, "input", input);
-  static auto op = find_op("fuseops::rms_norm", "out")
-                       .typed<void(const at::Tensor&, const std::optional<at::Tensor>&,
-                                   std::optional<double>, at::Tensor&)>();
+  static auto op = find_out_op<decltype(rms_norm_out)>("fuseops::rms_norm", "out");
   op.call(input, none_if_undefined(weight), eps, out);
   return out;
 }
@@ -360,10 +329,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& input,
                                                     const std::optional<at::Tensor>& weight,
                                                     std::optional<double> eps) {
   check_floating_input("fuseops::rms_norm_forward", "input", input);
-  static auto op = find_op("fuseops::rms_norm_forward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const std::optional<at::Tensor>&,
-                           std::optional<double>)>();
+  static auto op = find_op<decltype(rms_norm_forward)>("fuseops::rms_norm_forward");
   return op.call(input, none_if_undefined(weight), eps);
 }
 
@@ -376,10 +342,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_outp
   check_floating_input(name, "input", input);
   TORCH_CHECK(rstd.defined(), name,
               ": argument 'rstd' must be a defined tensor, got an undefined tensor");
-  static auto op = find_op(name, "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, const at::Tensor&)>();
+  static auto op = find_op<decltype(rms_norm_backward)>(name);
   return op.call(grad_output, input, none_if_undefined(weight), rstd);
 }
 
@@ -390,10 +353,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& input,
   constexpr const char* name = "fuseops::fused_add_rms_norm";
   check_floating_input(name, "input", input);
   check_floating_input(name, "residual", residual);
-  static auto op = find_op(name, "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, std::optional<double>)>();
+  static auto op = find_op<decltype(fused_add_rms_norm)>(name);
   return op.call(input, residual, none_if_undefined(weight), eps);
 }
 
@@ -408,9 +368,7 @@ std::tuple<at::Tensor&, at::Tensor&> fused_add_rms_norm_out(
   TORCH_CHECK(residual_out.defined(), name,
               ": argument 'residual_out' must be a defined tensor");
   static auto op =
-      find_op("fuseops::fused_add_rms_norm", "out")
-          .typed<void(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                      std::optional<double>, at::Tensor&, at::Tensor&)>();
+      find_out_op<decltype(fused_add_rms_norm_out)>("fuseops::fused_add_rms_norm", "out");
   op.call(input, residual, none_if_undefined(weight), eps, out, residual_out);
   return {out, residual_out};
 }
@@ -421,10 +379,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward(
   constexpr const char* name = "fuseops::fused_add_rms_norm_forward";
   check_floating_input(name, "input", input);
   check_floating_input(name, "residual", residual);
-  static auto op = find_op(name, "")
-                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, std::optional<double>)>();
+  static auto op = find_op<decltype(fused_add_rms_norm_forward)>(name);
   return op.call(input, residual, none_if_undefined(weight), eps);
 }
 
@@ -437,23 +392,12 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
   check_floating_input(name, "new_residual", new_residual);
   TORCH_CHECK(rstd.defined(), name,
               ": argument 'rstd' must be a defined tensor, got an undefined tensor");
-  static auto op = find_op(name, "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const std::optional<at::Tensor>&,
-                           const at::Tensor&, const std::optional<at::Tensor>&,
-                           const at::Tensor&)>();
+  static auto op = find_op<decltype(fused_add_rms_norm_backward)>(name);
   return op.call(grad_output, none_if_undefined(grad_new_residual), new_residual,
                  none_if_undefined(weight), rstd);
 }
 
 namespace {
-
-struct CpuKernels {
-  static detail::RmsNormForwardKernel forward() { return cpu::rms_norm_forward_kernel.get(); }
-  static detail::RmsNormBackwardKernel backward() {
-    return cpu::rms_norm_backward_kernel.get();
-  }
-};
 
 struct MetaKernels {
   static detail::RmsNormForwardKernel forward() { return nullptr; }
@@ -497,12 +441,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       tags);
 }
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::RmsNormBackend<CpuKernels>::register_impls(m);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::RmsNormBackend<MetaKernels>::register_impls(m);
+  detail::RmsNormRegistrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

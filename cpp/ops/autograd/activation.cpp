@@ -5,7 +5,6 @@
 // Function::apply fails on an undefined tensor with a message naming
 // nothing, so each kernel checks its tensors first.
 
-#include <cmath>
 #include <string>
 
 #include <ATen/TensorOperators.h>
@@ -31,6 +30,7 @@ using torch::autograd::variable_list;
 // Second derivative f''(x), composed of ATen ops: only double backward
 // needs it, where clarity beats speed.
 at::Tensor activation_second_derivative(const at::Tensor& x, Activation activation) {
+  using C = detail::GeluConstants<double>;
   switch (activation) {
     case Activation::Silu: {
       const at::Tensor s = at::sigmoid(x);
@@ -38,14 +38,13 @@ at::Tensor activation_second_derivative(const at::Tensor& x, Activation activati
     }
     case Activation::GeluErf: {
       // d/dx [Phi(x) + x phi(x)] = phi(x) (2 - x^2).
-      const double inv_sqrt_2pi = M_2_SQRTPI * M_SQRT1_2 * 0.5;
-      return inv_sqrt_2pi * at::exp(-0.5 * x * x) * (2 - x * x);
+      return C::kBeta * at::exp(-0.5 * x * x) * (2 - x * x);
     }
     case Activation::GeluTanh: {
       // f = x/2 (1 + tanh(u)), u = k (x + c x^3):
       // f'' = (1 - t^2) (u' + x/2 (u'' - 2 t u'^2)).
-      const double k = M_SQRT2 * M_2_SQRTPI * 0.5;
-      const double c = 0.044715;
+      const double k = C::kTanhBeta;
+      const double c = C::kKappa;
       const at::Tensor t = at::tanh(k * (x + c * x * x * x));
       const at::Tensor du = k * (1 + 3 * c * x * x);
       const at::Tensor d2u = 6 * k * c * x;

@@ -10,17 +10,13 @@
 #include <fuseops/layer_norm.h>
 
 #include "ops/autograd/no_derivative.h"
-#include "ops/layer_norm.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool requires_grad(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() && t->requires_grad();
-}
 
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
@@ -32,7 +28,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     auto [out, mean, rstd] = fuseops::layer_norm_forward(input, weight, bias, eps);
     ctx->mark_non_differentiable({mean, rstd});
     ctx->set_materialize_grads(false);
-    const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+    const at::Tensor w = detail::undefined_if_none(weight);
     ctx->save_for_backward({input, w, mean, rstd});
     ctx->saved_data["has_weight"] = w.defined();
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
@@ -57,8 +53,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
 at::Tensor layer_norm_autograd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                                const std::optional<at::Tensor>& bias, double eps) {
-  if (!at::GradMode::is_enabled() ||
-      !(input.requires_grad() || requires_grad(weight) || requires_grad(bias))) {
+  if (!autograd_detail::records_grad({input, weight, bias})) {
     // No graph to record: skip saving the statistics.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::layer_norm(input, weight, bias, eps);

@@ -1,14 +1,20 @@
 #pragma once
-// The one policy for ops that have no derivative of their own: the fused
-// backward ops bias_gelu_backward, swiglu_backward, geglu_backward,
-// rms_norm_backward, fused_add_rms_norm_backward and layer_norm_backward.
-// (relu_backward, gelu_backward and silu_backward do have one: double
-// backward through relu, gelu and silu works; rms_norm and
-// fused_add_rms_norm differentiate an ATen composite under create_graph.)
-// Calling such an op while a gradient would be recorded -- grad mode on and
-// an input requiring grad, as in double backward with create_graph=True or a
-// direct call on tensors that require grad -- raises at once, naming the op,
-// instead of returning a result whose gradient would silently be None.
+// The one double-backward policy of every op (README: "Gradients of the
+// backward ops"). Each `<op>_backward` registers an Autograd kernel that does
+// one of two things:
+//  - it has a derivative: a torch::autograd::Function whose backward calls
+//    differentiable ops (relu_backward, gelu_backward, silu_backward), or
+//    the forward's Function differentiates an ATen composite of the gradient
+//    under create_graph (rms_norm, fused_add_rms_norm);
+//  - it has none: it calls check_no_derivative first (bias_gelu_backward,
+//    swiglu_backward, geglu_backward, rms_norm_backward,
+//    fused_add_rms_norm_backward, layer_norm_backward). Called while a
+//    gradient would be recorded -- grad mode on and an input requiring grad,
+//    as in double backward with create_graph=True or a direct call on
+//    tensors that require grad -- it raises at once, naming the op, instead
+//    of returning a result whose gradient would silently be None.
+// A backward op with no Autograd kernel at all would fall through to its
+// device kernel and break that promise silently.
 
 #include <initializer_list>
 #include <optional>
@@ -19,17 +25,27 @@
 
 namespace fuseops::autograd_detail {
 
-inline void check_no_derivative(const char* op,
-                                std::initializer_list<std::optional<at::Tensor>> inputs) {
+// Whether a call with these inputs records a gradient: grad mode is on and a
+// defined input requires grad. Forwards that skip their Function otherwise
+// save nothing for a backward that will not run.
+inline bool records_grad(std::initializer_list<std::optional<at::Tensor>> inputs) {
   if (!at::GradMode::is_enabled()) {
-    return;
+    return false;
   }
   for (const std::optional<at::Tensor>& t : inputs) {
-    TORCH_CHECK(!(t.has_value() && t->defined() && t->requires_grad()), op,
-                " is not differentiable (no double backward through the op it is the "
-                "backward of): call it under torch.no_grad() or on tensors that do not "
-                "require grad");
+    if (t.has_value() && t->defined() && t->requires_grad()) {
+      return true;
+    }
   }
+  return false;
+}
+
+inline void check_no_derivative(const char* op,
+                                std::initializer_list<std::optional<at::Tensor>> inputs) {
+  TORCH_CHECK(!records_grad(inputs), op,
+              " is not differentiable (no double backward through the op it is the "
+              "backward of): call it under torch.no_grad() or on tensors that do not "
+              "require grad");
 }
 
 }  // namespace fuseops::autograd_detail

@@ -20,6 +20,7 @@
 
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/checks.h"
+#include "ops/common/tensors.h"
 #include "ops/rms_norm.h"
 
 namespace fuseops {
@@ -28,9 +29,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::optional<at::Tensor> optional_tensor(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-}
+using autograd_detail::records_grad;
+using detail::none_if_undefined;
+using detail::undefined_if_none;
 
 // Gradients of out = x * rstd(x) * weight in differentiable ATen ops, for
 // create_graph=True; in the computation dtype, cast back like the fused op.
@@ -65,7 +66,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     auto [out, rstd] = fuseops::rms_norm_forward(input, weight, eps);
     ctx->mark_non_differentiable({rstd});
     ctx->set_materialize_grads(false);
-    ctx->save_for_backward({input, weight.value_or(at::Tensor()), rstd});
+    ctx->save_for_backward({input, undefined_if_none(weight), rstd});
     ctx->saved_data["eps"] = detail::resolve_eps(eps, input);
     return {out, rstd};
   }
@@ -84,7 +85,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
           composite_backward(grads[0], input, weight, ctx->saved_data["eps"].toDouble());
     } else {
       std::tie(grad_input, grad_weight) =
-          fuseops::rms_norm_backward(grads[0], input, optional_tensor(weight), rstd);
+          fuseops::rms_norm_backward(grads[0], input, none_if_undefined(weight), rstd);
     }
     return {grad_input, weight.defined() ? grad_weight : at::Tensor(), at::Tensor()};
   }
@@ -102,7 +103,7 @@ class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNorm
         fuseops::fused_add_rms_norm_forward(input, residual, weight, eps);
     ctx->mark_non_differentiable({rstd});
     ctx->set_materialize_grads(false);
-    ctx->save_for_backward({new_residual, weight.value_or(at::Tensor()), rstd});
+    ctx->save_for_backward({new_residual, undefined_if_none(weight), rstd});
     ctx->saved_data["eps"] = detail::resolve_eps(eps, input);
     return {out, new_residual, rstd};
   }
@@ -127,34 +128,17 @@ class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNorm
       }
     } else {
       std::tie(grad_sum, grad_weight) = fuseops::fused_add_rms_norm_backward(
-          grad_out, optional_tensor(grad_new_residual), new_residual,
-          optional_tensor(weight), rstd);
+          grad_out, none_if_undefined(grad_new_residual), new_residual,
+          none_if_undefined(weight), rstd);
     }
     return {grad_sum, grad_sum, weight.defined() ? grad_weight : at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor weight_or_undefined(const std::optional<at::Tensor>& weight) {
-  return weight.has_value() ? *weight : at::Tensor();
-}
-
-// Without a gradient to record, the plain op runs: no rstd to allocate.
-bool records_grad(std::initializer_list<at::Tensor> inputs) {
-  if (!at::GradMode::is_enabled()) {
-    return false;
-  }
-  for (const at::Tensor& t : inputs) {
-    if (t.defined() && t.requires_grad()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 at::Tensor rms_norm_autograd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                              std::optional<double> eps) {
   check_floating_input("fuseops::rms_norm", "input", input);
-  if (!records_grad({input, weight_or_undefined(weight)})) {
+  if (!records_grad({input, weight})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::rms_norm(input, weight, eps);
   }
@@ -174,7 +158,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
     const std::optional<at::Tensor>& weight, std::optional<double> eps) {
   check_floating_input("fuseops::fused_add_rms_norm", "input", input);
   check_floating_input("fuseops::fused_add_rms_norm", "residual", residual);
-  if (!records_grad({input, residual, weight_or_undefined(weight)})) {
+  if (!records_grad({input, residual, weight})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::fused_add_rms_norm(input, residual, weight, eps);
   }

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 namespace fuseops {
@@ -170,6 +171,18 @@ bool writes_directly(const at::Tensor& out, std::initializer_list<at::Tensor> sa
     }
   }
   return true;
+}
+
+void fill_out(const at::Tensor& out, std::initializer_list<at::Tensor> same_index,
+              std::initializer_list<at::Tensor> inputs,
+              const std::function<void(const at::Tensor&)>& fill) {
+  if (writes_directly(out, same_index, inputs)) {
+    fill(out);
+  } else {
+    at::Tensor result = at::empty(out.sizes(), out.options());
+    fill(result);
+    out.copy_(result);
+  }
 }
 
 }  // namespace fuseops

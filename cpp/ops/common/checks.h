@@ -3,6 +3,7 @@
 // same bad input gets the same message everywhere. Messages name the op, the
 // argument, what was expected and what was given.
 
+#include <functional>
 #include <initializer_list>
 
 #include <ATen/core/Tensor.h>
@@ -58,5 +59,12 @@ void prepare_outputs(const char* op, std::initializer_list<NamedTensor> outputs,
 // kernel reads (after any contiguous() copy).
 bool writes_directly(const at::Tensor& out, std::initializer_list<at::Tensor> same_index,
                      std::initializer_list<at::Tensor> inputs);
+
+// Fills a caller's `out` with `fill(target)`: straight into `out` when
+// writes_directly(out, same_index, inputs) allows it, else into a temporary
+// copied over afterwards.
+void fill_out(const at::Tensor& out, std::initializer_list<at::Tensor> same_index,
+              std::initializer_list<at::Tensor> inputs,
+              const std::function<void(const at::Tensor&)>& fill);
 
 }  // namespace fuseops

@@ -27,17 +27,11 @@ namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
 
 using detail::Activation;
+using detail::dispatch_activation;
+using detail::GeluConstants;
 
 template <typename T>
 using Vec = at::vec::Vectorized<T>;
-
-template <typename T>
-struct GeluConstants {
-  static constexpr T kAlpha = T(M_SQRT1_2);                      // 1/sqrt(2)
-  static constexpr T kBeta = T(M_2_SQRTPI * M_SQRT1_2 * 0.5);    // 1/sqrt(2*pi)
-  static constexpr T kTanhBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5);  // sqrt(2/pi)
-  static constexpr T kKappa = T(0.044715);
-};
 
 // exp(x). float32 uses an inlined Cephes-style exp: n = round(x / ln 2),
 // r = x - n ln 2 (ln 2 in two parts), e^r by a degree-5 polynomial (~1 ulp),
@@ -178,22 +172,6 @@ C10_ALWAYS_INLINE Vec<T> activation_derivative(const Vec<T>& x,
     }
     const auto inner_derivative = V(C::kTanhBeta) * (one + V(T(3) * C::kKappa) * x_sq);
     return s + V(T(2)) * x * s * (one - s) * inner_derivative;
-  }
-}
-
-// Runs fn(std::integral_constant<Activation, A>{}) for the runtime `activation`.
-template <typename Fn>
-inline void dispatch_activation(Activation activation, const Fn& fn) {
-  switch (activation) {
-    case Activation::Silu:
-      fn(std::integral_constant<Activation, Activation::Silu>{});
-      break;
-    case Activation::GeluErf:
-      fn(std::integral_constant<Activation, Activation::GeluErf>{});
-      break;
-    case Activation::GeluTanh:
-      fn(std::integral_constant<Activation, Activation::GeluTanh>{});
-      break;
   }
 }
 

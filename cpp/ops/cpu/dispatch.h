@@ -1,10 +1,11 @@
 #pragma once
 // Run-time choice among the per-CPU-capability builds of a kernel.
 //
-// A kernel file under cpp/ops/cpu/ is compiled once per capability (see
-// cmake/FuseopsCpuKernels.cmake). Each build registers its entry point in a
-// CpuKernelTable with FUSEOPS_REGISTER_CPU_KERNEL; the op calls
-// `table.get()`, which returns the build matching the selected capability.
+// A kernel file cpp/ops/cpu/<op>_kernel.cpp is compiled once per capability
+// (see cmake/FuseopsCpuKernels.cmake). Each build registers its entry point in
+// a CpuKernelTable with FUSEOPS_REGISTER_CPU_KERNEL; the op's CPU registration
+// (cpp/ops/cpu/<op>.cpp) calls `table.get()`, which returns the build
+// matching the selected capability.
 
 #include <array>
 #include <atomic>
@@ -92,8 +93,9 @@ class CpuKernelTable {
 
 }  // namespace fuseops::cpu
 
-// Declares a table (in a header shared by the op and its kernel file) and
-// defines it (in exactly one non-kernel source file).
+// Declares a table (in cpp/ops/cpu/<op>.h, shared by the op's CPU
+// registration and its kernel file) and defines it (in cpp/ops/cpu/<op>.cpp,
+// compiled once).
 #define FUSEOPS_DECLARE_CPU_KERNEL(table, fn_type) \
   extern ::fuseops::cpu::CpuKernelTable<fn_type> table
 #define FUSEOPS_DEFINE_CPU_KERNEL(table, fn_type) \

@@ -25,6 +25,14 @@ inline namespace CPU_CAPABILITY {
 
 // Elements per parallel task: big enough that thread start-up is amortised.
 inline constexpr int64_t kElementwiseGrain = 32768;
+// The same for kernels that work row by row (the normalizations), whose
+// elements each cost more.
+inline constexpr int64_t kRowGrain = 16384;
+
+// Rows of `row_elements` per parallel task of a row-wise kernel.
+inline int64_t row_grain(int64_t row_elements) {
+  return std::max<int64_t>(1, kRowGrain / std::max<int64_t>(row_elements, 1));
+}
 
 #if defined(CPU_CAPABILITY_AVX512)
 // AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) rounds 32

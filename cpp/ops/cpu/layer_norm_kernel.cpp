@@ -24,7 +24,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include "ops/cpu/elementwise.h"
-#include "ops/layer_norm.h"
+#include "ops/cpu/layer_norm.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -35,9 +35,6 @@ using at::vec::Vectorized;
 template <typename T>
 inline constexpr bool kIsReduced =
     std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
-
-// Elements per parallel task: enough work to amortise handing out a task.
-constexpr int64_t kGrainElements = 16384;
 
 // dst[0:n] = src[0:n], widened to float.
 template <typename T>
@@ -258,9 +255,7 @@ void layer_norm_forward_impl(const at::Tensor& out, const at::Tensor& mean,
   T* y_data = out.mutable_data_ptr<T>();
   acc_t* mean_data = mean.defined() ? mean.mutable_data_ptr<acc_t>() : nullptr;
   acc_t* rstd_data = rstd.defined() ? rstd.mutable_data_ptr<acc_t>() : nullptr;
-  const int64_t grain = std::max<int64_t>(1, kGrainElements / hidden);
-
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
     const AffineRow<T> w(weight, hidden, acc_t(1));
     const AffineRow<T> b(bias, hidden, acc_t(0));
     std::vector<acc_t> scratch(kIsReduced<T> ? hidden : 0);
@@ -330,7 +325,7 @@ void layer_norm_backward_impl(const at::Tensor& grad_input, const at::Tensor& gr
   const acc_t* mean_data = mean.const_data_ptr<acc_t>();
   const acc_t* rstd_data = rstd.const_data_ptr<acc_t>();
 
-  const int64_t rows_per_task = std::max<int64_t>(1, kGrainElements / hidden);
+  const int64_t rows_per_task = row_grain(hidden);
   const int64_t blocks = std::max<int64_t>(
       1, std::min<int64_t>(at::get_num_threads(), (rows + rows_per_task - 1) / rows_per_task));
   std::vector<acc_t> partials(static_cast<size_t>(blocks) * 2 * hidden);
@@ -403,7 +398,7 @@ void layer_norm_backward_impl(const at::Tensor& grad_input, const at::Tensor& gr
   // Add the blocks' partials, column by column.
   T* dw_out = grad_weight.mutable_data_ptr<T>();
   T* db_out = grad_bias.mutable_data_ptr<T>();
-  at::parallel_for(0, hidden, kGrainElements, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, hidden, kRowGrain, [&](int64_t begin, int64_t end) {
     const int64_t n = end - begin;
     auto column_sum = [&](int64_t offset) {
       // Sum over blocks of partials[block][offset + j] for j in [begin, end).

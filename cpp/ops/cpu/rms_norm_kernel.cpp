@@ -22,7 +22,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "ops/cpu/elementwise.h"
-#include "ops/rms_norm.h"
+#include "ops/cpu/rms_norm.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -196,12 +196,6 @@ at::opmath_type<scalar_t> add_and_sum_of_squares(scalar_t* sum, const scalar_t* 
     }
   });
   return sum_lanes(acc0 + acc1);
-}
-
-// Rows per parallel task: about 16K elements, enough to amortise the task.
-int64_t row_grain(int64_t hidden) {
-  constexpr int64_t kElementsPerTask = 16384;
-  return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(hidden, 1));
 }
 
 template <typename scalar_t>

@@ -1,0 +1,31 @@
+#pragma once
+// Small tensor helpers every op shares, one name per idea.
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+namespace fuseops::detail {
+
+// An absent optional tensor as the undefined tensor kernels and checks take.
+inline at::Tensor undefined_if_none(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? *t : at::Tensor();
+}
+
+// The other way round, for calls whose schema takes `Tensor?`: an undefined
+// tensor (or an optional holding one) becomes None.
+inline std::optional<at::Tensor> none_if_undefined(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t : std::nullopt;
+}
+
+inline at::Tensor contiguous_if_defined(const at::Tensor& t) {
+  return t.defined() ? t.contiguous() : t;
+}
+
+// Results are contiguous whatever the layout of the tensor they follow.
+inline at::Tensor empty_contiguous_like(const at::Tensor& t) {
+  return at::empty(t.sizes(), t.options());
+}
+
+}  // namespace fuseops::detail

@@ -12,7 +12,7 @@ import torch
 import fuseops
 from fuseops import _loader
 
-from conftest import cpu_capabilities, cpu_runs, run_python
+from conftest import CAPABILITY_ORDER, cpu_capabilities, cpu_runs, run_python
 
 
 def test_build_info_describes_this_build():
@@ -94,9 +94,8 @@ def test_each_cpu_capability_selected_and_correct(capability, tmp_path):
         torch.testing.assert_close(y, torch.where(passes, x, 0), rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(grad, torch.where(passes, g, 0), rtol=0, atol=0)
     selected = result.stdout.strip().splitlines()[-1]
-    order = ["DEFAULT", "AVX2", "AVX512"]
     # Never above the request; exactly the request when this CPU runs it.
-    assert order.index(selected) <= order.index(capability.upper())
+    assert CAPABILITY_ORDER.index(selected) <= CAPABILITY_ORDER.index(capability.upper())
     if cpu_runs(capability):
         assert selected == capability.upper()
 

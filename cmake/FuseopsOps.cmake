@@ -51,7 +51,7 @@ endfunction()
 # the other public headers.
 function(fuseops_write_umbrella_header)
   get_property(ops GLOBAL PROPERTY FUSEOPS_OPS)
-  set(headers build_info ${ops})
+  set(headers build_info memory ${ops})
   list(SORT headers)
   set(FUSEOPS_UMBRELLA_INCLUDES "")
   foreach(header IN LISTS headers)

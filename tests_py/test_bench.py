@@ -205,3 +205,27 @@ def test_timer_and_peak_memory():
                               torch.device("cpu"))
     assert peak >= 1 << 20
     assert timing.peak_memory(lambda: None, torch.device("cpu")) == 0
+
+
+def test_tune_memory_flag_applies_to_every_peer_and_is_reported(tmp_path):
+    # tune_memory() is process-wide: the bench runs in a child process.
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fuseops", "bench", "--out", str(tmp_path), *QUICK,
+         "--ops", "relu", "--dtype", "float32", "--modes", "forward", "--no-compile",
+         "--no-plot", "--tune-memory"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "memory: fuseops.cpu.tune_memory(keep_bytes=" in result.stdout
+    memory = json.loads((tmp_path / "bench.json").read_text())["environment"]["memory_settings"]
+    assert memory["keep_bytes"] > 0 and memory["output_cache_limit"] == memory["keep_bytes"]
+
+
+def test_default_memory_settings_are_reported(tmp_path, capsys):
+    assert _bench(tmp_path, "--ops", "relu", "--dtype", "float32", "--modes", "forward",
+                  "--no-compile", "--no-plot") == 0
+    assert "memory: process defaults" in capsys.readouterr().out
+    assert json.loads((tmp_path / "bench.json").read_text())["environment"][
+        "memory_settings"] is None

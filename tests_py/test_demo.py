@@ -83,3 +83,20 @@ def test_cli_writes_summary_and_plot(tmp_path, capsys):
 def test_cli_rejects_heads_that_do_not_divide_the_width(tmp_path, capsys):
     assert main(["demo", "--d-model", "30", "--heads", "4", "--out", str(tmp_path)]) == 2
     assert "--heads" in capsys.readouterr().err
+
+
+def test_cli_tune_memory_is_applied_and_reported(tmp_path):
+    # tune_memory() is process-wide: the demo runs in a child process.
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fuseops", "demo", "--steps", "3", "--d-model", "32",
+         "--layers", "1", "--heads", "2", "--seq-len", "16", "--batch-size", "2",
+         "--no-progress", "--no-plot", "--tune-memory", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "memory: fuseops.cpu.tune_memory(keep_bytes=" in result.stdout
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    assert summary["memory_settings"]["keep_bytes"] > 0
+    assert summary["settings"]["tune_memory"] is True

@@ -6,13 +6,13 @@
 #include "ops/gated_activation.h"
 
 #include <ATen/TensorUtils.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <fuseops/gated_activation.h>
 
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
+#include "ops/common/output_memory.h"
 
 namespace fuseops {
 namespace detail {
@@ -68,7 +68,7 @@ std::pair<at::Tensor, at::Tensor> packed_halves(const at::Tensor& packed) {
 at::Tensor gated_with(const char* op, const at::Tensor& gate, const at::Tensor& up,
                       Activation activation, GatedKernel kernel) {
   check_gate_and_up(op, gate, up);
-  at::Tensor out = at::empty(gate.sizes(), gate.options());
+  at::Tensor out = detail::empty_output(gate.sizes(), gate.options());
   if (kernel != nullptr && gate.numel() > 0) {
     const int64_t cols = last_dim_size(gate);
     kernel(out.view({-1, cols}), as_rows(gate, cols), as_rows(up, cols), activation);
@@ -104,8 +104,8 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
   check_same_dtype(op, "grad_output", grad_output, "gate", gate);
   check_same_device(op, "grad_output", grad_output, "gate", gate);
   check_same_shape(op, "grad_output", grad_output, "gate", gate);
-  at::Tensor grad_gate = at::empty(gate.sizes(), gate.options());
-  at::Tensor grad_up = at::empty(up.sizes(), up.options());
+  at::Tensor grad_gate = detail::empty_output(gate.sizes(), gate.options());
+  at::Tensor grad_up = detail::empty_output(up.sizes(), up.options());
   if (kernel != nullptr && gate.numel() > 0) {
     const int64_t cols = last_dim_size(gate);
     kernel(grad_gate.view({-1, cols}), grad_up.view({-1, cols}), as_rows(grad_output, cols),
@@ -117,7 +117,7 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
 at::Tensor gated_packed_with(const char* op, const at::Tensor& input, Activation activation,
                              GatedKernel kernel) {
   check_packed(op, input);
-  at::Tensor out = at::empty(packed_output_shape(input), input.options());
+  at::Tensor out = detail::empty_output(packed_output_shape(input), input.options());
   if (kernel != nullptr && input.numel() > 0) {
     const auto [gate, up] = packed_halves(input);
     kernel(out.view({-1, gate.size(1)}), gate, up, activation);
@@ -156,7 +156,7 @@ at::Tensor gated_packed_backward_with(const char* op, const at::Tensor& grad_out
               ": argument 'grad_output' must have the shape of the output ",
               at::IntArrayRef(output_shape), " (input ", input.sizes(),
               " with its last dimension halved), got ", grad_output.sizes());
-  at::Tensor grad_input = at::empty(input.sizes(), input.options());
+  at::Tensor grad_input = detail::empty_output(input.sizes(), input.options());
   if (kernel != nullptr && input.numel() > 0) {
     const auto [gate, up] = packed_halves(input);
     const auto [grad_gate, grad_up] = packed_halves(grad_input);

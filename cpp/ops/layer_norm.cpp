@@ -141,8 +141,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_with(
   check_forward_args("fuseops::layer_norm_forward", input, w, b);
   at::Tensor out = empty_contiguous_like(input);
   const auto stats_options = input.options().dtype(stats_dtype(input));
-  at::Tensor mean = at::empty(stats_shape(input), stats_options);
-  at::Tensor rstd = at::empty(stats_shape(input), stats_options);
+  at::Tensor mean = detail::empty_output(stats_shape(input), stats_options);
+  at::Tensor rstd = detail::empty_output(stats_shape(input), stats_options);
   run_forward(kernel, out, mean, rstd, input, w, b, eps);
   return {out, mean, rstd};
 }
@@ -164,8 +164,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
 
   const int64_t hidden = input.size(-1);
   at::Tensor grad_input = empty_contiguous_like(input);
-  at::Tensor grad_weight = at::empty({hidden}, input.options());
-  at::Tensor grad_bias = at::empty({hidden}, input.options());
+  at::Tensor grad_weight = detail::empty_output({hidden}, input.options());
+  at::Tensor grad_bias = detail::empty_output({hidden}, input.options());
   if (kernel == nullptr) {
     return {grad_input, grad_weight, grad_bias};
   }

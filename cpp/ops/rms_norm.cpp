@@ -55,7 +55,7 @@ at::Tensor kernel_weight(const at::Tensor& weight, at::ScalarType opmath) {
 }
 
 at::Tensor empty_rstd(const at::Tensor& input) {
-  return at::empty(input.sizes().slice(0, input.dim() - 1),
+  return detail::empty_output(input.sizes().slice(0, input.dim() - 1),
                    input.options().dtype(opmath_dtype(input)));
 }
 
@@ -152,7 +152,7 @@ BackwardResult backward(const char* op, const at::Tensor& grad_output,
   BackwardResult result;
   result.grad_input = empty_contiguous_like(input);
   if (!weight.defined()) {
-    result.grad_weight = at::empty({0}, input.options());
+    result.grad_weight = detail::empty_output({0}, input.options());
   }
   if (kernel == nullptr) {
     if (weight.defined()) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <fuseops/build_info.h>
+#include <fuseops/memory.h>
 
 #include "bindings.h"
 
@@ -56,6 +57,19 @@ PYBIND11_MODULE(_C, m) {
     d["cuda_architectures"] = info.cuda_architectures;
     return d;
   });
+  m.def("output_memory_stats", [] {
+    const fuseops::OutputMemoryStats stats = fuseops::output_memory_stats();
+    py::dict d;
+    d["allocations"] = stats.allocations;
+    d["cache_hits"] = stats.cache_hits;
+    d["huge_page_advised"] = stats.huge_page_advised;
+    d["bytes_in_use"] = stats.bytes_in_use;
+    d["bytes_cached"] = stats.bytes_cached;
+    d["cache_limit"] = stats.cache_limit;
+    return d;
+  });
+  m.def("set_output_cache_limit", &fuseops::set_output_cache_limit, py::arg("bytes"));
+  m.def("release_cached_output_memory", &fuseops::release_cached_output_memory);
   m.def("cpu_kernel_calls", [] {
     py::dict d;
     for (const auto& [capability, calls] : fuseops::cpu_kernel_calls()) {

@@ -13,7 +13,7 @@ from . import _loader
 _loader.load()
 
 from . import _C  # noqa: E402  (needs the library loaded first)
-from . import nn, reference  # noqa: E402
+from . import cpu, nn, reference  # noqa: E402
 from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
 from . import ops as _ops  # noqa: E402
 
@@ -39,6 +39,7 @@ __all__ = sorted(
         "__version__",
         "build_info",
         "cmake_prefix_path",
+        "cpu",
         "include_dir",
         "library_path",
         "nn",

@@ -243,6 +243,8 @@ class DemoSettings:
     seed: int = 0
     compile: bool = False
     progress: bool = True
+    #: fuseops.cpu.tune_memory() applied before training (every run shares it).
+    tune_memory: bool = False
 
 
 def run_demo(settings: DemoSettings) -> dict:
@@ -255,6 +257,7 @@ def run_demo(settings: DemoSettings) -> dict:
                          n_layers=settings.n_layers, n_heads=settings.n_heads,
                          seq_len=settings.seq_len)
     dtype = getattr(torch, settings.dtype)
+    memory_settings = fuseops.cpu.tune_memory() if settings.tune_memory else None
     torch.manual_seed(settings.seed)
     initial = TinyLlama(config).to(dtype)
 
@@ -278,6 +281,7 @@ def run_demo(settings: DemoSettings) -> dict:
         "data": {"source": source, "characters": len(text), "vocab_size": len(batches.vocab)},
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "memory_settings": memory_settings,
         "torch_version": torch.__version__,
         "fuseops_version": fuseops.__version__,
         "fuseops_cpu_capability": fuseops.build_info()["selected_cpu_capability"],
@@ -322,7 +326,10 @@ def report(summary: dict) -> str:
     lines.append(f"{summary['settings']['steps']} steps of batch "
                  f"{summary['settings']['batch_size']} x {model['seq_len']}, "
                  f"{summary['threads']} threads, fuseops CPU build "
-                 f"{summary['fuseops_cpu_capability']}")
+                 f"{summary['fuseops_cpu_capability']}; memory: " + (
+                     f"fuseops.cpu.tune_memory(keep_bytes="
+                     f"{summary['memory_settings']['keep_bytes']}) for every run"
+                     if summary.get("memory_settings") else "process defaults"))
     replaced, kept = summary["replaced"], summary["not_replaced"]
     if replaced:
         lines.append(f"fuseops replaced {len(replaced)} modules: " + ", ".join(
@@ -419,6 +426,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also train torch.compile of the plain model")
     parser.add_argument("--out", default="demo-results",
                         help="folder for demo.json and demo-loss.png (default demo-results)")
+    parser.add_argument("--tune-memory", action="store_true",
+                        help="apply fuseops.cpu.tune_memory() first (freed memory kept for "
+                             "reuse, process-wide: every run trains under it)")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -436,7 +446,8 @@ def run(args: argparse.Namespace) -> int:
     settings = DemoSettings(
         steps=args.steps, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
         seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, dtype=args.dtype,
-        seed=args.seed, compile=args.compile, progress=not args.no_progress)
+        seed=args.seed, compile=args.compile, progress=not args.no_progress,
+        tune_memory=args.tune_memory)
     summary = run_demo(settings)
     print(report(summary))
     os.makedirs(args.out, exist_ok=True)

@@ -4,8 +4,9 @@
 #include <utility>
 #include <vector>
 
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+
+#include "ops/common/output_memory.h"
 
 namespace fuseops {
 
@@ -179,7 +180,7 @@ void fill_out(const at::Tensor& out, std::initializer_list<at::Tensor> same_inde
   if (writes_directly(out, same_index, inputs)) {
     fill(out);
   } else {
-    at::Tensor result = at::empty(out.sizes(), out.options());
+    at::Tensor result = detail::empty_output(out.sizes(), out.options());
     fill(result);
     out.copy_(result);
   }

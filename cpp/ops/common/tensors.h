@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include "ops/common/output_memory.h"
+
 namespace fuseops::detail {
 
 // An absent optional tensor as the undefined tensor kernels and checks take.
@@ -23,9 +25,10 @@ inline at::Tensor contiguous_if_defined(const at::Tensor& t) {
   return t.defined() ? t.contiguous() : t;
 }
 
-// Results are contiguous whatever the layout of the tensor they follow.
+// Results are contiguous whatever the layout of the tensor they follow, and
+// large CPU ones come from the output allocator (output_memory.h).
 inline at::Tensor empty_contiguous_like(const at::Tensor& t) {
-  return at::empty(t.sizes(), t.options());
+  return empty_output(t.sizes(), t.options());
 }
 
 }  // namespace fuseops::detail

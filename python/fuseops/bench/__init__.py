@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's default, "
                              f"{torch.get_num_threads()} here)")
+    parser.add_argument("--tune-memory", action="store_true",
+                        help="apply fuseops.cpu.tune_memory() first (freed memory kept for "
+                             "reuse, process-wide: every peer runs under it too)")
     parser.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile(reference) peer (its compilation "
                              "takes seconds per op and shape)")
@@ -155,6 +158,16 @@ def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[str], None], Cal
     return advance, close
 
 
+def _apply_memory_settings(args: argparse.Namespace) -> Optional[dict]:
+    """fuseops.cpu.tune_memory()'s settings when --tune-memory asks for them
+    (None: the process's defaults)."""
+    if not getattr(args, "tune_memory", False):
+        return None
+    import fuseops
+
+    return fuseops.cpu.tune_memory()
+
+
 def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     """Runs the benchmark for parsed `args` (tests pass their own cases)."""
     device = torch.device(args.device)
@@ -164,6 +177,7 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    memory_settings = _apply_memory_settings(args)
     try:
         selected = case_list if case_list is not None else cases.by_name(
             args.ops, variants=args.full)
@@ -183,6 +197,7 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         profile_dir=os.path.join(args.out, "profile") if args.profile else None,
     )
     env = environment.environment(config)
+    env["memory_settings"] = memory_settings
     bench = runner.Runner(config)
     advance, close = _progress_bar(bench.row_count(), not args.no_progress)
     bench.progress = advance

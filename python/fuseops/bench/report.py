@@ -44,6 +44,10 @@ def header_lines(env: dict) -> list[str]:
         + f"; CPU capability: fuseops {env['fuseops_cpu_capability']} "
         f"(builds {', '.join(env['fuseops_cpu_builds'])}), ATen {env['aten_cpu_capability']}",
     ]
+    memory = env.get("memory_settings")
+    lines.append("memory: " + (
+        f"fuseops.cpu.tune_memory(keep_bytes={memory['keep_bytes']}) for every peer"
+        if memory else "process defaults (large fuseops outputs on huge pages)"))
     if not env["compile_peer"]:
         lines.append("torch.compile peer skipped (--no-compile)")
     load = env.get("load_average_at_start")

@@ -3,7 +3,8 @@
 # tqdm) and runs the main job: how fuseops was built, the quick benchmark
 # against eager PyTorch, torch.compile and the native ops (table, JSON, CSV and
 # chart in bench-results/), then the training demo (summary and loss curves in
-# demo-results/).
+# demo-results/), under the process's default memory settings and again under
+# fuseops.cpu.tune_memory() (demo-results/tuned/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -18,5 +19,11 @@ echo "== python -m fuseops bench (quick preset)"
 "$venv/bin/python" -m fuseops bench --out bench-results
 echo "== python -m fuseops demo"
 "$venv/bin/python" -m fuseops demo --out demo-results
+# Once more with freed memory kept for reuse (fuseops.cpu.tune_memory(), which
+# changes the whole process, so a second process): what the setting itself
+# is worth, for both models.
+echo "== python -m fuseops demo --tune-memory"
+"$venv/bin/python" -m fuseops demo --tune-memory --out demo-results/tuned
 echo "== results: bench-results/bench.txt (table), bench-results/speedup.png (chart),"
-echo "   bench-results/bench.json and .csv; demo-results/demo.json and demo-loss.png"
+echo "   bench-results/bench.json and .csv; demo-results/demo.json and demo-loss.png,"
+echo "   demo-results/tuned/ (the same under fuseops.cpu.tune_memory())"

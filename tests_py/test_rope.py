@@ -343,3 +343,70 @@ def test_cos_and_sin_are_not_differentiable():
     # Under no_grad a cache that requires grad is just read.
     with torch.no_grad():
         fuseops.rope(q, k, cos.requires_grad_(), sin, positions)
+
+
+def _random_view(arena, rng, tokens, heads, head_dim):
+    """A [tokens, heads, head_dim] view of `arena` at a random offset, in a
+    random layout: contiguous, rows padded (a slice of a fused projection),
+    heads outermost, or every other element along head_dim."""
+    kind = rng.choice(["contiguous", "padded", "heads-first", "strided"])
+    if kind == "contiguous":
+        strides = (heads * head_dim, head_dim, 1)
+    elif kind == "padded":
+        strides = (heads * head_dim + int(rng.integers(0, 12)), head_dim, 1)
+    elif kind == "heads-first":
+        strides = (head_dim, tokens * head_dim, 1)
+    else:
+        strides = (2 * heads * head_dim, 2 * head_dim, 2)
+    span = 1 + sum((n - 1) * s for n, s in zip((tokens, heads, head_dim), strides))
+    offset = int(rng.integers(0, arena.numel() - span + 1))
+    return arena.as_strided((tokens, heads, head_dim), strides, offset)
+
+
+def _addressed(arena, view):
+    marks = torch.zeros(arena.numel(), dtype=torch.bool)
+    marks.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(True)
+    return marks
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_fuzz_out_and_in_place_aliasing(seed):
+    """q, k, out and key_out as random views of one buffer, overlapping or
+    not, out= sometimes exactly q (in place): the call either writes what
+    float64 math gives on copies of the inputs taken before the call and
+    changes no element outside out= and key_out=, or refuses because out=
+    and key_out= may share elements (then changes nothing). Refusal of
+    disjoint outputs is allowed only for layouts the exact test does not
+    cover (rows not made of whole heads, or head_dim strided)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tokens, heads, kv, head_dim = (int(rng.integers(1, 5)), int(rng.integers(1, 4)),
+                                   int(rng.integers(1, 3)), 2 * int(rng.integers(1, 6)))
+    rotary_dim = 2 * int(rng.integers(1, head_dim // 2 + 1))
+    interleaved = bool(rng.integers(0, 2))
+    arena = torch.randn(400, dtype=torch.float64)
+    q = _random_view(arena, rng, tokens, heads, head_dim)
+    k = _random_view(arena, rng, tokens, kv, head_dim)
+    out = q if rng.random() < 0.3 else _random_view(arena, rng, tokens, heads, head_dim)
+    key_out = k if rng.random() < 0.3 else _random_view(arena, rng, tokens, kv, head_dim)
+    cos, sin = fuseops.rope_cache(rotary_dim, 8, interleaved=interleaved)
+    cos, sin = cos.double(), sin.double()
+    positions = torch.from_numpy(rng.integers(0, 8, tokens))
+    q_want, k_want = reference.rope(q.clone(), k.clone(), cos, sin, positions, interleaved)
+    before = arena.clone()
+    written = _addressed(arena, out) | _addressed(arena, key_out)
+    outputs_meet = bool((_addressed(arena, out) & _addressed(arena, key_out)).any())
+    exact_layouts = all(v.stride(-1) == 1 and (v.shape[1] == 1 or v.stride(1) == head_dim)
+                        for v in (out, key_out))
+    try:
+        fuseops.rope(q, k, cos, sin, positions, interleaved, out=out, key_out=key_out)
+    except RuntimeError as error:
+        assert "fuseops::rope.out" in str(error) and "share memory" in str(error), str(error)
+        assert outputs_meet or not exact_layouts, f"seed {seed}: disjoint outputs refused"
+        torch.testing.assert_close(arena, before, rtol=0, atol=0)
+        return
+    assert not outputs_meet, f"seed {seed}: overlapping outputs accepted"
+    torch.testing.assert_close(out, q_want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(key_out, k_want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(arena[~written], before[~written], rtol=0, atol=0)

@@ -5,7 +5,6 @@
 #include "ops/rope.h"
 
 #include <algorithm>
-#include <string>
 #include <vector>
 
 #include <ATen/ExpandUtils.h>
@@ -295,7 +294,7 @@ void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const Checked c = check_all(names(key.defined(), false, true), query, key, cos, sin);
   const char* op = c.names.op;
   const at::Tensor positions = undefined_if_none(positions_opt);
-  check_out(op, out, "query", query);
+  check_out(op, out, c.names.input, query);
   if (key.defined()) {
     TORCH_CHECK(key_out.defined(), op, ": argument 'key_out' must be a defined tensor");
     check_same_dtype(op, "key_out", key_out, "key", key);

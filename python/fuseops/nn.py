@@ -18,6 +18,7 @@ from .ops.activation import gelu, silu
 from .ops.gated_activation import geglu, swiglu
 from .ops.layer_norm import layer_norm
 from .ops.rms_norm import rms_norm
+from .ops.rope import rope, rope_cache
 
 # Replaced class (torch.nn's, or SwiGLUMLP) -> (fuseops class, predicate
 # saying whether an instance's configuration is supported; None means always).
@@ -189,12 +190,64 @@ class GeGLU(_GatedMLP):
         return f"approximate={self.approximate!r}"
 
 
+class RotaryEmbedding(torch.nn.Module):
+    """Rotary position embedding with its cos/sin cache:
+    ``forward(query, key, positions)`` returns ``fuseops.rope(query, key,
+    cos, sin, positions, interleaved)`` (the query's result alone when key
+    is None). The cache (``fuseops.rope_cache``, float32 ``[max_pos,
+    rotary_dim]``) is held as non-persistent buffers ``cos_cached`` and
+    ``sin_cached``: it follows ``.to(device)`` and stays out of
+    ``state_dict``. A position at or beyond the cache grows it to at least
+    twice its length (``grow=True``, reading ``positions.max()``, a device
+    sync on CUDA) or, with ``grow=False``, is an error."""
+
+    def __init__(
+        self,
+        rotary_dim: int,
+        max_position_embeddings: int = 2048,
+        base: float = 10000.0,
+        scaling: Optional[str] = None,
+        factor: float = 1.0,
+        interleaved: bool = False,
+        grow: bool = True,
+        device=None,
+    ) -> None:
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        self.base = base
+        self.scaling = scaling
+        self.factor = factor
+        self.interleaved = interleaved
+        self.grow = grow
+        cos, sin = self._cache(max_position_embeddings, device)
+        self.register_buffer("cos_cached", cos, persistent=False)
+        self.register_buffer("sin_cached", sin, persistent=False)
+
+    def _cache(self, max_pos: int, device):
+        return rope_cache(self.rotary_dim, max_pos, self.base, self.scaling, self.factor,
+                          interleaved=self.interleaved, device=device)
+
+    def forward(self, query: torch.Tensor, key: Optional[torch.Tensor], positions: torch.Tensor):
+        if self.grow and positions.numel() > 0:
+            needed = int(positions.max()) + 1
+            if needed > self.cos_cached.shape[0]:
+                self.cos_cached, self.sin_cached = self._cache(
+                    max(needed, 2 * self.cos_cached.shape[0]), self.cos_cached.device)
+        return rope(query, key, self.cos_cached, self.sin_cached, positions, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return (f"rotary_dim={self.rotary_dim}, max_pos={self.cos_cached.shape[0]}, "
+                f"base={self.base}, scaling={self.scaling!r}, factor={self.factor}, "
+                f"interleaved={self.interleaved}")
+
+
 __all__ = [
     "GELU",
     "GeGLU",
     "LayerNorm",
     "RMSNorm",
     "Replacement",
+    "RotaryEmbedding",
     "SiLU",
     "SwiGLU",
     "SwiGLUMLP",

@@ -1,0 +1,161 @@
+// Autograd for fuseops::rope, registered in C++ so LibTorch programs get
+// gradients without Python. rope is linear in query and key: its backward is
+// the transposed rotation (rope_backward), whose own derivative is rope
+// again, so double backward is two more calls of the same kernel. cos, sin
+// and positions are not differentiable: a call that would record a gradient
+// for cos or sin is refused rather than leaving their .grad silently None.
+// Function::apply fails on an undefined tensor with a message naming
+// nothing, so each kernel checks its tensors first.
+
+#include <optional>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <fuseops/rope.h>
+
+#include "ops/autograd/no_derivative.h"
+#include "ops/common/checks.h"
+#include "ops/common/tensors.h"
+
+namespace fuseops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using autograd_detail::records_grad;
+using detail::none_if_undefined;
+using detail::undefined_if_none;
+
+void check_tables_not_differentiated(const char* op, const at::Tensor& cos,
+                                     const at::Tensor& sin) {
+  TORCH_CHECK(!records_grad({cos, sin}), op,
+              ": arguments 'cos' and 'sin' are not differentiable (fuseops computes no "
+              "gradient for the cos/sin cache), got a tensor that requires grad; build the "
+              "cache under torch.no_grad() or pass cos.detach() and sin.detach()");
+}
+
+void save_tables(AutogradContext* ctx, const at::Tensor& cos, const at::Tensor& sin,
+                 const std::optional<at::Tensor>& positions, bool interleaved) {
+  ctx->save_for_backward({cos, sin, undefined_if_none(positions)});
+  ctx->saved_data["interleaved"] = interleaved;
+  ctx->set_materialize_grads(false);
+}
+
+struct Tables {
+  at::Tensor cos, sin;
+  std::optional<at::Tensor> positions;
+  bool interleaved;
+};
+
+Tables saved_tables(AutogradContext* ctx) {
+  const auto saved = ctx->get_saved_variables();
+  return {saved[0], saved[1], none_if_undefined(saved[2]),
+          ctx->saved_data["interleaved"].toBool()};
+}
+
+// The rotation (transpose=false) or its transpose of whichever of (a, b)
+// are defined, through the differentiable dispatcher ops.
+std::tuple<at::Tensor, at::Tensor> apply(bool transpose, const at::Tensor& a, const at::Tensor& b,
+                                        const Tables& t) {
+  if (a.defined() && b.defined()) {
+    return transpose ? fuseops::rope_backward(a, b, t.cos, t.sin, t.positions, t.interleaved)
+                     : fuseops::rope(a, b, t.cos, t.sin, t.positions, t.interleaved);
+  }
+  auto single = [&](const at::Tensor& x) {
+    if (!x.defined()) {
+      return at::Tensor();
+    }
+    return transpose ? fuseops::rope_single_backward(x, t.cos, t.sin, t.positions, t.interleaved)
+                     : fuseops::rope_single(x, t.cos, t.sin, t.positions, t.interleaved);
+  };
+  return {single(a), single(b)};
+}
+
+// kTranspose=false: rope, whose backward is rope_backward; true:
+// rope_backward, whose backward is rope.
+template <bool kTranspose>
+class RopePairFunction : public torch::autograd::Function<RopePairFunction<kTranspose>> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               const std::optional<at::Tensor>& positions, bool interleaved) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    save_tables(ctx, cos, sin, positions, interleaved);
+    auto [x, y] = kTranspose ? fuseops::rope_backward(a, b, cos, sin, positions, interleaved)
+                             : fuseops::rope(a, b, cos, sin, positions, interleaved);
+    return {x, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto [ga, gb] = apply(!kTranspose, grads[0], grads[1], saved_tables(ctx));
+    return {ga, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+template <bool kTranspose>
+class RopeSingleFunction : public torch::autograd::Function<RopeSingleFunction<kTranspose>> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin, const std::optional<at::Tensor>& positions,
+                            bool interleaved) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    save_tables(ctx, cos, sin, positions, interleaved);
+    return kTranspose ? fuseops::rope_single_backward(x, cos, sin, positions, interleaved)
+                      : fuseops::rope_single(x, cos, sin, positions, interleaved);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto [g, unused] = apply(!kTranspose, grads[0], at::Tensor(), saved_tables(ctx));
+    return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+template <bool kTranspose>
+std::tuple<at::Tensor, at::Tensor> pair_autograd(const at::Tensor& a, const at::Tensor& b,
+                                                 const at::Tensor& cos, const at::Tensor& sin,
+                                                 const std::optional<at::Tensor>& positions,
+                                                 bool interleaved) {
+  const char* op = kTranspose ? "fuseops::rope_backward" : "fuseops::rope";
+  check_floating_input(op, kTranspose ? "grad_query" : "query", a);
+  check_floating_input(op, kTranspose ? "grad_key" : "key", b);
+  check_floating_input(op, "cos", cos);
+  check_floating_input(op, "sin", sin);
+  check_tables_not_differentiated(op, cos, sin);
+  if (!records_grad({a, b})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return kTranspose ? fuseops::rope_backward(a, b, cos, sin, positions, interleaved)
+                      : fuseops::rope(a, b, cos, sin, positions, interleaved);
+  }
+  const variable_list result =
+      RopePairFunction<kTranspose>::apply(a, b, cos, sin, positions, interleaved);
+  return {result[0], result[1]};
+}
+
+template <bool kTranspose>
+at::Tensor single_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                           const std::optional<at::Tensor>& positions, bool interleaved) {
+  const char* op = kTranspose ? "fuseops::rope_backward.single" : "fuseops::rope.single";
+  check_floating_input(op, kTranspose ? "grad_input" : "input", x);
+  check_floating_input(op, "cos", cos);
+  check_floating_input(op, "sin", sin);
+  check_tables_not_differentiated(op, cos, sin);
+  if (!records_grad({x})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return kTranspose ? fuseops::rope_single_backward(x, cos, sin, positions, interleaved)
+                      : fuseops::rope_single(x, cos, sin, positions, interleaved);
+  }
+  return RopeSingleFunction<kTranspose>::apply(x, cos, sin, positions, interleaved);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
+  m.impl("rope", TORCH_FN(pair_autograd<false>));
+  m.impl("rope.single", TORCH_FN(single_autograd<false>));
+  m.impl("rope_backward", TORCH_FN(pair_autograd<true>));
+  m.impl("rope_backward.single", TORCH_FN(single_autograd<true>));
+}
+
+}  // namespace fuseops

@@ -1,0 +1,326 @@
+"""rope: rotary position embedding of query and key (NeoX/Llama
+``rotate_half`` pairs or GPT-J interleaved pairs, partial rotary, GQA), its
+backward, an in-place form, and the cos/sin cache builder."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ._sample import DTYPES, Sample, tensor
+
+
+def rope(
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    interleaved: bool = False,
+    *,
+    out: Optional[torch.Tensor] = None,
+    key_out: Optional[torch.Tensor] = None,
+):
+    """Rotary position embedding, as Hugging Face's ``apply_rotary_pos_emb``:
+    ``x[..., :rd] * cos + rotate(x[..., :rd]) * sin`` for query and key, the
+    rest of head_dim unchanged (partial rotary, ``rd = cos.shape[-1]``).
+
+    ``query`` is ``[..., heads, head_dim]`` and ``key`` ``[..., kv_heads,
+    head_dim]`` with the same leading (token) dimensions; views (e.g. slices
+    of one fused qkv projection) are read in place. ``interleaved=False``
+    rotates the pairs ``(j, j + rd/2)`` (NeoX, Llama: ``rotate_half``),
+    ``True`` the pairs ``(2j, 2j+1)`` (GPT-J). With ``positions`` (int64 or
+    int32, shape broadcastable to the token dimensions: ``[tokens]``,
+    ``[batch, seq]``, ``[1, seq]``), ``cos``/``sin`` are ``[max_pos, rd]``
+    caches (:func:`rope_cache`) and token t uses row ``positions[t]``; a
+    position outside the cache is an error. Without ``positions`` they hold
+    one row per token, ``[..., rd]`` broadcastable to the token dimensions
+    (Hugging Face's ``position_embeddings``). Math is float32 (float64 for
+    float64 input) whatever the cache's dtype.
+
+    Returns ``(query_out, key_out)``, or the query's result alone when
+    ``key`` is None. Differentiable in query and key; cos and sin must not
+    require grad. With ``out=`` (and ``key_out=`` when there is a key) the
+    results go into preallocated tensors, which may be ``query`` and ``key``
+    themselves (see :func:`rope_`); that form is not differentiable.
+    """
+    if key is None:
+        if key_out is not None:
+            raise TypeError("fuseops.rope: key_out= needs a key")
+        if out is not None:
+            torch.ops.fuseops.rope.single_out(query, cos, sin, positions, interleaved, out=out)
+            return out
+        return torch.ops.fuseops.rope.single(query, cos, sin, positions, interleaved)
+    if (out is None) != (key_out is None):
+        raise TypeError("fuseops.rope: pass both out= and key_out=, or neither")
+    if out is not None:
+        torch.ops.fuseops.rope.out(query, key, cos, sin, positions, interleaved, out=out, key_out=key_out)
+        return out, key_out
+    return torch.ops.fuseops.rope(query, key, cos, sin, positions, interleaved)
+
+
+def rope_(
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    interleaved: bool = False,
+):
+    """:func:`rope` in place, for inference: rotates ``query`` and ``key``
+    (strided views included, e.g. of one fused qkv tensor) and returns them
+    (``query`` alone when ``key`` is None). ``query`` and ``key`` must not
+    share elements (refused with an error)."""
+    if key is None:
+        return rope(query, None, cos, sin, positions, interleaved, out=query)
+    return rope(query, key, cos, sin, positions, interleaved, out=query, key_out=key)
+
+
+def rope_backward(
+    grad_query: torch.Tensor,
+    grad_key: Optional[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    interleaved: bool = False,
+):
+    """Gradients of :func:`rope` with respect to query and key: the
+    transposed rotation ``g * cos + rotate^T(g * sin)`` (the rotation by
+    -theta for the usual caches); the query's alone when ``grad_key`` is
+    None. Differentiable (its derivative is :func:`rope`)."""
+    if grad_key is None:
+        return torch.ops.fuseops.rope_backward.single(grad_query, cos, sin, positions, interleaved)
+    return torch.ops.fuseops.rope_backward(grad_query, grad_key, cos, sin, positions, interleaved)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
+    """Drop-in for Hugging Face's Llama-family ``apply_rotary_pos_emb``: ``q``
+    ``[batch, heads, seq, head_dim]`` (``unsqueeze_dim=1``) or ``[batch,
+    seq, heads, head_dim]`` (``unsqueeze_dim=2``), ``cos``/``sin`` the
+    model's ``position_embeddings`` ``[batch, seq, head_dim]``
+    (``position_ids`` is unused, as in Hugging Face). Returns
+    ``(q_embed, k_embed)`` in q's and k's layout."""
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"fuseops.apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+    if unsqueeze_dim == 1:
+        q_out, k_out = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return rope(q, k, cos, sin)
+
+
+def _inverse_frequencies(rotary_dim: int, base: float, scaling: Optional[str], factor: float, dtype):
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"fuseops.rope_cache: rotary_dim must be a positive even number, got {rotary_dim}")
+    if scaling not in (None, "linear", "ntk"):
+        raise ValueError(f"fuseops.rope_cache: scaling must be None, 'linear' or 'ntk', got {scaling!r}")
+    if scaling is not None and not factor > 0:
+        raise ValueError(f"fuseops.rope_cache: factor must be positive, got {factor}")
+    if scaling == "ntk" and rotary_dim > 2:
+        # NTK-aware scaling stretches the base so that the lowest frequency
+        # covers `factor` times the positions and the highest is unchanged.
+        base = base * factor ** (rotary_dim / (rotary_dim - 2))
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    return (1.0 / base**exponents).to(dtype)
+
+
+def rope_cache(
+    rotary_dim: int,
+    max_pos: int,
+    base: float = 10000.0,
+    scaling: Optional[str] = None,
+    factor: float = 1.0,
+    *,
+    interleaved: bool = False,
+    device=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)``, each float32 ``[max_pos, rotary_dim]``, of the angles
+    ``pos * base**(-2i/rotary_dim)``, in the layout Hugging Face builds:
+    ``cat(freqs, freqs)`` for NeoX/Llama pairs, each frequency twice in a
+    row (``repeat_interleave(freqs, 2)``) with ``interleaved=True`` (GPT-J).
+    Angles are computed in float64 and rounded once. ``scaling="linear"``
+    divides positions by ``factor`` (position interpolation);
+    ``scaling="ntk"`` multiplies the base by ``factor**(rd/(rd-2))``
+    (NTK-aware scaling)."""
+    inv = _inverse_frequencies(rotary_dim, base, scaling, factor, torch.float64)
+    positions = torch.arange(max_pos, dtype=torch.float64)
+    if scaling == "linear":
+        positions = positions / factor
+    freqs = torch.outer(positions, inv)
+    full = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat([freqs, freqs], dim=-1)
+    return (full.cos().to(device=device, dtype=torch.float32),
+            full.sin().to(device=device, dtype=torch.float32))
+
+
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_transposed(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    # rotate is antisymmetric: its transpose is -rotate.
+    return -_rotate(x, interleaved)
+
+
+def _gathered(x, table, positions):
+    # HF casts cos/sin to the activations' dtype before the products.
+    rows = table if positions is None else table[positions.long()]
+    return rows.unsqueeze(-2).to(x.dtype)
+
+
+def _apply(x, cos, sin, positions, interleaved, transposed):
+    rd = cos.shape[-1]
+    c, s = _gathered(x, cos, positions), _gathered(x, sin, positions)
+    rot, rest = x[..., :rd], x[..., rd:]
+    if transposed:
+        rotated = rot * c + _rotate_transposed(rot * s, interleaved)
+    else:
+        rotated = rot * c + _rotate(rot, interleaved) * s
+    return torch.cat((rotated, rest), dim=-1)
+
+
+def rope_reference(query, key, cos, sin, positions=None, interleaved=False):
+    # As Hugging Face writes it: q * cos + rotate_half(q) * sin, with the
+    # cache rows gathered by position and cast to q's dtype.
+    q_out = _apply(query, cos, sin, positions, interleaved, False)
+    if key is None:
+        return q_out
+    return q_out, _apply(key, cos, sin, positions, interleaved, False)
+
+
+def rope_backward_reference(grad_query, grad_key, cos, sin, positions=None, interleaved=False):
+    g_q = _apply(grad_query, cos, sin, positions, interleaved, True)
+    if grad_key is None:
+        return g_q
+    return g_q, _apply(grad_key, cos, sin, positions, interleaved, True)
+
+
+def rope_cache_reference(rotary_dim, max_pos, base=10000.0, scaling=None, factor=1.0, *, interleaved=False):
+    """rope_cache in float64, angle by angle with Python's math module."""
+    if scaling == "ntk":
+        base = base * factor ** (rotary_dim / (rotary_dim - 2))
+    cos = torch.empty(max_pos, rotary_dim, dtype=torch.float64)
+    sin = torch.empty_like(cos)
+    for p in range(max_pos):
+        pos = p / factor if scaling == "linear" else p
+        for i in range(rotary_dim // 2):
+            angle = pos * base ** (-2 * i / rotary_dim)
+            for j in ((2 * i, 2 * i + 1) if interleaved else (i, i + rotary_dim // 2)):
+                cos[p, j], sin[p, j] = math.cos(angle), math.sin(angle)
+    return cos, sin
+
+
+# --- bench -----------------------------------------------------------------
+
+HEAD_DIM = 128
+KV_GROUP = 4  # query heads per key head (GQA), as Llama 3 8B: 32 / 8
+
+
+def _heads(hidden: int) -> tuple[int, int]:
+    heads = max(1, hidden // HEAD_DIM)
+    return heads, max(1, heads // KV_GROUP)
+
+
+@dataclass(frozen=True)
+class _QkTraffic:
+    """Bytes of `passes` reads or writes of q ([rows, heads, 128], hidden =
+    heads * 128) and k (heads / 4 heads); the gathered cos/sin rows (float32,
+    one row per token for all heads) are left out like per-row statistics."""
+
+    passes: int
+
+    def bytes(self, rows: int, hidden: int, element_size: int) -> int:
+        heads, kv_heads = _heads(hidden)
+        return element_size * self.passes * rows * (heads + kv_heads) * HEAD_DIM
+
+
+def _bench_inputs(rows, hidden, dtype, device, gen):
+    heads, kv_heads = _heads(hidden)
+    q = torch.randn(rows, heads, HEAD_DIM, dtype=dtype, device=device, generator=gen)
+    k = torch.randn(rows, kv_heads, HEAD_DIM, dtype=dtype, device=device, generator=gen)
+    cos, sin = rope_cache(HEAD_DIM, rows, device=device)
+    positions = torch.arange(rows, device=device)
+    return q, k, cos, sin, positions
+
+
+def _rope_out(fn, args, options, outs):
+    fn(*args, **options, out=outs[0], key_out=outs[1])
+
+
+def bench_cases():
+    from ..bench.cases import Case
+
+    return [
+        Case(
+            "rope", "rope", "rope", _bench_inputs,
+            forward_traffic=_QkTraffic(passes=2),  # q, k in; q_out, k_out out
+            backward_traffic=_QkTraffic(passes=2),  # dq_out, dk_out in; dq, dk out
+            differentiable=(0, 1),
+            call_out=_rope_out,
+            description="rotary embedding of q [rows, hidden/128, 128] and k (a quarter of "
+            "the heads), positions 0..rows-1, float32 cache",
+        ),
+    ]
+
+
+# --- conformance samples -----------------------------------------------------
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+
+    def t(shape, dtype=torch.float32, layout="contiguous", grad=False):
+        return tensor(shape, dtype, device, layout, grad)
+
+    cos, sin = rope_cache(16, 32, device=device)
+    cos_i, sin_i = rope_cache(8, 32, interleaved=True, device=device)
+    positions = torch.tensor([3, 0, 31, 7, 7], device=device)
+    batch_positions = torch.tensor([[0, 1, 2], [5, 9, 30]], device=device, dtype=torch.int32)
+    q, k = t((5, 4, 16)), t((5, 2, 16))
+    # q and k as views of one fused [tokens, (4 + 2 + 2) * 16] projection.
+    qkv = t((5, 8 * 16))
+    view_q = qkv[:, : 4 * 16].view(5, 4, 16).detach().requires_grad_()
+    view_k = qkv[:, 4 * 16 : 6 * 16].view(5, 2, 16)
+    per_token_cos, per_token_sin = cos[positions], sin[positions]
+
+    def single(op, tensors, rest, kwargs=None, large=False):
+        wrapper = rope_backward if op._schema.name.endswith("_backward") else rope
+        return Sample(op, (*tensors, *rest), wrapper, kwargs or {}, wrapper_args=(tensors[0], None, *rest), large=large)
+
+    result = [
+        Sample(ops.rope.default, (q, k, cos, sin, positions, False), rope),
+        Sample(ops.rope.default, (t((5, 4, 16), grad=True), t((5, 1, 16), grad=True), cos_i, sin_i, positions, True), rope),
+        Sample(ops.rope.default, (view_q, view_k, cos, sin, positions, False), rope),
+        Sample(ops.rope.default, (t((2, 3, 2, 16), torch.bfloat16, grad=True), t((2, 3, 1, 16), torch.bfloat16), cos, sin, batch_positions, False), rope),
+        Sample(ops.rope.default, (t((5, 2, 16), torch.float16, "sliced"), t((5, 2, 16), torch.float16, "transposed"), cos, sin, positions, False), rope),
+        Sample(ops.rope.default, (t((5, 3, 24), torch.float64, grad=True), t((5, 1, 24), torch.float64, grad=True), per_token_cos, per_token_sin, None, False), rope),
+        Sample(ops.rope.default, (t((0, 3, 16), grad=True), t((0, 1, 16), grad=True), cos, sin, positions[:0], False), rope),
+        single(ops.rope.single, (t((5, 2, 16), torch.bfloat16, grad=True),), (cos.bfloat16(), sin.bfloat16(), positions, False)),
+        single(ops.rope.single, (t((4, 3, 12), torch.float32, "expanded"),), (cos_i, sin_i, positions[:4], True)),
+        Sample(ops.rope.out, (q, k, cos, sin, positions, False), rope,
+               {"out": torch.empty(5, 4, 16, device=device), "key_out": torch.empty(5, 2, 16, device=device)}),
+        single(ops.rope.single_out, (q,), (cos_i, sin_i, positions, True), {"out": torch.empty(5, 4, 16, device=device)}),
+        Sample(ops.rope_backward.default, (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False), rope_backward),
+        Sample(ops.rope_backward.default, (t((5, 4, 16), grad=True), t((5, 2, 16)), cos_i, sin_i, positions, True), rope_backward),
+        single(ops.rope_backward.single, (t((5, 2, 16), torch.float16),), (per_token_cos, per_token_sin, None, False)),
+    ]
+    # 301 tokens, 3 + 1 heads, head_dim 70 (several tasks per thread, a vector
+    # tail in every half row) and a partial rotary of 40, both layouts. The
+    # float64 reference converts every tensor input to float64, so these use
+    # per-token cos/sin rows (no integer positions).
+    full_cos, full_sin = rope_cache(70, 301, device=device)
+    part_cos, part_sin = rope_cache(40, 301, interleaved=True, device=device)
+    for dtype in DTYPES:
+        result += [
+            Sample(ops.rope.default, (t((301, 3, 70), dtype, grad=True), t((301, 1, 70), dtype, grad=True), full_cos, full_sin, None, False), rope, large=True),
+            Sample(ops.rope.default, (t((301, 3, 70), dtype, grad=True), t((301, 1, 70), dtype, grad=True), part_cos, part_sin, None, True), rope, large=True),
+        ]
+    return result
+
+
+__all__ = ["apply_rotary_pos_emb", "rope", "rope_", "rope_backward", "rope_cache"]

@@ -344,10 +344,10 @@ void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const bool q_direct = q_target.defined();
   const bool k_direct = !key.defined() || k_target.defined();
   if (!q_direct) {
-    q_target = at::empty({c.tokens, query.size(-2), query.size(-1)}, query.options());
+    q_target = empty_output({c.tokens, query.size(-2), query.size(-1)}, query.options());
   }
   if (!k_direct) {
-    k_target = at::empty({c.tokens, key.size(-2), key.size(-1)}, key.options());
+    k_target = empty_output({c.tokens, key.size(-2), key.size(-1)}, key.options());
   }
   kernel({q_target, q_rows, k_target, k_rows, tables.cos, tables.sin, tables.positions,
           interleaved, false});

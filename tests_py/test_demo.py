@@ -44,13 +44,15 @@ def test_fuseops_modules_replace_the_norms_and_mlps_it_has():
     model = copy.deepcopy(plain)
     replaced = demo.use_fuseops(model)
     assert {r["name"] for r in replaced} == {
-        "norm", "blocks.0.attn_norm", "blocks.0.mlp", "blocks.0.mlp_norm",
-        "blocks.1.attn_norm", "blocks.1.mlp", "blocks.1.mlp_norm"}
+        "norm", "blocks.0.attn_norm", "blocks.0.attn.rotary", "blocks.0.mlp",
+        "blocks.0.mlp_norm", "blocks.1.attn_norm", "blocks.1.attn.rotary", "blocks.1.mlp",
+        "blocks.1.mlp_norm"}
     assert [r for r in replaced if r["name"].endswith(".mlp")] == [
         {"name": f"blocks.{i}.mlp", "old": "SwiGLUMLP", "new": "fuseops.nn.SwiGLU"}
         for i in range(2)
     ]
     assert all(type(block.mlp) is fuseops.nn.SwiGLU for block in model.blocks)
+    assert all(type(block.attn.rotary) is fuseops.nn.RotaryEmbedding for block in model.blocks)
     # Same parameters under the same names, so the same outputs.
     assert plain.state_dict().keys() == model.state_dict().keys()
     tokens = torch.randint(0, 10, (2, 8))
@@ -61,7 +63,8 @@ def test_report_says_when_nothing_was_replaced(monkeypatch):
     monkeypatch.setattr(fuseops.nn, "_REPLACEMENTS", {})
     summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}))
     assert summary["replaced"] == []
-    assert {k["type"] for k in summary["not_replaced"]} == {"RMSNorm", "SwiGLUMLP"}
+    assert {k["type"] for k in summary["not_replaced"]} == {"RMSNorm", "SwiGLUMLP",
+                                                             "TorchRotaryEmbedding"}
     assert summary["loss_max_abs_diff"] == 0.0  # the very same computation
     text = demo.report(summary)
     assert "fuseops replaced NOTHING" in text

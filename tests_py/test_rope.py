@@ -298,6 +298,28 @@ def test_rotary_embedding_module(device):
         expect_error_mentions(lambda: fixed(q.cpu(), None, far.cpu()), ["fuseops::rope.single", "'positions'", "[0, 16)", "40"])
 
 
+def test_torch_rotary_embedding_is_replaced_by_the_fused_module():
+    # The plain-torch module computes the Hugging Face formula; replace_modules
+    # swaps it for RotaryEmbedding, which gives the same rotation (float32
+    # math on both sides: a few ulp apart) with the same gradients.
+    model = torch.nn.Sequential(fuseops.nn.TorchRotaryEmbedding(16, max_position_embeddings=8))
+    q = torch.randn(2, 6, 3, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 6, 1, 16, dtype=torch.float64, requires_grad=True)
+    positions = torch.arange(6).expand(2, 6)
+    expected = [t.detach() for t in model[0](q, k, positions)]
+    expected_grads = torch.autograd.grad(sum(o.square().sum() for o in model[0](q, k, positions)),
+                                         (q, k))
+    replaced = fuseops.nn.replace_modules(model)
+    assert [(r.old, r.new) for r in replaced] == [("TorchRotaryEmbedding", "RotaryEmbedding")]
+    assert type(model[0]) is fuseops.nn.RotaryEmbedding
+    got = model[0](q, k, positions)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.detach(), e, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(sum(o.square().sum() for o in got), (q, k))
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
 def test_bad_inputs_name_the_op_and_argument():
     cos, sin = fuseops.rope_cache(8, 16)
     q, k = torch.randn(4, 2, 8), torch.randn(4, 1, 8)

@@ -1,7 +1,8 @@
 """``python -m fuseops demo``: one small language model trained twice.
 
 A Llama-style decoder (token embedding, RMSNorm, causal self-attention with
-rotary positions via ``scaled_dot_product_attention``, SwiGLU MLP, output
+rotary positions (``fuseops.nn.TorchRotaryEmbedding``, plain torch) via
+``scaled_dot_product_attention``, SwiGLU MLP, output
 layer tied to the embedding) learns to predict the next character of Python's
 own ``argparse.py`` source. It is trained from the same seed on the same
 batches twice: once as plain ``torch.nn`` (the MLP blocks are
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 import fuseops
 
 from .bench.timing import peak_memory
-from .nn import SwiGLUMLP
+from .nn import SwiGLUMLP, TorchRotaryEmbedding
 
 
 # ---------------------------------------------------------------------------
@@ -83,35 +84,24 @@ class ModelConfig:
         return 16 * math.ceil(8 * self.d_model / 3 / 16)
 
 
-def _rotary_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads = config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.out = nn.Linear(config.d_model, config.d_model, bias=False)
-        cos, sin = _rotary_tables(config.seq_len, config.d_model // config.n_heads)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        # Plain torch (Hugging Face's rotate_half formula); replace_modules
+        # swaps it for fuseops.nn.RotaryEmbedding.
+        self.rotary = TorchRotaryEmbedding(config.d_model // config.n_heads,
+                                           max_position_embeddings=config.seq_len)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d = x.shape
-        q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        cos = self.cos[:seq].to(x.dtype)
-        sin = self.sin[:seq].to(x.dtype)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # q, k, v: strided [batch, seq, heads, head_dim] views of one projection.
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, -1).unbind(2)
+        q, k = self.rotary(q, k, torch.arange(seq, device=x.device))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
         return self.out(y.transpose(1, 2).reshape(batch, seq, d))
 
 
@@ -289,7 +279,7 @@ def run_demo(settings: DemoSettings) -> dict:
         "not_replaced": [
             {"name": name, "type": type(module).__name__}
             for name, module in with_fuseops.named_modules()
-            if type(module) in (nn.RMSNorm, SwiGLUMLP)
+            if type(module) in (nn.RMSNorm, SwiGLUMLP, TorchRotaryEmbedding)
         ],
         "loss_max_abs_diff": max(diffs) if diffs else 0.0,
         "loss_max_abs_diff_first_steps": max(diffs[:first]) if diffs else 0.0,
@@ -335,9 +325,10 @@ def report(summary: dict) -> str:
         lines.append(f"fuseops replaced {len(replaced)} modules: " + ", ".join(
             f"{r['name']} ({r['old']} -> {r['new']})" for r in replaced))
     else:
-        lines.append("fuseops replaced NOTHING: the installed fuseops.nn has no RMSNorm or "
-                     "SwiGLU, so the 'fuseops' run executes the same torch code as the "
-                     "'torch.nn' run, and its figures show run-to-run noise, not fuseops")
+        lines.append("fuseops replaced NOTHING: the installed fuseops.nn has no RMSNorm, "
+                     "SwiGLU or RotaryEmbedding, so the 'fuseops' run executes the same torch "
+                     "code as the 'torch.nn' run, and its figures show run-to-run noise, "
+                     "not fuseops")
     if kept:
         lines.append("still plain torch (no fuseops drop-in installed): " + ", ".join(
             f"{k['name']} ({k['type']})" for k in kept))

@@ -18,7 +18,7 @@ from .ops.activation import gelu, silu
 from .ops.gated_activation import geglu, swiglu
 from .ops.layer_norm import layer_norm
 from .ops.rms_norm import rms_norm
-from .ops.rope import rope, rope_cache
+from .ops.rope import rope, rope_cache, rope_reference
 
 # Replaced class (torch.nn's, or SwiGLUMLP) -> (fuseops class, predicate
 # saying whether an instance's configuration is supported; None means always).
@@ -190,16 +190,20 @@ class GeGLU(_GatedMLP):
         return f"approximate={self.approximate!r}"
 
 
-class RotaryEmbedding(torch.nn.Module):
-    """Rotary position embedding with its cos/sin cache:
-    ``forward(query, key, positions)`` returns ``fuseops.rope(query, key,
-    cos, sin, positions, interleaved)`` (the query's result alone when key
-    is None). The cache (``fuseops.rope_cache``, float32 ``[max_pos,
-    rotary_dim]``) is held as non-persistent buffers ``cos_cached`` and
-    ``sin_cached``: it follows ``.to(device)`` and stays out of
-    ``state_dict``. A position at or beyond the cache grows it to at least
-    twice its length (``grow=True``, reading ``positions.max()``, a device
-    sync on CUDA) or, with ``grow=False``, is an error."""
+class TorchRotaryEmbedding(torch.nn.Module):
+    """Rotary position embedding in plain torch, as Hugging Face writes it
+    (``q * cos + rotate_half(q) * sin``, ``fuseops.reference.rope``), with
+    its cos/sin cache: ``forward(query, key, positions)`` returns the rotated
+    ``(query, key)`` (the query alone when key is None). This is the module a
+    model builds to be plain torch and still be found by ``replace_modules``,
+    which swaps it for ``RotaryEmbedding``.
+
+    The cache (``fuseops.rope_cache``, float32 ``[max_pos, rotary_dim]``) is
+    held as non-persistent buffers ``cos_cached`` and ``sin_cached``: it
+    follows ``.to(device)`` and stays out of ``state_dict``. A position at or
+    beyond the cache grows it to at least twice its length (``grow=True``,
+    reading ``positions.max()``, a device sync on CUDA) or, with
+    ``grow=False``, is an error."""
 
     def __init__(
         self,
@@ -227,18 +231,33 @@ class RotaryEmbedding(torch.nn.Module):
         return rope_cache(self.rotary_dim, max_pos, self.base, self.scaling, self.factor,
                           interleaved=self.interleaved, device=device)
 
-    def forward(self, query: torch.Tensor, key: Optional[torch.Tensor], positions: torch.Tensor):
+    def _grow_for(self, positions: torch.Tensor) -> None:
         if self.grow and positions.numel() > 0:
             needed = int(positions.max()) + 1
             if needed > self.cos_cached.shape[0]:
                 self.cos_cached, self.sin_cached = self._cache(
                     max(needed, 2 * self.cos_cached.shape[0]), self.cos_cached.device)
-        return rope(query, key, self.cos_cached, self.sin_cached, positions, self.interleaved)
+
+    def forward(self, query: torch.Tensor, key: Optional[torch.Tensor], positions: torch.Tensor):
+        self._grow_for(positions)
+        return rope_reference(query, key, self.cos_cached, self.sin_cached, positions,
+                              self.interleaved)
 
     def extra_repr(self) -> str:
         return (f"rotary_dim={self.rotary_dim}, max_pos={self.cos_cached.shape[0]}, "
                 f"base={self.base}, scaling={self.scaling!r}, factor={self.factor}, "
                 f"interleaved={self.interleaved}")
+
+
+@_replaces(TorchRotaryEmbedding)
+class RotaryEmbedding(TorchRotaryEmbedding):
+    """Rotary position embedding by ``fuseops.rope``: ``TorchRotaryEmbedding``
+    (same constructor, cache and forward) with the rotation of query and key
+    fused into one op, forward and backward."""
+
+    def forward(self, query: torch.Tensor, key: Optional[torch.Tensor], positions: torch.Tensor):
+        self._grow_for(positions)
+        return rope(query, key, self.cos_cached, self.sin_cached, positions, self.interleaved)
 
 
 __all__ = [
@@ -251,5 +270,6 @@ __all__ = [
     "SiLU",
     "SwiGLU",
     "SwiGLUMLP",
+    "TorchRotaryEmbedding",
     "replace_modules",
 ]

@@ -42,36 +42,41 @@ bool parse_activation(const char* op, ActivationName activation) {
   return true;
 }
 
-// x (batch, dim, seqlen); weight (dim, width) with width 2..4, in x's dtype
-// or float32 for bfloat16/float16 x; bias (dim) in weight's dtype.
-void check_conv_args(const char* op, const char* x_name, const at::Tensor& x,
-                     const at::Tensor& weight, const at::Tensor& bias) {
-  check_floating_input(op, x_name, x);
-  TORCH_CHECK(x.dim() == 3, op, ": argument '", x_name,
-              "' must have 3 dimensions (batch, dim, seqlen), got shape ", x.sizes());
+// weight (dim, width) with width 2..4, in x's dtype or float32 for
+// bfloat16/float16 x; bias (dim) in weight's dtype.
+void check_params(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias) {
+  const int64_t dim = x.size(1);
   check_floating_input(op, "weight", weight);
-  check_same_device(op, "weight", weight, x_name, x);
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == x.size(1), op,
-              ": argument 'weight' must have shape (dim, width) = (", x.size(1),
-              ", width), dim being the size of dimension 1 of '", x_name, "', got ",
-              weight.sizes());
+  check_same_device(op, "weight", weight, "x", x);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == dim, op,
+              ": argument 'weight' must have shape (dim, width) = (", dim,
+              ", width), dim being the size of dimension 1 of 'x', got ", weight.sizes());
   TORCH_CHECK(weight.size(1) >= 2 && weight.size(1) <= 4, op,
               ": argument 'weight' must have width (its dimension 1) 2, 3 or 4, got ",
               weight.size(1));
   const bool reduced = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
   TORCH_CHECK(weight.scalar_type() == x.scalar_type() ||
                   (reduced && weight.scalar_type() == at::kFloat),
-              op, ": argument 'weight' must have the dtype of '", x_name, "' (",
-              x.scalar_type(), ")", reduced ? " or float32" : "", ", got ",
-              weight.scalar_type());
+              op, ": argument 'weight' must have the dtype of 'x' (", x.scalar_type(), ")",
+              reduced ? " or float32" : "", ", got ", weight.scalar_type());
   if (bias.defined()) {
     check_floating_input(op, "bias", bias);
     check_same_dtype(op, "bias", bias, "weight", weight);
     check_same_device(op, "bias", bias, "weight", weight);
-    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(1), op,
-                ": argument 'bias' must have shape (dim) = (", x.size(1), "), got ",
-                bias.sizes());
+    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == dim, op,
+                ": argument 'bias' must have shape (dim) = (", dim, "), got ", bias.sizes());
   }
+}
+
+// x (batch, dim, seqlen), then its parameters.
+void check_conv_args(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias) {
+  check_floating_input(op, "x", x);
+  TORCH_CHECK(x.dim() == 3, op,
+              ": argument 'x' must have 3 dimensions (batch, dim, seqlen), got shape ",
+              x.sizes());
+  check_params(op, x, weight, bias);
 }
 
 // initial_states, grad_final_states: (batch, dim, width - 1) in x's dtype.
@@ -169,7 +174,7 @@ Prepared prepare(const char* op, const at::Tensor& x, const at::Tensor& weight,
                  ActivationName activation, bool compute) {
   const at::Tensor b = undefined_if_none(bias);
   const at::Tensor init = undefined_if_none(initial_states);
-  check_conv_args(op, "x", x, weight, b);
+  check_conv_args(op, x, weight, b);
   check_states(op, "initial_states", init, x, weight.size(1));
   Prepared p;
   p.silu = parse_activation(op, activation);
@@ -189,9 +194,17 @@ void run_forward(CausalConv1dKernel kernel, const at::Tensor& out, const Prepare
   }
 }
 
+// Fake tensors traced with dynamic shapes hold no data and have no concrete
+// layout to reason about; functionalization has already removed their
+// aliasing.
+bool symbolic(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
 // Conservative: whether two tensors may address a common byte.
 bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0 ||
+  if (!a.defined() || !b.defined() || symbolic(a) || symbolic(b) || a.numel() == 0 ||
+      b.numel() == 0 ||
       !a.has_storage() || !b.has_storage() || !a.storage().is_alias_of(b.storage())) {
     return false;
   }
@@ -312,20 +325,20 @@ at::Tensor causal_conv1d_update_with(const at::Tensor& x, const at::Tensor& conv
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, kUpdate,
               ": argument 'x' must have shape (batch, dim) or (batch, dim, seqlen), got ",
               x.sizes());
-  const at::Tensor x3 = x.dim() == 2 ? x.unsqueeze(-1) : x;
   const at::Tensor b = undefined_if_none(bias);
-  check_conv_args(kUpdate, "x", x3, weight, b);
+  check_params(kUpdate, x, weight, b);
   const bool silu = parse_activation(kUpdate, activation);
   check_floating_input(kUpdate, "conv_state", conv_state);
   check_same_dtype(kUpdate, "conv_state", conv_state, "x", x);
   check_same_device(kUpdate, "conv_state", conv_state, "x", x);
   const int64_t width = weight.size(1);
-  TORCH_CHECK(conv_state.dim() == 3 && conv_state.size(0) == x3.size(0) &&
-                  conv_state.size(1) == x3.size(1) && conv_state.size(2) >= width - 1,
+  TORCH_CHECK(conv_state.dim() == 3 && conv_state.size(0) == x.size(0) &&
+                  conv_state.size(1) == x.size(1) && conv_state.size(2) >= width - 1,
               kUpdate, ": argument 'conv_state' must have shape (batch, dim, state_len) = (",
-              x3.size(0), ", ", x3.size(1), ", state_len) with state_len >= width - 1 = ",
+              x.size(0), ", ", x.size(1), ", state_len) with state_len >= width - 1 = ",
               width - 1, ", got ", conv_state.sizes());
-  TORCH_CHECK(at::has_internal_overlap(conv_state) != at::MemOverlap::Yes, kUpdate,
+  TORCH_CHECK(symbolic(conv_state) || at::has_internal_overlap(conv_state) != at::MemOverlap::Yes,
+              kUpdate,
               ": argument 'conv_state' is written in place and must not have elements that "
               "share memory (as an expand()ed tensor does), got strides ",
               conv_state.strides());
@@ -337,8 +350,9 @@ at::Tensor causal_conv1d_update_with(const at::Tensor& x, const at::Tensor& conv
   }
   at::Tensor out = at::empty(x.sizes(), x.options());
   if (kernel != nullptr && x.numel() > 0) {
-    kernel(out.dim() == 2 ? out.unsqueeze(-1) : out, x3, conv_state, acc_param(weight, x),
-           acc_param(b, x), silu);
+    // Kernels take (batch, dim, seqlen): a (batch, dim) step is seqlen 1.
+    auto as_3d = [](const at::Tensor& t) { return t.dim() == 2 ? t.unsqueeze(-1) : t; };
+    kernel(as_3d(out), as_3d(x), conv_state, acc_param(weight, x), acc_param(b, x), silu);
   }
   return out;
 }

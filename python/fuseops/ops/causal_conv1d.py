@@ -222,6 +222,8 @@ def samples(device) -> list[Sample]:
 
     x, w, b = t((2, 6, 9)), t((6, 4)), t((6,))
     init = t((2, 6, 3))
+    steady = t((2, 6))
+    steady_state = steady[..., None].repeat(1, 1, 4)
     result = [
         conv(x, w, b, None, "silu"),
         conv(x, t((6, 2)), None, t((2, 6, 1)), None),
@@ -241,6 +243,11 @@ def samples(device) -> list[Sample]:
                causal_conv1d_backward),
         Sample(ops.causal_conv1d_backward.default, (t((2, 6, 9)), x, w, None, None, None, None),
                causal_conv1d_backward),
+        # First: a state that each call leaves as it was (x repeats the
+        # state's constant rows), as the compiler tests call the op twice on
+        # one conv_state and compare the results.
+        Sample(ops.causal_conv1d_update.default, (steady, steady_state, w, b, "silu"),
+               causal_conv1d_update),
         Sample(ops.causal_conv1d_update.default, (t((2, 6)), t((2, 6, 3)), w, b, "silu"),
                causal_conv1d_update),
         Sample(ops.causal_conv1d_update.default, (t((2, 6, 3)), t((2, 6, 5)), w, None, None),

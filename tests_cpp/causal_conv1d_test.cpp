@@ -140,7 +140,7 @@ void check_config(const Config& cfg, at::ScalarType dtype) {
 
 TEST(CausalConv1d, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
   // Rows shorter than a vector, vector tails, several tasks per thread (the
-  // channel-last chunks are 128 steps of up to 1024 channels), sequences
+  // channel-last chunks are 128 steps of up to 4096 channels), sequences
   // shorter than the width.
   const std::vector<Config> configs = {
       {2, 3, 1, 4, true, true, true, 0},     {1, 5, 2, 3, false, true, false, 1},
@@ -148,6 +148,7 @@ TEST(CausalConv1d, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
       {2, 33, 37, 4, true, true, true, 1},   {2, 19, 70, 3, false, false, true, 2},
       {2, 6, 45, 4, true, true, false, 3},   {2, 1030, 300, 4, true, true, true, 1},
       {3, 40, 1000, 4, true, true, true, 0}, {1, 2, 5, 2, false, true, true, 1},
+      {2, 4100, 9, 3, true, true, true, 2},
   };
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);

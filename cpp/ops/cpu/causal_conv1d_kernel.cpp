@@ -6,9 +6,10 @@
 //  - rows layout (time contiguous): one (batch, channel) row per step of a
 //    parallel loop, vectorised over time; the width shifted windows of a
 //    block are unaligned loads of the same cache lines;
-//  - channel-last layout: tasks of (batch, 128 time steps, up to 1024
-//    channels), vectorised over channels, each time step a contiguous
-//    stretch of a row.
+//  - channel-last layout: tasks of (batch, 128 time steps, up to 4096
+//    channels), vectorised over channels. A task walks whole rows (Mamba's
+//    dims), so memory sees one sequential stream per tensor, where the rows
+//    of a narrower tile would each start a new one.
 // The backward recomputes the pre-activation from x (a few multiply-adds)
 // instead of saving it (a tensor the size of x). Per-row (rows) or per-task
 // (channel-last) partial sums of grad_weight/grad_bias are added in a fixed
@@ -41,7 +42,7 @@ using detail::ConvLayout;
 // Channel-last tasks: time steps and channels per task. Fixed (not derived
 // from the thread count), so the order of the weight-gradient sums is too.
 constexpr int64_t kTimeChunk = 128;
-constexpr int64_t kChannelTile = 1024;
+constexpr int64_t kChannelTile = 4096;
 
 template <typename T>
 using acc_type = at::opmath_type<T>;

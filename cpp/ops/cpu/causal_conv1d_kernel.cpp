@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include <ATen/Dispatch.h>
@@ -659,7 +658,7 @@ void causal_conv1d_update_kernel_impl(const at::Tensor& out, const at::Tensor& x
         scalar_t* op = out.mutable_data_ptr<scalar_t>();
         const acc_t* wp = weight.const_data_ptr<acc_t>();
         const acc_t* bp = bias.defined() ? bias.const_data_ptr<acc_t>() : nullptr;
-        const int64_t grain = std::max<int64_t>(1, kRowGrain / (4 * (seqlen + state_len)));
+        const int64_t grain = row_grain(seqlen + state_len);
         at::parallel_for(0, x.size(0) * dim, grain, [&](int64_t begin, int64_t end) {
           for (int64_t row = begin; row < end; ++row) {
             const int64_t b = row / dim;

@@ -140,9 +140,9 @@ __global__ void forward_kernel(T* out, Strides os, Input<T, W> in,
   }
 }
 
-// Position p of initial_states ++ x (p < W-1: the states), read by output
-// t = p - k - (W-1) + (W-1) with weight k (x's time s = p - (W-1)):
-//   grad[p] = sum_k w[k] g[s + (W-1) - k] + grad_final[p - seqlen].
+// Position p of initial_states ++ x (p < W-1: the states; x's time
+// s = p - (W-1)) is read with weight k by output p - k:
+//   grad[p] = sum_k w[k] g[p - k] + grad_final[p - seqlen].
 template <typename T, int W, bool kSilu>
 __global__ void backward_input_kernel(T* grad_x, Strides dxs, T* grad_states, Strides dss,
                                       const T* grad_out, Strides gs, const T* grad_final,

@@ -46,8 +46,7 @@ constexpr int64_t kChannelTile = 4096;
 template <typename T>
 using acc_type = at::opmath_type<T>;
 
-// Pre-activation -> output, and the factor the output gradient is
-// multiplied by.
+// Pre-activation -> output, and the output gradient -> the pre-activation's.
 template <bool kSilu, typename V>
 C10_ALWAYS_INLINE V activate(const V& pre) {
   if constexpr (kSilu) {

@@ -69,20 +69,6 @@ std::pair<int64_t, int64_t> byte_span(const at::Tensor& t) {
   return {t.storage_offset() * item, (last + 1) * item};
 }
 
-// Conservative: true unless the two tensors provably touch disjoint bytes
-// (different storages, or address ranges that do not intersect). Unlike
-// at::get_overlap_status it never answers "too hard".
-bool share_memory(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined() || symbolic(a) || symbolic(b) || a.numel() == 0 ||
-      b.numel() == 0 || !a.has_storage() || !b.has_storage() ||
-      !a.storage().is_alias_of(b.storage())) {
-    return false;
-  }
-  const auto [a_begin, a_end] = byte_span(a);
-  const auto [b_begin, b_end] = byte_span(b);
-  return a_begin < b_end && b_begin < a_end;
-}
-
 // Element i of `a` is element i of `b`, for every i.
 bool same_elements(const at::Tensor& a, const at::Tensor& b) {
   return a.is_contiguous() && b.is_contiguous() && a.numel() == b.numel() &&
@@ -127,6 +113,17 @@ void check_outputs_disjoint(const char* op, std::initializer_list<NamedTensor> o
 }
 
 }  // namespace
+
+bool share_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined() || symbolic(a) || symbolic(b) || a.numel() == 0 ||
+      b.numel() == 0 || !a.has_storage() || !b.has_storage() ||
+      !a.storage().is_alias_of(b.storage())) {
+    return false;
+  }
+  const auto [a_begin, a_end] = byte_span(a);
+  const auto [b_begin, b_end] = byte_span(b);
+  return a_begin < b_end && b_begin < a_end;
+}
 
 void prepare_outputs(const char* op, std::initializer_list<NamedTensor> outputs,
                      at::IntArrayRef sizes, std::initializer_list<NamedTensor> inputs) {

@@ -49,6 +49,12 @@ struct NamedTensor {
 void prepare_outputs(const char* op, std::initializer_list<NamedTensor> outputs,
                      at::IntArrayRef sizes, std::initializer_list<NamedTensor> inputs);
 
+// Conservative: true unless the two tensors provably touch disjoint bytes
+// (different storages, or address ranges that do not intersect; fake tensors
+// with symbolic shapes never share). Unlike at::get_overlap_status it never
+// answers "too hard".
+bool share_memory(const at::Tensor& a, const at::Tensor& b);
+
 // Whether a kernel may write straight into `out`: `out` is contiguous and
 // shares no memory with any of `inputs` except that an input in `same_index`
 // may be exactly `out` (same first element, both contiguous, same size),

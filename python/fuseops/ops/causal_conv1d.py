@@ -1,0 +1,270 @@
+"""Depthwise causal 1-D convolution as Mamba uses it (the causal-conv1d
+package's ``causal_conv1d_fn`` and ``causal_conv1d_update``), its forward op
+that also returns the final states, its backward op and the decoding step."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._sample import DTYPES, Sample, tensor
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    initial_states: Optional[torch.Tensor] = None,
+    return_final_states: bool = False,
+    activation: Optional[str] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+):
+    """``out[b, c, t] = act(bias[c] + sum_k weight[c, k] * x[b, c, t - (width-1) + k])``
+    for ``x`` of shape ``(batch, dim, seqlen)`` and ``weight`` ``(dim, width)``,
+    width 2..4; inputs before ``t = 0`` come from ``initial_states`` ``(batch,
+    dim, width-1)`` or are zero; ``activation`` is None or ``"silu"``
+    (``"swish"``). Same signature and semantics as the causal-conv1d
+    package's ``causal_conv1d_fn``.
+
+    ``x`` is read in place when contiguous or channel-last (``x.stride(1) ==
+    1``: a transposed ``(batch, seqlen, dim)`` tensor, its rows possibly
+    strided), and the result keeps that layout; other strides are copied
+    first. ``weight``/``bias`` have x's dtype, or float32 for bfloat16/float16
+    ``x``. Differentiable in x, weight, bias and initial_states.
+
+    With ``return_final_states=True`` returns ``(out, final_states)``: the
+    last width-1 inputs of ``initial_states ++ x``, shape ``(batch, dim,
+    width-1)``, differentiable too. With ``out=`` the result is written into a
+    preallocated tensor (not differentiable; not with final states).
+    """
+    if out is not None:
+        if return_final_states:
+            raise ValueError(
+                "fuseops.causal_conv1d: out= is not supported with return_final_states=True")
+        torch.ops.fuseops.causal_conv1d.out(x, weight, bias, initial_states, activation, out=out)
+        return out
+    if return_final_states:
+        return torch.ops.fuseops.causal_conv1d_forward(x, weight, bias, initial_states, activation)
+    return torch.ops.fuseops.causal_conv1d(x, weight, bias, initial_states, activation)
+
+
+def causal_conv1d_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    initial_states: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``causal_conv1d(..., return_final_states=True)``: ``(out, final_states)``."""
+    return torch.ops.fuseops.causal_conv1d_forward(x, weight, bias, initial_states, activation)
+
+
+def causal_conv1d_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    initial_states: Optional[torch.Tensor],
+    grad_final_states: Optional[torch.Tensor],
+    activation: Optional[str],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of causal_conv1d: ``(grad_x, grad_weight, grad_bias,
+    grad_initial_states)``, given the output's gradient and optionally the
+    final states'. The pre-activation is recomputed from ``x``.
+    grad_weight/grad_bias are summed in float32 (float64 for float64) in an
+    order that depends on the shapes only, and have weight's dtype; grad_bias
+    and grad_initial_states are returned whether or not the forward had them
+    (the latter is then the gradient with respect to the zero states)."""
+    return torch.ops.fuseops.causal_conv1d_backward(
+        grad_output, x, weight, bias, initial_states, grad_final_states, activation)
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+) -> torch.Tensor:
+    """One decoding step, as the causal-conv1d package's
+    ``causal_conv1d_update``: ``x`` ``(batch, dim)`` or ``(batch, dim,
+    seqlen)`` continues the sequence whose last inputs ``conv_state``
+    ``(batch, dim, state_len >= width-1)`` holds. Returns the outputs for
+    ``x`` (x's shape) and shifts ``conv_state`` in place to the last
+    ``state_len`` inputs. For inference: an error while autograd records
+    (call under ``torch.no_grad()``/``torch.inference_mode()``); ``x``,
+    ``weight`` and ``bias`` must not share memory with ``conv_state``."""
+    return torch.ops.fuseops.causal_conv1d_update(x, conv_state, weight, bias, activation)
+
+
+def _silu_if(y: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+    return F.silu(y) if activation in ("silu", "swish") else y
+
+
+def causal_conv1d_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    initial_states: Optional[torch.Tensor] = None,
+    return_final_states: bool = False,
+    activation: Optional[str] = None,
+):
+    # The standard reference (causal-conv1d's causal_conv1d_ref): F.conv1d
+    # with groups=dim, padded by width-1 (or preceded by the initial states),
+    # sliced to seqlen.
+    dtype = x.dtype
+    x = x.to(weight.dtype)
+    seqlen, dim, width = x.shape[-1], weight.shape[0], weight.shape[1]
+    if initial_states is None:
+        out = F.conv1d(x, weight.unsqueeze(1), bias, padding=width - 1, groups=dim)
+    else:
+        x = torch.cat([initial_states.to(weight.dtype), x], dim=-1)
+        out = F.conv1d(x, weight.unsqueeze(1), bias, padding=0, groups=dim)
+    out = _silu_if(out[..., :seqlen], activation).to(dtype)
+    if not return_final_states:
+        return out
+    pad = width - 1 - x.shape[-1]
+    final_states = F.pad(x, (pad, 0)) if pad > 0 else x[..., x.shape[-1] - (width - 1):]
+    return out, final_states.to(dtype)
+
+
+def causal_conv1d_forward_reference(x, weight, bias=None, initial_states=None, activation=None):
+    return causal_conv1d_reference(x, weight, bias, initial_states, True, activation)
+
+
+def causal_conv1d_update_reference(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+) -> torch.Tensor:
+    # causal-conv1d's causal_conv1d_update_ref: the convolution over
+    # conv_state ++ x, and conv_state shifted in place.
+    dtype = x.dtype
+    unsqueeze = x.dim() == 2
+    if unsqueeze:
+        x = x.unsqueeze(-1)
+    seqlen, dim, state_len = x.shape[-1], weight.shape[0], conv_state.shape[-1]
+    joined = torch.cat([conv_state, x], dim=-1).to(weight.dtype)
+    conv_state.copy_(joined[..., -state_len:])
+    out = F.conv1d(joined, weight.unsqueeze(1), bias, padding=0, groups=dim)[..., -seqlen:]
+    out = _silu_if(out, activation).to(dtype)
+    return out.squeeze(-1) if unsqueeze else out
+
+
+def _batch_seqlen(rows: int) -> tuple[int, int]:
+    # The bench's ROWSxHIDDEN is (batch * seqlen) x dim, batch 4 where it
+    # divides: --shapes 16384x2048 is Mamba's batch 4, seqlen 4096, dim 2048.
+    batch = 4 if rows % 4 == 0 else 1
+    return batch, rows // batch
+
+
+def _bench_inputs(channel_last: bool):
+    def make(rows, hidden, dtype, device, gen):
+        from ..bench.cases import vector
+
+        batch, seqlen = _batch_seqlen(rows)
+        shape = (batch, seqlen, hidden) if channel_last else (batch, hidden, seqlen)
+        x = torch.randn(shape, dtype=dtype, device=device, generator=gen)
+        if channel_last:
+            x = x.transpose(1, 2)
+        weight = (0.5 * torch.randn(hidden, 4, dtype=torch.float32, device=device, generator=gen)).to(dtype)
+        return x, weight, vector(hidden, dtype, device, gen, offset=0.0)
+
+    return make
+
+
+def bench_cases():
+    from ..bench.cases import Case, Traffic
+
+    common = dict(
+        options={"activation": "silu"},
+        forward_traffic=Traffic(rows=2, vectors=5),  # x in, out out; weight (4 per channel), bias
+        backward_traffic=Traffic(rows=3, vectors=10),  # dy, x in; dx out; weight, bias in and out
+        call_out=lambda fn, args, options, outs: fn(*args, **options, out=outs[0]),
+        differentiable=(0, 1, 2),
+    )
+    return [
+        Case(
+            "causal_conv1d", "causal_conv1d", "causal_conv1d", _bench_inputs(False),
+            description="Mamba's depthwise causal conv1d, width 4, bias, SiLU; x (batch 4, dim, "
+                        "seqlen) contiguous",
+            **common,
+        ),
+        Case(
+            "causal_conv1d_channel_last", "causal_conv1d", "causal_conv1d", _bench_inputs(True),
+            description="causal_conv1d with x channel-last (a transposed (batch, seqlen, dim))",
+            **common,
+        ),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+
+    def t(shape, dtype=torch.float32, layout="contiguous", grad=False):
+        return tensor(shape, dtype, device, layout, grad)
+
+    def channel_last(batch, dim, seqlen, dtype=torch.float32, grad=False):
+        return t((batch, seqlen, dim), dtype).transpose(1, 2).detach().requires_grad_(grad)
+
+    def conv(x, w, b=None, init=None, activation=None, **kwargs):
+        return Sample(ops.causal_conv1d.default, (x, w, b, init, activation), causal_conv1d,
+                      wrapper_args=(x, w, b, init, False, activation), **kwargs)
+
+    def forward(x, w, b=None, init=None, activation=None):
+        return Sample(ops.causal_conv1d_forward.default, (x, w, b, init, activation), causal_conv1d,
+                      wrapper_args=(x, w, b, init, True, activation))
+
+    x, w, b = t((2, 6, 9)), t((6, 4)), t((6,))
+    init = t((2, 6, 3))
+    steady = t((2, 6))
+    steady_state = steady[..., None].repeat(1, 1, 4)
+    result = [
+        conv(x, w, b, None, "silu"),
+        conv(x, t((6, 2)), None, t((2, 6, 1)), None),
+        conv(channel_last(2, 8, 5), t((8, 3)), t((8,)), t((2, 8, 2)), "silu"),
+        conv(t((2, 6, 9), grad=True), t((6, 4), grad=True), t((6,), grad=True), t((2, 6, 3), grad=True), "silu"),
+        conv(channel_last(2, 8, 11, grad=True), t((8, 4), grad=True), None, None, "silu"),
+        conv(t((3, 5, 7), torch.bfloat16, "sliced", True), t((5, 3), grad=True), t((5,), grad=True), None, "silu"),
+        conv(t((2, 4, 2), torch.float16), t((4, 4), torch.float16), None, t((2, 4, 3), torch.float16), None),
+        conv(t((2, 4, 6), torch.float64, "expanded", True), t((4, 3), torch.float64, "sliced", True), None, None, None),
+        conv(t((0, 4, 6), grad=True), t((4, 4), grad=True), t((4,), grad=True), None, "silu"),
+        Sample(ops.causal_conv1d.out, (x, w, b, init, "silu"), causal_conv1d,
+               {"out": torch.empty(2, 6, 9, device=device)}, wrapper_args=(x, w, b, init, False, "silu")),
+        forward(x, w, b, init, "silu"),
+        forward(t((2, 6, 2), grad=True), t((6, 4), grad=True), None, t((2, 6, 3), grad=True), "silu"),
+        forward(channel_last(2, 8, 11, torch.bfloat16, True), t((8, 4), torch.bfloat16, grad=True), None, None, None),
+        Sample(ops.causal_conv1d_backward.default, (t((2, 6, 9)), x, w, b, init, t((2, 6, 3)), "silu"),
+               causal_conv1d_backward),
+        Sample(ops.causal_conv1d_backward.default, (t((2, 6, 9)), x, w, None, None, None, None),
+               causal_conv1d_backward),
+        # First: a state that each call leaves as it was (x repeats the
+        # state's constant rows), as the compiler tests call the op twice on
+        # one conv_state and compare the results.
+        Sample(ops.causal_conv1d_update.default, (steady, steady_state, w, b, "silu"),
+               causal_conv1d_update),
+        Sample(ops.causal_conv1d_update.default, (t((2, 6)), t((2, 6, 3)), w, b, "silu"),
+               causal_conv1d_update),
+        Sample(ops.causal_conv1d_update.default, (t((2, 6, 3)), t((2, 6, 5)), w, None, None),
+               causal_conv1d_update),
+        Sample(ops.causal_conv1d_update.default,
+               (t((2, 8), torch.bfloat16), t((2, 9, 8), torch.bfloat16).transpose(1, 2)[:, :, :3],
+                t((8, 4), torch.bfloat16), None, "silu"),
+               causal_conv1d_update),
+    ]
+    for dtype in DTYPES:
+        for batch, dim, seqlen in [(2, 37, 1000), (2, 4100, 140)]:
+            result.append(conv(t((batch, dim, seqlen), dtype, grad=True), t((dim, 4), dtype, grad=True),
+                               t((dim,), dtype, grad=True), t((batch, dim, 3), dtype, grad=True), "silu",
+                               large=True))
+            result.append(conv(channel_last(batch, dim, seqlen, dtype, True), t((dim, 3), dtype, grad=True),
+                               t((dim,), dtype, grad=True), None, "silu", large=True))
+    return result
+
+
+__all__ = ["causal_conv1d", "causal_conv1d_backward", "causal_conv1d_forward", "causal_conv1d_update"]

@@ -120,9 +120,11 @@ class Runner:
             first = as_tuple(reference_fn(*sets[0].args, **case.options))
         for index, inputs in enumerate(sets):
             gen = torch.Generator(device=device).manual_seed(config.seed + 1000 + index)
+            # Inference cases (nothing differentiable) may return integer
+            # tensors, and need no gradients.
             inputs.grad_outputs = tuple(
                 torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in first
-            )
+            ) if case.differentiable else ()
             inputs.outs = tuple(torch.empty_like(o) for o in first)
 
         make_call = {"forward": forward_call, "forward+backward": backward_call,

@@ -73,9 +73,18 @@ def dequantize_int8_reference(
 
 
 def bench_cases():
-    # Timed with the int8 linear layers' cases (fuseops/ops/int8_linear.py
-    # quantizes and packs its weights); quantization alone is reported there.
-    return []
+    from ..bench.cases import Case, Traffic, x
+
+    return [
+        Case(
+            "quantize_per_token_int8", "quantize_per_token_int8", "quantize_per_token_int8", x,
+            # x read in its dtype; q (one byte an element) and the float32
+            # scales written.
+            forward_traffic=Traffic(rows=1, extra=lambda rows, hidden: rows * hidden + 4 * rows),
+            backward_traffic=Traffic(rows=0), has_out=False, differentiable=(),
+            description="int8 per row: absmax/127 scale, round half to even",
+        ),
+    ]
 
 
 def samples(device) -> list[Sample]:

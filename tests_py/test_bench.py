@@ -15,7 +15,7 @@ import torch
 import fuseops
 from fuseops import bench
 from fuseops.__main__ import main
-from fuseops.bench import cases, correctness, environment, timing
+from fuseops.bench import cases, correctness, environment, runner, timing
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 QUICK = ["--shapes", "32x160", "--min-time", "0.005", "--no-progress"]
@@ -179,9 +179,24 @@ def test_registry_entries_are_well_formed():
         assert all(isinstance(t, torch.Tensor) for t in inputs)
         assert all(0 <= i < len(inputs) for i in case.differentiable)
         assert case.forward_traffic.bytes(3, 8, 4) > 0
-        assert case.backward_traffic.bytes(3, 8, 4) > 0
+        if case.differentiable:
+            assert case.backward_traffic.bytes(3, 8, 4) > 0
         if case.native is not None:
             assert isinstance(case.native(*inputs, **case.options), (torch.Tensor, tuple))
+
+
+def test_cases_with_their_own_shapes_and_no_backward():
+    """A case's own shapes replace a preset's (explicit shapes apply to every
+    case), and an inference case (nothing differentiable) has no
+    forward+backward rows."""
+    case = next(c for c in cases.CASES if c.name == "int8_weight_only_linear")
+    config = runner.Config(cases=[case], dtypes=[torch.float32], shapes=[(4, 64)], preset="quick")
+    preset_run = runner.Runner(config)
+    assert preset_run.shapes(case) == case.shapes["quick"]
+    assert preset_run.modes(case) == ["forward"]
+    assert preset_run.row_count() == len(case.shapes["quick"])
+    explicit = runner.Runner(runner.Config(cases=[case], dtypes=[torch.float32], shapes=[(4, 64)]))
+    assert explicit.shapes(case) == [(4, 64)]
 
 
 def test_tolerance_check():

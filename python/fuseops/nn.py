@@ -17,7 +17,9 @@ import torch
 from .ops.activation import gelu, silu
 from .ops.causal_conv1d import causal_conv1d
 from .ops.gated_activation import geglu, swiglu
+from .ops.int8_linear import int8_weight_only_linear, pack_int8_weight
 from .ops.layer_norm import layer_norm
+from .ops.quantize import quantize_per_channel_int8
 from .ops.rms_norm import rms_norm
 from .ops.rope import rope, rope_cache, rope_reference
 
@@ -293,11 +295,72 @@ class RotaryEmbedding(TorchRotaryEmbedding):
         self._grow_for(positions)
         return rope(query, key, self.cos_cached, self.sin_cached, positions, self.interleaved)
 
+class Int8Linear(torch.nn.Module):
+    """A linear layer with int8 weights for inference (W8A16): ``y = x @
+    (wq * scale[:, None]).T + bias`` by ``fuseops.int8_weight_only_linear``,
+    activations float32, bfloat16, float16 or float64 (the result has x's
+    dtype). Build it from a trained layer with ``Int8Linear.from_float(linear)``
+    or let ``fuseops.quantize_(model)`` swap a model's ``nn.Linear`` layers.
+
+    The weight lives in buffers, the form ``fuseops.pack_int8_weight``
+    returns: ``packed`` (int8 ``[ceil(N/16), ceil(K/4), 16, 4]``), ``scale``
+    (float32 ``[N]``) and ``colsum`` (int32 ``[N]``), plus ``bias`` (the
+    layer's, in its dtype, or None), so ``state_dict()`` saves and
+    ``load_state_dict()`` restores them like any buffers. No gradients: run
+    it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        blocks, groups = -(-out_features // 16), -(-in_features // 4)
+        self.register_buffer("packed", torch.zeros(blocks, groups, 16, 4, dtype=torch.int8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.register_buffer("colsum", torch.zeros(out_features, dtype=torch.int32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @classmethod
+    def from_float(cls, linear: torch.nn.Linear) -> "Int8Linear":
+        """The layer's weight quantized per output channel
+        (``fuseops.quantize_per_channel_int8``) and packed; its bias kept."""
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"Int8Linear.from_float: expected a torch.nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight.detach()
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                     device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            packed, scale, colsum = pack_int8_weight(*quantize_per_channel_int8(weight))
+            module.packed.copy_(packed)
+            module.scale.copy_(scale)
+            module.colsum.copy_(colsum)
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias.detach())
+        return module
+
+    def _apply(self, fn, recurse=True):
+        # module.to(dtype) casts floating buffers; the scales stay float32
+        # (what the kernels take) and only follow device moves.
+        scale = self.scale
+        super()._apply(fn, recurse)
+        self._buffers["scale"] = scale.to(device=self.scale.device)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return int8_weight_only_linear(x, self.packed, self.scale, bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, mode='w8a16'")
+
 
 __all__ = [
     "CausalConv1d",
     "GELU",
     "GeGLU",
+    "Int8Linear",
     "LayerNorm",
     "RMSNorm",
     "Replacement",

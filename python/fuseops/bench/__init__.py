@@ -72,6 +72,14 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def _preset_of(shapes) -> Optional[str]:
+    """The preset `--shapes` named (parse_shapes returns the preset's own
+    list), or None for explicit shapes."""
+    if isinstance(shapes, str):
+        return shapes if shapes in SHAPE_PRESETS else None
+    return next((name for name, preset in SHAPE_PRESETS.items() if shapes is preset), None)
+
+
 def parse_modes(text: str) -> list[str]:
     modes = []
     for name in _split(text):
@@ -195,6 +203,7 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         timer=timing.TimerSettings(min_time=args.min_time if args.min_time is not None else (
             FULL_MIN_TIME if args.full else timing.TimerSettings().min_time)),
         profile_dir=os.path.join(args.out, "profile") if args.profile else None,
+        preset="full" if args.full else _preset_of(args.shapes),
     )
     env = environment.environment(config)
     env["memory_settings"] = memory_settings

@@ -34,9 +34,13 @@ class Traffic:
 
     rows: int
     vectors: int = 0
+    #: Bytes whose size does not follow the dtype (an int8 weight and its
+    #: scales), as a function of (rows, hidden).
+    extra: Optional[Callable[[int, int], int]] = None
 
     def bytes(self, rows: int, hidden: int, element_size: int) -> int:
-        return element_size * (self.rows * rows * hidden + self.vectors * hidden)
+        extra = self.extra(rows, hidden) if self.extra is not None else 0
+        return element_size * (self.rows * rows * hidden + self.vectors * hidden) + extra
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,14 @@ class Case:
     #: Keyword arguments after the tensors (eps, approximate), passed to
     #: fuseops, the reference and the native op alike.
     options: dict = field(default_factory=dict)
-    #: Which inputs are differentiable (indices into make_inputs' tuple).
+    #: Which inputs are differentiable (indices into make_inputs' tuple);
+    #: none (an inference op) leaves out the forward+backward rows.
     differentiable: Sequence[int] = (0,)
+    #: The case's own (rows, hidden) shapes per shape preset ("quick",
+    #: "full"), for ops that are not timed at the presets' row x hidden
+    #: tensors (a linear layer: rows = tokens, hidden = its features); shapes
+    #: given explicitly on the command line apply to every case.
+    shapes: Optional[dict] = None
     #: Calls the fuseops function writing into preallocated outputs.
     call_out: Callable = field(
         default=lambda fn, args, options, outs: fn(*args, **options, out=outs[0])

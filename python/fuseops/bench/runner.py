@@ -33,6 +33,9 @@ class Config:
     #: Where --profile writes one Chrome trace per row; None: no profiling.
     profile_dir: Optional[str] = None
     seed: int = 0
+    #: The shape preset `shapes` came from, if any: it selects the cases'
+    #: own shapes (Case.shapes).
+    preset: Optional[str] = None
 
 
 def _input_set_count(bytes_per_call: int, cache: int) -> int:
@@ -47,14 +50,23 @@ class Runner:
         self.progress = progress or (lambda description: None)
         self.cache_bytes = cache_bytes(config.device)
 
+    def shapes(self, case: Case) -> Sequence[tuple[int, int]]:
+        if case.shapes is not None and self.config.preset in case.shapes:
+            return case.shapes[self.config.preset]
+        return self.config.shapes
+
+    def modes(self, case: Case) -> list[str]:
+        return [m for m in self.config.modes
+                if (m != "out" or case.has_out)
+                and (m != "forward+backward" or case.differentiable)]
+
     def row_count(self) -> int:
         total = 0
         for case in self.config.cases:
             if resolve(case)[2]:
                 total += 1
             else:
-                modes = [m for m in self.config.modes if m != "out" or case.has_out]
-                total += len(self.config.dtypes) * len(self.config.shapes) * len(modes)
+                total += len(self.config.dtypes) * len(self.shapes(case)) * len(self.modes(case))
         return total
 
     def run(self) -> Iterable[Row]:
@@ -65,7 +77,7 @@ class Runner:
                 yield Row(op=case.name, status="not built", message=missing)
                 continue
             for dtype in self.config.dtypes:
-                for shape in self.config.shapes:
+                for shape in self.shapes(case):
                     yield from self._run_group(case, fuseops_fn, reference_fn, dtype, shape)
 
     # One (case, dtype, shape): its modes share the compiled peer.
@@ -80,8 +92,7 @@ class Runner:
             torch._dynamo.reset()
             compiled_fn = torch.compile(reference_fn, dynamic=False)
         element_size = torch.empty((), dtype=dtype).element_size()
-        modes = [m for m in config.modes if m != "out" or case.has_out]
-        for mode in modes:
+        for mode in self.modes(case):
             self.progress(f"{case.name} {dtype_name} {shape_name} {MODE_LABELS[mode]}")
             row = Row(op=case.name, dtype=dtype_name, shape=shape_name, mode=mode)
             traffic = case.forward_traffic.bytes(*shape, element_size)
@@ -109,9 +120,11 @@ class Runner:
             first = as_tuple(reference_fn(*sets[0].args, **case.options))
         for index, inputs in enumerate(sets):
             gen = torch.Generator(device=device).manual_seed(config.seed + 1000 + index)
+            # Inference cases (nothing differentiable) may return integer
+            # tensors, and need no gradients.
             inputs.grad_outputs = tuple(
                 torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in first
-            )
+            ) if case.differentiable else ()
             inputs.outs = tuple(torch.empty_like(o) for o in first)
 
         make_call = {"forward": forward_call, "forward+backward": backward_call,

@@ -1,0 +1,353 @@
+// int8 linear CPU kernels; compiled once per CPU capability.
+//
+// W8A16 (int8_weight_only_linear): activations are widened to float32 once
+// (rows zero-padded to whole groups of 4); the packed weight (blocks of 16
+// output channels x groups of 4 K values, 64 bytes per group: see
+// cpp/include/fuseops/int8_linear.h) is widened int8 -> float32 in
+// registers (vpmovsxbd + vcvtdq2ps on AVX-512) and multiplied by the four
+// activations of the group repeated across the vector. Each vector lane
+// accumulates one (channel, k mod 4) pair over K; the four lanes of a
+// channel are added and the channel's scale applied once, at the end.
+//
+// Work is split over (block of 16 channels) x (chunk of rows) tasks: at
+// decode sizes (few rows) the blocks alone feed every thread and each
+// thread streams its share of the weight once, which is the bound; with
+// more rows than one register tile holds, a task widens its block's weights
+// slice by slice (16 KiB of float32, in L1) and runs every tile of its rows
+// over each slice, keeping the tiles' partial sums in a small buffer, so the
+// weights still come from memory once and are converted once per chunk of
+// rows rather than once per tile.
+//
+// Every lane sums in the same order whatever the number of rows or the
+// tiling, and every build uses fused multiply-adds (std::fma in the
+// DEFAULT build), so a row's result does not depend on the rows around it
+// or on the CPU build. The exception: bfloat16 activations in calls of more
+// than one tile of rows, on CPUs with AVX512_BF16, take the vdpbf16ps path
+// below (twice the multiply-adds per instruction); its sums differ from the
+// float32 path's by float32 rounding.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include "ops/cpu/elementwise.h"
+#include "ops/cpu/int8_linear.h"
+#include "ops/cpu/int8_vec.h"
+
+namespace fuseops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace {
+
+constexpr int64_t W = FloatVec::size();
+constexpr int64_t kBlockN = detail::kInt8BlockN;
+constexpr int64_t kGroupK = detail::kInt8GroupK;
+constexpr int64_t kGroupBytes = kBlockN * kGroupK;
+constexpr int kChunks = static_cast<int>(kGroupBytes / W);
+// Rows per register tile: kChunks accumulators per row, plus the weights'
+// kChunks vectors and one for the activations, within the register file
+// (32 vectors with AVX-512, 16 otherwise).
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int kTileRows = 6;
+#else
+constexpr int kTileRows = 1;
+#endif
+// Rows per task: a multiple of the tile; each slice of the block's widened
+// weights is reused by all of them.
+constexpr int64_t kChunkRows = 8 * kTileRows;
+// Groups per widened slice: 64 floats each, 16 KiB in all, held in L1.
+constexpr int64_t kWidenGroups = 64;
+
+// p[0..3] repeated across a vector: lane l gets p[l % 4].
+C10_ALWAYS_INLINE FloatVec repeat4(const float* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p));
+#else
+  float lanes[W];
+  for (int64_t l = 0; l < W; ++l) {
+    lanes[l] = p[l % 4];
+  }
+  return FloatVec::loadu(lanes);
+#endif
+}
+
+// a * b + c rounded once, in every build: the AVX builds' fused multiply-add,
+// and std::fma lane by lane in the DEFAULT build (whose target has no FMA
+// instruction), so every build returns the same bits.
+C10_ALWAYS_INLINE FloatVec fused_multiply_add(const FloatVec& a, const FloatVec& b,
+                                              const FloatVec& c) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmadd(a, b, c);
+#else
+  float la[W], lb[W], lc[W];
+  a.store(la);
+  b.store(lb);
+  c.store(lc);
+  for (int64_t l = 0; l < W; ++l) {
+    lc[l] = std::fma(la[l], lb[l], lc[l]);
+  }
+  return FloatVec::loadu(lc);
+#endif
+}
+
+// Accumulates, for R rows (x rows `x_stride` floats apart, from group 0 of
+// this call) and one block of 16 channels, sum_k x[r][k] * w[c][k] over
+// `groups` groups into partial[r * 64 + lane], lane = 4 * c + k % 4 (lane l
+// of vector chunk i is byte i * W + l of a group); `first` starts from 0.
+// The weights are int8 (`wi`) or the same weights widened to float32 (`wf`).
+template <int R, bool kWidened>
+C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const int8_t* wi, const float* wf,
+                            int64_t groups, float* partial, bool first) {
+  FloatVec acc[R][kChunks];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < kChunks; ++c) {
+      acc[r][c] = first ? FloatVec(0.0f) : FloatVec::loadu(partial + r * kGroupBytes + c * W);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    FloatVec w[kChunks];
+    for (int c = 0; c < kChunks; ++c) {
+      w[c] = kWidened ? FloatVec::loadu(wf + g * kGroupBytes + c * W)
+                      : load_int8_as_float(wi + g * kGroupBytes + c * W);
+    }
+    for (int r = 0; r < R; ++r) {
+      const FloatVec xv = repeat4(x + r * x_stride + g * kGroupK);
+      for (int c = 0; c < kChunks; ++c) {
+        acc[r][c] = fused_multiply_add(w[c], xv, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < kChunks; ++c) {
+      acc[r][c].store(partial + r * kGroupBytes + c * W);
+    }
+  }
+}
+
+// tile<rows> for a run-time rows in [1, kTileRows].
+template <bool kWidened, int R = kTileRows>
+void tile_rows(int rows, const float* x, int64_t x_stride, const int8_t* wi, const float* wf,
+               int64_t groups, float* partial, bool first) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      tile_rows<kWidened, R - 1>(rows, x, x_stride, wi, wf, groups, partial, first);
+      return;
+    }
+  }
+  tile<R, kWidened>(x, x_stride, wi, wf, groups, partial, first);
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// bfloat16 activations on CPUs with AVX512_BF16, when a call has more rows
+// than one float32 tile: vdpbf16ps multiplies pairs of bfloat16 (the int8
+// weights are exact in bfloat16, and so is each product in float32) and
+// adds both products to a float32 lane, twice the multiply-adds per
+// instruction of the float32 path. A group's weights widen to two vectors
+// of bfloat16 pairs: vector h, lane i holds channel 8h + i/2 at k mod 4 in
+// {2(i%2), 2(i%2)+1}, and the group's four activations, broadcast as one
+// 64-bit word, line up with them. Partial sums: 32 floats per row, lanes
+// 2c and 2c+1 belong to channel c. The instruction treats bfloat16 and
+// float32 denormals (below about 1.2e-38) as 0.
+constexpr int kPairTileRows = 12;
+
+C10_ALWAYS_INLINE __m512 dot_bf16_pairs(__m512 acc, __m512i a, __m512i b) {
+  // The compiler is not told about AVX512_BF16 (elementwise.h), hence asm.
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+template <int R>
+C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride,
+                                 const c10::BFloat16* wb, int64_t groups, float* partial,
+                                 bool first) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      acc[r][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(partial + r * kGroupBytes + 16 * h);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512i w0 = _mm512_loadu_si512(wb + g * kGroupBytes);
+    const __m512i w1 = _mm512_loadu_si512(wb + g * kGroupBytes + 32);
+    for (int r = 0; r < R; ++r) {
+      long long four;
+      std::memcpy(&four, x + r * x_stride + g * kGroupK, sizeof(four));
+      const __m512i xv = _mm512_set1_epi64(four);
+      acc[r][0] = dot_bf16_pairs(acc[r][0], w0, xv);
+      acc[r][1] = dot_bf16_pairs(acc[r][1], w1, xv);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      _mm512_storeu_ps(partial + r * kGroupBytes + 16 * h, acc[r][h]);
+    }
+  }
+}
+
+template <int R = kPairTileRows>
+void pair_tile_rows(int rows, const c10::BFloat16* x, int64_t x_stride, const c10::BFloat16* wb,
+                    int64_t groups, float* partial, bool first) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      pair_tile_rows<R - 1>(rows, x, x_stride, wb, groups, partial, first);
+      return;
+    }
+  }
+  pair_tile<R>(x, x_stride, wb, groups, partial, first);
+}
+
+// Widens `count` groups of int8 weights to the pairs pair_tile reads.
+void widen_to_pairs(const int8_t* wi, int64_t count, c10::BFloat16* wb) {
+  for (int64_t g = 0; g < count; ++g) {
+    const int8_t* q = wi + g * kGroupBytes;
+    narrow_from_float<c10::BFloat16>(load_int8_as_float(q), load_int8_as_float(q + 16))
+        .store(wb + g * kGroupBytes);
+    narrow_from_float<c10::BFloat16>(load_int8_as_float(q + 32), load_int8_as_float(q + 48))
+        .store(wb + g * kGroupBytes + 32);
+  }
+}
+#endif
+
+template <typename scalar_t>
+void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& packed,
+                        const at::Tensor& scale, const at::Tensor& bias) {
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = scale.size(0);
+  const int64_t blocks = packed.size(0);
+  const int64_t groups = packed.size(1);
+  const int64_t k_padded = groups * kGroupK;
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+
+  bool paired = false;
+  // bfloat16 rows of whole groups for the paired path.
+  std::vector<c10::BFloat16> padded;
+  [[maybe_unused]] const c10::BFloat16* xb = nullptr;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    paired = kCpuHasAvx512Bf16 && m_total > kTileRows;
+    if (paired && k == k_padded) {
+      xb = in;
+    } else if (paired) {
+      padded.assign(static_cast<size_t>(m_total * k_padded), c10::BFloat16(0.0f));
+      for (int64_t m = 0; m < m_total; ++m) {
+        std::memcpy(padded.data() + m * k_padded, in + m * k, sizeof(scalar_t) * k);
+      }
+      xb = padded.data();
+    }
+  }
+#endif
+
+  // Otherwise activations as float32 rows of whole groups (zeros past K),
+  // unless they already are.
+  std::vector<float> widened;
+  const float* x = nullptr;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (k == k_padded) {
+      x = in;
+    }
+  }
+  if (x == nullptr && !paired) {
+    widened.assign(static_cast<size_t>(m_total * k_padded), 0.0f);
+    at::parallel_for(0, m_total, row_grain(k), [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        for (int64_t i = 0; i < k; ++i) {
+          widened[m * k_padded + i] = static_cast<float>(in[m * k + i]);
+        }
+      }
+    });
+    x = widened.data();
+  }
+
+  const int8_t* w = packed.const_data_ptr<int8_t>();
+  const float* s = scale.const_data_ptr<float>();
+  const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
+  scalar_t* o = out.mutable_data_ptr<scalar_t>();
+  const int64_t chunks = (m_total + kChunkRows - 1) / kChunkRows;
+
+  at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> partial(static_cast<size_t>(kChunkRows * kGroupBytes));
+    std::vector<float> widened_weights(static_cast<size_t>(kWidenGroups * kGroupBytes));
+    std::vector<c10::BFloat16> pair_weights(paired ? kWidenGroups * kGroupBytes : 0);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t block = task / chunks;
+      const int64_t m_begin = (task % chunks) * kChunkRows;
+      const int64_t m_end = std::min(m_total, m_begin + kChunkRows);
+      const int8_t* wi = w + block * groups * kGroupBytes;
+      if (paired) {
+#if defined(CPU_CAPABILITY_AVX512)
+        for (int64_t g0 = 0; g0 < groups; g0 += kWidenGroups) {
+          const int64_t count = std::min(kWidenGroups, groups - g0);
+          widen_to_pairs(wi + g0 * kGroupBytes, count, pair_weights.data());
+          for (int64_t m = m_begin; m < m_end; m += kPairTileRows) {
+            pair_tile_rows(static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m)),
+                           xb + m * k_padded + g0 * kGroupK, k_padded, pair_weights.data(),
+                           count, partial.data() + (m - m_begin) * kGroupBytes, g0 == 0);
+          }
+        }
+#endif
+      } else if (m_end - m_begin <= kTileRows) {
+        // One tile: the weights go from memory through registers once.
+        tile_rows<false>(static_cast<int>(m_end - m_begin), x + m_begin * k_padded, k_padded,
+                         wi, nullptr, groups, partial.data(), true);
+      } else {
+        // Several tiles share each widened slice of the weights from L1.
+        for (int64_t g0 = 0; g0 < groups; g0 += kWidenGroups) {
+          const int64_t count = std::min(kWidenGroups, groups - g0);
+          for (int64_t i = 0; i < count * kGroupBytes; i += W) {
+            load_int8_as_float(wi + g0 * kGroupBytes + i).store(widened_weights.data() + i);
+          }
+          for (int64_t m = m_begin; m < m_end; m += kTileRows) {
+            tile_rows<true>(static_cast<int>(std::min<int64_t>(kTileRows, m_end - m)),
+                            x + m * k_padded + g0 * kGroupK, k_padded, nullptr,
+                            widened_weights.data(), count,
+                            partial.data() + (m - m_begin) * kGroupBytes, g0 == 0);
+          }
+        }
+      }
+      // The four lanes of a channel summed, its scale applied once.
+      const int64_t channels = std::min(kBlockN, n - block * kBlockN);
+      for (int64_t m = m_begin; m < m_end; ++m) {
+        const float* lanes = partial.data() + (m - m_begin) * kGroupBytes;
+        for (int64_t c = 0; c < channels; ++c) {
+          const int64_t ch = block * kBlockN + c;
+          const float sum =
+              paired ? lanes[2 * c] + lanes[2 * c + 1]
+                     : (lanes[4 * c] + lanes[4 * c + 1]) + (lanes[4 * c + 2] + lanes[4 * c + 3]);
+          // float64 outputs keep the scale product and the bias add in
+          // float64; the others work in float32.
+          using opmath_t = at::opmath_type<scalar_t>;
+          opmath_t value = static_cast<opmath_t>(sum) * static_cast<opmath_t>(s[ch]);
+          if (b != nullptr) {
+            value += static_cast<opmath_t>(b[ch]);
+          }
+          o[m * n + ch] = static_cast<scalar_t>(value);
+        }
+      }
+    }
+  });
+}
+
+void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
+                                         const at::Tensor& packed, const at::Tensor& scale,
+                                         const at::Tensor& bias) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(),
+                                  "fuseops::int8_weight_only_linear", [&] {
+                                    weight_only_linear<scalar_t>(out, input, packed, scale, bias);
+                                  });
+}
+
+}  // namespace
+
+FUSEOPS_REGISTER_CPU_KERNEL(int8_weight_only_linear_kernel, &int8_weight_only_linear_kernel_impl);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuseops::cpu

@@ -1,0 +1,64 @@
+#pragma once
+// int8 <-> float32 vector conversions shared by the int8 kernel files
+// (compiled once per CPU capability). Values converted to int8 are already
+// whole numbers in [-127, 127].
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include <ATen/cpu/vec/vec.h>
+
+namespace fuseops::cpu {
+inline namespace CPU_CAPABILITY {
+
+using FloatVec = at::vec::Vectorized<float>;
+
+// `count` (at most FloatVec::size()) int8 values widened to float32; lanes
+// past `count` are 0.
+C10_ALWAYS_INLINE FloatVec load_int8_as_float(const int8_t* p,
+                                              int64_t count = FloatVec::size()) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m128i bytes = count == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                                    : _mm_maskz_loadu_epi8((__mmask16)((1u << count) - 1), p);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+#elif defined(CPU_CAPABILITY_AVX2)
+  int64_t word = 0;
+  std::memcpy(&word, p, static_cast<size_t>(count));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(word)));
+#else
+  float lanes[FloatVec::size()] = {};
+  for (int64_t j = 0; j < count; ++j) {
+    lanes[j] = static_cast<float>(p[j]);
+  }
+  return FloatVec::loadu(lanes);
+#endif
+}
+
+// Stores the first `count` lanes of `v` (whole numbers in [-127, 127]) as int8.
+C10_ALWAYS_INLINE void store_float_as_int8(int8_t* p, const FloatVec& v,
+                                           int64_t count = FloatVec::size()) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m128i bytes = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v));
+  if (count == 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bytes);
+  } else {
+    _mm_mask_storeu_epi8(p, (__mmask16)((1u << count) - 1), bytes);
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i ints = _mm256_cvtps_epi32(v);
+  const __m128i words =
+      _mm_packs_epi32(_mm256_castsi256_si128(ints), _mm256_extracti128_si256(ints, 1));
+  const int64_t bytes = _mm_cvtsi128_si64(_mm_packs_epi16(words, words));
+  std::memcpy(p, &bytes, static_cast<size_t>(count));
+#else
+  float lanes[FloatVec::size()];
+  v.store(lanes);
+  for (int64_t j = 0; j < count; ++j) {
+    p[j] = static_cast<int8_t>(lanes[j]);
+  }
+#endif
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuseops::cpu

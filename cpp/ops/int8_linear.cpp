@@ -1,0 +1,178 @@
+// fuseops int8 linear layers: schemas, C++ API, shared checks, the packing
+// op (ATen ops only, one registration for every backend) and the Meta
+// registration. CPU: cpp/ops/cpu/int8_linear.cpp; CUDA:
+// cuda/int8_linear_kernel.cu; autograd (refusal):
+// cpp/ops/autograd/int8_linear.cpp.
+
+#include "ops/int8_linear.h"
+
+#include <vector>
+
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/sum.h>
+#include <torch/library.h>
+
+#include <fuseops/int8_linear.h>
+
+#include "ops/common/checks.h"
+#include "ops/common/dispatcher.h"
+#include "ops/common/output_memory.h"
+#include "ops/common/tensors.h"
+
+namespace fuseops {
+namespace detail {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void check_int8_weight(const char* op, const at::Tensor& packed, const at::Tensor& scale,
+                       const at::Tensor& ref, const char* ref_arg) {
+  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
+  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  TORCH_CHECK(packed.scalar_type() == at::kChar, op,
+              ": argument 'packed' must have dtype int8 (from fuseops.pack_int8_weight), got ",
+              packed.scalar_type());
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kInt8BlockN && packed.size(3) == kInt8GroupK,
+              op, ": argument 'packed' must have shape [ceil(N/16), ceil(K/4), 16, 4] "
+              "(from fuseops.pack_int8_weight), got ", packed.sizes());
+  TORCH_CHECK(scale.scalar_type() == at::kFloat, op,
+              ": argument 'scale' must have dtype float32, got ", scale.scalar_type());
+  TORCH_CHECK(scale.dim() == 1, op, ": argument 'scale' must be 1-D [N], got shape ",
+              scale.sizes());
+  const int64_t n = scale.size(0);
+  TORCH_CHECK(packed.size(0) == ceil_div(n, kInt8BlockN), op, ": argument 'packed' holds ",
+              packed.size(0), " blocks of 16 output channels, but 'scale' has N = ", n,
+              " channels (ceil(N/16) = ", ceil_div(n, kInt8BlockN), " blocks)");
+  check_same_device(op, "packed", packed, ref_arg, ref);
+  check_same_device(op, "scale", scale, ref_arg, ref);
+}
+
+}  // namespace
+
+at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale,
+                                        const std::optional<at::Tensor>& bias,
+                                        Int8WeightOnlyLinearKernel kernel) {
+  constexpr const char* op = "fuseops::int8_weight_only_linear";
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(input.dim() >= 1, op,
+              ": argument 'input' must have at least one dimension [..., K], got a 0-d tensor");
+  check_int8_weight(op, packed, scale, input, "input");
+  const int64_t n = scale.size(0);
+  const int64_t k = input.size(-1);
+  TORCH_CHECK(packed.size(1) == ceil_div(k, kInt8GroupK), op, ": argument 'input' has K = ", k,
+              " (its last dimension), but 'packed' holds ", packed.size(1),
+              " groups of 4 input features (K in [", 4 * packed.size(1) - 3, ", ",
+              4 * packed.size(1), "]); input shape ", input.sizes());
+  const at::Tensor b = undefined_if_none(bias);
+  if (b.defined()) {
+    check_same_dtype(op, "bias", b, "input", input);
+    check_same_device(op, "bias", b, "input", input);
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == n, op, ": argument 'bias' must have shape [", n,
+                "] (N, from 'scale'), got ", b.sizes());
+  }
+  std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
+  out_shape.back() = n;
+  at::Tensor out = empty_output(out_shape, input.options());
+  if (kernel == nullptr || out.numel() == 0) {
+    return out;
+  }
+  if (k == 0) {
+    // An empty sum: the bias alone.
+    if (b.defined()) {
+      out.copy_(b.expand(out.sizes()));
+    } else {
+      out.zero_();
+    }
+    return out;
+  }
+  kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
+         contiguous_if_defined(b));
+  return out;
+}
+
+namespace {
+
+// Every backend: a zero pad, a permutation and a sum, in ATen ops.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_impl(const at::Tensor& wq,
+                                                                     const at::Tensor& scale) {
+  constexpr const char* op = "fuseops::pack_int8_weight";
+  TORCH_CHECK(wq.defined(), op, ": argument 'wq' must be a defined tensor");
+  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  TORCH_CHECK(wq.scalar_type() == at::kChar, op,
+              ": argument 'wq' must have dtype int8 (from fuseops.quantize_per_channel_int8), got ",
+              wq.scalar_type());
+  TORCH_CHECK(wq.dim() == 2, op, ": argument 'wq' must be 2-D [N, K], got shape ", wq.sizes());
+  TORCH_CHECK(scale.scalar_type() == at::kFloat, op,
+              ": argument 'scale' must have dtype float32, got ", scale.scalar_type());
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == wq.size(0), op,
+              ": argument 'scale' must have shape [", wq.size(0), "] (N, from 'wq'), got ",
+              scale.sizes());
+  check_same_device(op, "scale", scale, "wq", wq);
+  const int64_t n = wq.size(0);
+  const int64_t k = wq.size(1);
+  const int64_t blocks = ceil_div(n, kInt8BlockN);
+  const int64_t groups = ceil_div(k, kInt8GroupK);
+  const at::Tensor padded =
+      at::constant_pad_nd(wq, {0, groups * kInt8GroupK - k, 0, blocks * kInt8BlockN - n}, 0);
+  at::Tensor packed =
+      empty_output({blocks, groups, kInt8BlockN, kInt8GroupK}, wq.options());
+  packed.copy_(padded.view({blocks, kInt8BlockN, groups, kInt8GroupK}).permute({0, 2, 1, 3}));
+  at::Tensor scale_copy = empty_output({n}, scale.options());
+  scale_copy.copy_(scale);
+  at::Tensor colsum = empty_output({n}, wq.options().dtype(at::kInt));
+  at::sum_out(colsum, wq, {1}, false, at::kInt);
+  return {packed, scale_copy, colsum};
+}
+
+}  // namespace
+}  // namespace detail
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight(const at::Tensor& wq,
+                                                                 const at::Tensor& scale) {
+  TORCH_CHECK(wq.defined(), "fuseops::pack_int8_weight: argument 'wq' must be a defined tensor");
+  TORCH_CHECK(scale.defined(),
+              "fuseops::pack_int8_weight: argument 'scale' must be a defined tensor");
+  static auto op = detail::find_op<decltype(pack_int8_weight)>("fuseops::pack_int8_weight");
+  return op.call(wq, scale);
+}
+
+at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& packed,
+                                   const at::Tensor& scale,
+                                   const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "fuseops::int8_weight_only_linear";
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
+  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  static auto handle =
+      detail::find_op<decltype(int8_weight_only_linear)>("fuseops::int8_weight_only_linear");
+  return handle.call(input, packed, scale, detail::none_if_undefined(bias));
+}
+
+namespace {
+
+struct MetaKernels {
+  static detail::Int8WeightOnlyLinearKernel weight_only() { return nullptr; }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuseops, m) {
+  // Inference ops: no derivative (cpp/ops/autograd/int8_linear.cpp refuses
+  // inputs that would record a gradient).
+  m.def("pack_int8_weight(Tensor wq, Tensor scale) -> (Tensor, Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("int8_weight_only_linear(Tensor input, Tensor packed, Tensor scale, Tensor? bias=None) "
+        "-> Tensor",
+        {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
+  m.impl("pack_int8_weight", TORCH_FN(detail::pack_int8_weight_impl));
+}
+
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  detail::Int8LinearRegistrations<MetaKernels>::register_all(m);
+}
+
+}  // namespace fuseops

@@ -1,0 +1,43 @@
+#pragma once
+// The int8 linear family's contract between its shared entry points and its
+// kernels (CPU, CUDA, Meta). The packed layout is documented in
+// cpp/include/fuseops/int8_linear.h.
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/CompileTimeFunctionPointer.h>
+
+namespace fuseops::detail {
+
+// Output channels per packed block and K values per group.
+inline constexpr int64_t kInt8BlockN = 16;
+inline constexpr int64_t kInt8GroupK = 4;
+
+// out [M, N] (contiguous, input's dtype) = input [M, K] (contiguous) times
+// the packed weight, scaled per channel, plus bias (contiguous [N], input's
+// dtype, or undefined). M, N, K > 0.
+using Int8WeightOnlyLinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
+                                            const at::Tensor& packed, const at::Tensor& scale,
+                                            const at::Tensor& bias);
+
+at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale,
+                                        const std::optional<at::Tensor>& bias,
+                                        Int8WeightOnlyLinearKernel kernel);
+
+template <typename Kernels>
+struct Int8LinearRegistrations {
+  static at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& packed,
+                                            const at::Tensor& scale,
+                                            const std::optional<at::Tensor>& bias) {
+    return int8_weight_only_linear_with(input, packed, scale, bias, Kernels::weight_only());
+  }
+
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("int8_weight_only_linear", TORCH_FN(int8_weight_only_linear));
+  }
+};
+
+}  // namespace fuseops::detail

@@ -1,0 +1,98 @@
+// int8 linear CUDA kernels and their registration; checks and allocation
+// are shared with the CPU and Meta backends (cpp/ops/int8_linear.cpp).
+//
+// State: a simple, correct kernel, not a tuned one (no tensor cores, no
+// shared-memory tiling). One thread per output element (row m, channel n):
+// it walks K in groups of 4, reading the channel's 4 int8 weights as one
+// 32-bit word of the packed layout (threads of a warp take consecutive
+// channels of a block, so their words are adjacent) and the row's 4
+// activations, accumulating in float32; the scale and bias are applied
+// once at the end.
+
+#include <cstdint>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <torch/library.h>
+
+#include "elementwise.cuh"
+#include "ops/int8_linear.h"
+
+namespace fuseops::cuda {
+namespace {
+
+template <typename scalar_t>
+__global__ void weight_only_linear_cuda(scalar_t* __restrict__ out,
+                                        const scalar_t* __restrict__ x,
+                                        const int8_t* __restrict__ packed,
+                                        const float* __restrict__ scale,
+                                        const scalar_t* __restrict__ bias, int64_t m_total,
+                                        int64_t n, int64_t k, int64_t groups) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t total = m_total * n;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n;
+    const int64_t ch = i % n;
+    const int64_t block = ch / detail::kInt8BlockN;
+    const int64_t c = ch % detail::kInt8BlockN;
+    const int8_t* w = packed + (block * groups * detail::kInt8BlockN + c) * detail::kInt8GroupK;
+    const scalar_t* row = x + m * k;
+    float acc = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const char4 q = *reinterpret_cast<const char4*>(
+          w + g * detail::kInt8BlockN * detail::kInt8GroupK);
+      const int64_t k0 = g * detail::kInt8GroupK;
+      // Past K the packed weights are 0, but the activations are not there.
+      acc += static_cast<float>(q.x) * static_cast<float>(row[k0]);
+      if (k0 + 1 < k) acc += static_cast<float>(q.y) * static_cast<float>(row[k0 + 1]);
+      if (k0 + 2 < k) acc += static_cast<float>(q.z) * static_cast<float>(row[k0 + 2]);
+      if (k0 + 3 < k) acc += static_cast<float>(q.w) * static_cast<float>(row[k0 + 3]);
+    }
+    opmath_t value = static_cast<opmath_t>(acc) * static_cast<opmath_t>(scale[ch]);
+    if (bias != nullptr) {
+      value += static_cast<opmath_t>(bias[ch]);
+    }
+    out[i] = static_cast<scalar_t>(value);
+  }
+}
+
+void weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
+                               const at::Tensor& packed, const at::Tensor& scale,
+                               const at::Tensor& bias) {
+  c10::cuda::CUDAGuard device_guard(input.device());
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = scale.size(0);
+  const int64_t total = m_total * n;
+  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
+                                           65535);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_weight_only_linear", [&] {
+        weight_only_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+            out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+            packed.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
+            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k,
+            packed.size(1));
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+
+struct Kernels {
+  static detail::Int8WeightOnlyLinearKernel weight_only() { return &weight_only_linear_kernel; }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
+  detail::Int8LinearRegistrations<Kernels>::register_all(m);
+}
+
+}  // namespace fuseops::cuda

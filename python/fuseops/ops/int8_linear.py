@@ -1,0 +1,222 @@
+"""int8 linear layers: weight packing and the W8A16 linear
+(``int8_weight_only_linear``), plus ``quantize_``, which swaps a model's
+``nn.Linear`` layers for ``fuseops.nn.Int8Linear``.
+
+Weights are quantized per output channel (``quantize_per_channel_int8``),
+then packed (``pack_int8_weight``) into the layout the kernels stream:
+``packed[b, g, c, j] = wq[16*b + c, 4*g + j]`` (int8, shape
+``[ceil(N/16), ceil(K/4), 16, 4]``, zeros past N and K), kept with the
+float32 scales ``[N]`` and the int32 per-channel sums ``colsum[n] =
+sum_k wq[n, k]`` (for the int8-activation kernels to come). All three are
+ordinary tensors: a module keeps them as buffers, ``state_dict`` round-trips
+them, and ``torch.compile``/``torch.export`` see plain tensors.
+
+These are inference ops: they have no derivative, and called on tensors that
+require grad with grad mode on they raise (use ``torch.no_grad()`` or
+``torch.inference_mode()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from ._sample import Sample, tensor
+
+#: The modes ``quantize_`` has, and those it is designed to grow into.
+QUANTIZE_MODES = ("w8a16",)
+PLANNED_QUANTIZE_MODES = ("w8a8", "2:4", "2:4+w8a8")
+
+
+def pack_int8_weight(wq: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(packed, scale, colsum)`` of an int8 weight ``wq [N, K]`` with
+    per-channel float32 ``scale [N]`` (module docstring for the layout)."""
+    return torch.ops.fuseops.pack_int8_weight(wq, scale)
+
+
+def int8_weight_only_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``x @ (wq * scale[:, None]).T + bias`` with the packed int8 weight:
+    ``x [..., K]`` float32, bfloat16, float16 or float64, result ``[..., N]``
+    in x's dtype. Products are summed in float32 (float64 activations are
+    rounded to float32) and each channel's scale is applied once to its sum:
+    ``y[m, n] = scale[n] * sum_k x[m, k] * wq[n, k] + bias[n]``."""
+    return torch.ops.fuseops.int8_weight_only_linear(x, packed, scale, bias)
+
+
+def unpack_int8_weight(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The ``[n, k]`` weight a packed tensor holds (in packed's dtype)."""
+    blocks, groups = packed.shape[:2]
+    return packed.permute(0, 2, 1, 3).reshape(blocks * 16, groups * 4)[:n, :k]
+
+
+def pack_int8_weight_reference(wq: torch.Tensor, scale: torch.Tensor):
+    n, k = wq.shape
+    blocks, groups = -(-n // 16), -(-k // 4)
+    padded = torch.nn.functional.pad(wq, (0, 4 * groups - k, 0, 16 * blocks - n))
+    packed = padded.view(blocks, 16, groups, 4).permute(0, 2, 1, 3).contiguous()
+    return packed, scale.clone(), wq.to(torch.int64).sum(1).to(torch.int32)
+
+
+def int8_weight_only_linear_reference(x, packed, scale, bias=None):
+    # In x's dtype, which the conformance suite and the bench make float64
+    # (float32 for reduced-precision rows): a weight dequantized exactly.
+    w = unpack_int8_weight(packed, scale.shape[0], x.shape[-1]).to(x.dtype)
+    y = (x @ w.T) * scale.to(x.dtype)
+    return y if bias is None else y + bias.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    name: str  # qualified module name in the model
+    in_features: int
+    out_features: int
+    mode: str
+
+
+def quantize_(
+    model: torch.nn.Module,
+    mode: str = "w8a16",
+    skip: Optional[Iterable[str] | Callable[[str, torch.nn.Module], bool]] = None,
+) -> list[Quantized]:
+    """Replaces, in place, the ``torch.nn.Linear`` layers of `model` (exact
+    type) by ``fuseops.nn.Int8Linear`` in `mode`, and returns what it
+    replaced. ``skip`` leaves layers alone: qualified names (a name also
+    skips everything under it), or a predicate ``skip(name, module)``.
+    `model` itself is replaced only through its parent, so pass the model
+    that holds the layers. Modes: ``"w8a16"`` (int8 weights per channel,
+    float activations); ``"w8a8"``, ``"2:4"`` and ``"2:4+w8a8"`` are planned
+    and raise ValueError, as does any other name."""
+    if mode not in QUANTIZE_MODES:
+        planned = f" ({mode!r} is planned, not built yet)" if mode in PLANNED_QUANTIZE_MODES else ""
+        raise ValueError(
+            f"fuseops.quantize_: unknown mode {mode!r}{planned}; supported: "
+            + ", ".join(repr(m) for m in QUANTIZE_MODES)
+        )
+    from ..nn import Int8Linear
+
+    if skip is None:
+        skipped = lambda name, module: False  # noqa: E731
+    elif callable(skip):
+        skipped = skip
+    else:
+        names = set(skip)
+        skipped = lambda name, module: any(name == s or name.startswith(s + ".") for s in names)  # noqa: E731
+    replaced: list[Quantized] = []
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear:
+                continue
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if skipped(name, child):
+                continue
+            setattr(parent, child_name, Int8Linear.from_float(child))
+            replaced.append(Quantized(name, child.in_features, child.out_features, mode))
+    return replaced
+
+
+# The peers' own forms of a bench weight, made on their first (untimed,
+# correctness-checking) call and reused: (packed's address, dtype) -> tensors.
+_PEER_WEIGHTS: dict = {}
+
+
+def _peer_weight(packed, scale, n, k, dtype, form):
+    key = (packed.data_ptr(), dtype, form)
+    if key not in _PEER_WEIGHTS:
+        wq = unpack_int8_weight(packed, n, k).contiguous()
+        if form == "float":
+            _PEER_WEIGHTS[key] = ((wq.to(torch.float32) * scale[:, None]).to(dtype),)
+        else:
+            _PEER_WEIGHTS[key] = (wq, scale.to(dtype))
+    return _PEER_WEIGHTS[key]
+
+
+def _f_linear(x, packed, scale):
+    (w,) = _peer_weight(packed, scale, scale.shape[0], x.shape[-1], x.dtype, "float")
+    return torch.nn.functional.linear(x, w)
+
+
+def _weight_int8pack_mm(x, packed, scale):
+    wq, s = _peer_weight(packed, scale, scale.shape[0], x.shape[-1], x.dtype, "int8")
+    return torch._weight_int8pack_mm(x, wq, s)
+
+
+def _x_and_weight(rows, hidden, dtype, device, gen):
+    """Activations [rows, hidden] and a packed int8 weight [hidden, hidden]
+    quantized from a random one."""
+    x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
+    w = torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
+    packed, scale, _ = pack_int8_weight(*torch.ops.fuseops.quantize_per_channel_int8(w))
+    return x, packed, scale
+
+
+def bench_cases():
+    from ..bench.cases import Case, Traffic
+
+    # rows = tokens (M), hidden = in = out features (K = N): decode (M = 1,
+    # 8), a short prefill (32) and a batch (256). The full shapes' int8
+    # weight (64 MiB) exceeds the cache; the quick ones' (4 MiB) rotate
+    # through input sets that together do.
+    shapes = {
+        "quick": [(m, 2048) for m in (1, 8, 32, 256)],
+        "full": [(m, 8192) for m in (1, 8, 32, 256)],
+    }
+    # x read and y written in the dtype; the int8 weight and its float32
+    # scales read once.
+    traffic = Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 4 * hidden)
+    common = dict(
+        fuseops="int8_weight_only_linear", reference="int8_weight_only_linear",
+        make_inputs=_x_and_weight, forward_traffic=traffic, backward_traffic=Traffic(rows=0),
+        has_out=False, differentiable=(), shapes=shapes,
+    )
+    return [
+        Case("int8_weight_only_linear", native=_f_linear, native_label="F.linear (dequantized weight)",
+             description="W8A16: x @ (wq * scale).T, int8 weight per channel", **common),
+        Case("int8_weight_only_linear_int8pack", native=_weight_int8pack_mm,
+             native_label="torch._weight_int8pack_mm",
+             description="W8A16 against ATen's int8 weight-only matmul", **common),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+    gen = torch.Generator(device="cpu").manual_seed(1)
+
+    def weight(n, k):
+        wq = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen).to(device)
+        scale = (torch.rand(n, generator=gen) * 0.02 + 1e-3).to(device)
+        return wq, scale
+
+    def packed(n, k):
+        return pack_int8_weight(*weight(n, k))[:2]
+
+    def t(shape, dtype=torch.float32, layout="contiguous"):
+        return tensor(shape, dtype, device, layout)
+
+    w37, s37 = packed(37, 10)
+    result = [
+        Sample(ops.pack_int8_weight.default, weight(37, 10), pack_int8_weight),
+        Sample(ops.pack_int8_weight.default, weight(16, 4), pack_int8_weight),
+        Sample(ops.pack_int8_weight.default, weight(0, 5), pack_int8_weight),
+        Sample(ops.int8_weight_only_linear.default, (t((3, 10)), w37, s37, None), int8_weight_only_linear),
+        Sample(ops.int8_weight_only_linear.default, (t((3, 10)), w37, s37, t((37,))), int8_weight_only_linear),
+        Sample(ops.int8_weight_only_linear.default, (t((2, 4, 10), torch.bfloat16, "transposed"), w37, s37, t((37,), torch.bfloat16)), int8_weight_only_linear),
+        Sample(ops.int8_weight_only_linear.default, (t((5, 10), torch.float16, "sliced"), w37, s37, None), int8_weight_only_linear),
+        Sample(ops.int8_weight_only_linear.default, (t((10,), torch.float64), w37, s37, None), int8_weight_only_linear),
+        Sample(ops.int8_weight_only_linear.default, (t((0, 10)), w37, s37, None), int8_weight_only_linear),
+        Sample(ops.int8_weight_only_linear.default, (t((3, 0)), *packed(5, 0), t((5,))), int8_weight_only_linear),
+    ]
+    # Every CPU build: more rows than a register tile and than a task's
+    # chunk (the widened-weight path), partial blocks of channels and groups.
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        wp, sp = packed(37, 129)
+        for m in (1, 5, 61):
+            result.append(Sample(ops.int8_weight_only_linear.default,
+                                 (t((m, 129), dtype), wp, sp, t((37,), dtype)), int8_weight_only_linear, large=True))
+    return result
+
+
+__all__ = ["int8_weight_only_linear", "pack_int8_weight", "quantize_", "unpack_int8_weight"]

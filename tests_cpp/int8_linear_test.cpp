@@ -1,0 +1,114 @@
+// fuseops int8 linear ops through the dispatcher, against ATen composites:
+// the packed layout against its definition, int8_weight_only_linear against
+// x @ (wq * scale).T + bias in float64, in every CPU build this CPU runs.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <fuseops/fuseops.h>
+
+#include "ops/cpu/dispatch.h"
+#include "test_helpers.h"
+
+namespace {
+
+using fuseops::testing::expect_error_mentions;
+
+at::Tensor random_int8(at::IntArrayRef shape) {
+  return at::randint(-127, 128, shape, at::TensorOptions().dtype(at::kChar));
+}
+
+TEST(Int8Linear, PackedLayoutFollowsItsDefinition) {
+  const at::Tensor wq = random_int8({37, 10});
+  const at::Tensor scale = at::rand({37});
+  const auto [packed, scale_copy, colsum] = fuseops::pack_int8_weight(wq, scale);
+  ASSERT_EQ(packed.sizes(), at::IntArrayRef({3, 3, 16, 4}));
+  for (int64_t n = 0; n < 48; ++n) {
+    for (int64_t k = 0; k < 12; ++k) {
+      const int64_t want = n < 37 && k < 10 ? wq[n][k].item<int64_t>() : 0;
+      ASSERT_EQ(packed[n / 16][k / 4][n % 16][k % 4].item<int64_t>(), want) << n << " " << k;
+    }
+  }
+  EXPECT_TRUE(at::equal(scale_copy, scale));
+  EXPECT_TRUE(at::equal(colsum, wq.sum(1, false, at::kInt)));
+}
+
+// Products of int8 weights and activations summed in float32 over K terms:
+// a relative error of about K * 2^-24 of the sum of |terms| at worst,
+// 1e-5 of max|y| covers K up to a few thousand; bfloat16/float16 outputs
+// are rounded once more (one unit in their last place).
+double tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16:
+      return 1.0 / 128;
+    case at::kHalf:
+      return 1.0 / 1024;
+    default:
+      return 1e-5;
+  }
+}
+
+TEST(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride forced(capability);
+    for (auto dtype : fuseops::testing::kDtypes) {
+      for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {1, 16, 4}, {3, 37, 10}, {7, 40, 129}, {61, 33, 64}, {2, 1, 1}}) {
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                        << dtype << " m " << m << " n " << n << " k " << k);
+        const at::Tensor wq = random_int8({n, k});
+        const at::Tensor scale = at::rand({n}) * 0.01 + 1e-3;
+        const auto [packed, s, colsum] = fuseops::pack_int8_weight(wq, scale);
+        const at::Tensor x = at::randn({m, k}).to(dtype);
+        const at::Tensor bias = at::randn({n}).to(dtype);
+        for (bool with_bias : {false, true}) {
+          const at::Tensor y = fuseops::int8_weight_only_linear(
+              x, packed, s, with_bias ? std::optional<at::Tensor>(bias) : std::nullopt);
+          at::Tensor want = at::matmul(x.to(at::kDouble), wq.to(at::kDouble).t()) *
+                            scale.to(at::kDouble);
+          if (with_bias) {
+            want = want + bias.to(at::kDouble);
+          }
+          ASSERT_EQ(y.scalar_type(), dtype);
+          ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
+          const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
+          EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tolerance(dtype),
+                                   tolerance(dtype) * scale_of_y))
+              << (y.to(at::kDouble) - want).abs().max().item<double>();
+        }
+      }
+    }
+  }
+}
+
+TEST(Int8Linear, BadInputsNameOpAndArgument) {
+  const at::Tensor wq = random_int8({20, 12});
+  const auto [packed, scale, colsum] = fuseops::pack_int8_weight(wq, at::rand({20}));
+  const char* op = "fuseops::int8_weight_only_linear";
+  expect_error_mentions([&] { fuseops::int8_weight_only_linear(at::randn({2, 13}), packed, scale); },
+                        {op, "'input'", "K = 13", "'packed'"});
+  expect_error_mentions(
+      [&] { fuseops::int8_weight_only_linear(at::randn({2, 12}), packed.to(at::kFloat), scale); },
+      {op, "'packed'", "int8"});
+  expect_error_mentions(
+      [&] { fuseops::int8_weight_only_linear(at::randn({2, 12}), packed, scale.narrow(0, 0, 5)); },
+      {op, "'packed'", "'scale'", "N = 5"});
+  expect_error_mentions(
+      [&] { fuseops::int8_weight_only_linear(at::randn({2, 12}), packed, scale.to(at::kDouble)); },
+      {op, "'scale'", "float32"});
+  expect_error_mentions(
+      [&] { fuseops::int8_weight_only_linear(at::randn({2, 12}), packed, scale, at::randn({19})); },
+      {op, "'bias'", "[20]"});
+  expect_error_mentions(
+      [&] {
+        fuseops::int8_weight_only_linear(at::randint(0, 3, {2, 12}), packed, scale);
+      },
+      {op, "'input'", "dtype"});
+  expect_error_mentions([&] { fuseops::pack_int8_weight(wq.to(at::kFloat), at::rand({20})); },
+                        {"fuseops::pack_int8_weight", "'wq'", "int8"});
+  expect_error_mentions([&] { fuseops::pack_int8_weight(wq, at::rand({12})); },
+                        {"fuseops::pack_int8_weight", "'scale'", "[20]"});
+}
+
+}  // namespace

@@ -1,0 +1,226 @@
+"""fuseops int8 linear layers: pack_int8_weight, int8_weight_only_linear,
+fuseops.nn.Int8Linear and fuseops.quantize_ (opcheck, compilers, Meta, pybind
+and every CPU build are in test_conformance.py, fed by
+fuseops/ops/int8_linear.py's samples).
+
+int8_weight_only_linear is compared with a float64 reference of the same
+quantized math, x @ (wq * scale).T + bias with the int8 weight exact in
+float64. The op sums K products in float32 (each exact: int8 times a
+float32 or narrower activation fits float32's mantissa only up to rounding
+of the product, 2^-24 relative) in a fixed order, so its error is at most
+about K * 2^-24 * sum|x * w| * scale; the tolerance, 2e-6 * sqrt(K) relative
+to max|y| plus 1e-6, holds that for random data with margin while still
+catching a wrong element. bfloat16/float16 results are rounded once more (one
+unit in their last place: 2^-8, 2^-11). The error against the unquantized
+float layer is reported separately.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import fuseops
+from fuseops import reference
+
+from conftest import DTYPES, expect_error_mentions
+
+ROUNDING = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 2**-8, torch.float16: 2**-11}
+
+
+def quantized_weight(n, k, device, gen_seed=0):
+    gen = torch.Generator().manual_seed(gen_seed)
+    w = torch.randn(n, k, generator=gen).to(device) * 0.05
+    wq, scale = fuseops.quantize_per_channel_int8(w)
+    return w, wq, scale
+
+
+def assert_matches(y, want, k):
+    tolerance = 2e-6 * max(1.0, k) ** 0.5 + ROUNDING[y.dtype]
+    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+    torch.testing.assert_close(y.double(), want, rtol=ROUNDING[y.dtype], atol=tolerance * scale)
+
+
+def test_pack_layout(device):
+    wq = torch.randint(-127, 128, (37, 10), dtype=torch.int8, device=device)
+    scale = torch.rand(37, device=device)
+    packed, scale_copy, colsum = fuseops.pack_int8_weight(wq, scale)
+    assert packed.shape == (3, 3, 16, 4) and packed.dtype == torch.int8
+    for n in range(48):
+        for k in range(12):
+            want = wq[n, k].item() if n < 37 and k < 10 else 0
+            assert packed[n // 16, k // 4, n % 16, k % 4].item() == want
+    assert torch.equal(scale_copy, scale) and scale_copy.data_ptr() != scale.data_ptr()
+    assert torch.equal(colsum, wq.long().sum(1).int()) and colsum.dtype == torch.int32
+    assert torch.equal(fuseops.unpack_int8_weight(packed, 37, 10), wq)
+    for got, want in zip((packed, scale_copy, colsum), reference.pack_int8_weight(wq, scale)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,n,k", [(1, 16, 4), (1, 37, 129), (3, 5, 1), (8, 64, 256), (33, 40, 67), (257, 48, 130)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_weight_only_matches_float64_reference(dtype, m, n, k, with_bias, device):
+    _, wq, scale = quantized_weight(n, k, device)
+    packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(m, k, device=device).to(dtype)
+    bias = torch.randn(n, device=device).to(dtype) if with_bias else None
+    y = fuseops.int8_weight_only_linear(x, packed, s, bias)
+    assert y.dtype == dtype and y.shape == (m, n) and y.is_contiguous()
+    want = (x.double() @ wq.double().T) * scale.double()
+    if with_bias:
+        want = want + bias.double()
+    assert_matches(y, want, k)
+
+
+def test_rows_do_not_depend_on_the_batch(device):
+    # Every row sums in the same order whatever the number of rows, so a row
+    # computed alone equals the same row in a batch (decode vs prefill).
+    _, wq, scale = quantized_weight(40, 300, device)
+    packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(100, 300, device=device)
+    batch = fuseops.int8_weight_only_linear(x, packed, s)
+    for row in (0, 5, 6, 47, 48, 99):
+        assert torch.equal(fuseops.int8_weight_only_linear(x[row : row + 1], packed, s), batch[row : row + 1])
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])
+def test_any_layout_and_leading_dims(layout, device):
+    _, wq, scale = quantized_weight(24, 20, device)
+    packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+    if layout == "transposed":
+        x = torch.randn(20, 6, device=device).t()
+    elif layout == "sliced":
+        x = torch.randn(6, 40, device=device)[:, ::2]
+    else:
+        x = torch.randn(2, 3, 20, device=device)
+    y = fuseops.int8_weight_only_linear(x, packed, s)
+    assert y.shape == x.shape[:-1] + (24,)
+    assert torch.equal(y, fuseops.int8_weight_only_linear(x.contiguous(), packed, s))
+
+
+def test_empty_inputs(device):
+    _, wq, scale = quantized_weight(8, 12, device)
+    packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+    assert fuseops.int8_weight_only_linear(torch.randn(0, 12, device=device), packed, s).shape == (0, 8)
+    empty_k = fuseops.pack_int8_weight(torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device))
+    bias = torch.randn(5, device=device)
+    y = fuseops.int8_weight_only_linear(torch.randn(3, 0, device=device), empty_k[0], empty_k[1], bias)
+    assert torch.equal(y, bias.expand(3, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_error_against_the_float_layer(dtype, device):
+    """Reported, not the correctness criterion: per-channel int8 weights on
+    a random layer cost well under 1% relative error."""
+    w, wq, scale = quantized_weight(256, 1024, device)
+    packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(16, 1024, device=device).to(dtype)
+    y = fuseops.int8_weight_only_linear(x, packed, s).double()
+    exact = x.double() @ w.double().T
+    relative = ((y - exact).norm() / exact.norm()).item()
+    print(f"int8 weight-only vs float layer ({dtype}): relative error {relative:.2e}")
+    assert relative < 0.01
+
+
+def test_inference_only(device):
+    _, wq, scale = quantized_weight(8, 12, device)
+    packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(2, 12, device=device, requires_grad=True)
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s),
+                          ["fuseops::int8_weight_only_linear", "inference op", "torch.no_grad()"])
+    with torch.no_grad():
+        assert not fuseops.int8_weight_only_linear(x, packed, s).requires_grad
+    with torch.inference_mode():
+        fuseops.int8_weight_only_linear(x, packed, s)
+
+
+def test_bad_inputs(device):
+    wq = torch.randint(-127, 128, (20, 12), dtype=torch.int8, device=device)
+    packed, s, _ = fuseops.pack_int8_weight(wq, torch.rand(20, device=device))
+    op = "fuseops::int8_weight_only_linear"
+    x = torch.randn(2, 12, device=device)
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(torch.randn(2, 13, device=device), packed, s),
+                          [op, "'input'", "K = 13", "'packed'"])
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed.float(), s), [op, "'packed'", "int8"])
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed[:, :, :8], s), [op, "'packed'", "shape"])
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s[:5]), [op, "'scale'", "N = 5"])
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s.half()), [op, "'scale'", "float32"])
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s, torch.randn(19, device=device)),
+                          [op, "'bias'", "[20]"])
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s, torch.randn(20, device=device).half()),
+                          [op, "'bias'", "dtype"])
+    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x.int(), packed, s), [op, "'input'", "dtype"])
+    expect_error_mentions(lambda: fuseops.pack_int8_weight(wq.float(), s), ["fuseops::pack_int8_weight", "'wq'", "int8"])
+    expect_error_mentions(lambda: fuseops.pack_int8_weight(wq, s[:12]), ["fuseops::pack_int8_weight", "'scale'", "[20]"])
+    expect_error_mentions(lambda: fuseops.pack_int8_weight(wq[0], s), ["fuseops::pack_int8_weight", "'wq'", "2-D"])
+
+
+# --- fuseops.nn.Int8Linear and fuseops.quantize_ ------------------------------
+
+
+def test_int8_linear_module_from_float_and_state_dict(device):
+    linear = torch.nn.Linear(70, 33, device=device)
+    module = fuseops.nn.Int8Linear.from_float(linear)
+    x = torch.randn(4, 70, device=device)
+    with torch.no_grad():
+        y = module(x)
+        wq, scale = fuseops.quantize_per_channel_int8(linear.weight)
+        want = (x.double() @ wq.double().T) * scale.double() + linear.bias.double()
+        assert_matches(y, want, 70)
+        assert ((y - linear(x)).norm() / linear(x).norm()).item() < 0.01
+    assert set(module.state_dict()) == {"packed", "scale", "colsum", "bias"}
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    buffer.seek(0)
+    restored = fuseops.nn.Int8Linear(70, 33, device=device)
+    restored.load_state_dict(torch.load(buffer))
+    with torch.no_grad():
+        assert torch.equal(restored(x), y)
+        assert torch.equal(module(x.bfloat16()), restored(x.bfloat16()))
+    assert "mode='w8a16'" in repr(module)
+    module.to(torch.bfloat16)
+    assert module.scale.dtype == torch.float32 and module.bias.dtype == torch.bfloat16
+    assert module.packed.dtype == torch.int8 and module.colsum.dtype == torch.int32
+
+
+def test_quantize_swaps_linear_layers_in_place(device):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(),
+        torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 8)),
+    ).to(device)
+    x = torch.randn(5, 32, device=device)
+    with torch.no_grad():
+        before = model(x)
+    changed = fuseops.quantize_(model, skip=["2.1"])
+    assert [c.name for c in changed] == ["0", "2.0"]
+    assert isinstance(model[0], fuseops.nn.Int8Linear) and isinstance(model[2][0], fuseops.nn.Int8Linear)
+    assert type(model[2][1]) is torch.nn.Linear
+    with torch.no_grad():
+        after = model(x)
+    assert ((after - before).norm() / before.norm()).item() < 0.02
+    model2 = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    assert [c.name for c in fuseops.quantize_(model2, skip=lambda name, m: name == "0")] == ["1"]
+
+
+@pytest.mark.parametrize("mode", ["w8a8", "2:4", "2:4+w8a8", "int4"])
+def test_quantize_refuses_modes_not_built(mode):
+    with pytest.raises(ValueError, match=r"unknown mode .*supported: 'w8a16'"):
+        fuseops.quantize_(torch.nn.Linear(4, 4), mode=mode)
+
+
+def test_quantized_model_compiles_and_exports():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    fuseops.quantize_(model)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(compiled, eager)
+    exported = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert "fuseops.int8_weight_only_linear.default" in targets
+    with torch.no_grad():
+        assert torch.equal(exported.module()(x), eager)

@@ -154,6 +154,8 @@ def cross_entropy_reference(
 ) -> torch.Tensor:
     # The target may arrive as floats from a harness that widens every input.
     target = target.long()
+    if weight is not None:
+        weight = weight.to(logits.dtype)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     flat = logits.reshape(-1, logits.shape[-1])

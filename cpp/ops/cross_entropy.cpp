@@ -353,9 +353,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   // grad_weight and grad_bias accumulate in float32 (float64 for float64).
   const bool reduced = opmath != input.scalar_type();
   at::Tensor grad_weight_acc;
+  at::Tensor grad_weight_block;
+  constexpr int64_t kVocabBlock = 4096;
   at::Tensor grad_bias_acc;
   if (with_grad) {
     grad_weight_acc = reduced ? at::zeros({vocab, hidden}, opmath_options) : grad_weight.zero_();
+    if (reduced) {
+      grad_weight_block = at::empty({std::min(kVocabBlock, vocab), hidden}, input.options());
+    }
     if (bias.defined()) {
       grad_bias_acc = reduced ? at::zeros({vocab}, opmath_options) : grad_bias.zero_();
     }
@@ -380,7 +385,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     at::Tensor grad_input_rows = grad_input.narrow(0, start, n);
     at::mm_out(grad_input_rows, logits, w);
     if (reduced) {
-      grad_weight_acc.addmm_(logits.t().to(opmath), x_chunk.to(opmath));
+      // bfloat16/float16 GEMMs (float32 sums inside, 2-3x the speed of
+      // float32 GEMMs on CPUs with bfloat16 instructions) into a small
+      // block, added to the float32 accumulator block by block.
+      for (int64_t v0 = 0; v0 < vocab; v0 += kVocabBlock) {
+        const int64_t vb = std::min(kVocabBlock, vocab - v0);
+        at::Tensor block = grad_weight_block.narrow(0, 0, vb);
+        at::mm_out(block, logits.narrow(1, v0, vb).t(), x_chunk);
+        grad_weight_acc.narrow(0, v0, vb).add_(block);
+      }
     } else {
       grad_weight_acc.addmm_(logits.t(), x_chunk);
     }

@@ -89,7 +89,7 @@ __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& sum, acc_t* shared) {
 }
 
 template <typename scalar_t>
-__global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* __restrict__ logits,
+__global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* logits,
                             scalar_t* grad, const int64_t* __restrict__ target,
                             const at::opmath_type<scalar_t>* __restrict__ row_weight,
                             const at::opmath_type<scalar_t>* __restrict__ weight,
@@ -106,8 +106,9 @@ __global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* __restr
   const acc_t weight_sum = weight != nullptr ? *weight_sum_ptr : static_cast<acc_t>(vocab);
   const acc_t per_class = smoothing / static_cast<acc_t>(vocab);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    // `grad` may alias `logits`: every read of the row below happens before
-    // the block's first write (the reductions synchronise the block).
+    // `grad` may alias `logits` (hence no __restrict__ on either): every
+    // read of the row happens before the block's first write to it (a
+    // __syncthreads() separates them).
     const scalar_t* x = logits + row * vocab;
     const int64_t t = target[row];
     if (t == ignore_index) {

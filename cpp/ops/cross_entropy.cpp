@@ -218,12 +218,12 @@ at::Tensor cross_entropy_backward_with(
   return grad_logits;
 }
 
-at::Tensor cross_entropy_inplace_backward_with(
+at::Tensor cross_entropy_inplace_with(
     at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight_opt,
     std::string_view reduction_name, int64_t ignore_index, double label_smoothing,
     double z_loss, std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
     CrossEntropyRowsKernel rows_kernel) {
-  constexpr const char* op = "fuseops::cross_entropy_inplace_backward";
+  constexpr const char* op = "fuseops::cross_entropy_inplace";
   const Reduction reduction = parse_reduction(op, reduction_name);
   check_logits(op, logits);
   check_target(op, target, logits);
@@ -472,15 +472,15 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tenso
                  reduction, ignore_index, label_smoothing, z_loss, softcap);
 }
 
-at::Tensor cross_entropy_inplace_backward(at::Tensor& logits, const at::Tensor& target,
+at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
                                           const std::optional<at::Tensor>& weight,
                                           std::string_view reduction, int64_t ignore_index,
                                           double label_smoothing, double z_loss,
                                           std::optional<double> softcap) {
-  constexpr const char* name = "fuseops::cross_entropy_inplace_backward";
+  constexpr const char* name = "fuseops::cross_entropy_inplace";
   check_floating_input(name, "logits", logits);
   check_defined(name, "target", target);
-  static auto op = find_op<decltype(cross_entropy_inplace_backward)>(name);
+  static auto op = find_op<decltype(cross_entropy_inplace)>(name);
   return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
                  label_smoothing, z_loss, softcap);
 }
@@ -541,7 +541,7 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       "float z_loss, float? softcap) -> Tensor",
       tags);
   m.def(
-      "cross_entropy_inplace_backward(Tensor(a!) logits, Tensor target, Tensor? weight=None, "
+      "cross_entropy_inplace(Tensor(a!) logits, Tensor target, Tensor? weight=None, "
       "str reduction='mean', int ignore_index=-100, float label_smoothing=0.0, "
       "float z_loss=0.0, float? softcap=None) -> Tensor",
       tags);

@@ -48,8 +48,9 @@ struct CrossEntropyTargetArgs {
 // times grad_scale and the softcap's 1 - (z_c / cap)^2. Ignored rows have
 // loss, lse and gradient 0.
 // When `loss` is defined the kernel computes lse and the loss (one read of
-// the row: online max and sum), then, if `grad` is defined, the gradient in
-// a second pass over the row; when `loss` is undefined it reads `lse` and
+// the row: online max and sum; label smoothing's sum of z reads it again
+// from cache), then, if `grad` is defined, the gradient in a pass that reads
+// and writes the row once; when `loss` is undefined it reads `lse` and
 // only writes the gradient. `grad` may be `logits` itself (each row is read
 // whole before it is written). Every tensor is contiguous; kernels never see
 // an empty `logits`.
@@ -82,7 +83,7 @@ at::Tensor cross_entropy_backward_with(
     const at::Tensor& total_weight, std::string_view reduction, int64_t ignore_index,
     double label_smoothing, double z_loss, std::optional<double> softcap,
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel);
-at::Tensor cross_entropy_inplace_backward_with(
+at::Tensor cross_entropy_inplace_with(
     at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
@@ -126,11 +127,11 @@ struct CrossEntropyRegistrations {
                                        reduction, ignore_index, label_smoothing, z_loss,
                                        softcap, Kernels::target(), Kernels::rows());
   }
-  static at::Tensor cross_entropy_inplace_backward(
+  static at::Tensor cross_entropy_inplace(
       at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
       std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
       std::optional<double> softcap) {
-    return cross_entropy_inplace_backward_with(logits, target, weight, reduction, ignore_index,
+    return cross_entropy_inplace_with(logits, target, weight, reduction, ignore_index,
                                                label_smoothing, z_loss, softcap,
                                                Kernels::target(), Kernels::rows());
   }
@@ -162,7 +163,7 @@ struct CrossEntropyRegistrations {
     m.impl("cross_entropy", TORCH_FN(cross_entropy));
     m.impl("cross_entropy_forward", TORCH_FN(cross_entropy_forward));
     m.impl("cross_entropy_backward", TORCH_FN(cross_entropy_backward));
-    m.impl("cross_entropy_inplace_backward", TORCH_FN(cross_entropy_inplace_backward));
+    m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace));
     m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy));
     m.impl("linear_cross_entropy_forward", TORCH_FN(linear_cross_entropy_forward));
   }

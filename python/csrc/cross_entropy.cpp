@@ -20,7 +20,7 @@ FUSEOPS_PYTHON_BINDINGS(cross_entropy) {
         py::arg("logits"), py::arg("target"), py::arg("weight"), py::arg("lse"),
         py::arg("total_weight"), py::arg("reduction"), py::arg("ignore_index"),
         py::arg("label_smoothing"), py::arg("z_loss"), py::arg("softcap"));
-  m.def("cross_entropy_inplace_backward", &fuseops::cross_entropy_inplace_backward,
+  m.def("cross_entropy_inplace", &fuseops::cross_entropy_inplace,
         py::arg("logits"), py::arg("target"), py::arg("weight") = py::none(),
         py::arg("reduction") = "mean", py::arg("ignore_index") = -100,
         py::arg("label_smoothing") = 0.0, py::arg("z_loss") = 0.0,

@@ -54,7 +54,7 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tenso
 // holds the gradient), nothing else may read them, and the backward runs at
 // most once. A non-contiguous `logits` is written through a contiguous copy.
 // Differentiable in logits.
-at::Tensor cross_entropy_inplace_backward(
+at::Tensor cross_entropy_inplace(
     at::Tensor& logits, const at::Tensor& target,
     const std::optional<at::Tensor>& weight = std::nullopt, std::string_view reduction = "mean",
     int64_t ignore_index = -100, double label_smoothing = 0.0, double z_loss = 0.0,

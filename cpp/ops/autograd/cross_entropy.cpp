@@ -102,7 +102,7 @@ class CrossEntropyInplaceFunction
   static at::Tensor forward(AutogradContext* ctx, at::Tensor logits, const at::Tensor& target,
                             const std::optional<at::Tensor>& weight, const Options& o) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    at::Tensor loss = fuseops::cross_entropy_inplace_backward(
+    at::Tensor loss = fuseops::cross_entropy_inplace(
         logits, target, weight, o.reduction, o.ignore_index, o.label_smoothing, o.z_loss,
         o.softcap);
     ctx->saved_data["grad"] = logits.detach();
@@ -113,9 +113,10 @@ class CrossEntropyInplaceFunction
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     TORCH_CHECK(!ctx->saved_data["used"].toBool(),
-                "fuseops::cross_entropy_inplace_backward: the backward can run only once (the "
+                "fuseops::cross_entropy_inplace: the backward can run only once (the "
                 "gradient lives in the logits buffer and is scaled there in place)");
     ctx->saved_data["used"] = true;
+    RECORD_FUNCTION("fuseops::cross_entropy_inplace_backward", std::vector<c10::IValue>());
     at::Tensor grad = ctx->saved_data["grad"].toTensor();
     const at::Tensor& g = grads[0];
     grad.mul_(ctx->saved_data["per_row"].toBool() ? g.unsqueeze(-1) : g);
@@ -207,14 +208,14 @@ at::Tensor cross_entropy_backward_autograd(
                                          softcap);
 }
 
-at::Tensor cross_entropy_inplace_backward_autograd(
+at::Tensor cross_entropy_inplace_autograd(
     at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap) {
-  check_weight_no_grad("fuseops::cross_entropy_inplace_backward", "weight", weight);
+  check_weight_no_grad("fuseops::cross_entropy_inplace", "weight", weight);
   if (!autograd_detail::records_grad({logits})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::cross_entropy_inplace_backward(logits, target, weight, reduction,
+    return fuseops::cross_entropy_inplace(logits, target, weight, reduction,
                                                    ignore_index, label_smoothing, z_loss,
                                                    softcap);
   }
@@ -259,7 +260,7 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("cross_entropy", TORCH_FN(cross_entropy_autograd));
   m.impl("cross_entropy_forward", TORCH_FN(cross_entropy_forward_autograd));
   m.impl("cross_entropy_backward", TORCH_FN(cross_entropy_backward_autograd));
-  m.impl("cross_entropy_inplace_backward", TORCH_FN(cross_entropy_inplace_backward_autograd));
+  m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace_autograd));
   m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy_autograd));
   m.impl("linear_cross_entropy_forward", TORCH_FN(linear_cross_entropy_forward_autograd));
 }

@@ -446,3 +446,20 @@ def test_memory_of_forward_and_backward():
         return xi.grad, wi.grad
 
     assert peak_bytes(fused) <= 0.25 * peak_bytes(unfused)
+
+
+def test_no_second_derivatives():
+    """create_graph=True is refused rather than given first-order-only graphs."""
+    logits, target = make_case((5,), 8, torch.float64, "cpu")
+    x = logits.clone().requires_grad_()
+    expect_error_mentions(
+        lambda: torch.autograd.grad(fuseops.cross_entropy(x, target), x, create_graph=True),
+        ["fuseops::cross_entropy_backward", "not differentiable"])
+    y = x * 1.0
+    expect_error_mentions(
+        lambda: torch.autograd.grad(fuseops.cross_entropy_inplace(y, target), x, create_graph=True),
+        ["fuseops::cross_entropy_inplace", "create_graph"])
+    h, w = torch.randn(5, 3, requires_grad=True), torch.randn(8, 3, requires_grad=True)
+    expect_error_mentions(
+        lambda: torch.autograd.grad(fuseops.linear_cross_entropy(h, w, target), h, create_graph=True),
+        ["fuseops::linear_cross_entropy", "create_graph"])

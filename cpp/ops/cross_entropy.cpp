@@ -344,9 +344,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   }
 
   // A chunk's logits take about as much memory as `input` (at least 64 rows,
-  // to keep the GEMMs efficient).
-  const int64_t chunk =
-      std::min(rows, std::max<int64_t>(64, (rows * hidden + vocab - 1) / std::max<int64_t>(vocab, 1)));
+  // to keep the GEMMs efficient). bfloat16/float16 chunks are 4 times that:
+  // each chunk adds its weight gradient to the float32 accumulator in a pass
+  // over [V, H], which fewer chunks make cheaper.
+  const at::ScalarType opmath_type = at::toOpMathType(input.scalar_type());
+  const int64_t chunk_scale = opmath_type != input.scalar_type() ? 4 : 1;
+  const int64_t chunk = std::min(
+      rows, std::max<int64_t>(64, chunk_scale * ((rows * hidden + vocab - 1) /
+                                                 std::max<int64_t>(vocab, 1))));
   at::Tensor buffer = at::empty({std::max<int64_t>(chunk, 0), vocab}, input.options());
   at::Tensor loss_rows = at::empty({rows}, opmath_options);
   at::Tensor lse = at::empty({rows}, opmath_options);

@@ -59,11 +59,12 @@ void check_target(const char* op, const at::Tensor& target, const at::Tensor& lo
               target.sizes());
 }
 
-void check_options(const char* op, int64_t vocab, const at::Tensor& logits,
-                   const at::Tensor& weight, double label_smoothing, double z_loss,
-                   std::optional<double> softcap) {
-  TORCH_CHECK(vocab >= 1, op,
-              ": argument 'logits' must have at least one class in its last dimension, got ",
+// `logits` (named `logits_name`) holds the classes in its `class_dim`.
+void check_options(const char* op, int64_t vocab, const char* logits_name,
+                   const at::Tensor& logits, const char* class_dim, const at::Tensor& weight,
+                   double label_smoothing, double z_loss, std::optional<double> softcap) {
+  TORCH_CHECK(vocab >= 1, op, ": argument '", logits_name,
+              "' must have at least one class in its ", class_dim, " dimension, got ",
               logits.sizes());
   if (weight.defined()) {
     check_floating_input(op, "weight", weight);
@@ -152,7 +153,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
   check_logits(op, logits);
   check_target(op, target, logits);
   const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), logits, weight, label_smoothing, z_loss, softcap);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
   const auto opmath_options = logits.options().dtype(opmath_of(logits));
   at::Tensor lse = at::empty(target.sizes(), opmath_options);
   if (rows_kernel == nullptr) {
@@ -181,7 +183,8 @@ at::Tensor cross_entropy_backward_with(
   check_logits(op, logits);
   check_target(op, target, logits);
   const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), logits, weight, label_smoothing, z_loss, softcap);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
   check_floating_input(op, "grad_output", grad_output);
   check_same_device(op, "grad_output", grad_output, "logits", logits);
   const at::IntArrayRef loss_shape =
@@ -228,7 +231,8 @@ at::Tensor cross_entropy_inplace_with(
   check_logits(op, logits);
   check_target(op, target, logits);
   const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), logits, weight, label_smoothing, z_loss, softcap);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
   TORCH_CHECK(at::has_internal_overlap(logits) != at::MemOverlap::Yes, op,
               ": argument 'logits' must not have elements that overlap each other (it "
               "receives the gradient), got strides ",
@@ -308,7 +312,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
                 ": argument 'class_weight' must have shape [", vocab,
                 "] (one weight per class), got ", class_weight.sizes());
   }
-  check_options(op, vocab, weight, at::Tensor(), label_smoothing, z_loss, softcap);
+  check_options(op, vocab, "weight", weight, "first", at::Tensor(), label_smoothing, z_loss,
+                softcap);
   TORCH_CHECK(!normalizer.has_value() || reduction == Reduction::Sum, op,
               ": argument 'normalizer' is only used with reduction='sum', got reduction='mean'");
   TORCH_CHECK(!normalizer.has_value() || (std::isfinite(*normalizer) && *normalizer != 0.0), op,
@@ -331,9 +336,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   const at::Tensor x = input.contiguous();
   const at::Tensor w = weight.contiguous();
   // Row checks and weights of every target first: the mean's divisor scales
-  // every chunk's gradient.
-  const at::Tensor logits_shape_probe = at::empty({0, vocab}, input.options());
-  const Prepared p = prepare(op, logits_shape_probe, target, class_weight, ignore_index,
+  // every chunk's gradient. (prepare() reads the class count, dtype and
+  // device from its logits argument: an empty [0, V] stands for them.)
+  const at::Tensor no_logits = at::empty({0, vocab}, input.options());
+  const Prepared p = prepare(op, no_logits, target, class_weight, ignore_index,
                              label_smoothing, z_loss, softcap, target_kernel);
   const at::Tensor total_weight = p.row_weight.sum();
   at::Tensor scale = at::ones({}, opmath_options);
@@ -347,8 +353,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   // to keep the GEMMs efficient). bfloat16/float16 chunks are 4 times that:
   // each chunk adds its weight gradient to the float32 accumulator in a pass
   // over [V, H], which fewer chunks make cheaper.
-  const at::ScalarType opmath_type = at::toOpMathType(input.scalar_type());
-  const int64_t chunk_scale = opmath_type != input.scalar_type() ? 4 : 1;
+  const bool reduced = opmath != input.scalar_type();
+  const int64_t chunk_scale = reduced ? 4 : 1;
   const int64_t chunk = std::min(
       rows, std::max<int64_t>(64, chunk_scale * ((rows * hidden + vocab - 1) /
                                                  std::max<int64_t>(vocab, 1))));
@@ -356,7 +362,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   at::Tensor loss_rows = at::empty({rows}, opmath_options);
   at::Tensor lse = at::empty({rows}, opmath_options);
   // grad_weight and grad_bias accumulate in float32 (float64 for float64).
-  const bool reduced = opmath != input.scalar_type();
   at::Tensor grad_weight_acc;
   at::Tensor grad_weight_block;
   constexpr int64_t kVocabBlock = 4096;

@@ -248,9 +248,7 @@ def bench_cases():
             description="softmax + cross-entropy over the last dimension (rows x classes), mean",
         ),
         Case(
-            "cross_entropy_inplace",
-            lambda logits, target: cross_entropy(logits, target, inplace_backward=True),
-            "cross_entropy", _logits_target,
+            "cross_entropy_inplace", "cross_entropy_inplace", "cross_entropy", _logits_target,
             forward_traffic=Traffic(rows=2),  # logits in, their gradient out
             backward_traffic=Traffic(rows=2),  # the gradient scaled in place
             native=F.cross_entropy, native_label="F.cross_entropy", has_out=False,

@@ -62,10 +62,11 @@ at::Tensor cross_entropy_inplace(
 
 // cross_entropy(input @ weight.T + bias, target, ...) without the [N, V]
 // logits: input [N, H], weight [V, H], bias [V], target [N]. Tokens are
-// taken in chunks whose logits are about the size of `input`; each chunk's
-// logits are one GEMM into a reused buffer, overwritten by their gradient by
-// the cross-entropy row kernel, and turned into the chunk's grad_input rows
-// and a float32 accumulation of grad_weight and grad_bias by two more GEMMs.
+// taken in chunks whose logits are about the size of `input` (4 times that
+// for bfloat16/float16); each chunk's logits are one GEMM into a reused
+// buffer, overwritten by their gradient by the cross-entropy row kernel, and
+// turned into the chunk's grad_input rows and a float32 accumulation of
+// grad_weight and grad_bias by two more GEMMs.
 // The gradients are therefore computed in the forward (when one will be
 // needed) and only scaled by grad_output in the backward. reduction is
 // "mean" or "sum" ("none" would need a gradient per row); with "sum",

@@ -93,8 +93,15 @@ def tensor_call(sample, public_args):
     """A function of the sample's tensors alone (None, numbers and strings
     baked in), calling its public wrapper, and those tensors."""
     positions = [i for i, a in enumerate(public_args) if isinstance(a, torch.Tensor)]
+    # An op that writes into an input that is not an out= tensor
+    # (cross_entropy_inplace) gets copies, so that calling it twice on the
+    # same tensors gives the same results.
+    mutates = any(a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
+                  for a in sample.op._schema.arguments)
 
     def call(*tensors):
+        if mutates:
+            tensors = [t.clone() for t in tensors]
         args = list(public_args)
         for i, t in zip(positions, tensors):
             args[i] = t

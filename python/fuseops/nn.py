@@ -16,6 +16,7 @@ import torch
 
 from .ops.activation import gelu, silu
 from .ops.causal_conv1d import causal_conv1d
+from .ops.cross_entropy import cross_entropy, linear_cross_entropy
 from .ops.gated_activation import geglu, swiglu
 from .ops.int8_linear import int8_weight_only_linear, pack_int8_weight
 from .ops.layer_norm import layer_norm
@@ -157,6 +158,74 @@ class CausalConv1d(torch.nn.Conv1d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation!r}"
+
+@_replaces(torch.nn.CrossEntropyLoss)
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """torch.nn.CrossEntropyLoss computed by fuseops.cross_entropy (forward and
+    backward), plus ``z_loss``, ``softcap`` and ``inplace_backward`` (see
+    fuseops.cross_entropy; ``inplace_backward=True`` overwrites the input
+    logits with their gradient). Class indices in the class dimension
+    (dimension 1, as in torch; moved last for inputs of more than 2
+    dimensions) are fused; probability targets take torch's own path (without
+    z_loss or softcap, which they do not support)."""
+
+    def __init__(self, weight: Optional[torch.Tensor] = None, size_average=None,
+                 ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                 label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 softcap: Optional[float] = None, inplace_backward: bool = False) -> None:
+        super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.inplace_backward = inplace_backward
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # Instances converted by replace_modules lack the extensions' attributes.
+        z_loss = getattr(self, "z_loss", 0.0)
+        softcap = getattr(self, "softcap", None)
+        if target.is_floating_point():
+            if z_loss or softcap is not None:
+                raise ValueError("fuseops.nn.CrossEntropyLoss: z_loss and softcap need class-index targets")
+            return super().forward(input, target)
+        logits = input.movedim(1, -1) if input.dim() > 2 else input
+        return cross_entropy(logits, target, self.weight, self.reduction, self.ignore_index,
+                             self.label_smoothing, z_loss, softcap,
+                             inplace_backward=getattr(self, "inplace_backward", False))
+
+    def extra_repr(self) -> str:
+        return f"z_loss={self.z_loss}, softcap={self.softcap}, inplace_backward={self.inplace_backward}"
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """An LM head's projection and cross-entropy in one op,
+    ``fuseops.linear_cross_entropy``: ``forward(input, linear_weight, target,
+    linear_bias=None, normalizer=None)`` with ``input`` ``[..., H]``, the
+    output projection's ``linear_weight`` ``[V, H]`` (and bias) and ``target``
+    ``[...]`` computes ``cross_entropy(F.linear(input, linear_weight,
+    linear_bias), target, ...)`` without forming the logits. ``reduction`` is
+    "mean" or "sum"; ``normalizer`` (with "sum") divides the loss."""
+
+    def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                 reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 softcap: Optional[float] = None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+
+    def forward(self, input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
+                linear_bias: Optional[torch.Tensor] = None,
+                normalizer: Optional[float] = None) -> torch.Tensor:
+        return linear_cross_entropy(
+            input.reshape(-1, input.shape[-1]), linear_weight, target.reshape(-1), linear_bias,
+            self.weight, self.reduction, self.ignore_index, self.label_smoothing, self.z_loss,
+            self.softcap, normalizer)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}")
 
 
 class _GatedMLP(torch.nn.Module):
@@ -358,10 +427,13 @@ class Int8Linear(torch.nn.Module):
 
 __all__ = [
     "CausalConv1d",
+
+    "CrossEntropyLoss",
     "GELU",
     "GeGLU",
     "Int8Linear",
     "LayerNorm",
+    "LinearCrossEntropyLoss",
     "RMSNorm",
     "Replacement",
     "RotaryEmbedding",

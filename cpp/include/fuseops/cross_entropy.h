@@ -1,0 +1,92 @@
+#pragma once
+
+#include <optional>
+#include <string_view>
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+
+namespace fuseops {
+
+// Softmax + cross-entropy over the last dimension of `logits` ([..., V],
+// float32/float64/bfloat16/float16) against class indices `target` ([...],
+// int64 or int32), as torch.nn.functional.cross_entropy with the class
+// dimension last: `weight` ([V], per class), `reduction` "none" | "sum" |
+// "mean" (mean divides by the summed weights of the non-ignored targets, NaN
+// when every target is ignored), `ignore_index`, `label_smoothing`. Two
+// extensions: `z_loss` adds z_loss * logsumexp(z)^2 to every non-ignored
+// row, and `softcap` c replaces the logits by z = c * tanh(logits / c) first
+// (gradient through the tanh). Computed in float32 (float64 for float64);
+// the loss has logits' dtype. A target outside [0, V) that is not
+// ignore_index is an error. Differentiable in logits (C++ autograd).
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                         const std::optional<at::Tensor>& weight = std::nullopt,
+                         std::string_view reduction = "mean", int64_t ignore_index = -100,
+                         double label_smoothing = 0.0, double z_loss = 0.0,
+                         std::optional<double> softcap = std::nullopt);
+
+// cross_entropy that also returns what cross_entropy_backward needs:
+// (loss, lse, total_weight), lse = logsumexp(z) per row (shape
+// target.shape, float32; float64 for float64 logits; 0 for ignored rows) and
+// total_weight the summed weights of the non-ignored targets (0-d, same
+// dtype; the mean's divisor, kept on the device).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
+    const at::Tensor& logits, const at::Tensor& target,
+    const std::optional<at::Tensor>& weight = std::nullopt, std::string_view reduction = "mean",
+    int64_t ignore_index = -100, double label_smoothing = 0.0, double z_loss = 0.0,
+    std::optional<double> softcap = std::nullopt);
+
+// Gradient of cross_entropy with respect to logits, in one pass over them:
+// the softmax is recomputed from logits and lse. grad_output has the loss's
+// shape (target.shape for "none", 0-d otherwise).
+at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& logits,
+                                  const at::Tensor& target,
+                                  const std::optional<at::Tensor>& weight,
+                                  const at::Tensor& lse, const at::Tensor& total_weight,
+                                  std::string_view reduction, int64_t ignore_index,
+                                  double label_smoothing, double z_loss,
+                                  std::optional<double> softcap);
+
+// cross_entropy that saves the [..., V] gradient allocation: the forward
+// writes the gradient of the loss (for a grad_output of 1) into `logits`
+// itself, and the backward scales that buffer by grad_output in place and
+// returns it. Contract: the values of `logits` are gone after the call (it
+// holds the gradient), nothing else may read them, and the backward runs at
+// most once. A non-contiguous `logits` is written through a contiguous copy.
+// Differentiable in logits.
+at::Tensor cross_entropy_inplace(
+    at::Tensor& logits, const at::Tensor& target,
+    const std::optional<at::Tensor>& weight = std::nullopt, std::string_view reduction = "mean",
+    int64_t ignore_index = -100, double label_smoothing = 0.0, double z_loss = 0.0,
+    std::optional<double> softcap = std::nullopt);
+
+// cross_entropy(input @ weight.T + bias, target, ...) without the [N, V]
+// logits: input [N, H], weight [V, H], bias [V], target [N]. Tokens are
+// taken in chunks whose logits are about the size of `input` (4 times that
+// for bfloat16/float16); each chunk's logits are one GEMM into a reused
+// buffer, overwritten by their gradient by the cross-entropy row kernel, and
+// turned into the chunk's grad_input rows and a float32 accumulation of
+// grad_weight and grad_bias by two more GEMMs.
+// The gradients are therefore computed in the forward (when one will be
+// needed) and only scaled by grad_output in the backward. reduction is
+// "mean" or "sum" ("none" would need a gradient per row); with "sum",
+// `normalizer` divides the loss (and its gradients), for gradient
+// accumulation over micro-batches. Differentiable in input, weight and bias.
+at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                                const std::optional<at::Tensor>& class_weight = std::nullopt,
+                                std::string_view reduction = "mean",
+                                int64_t ignore_index = -100, double label_smoothing = 0.0,
+                                double z_loss = 0.0, std::optional<double> softcap = std::nullopt,
+                                std::optional<double> normalizer = std::nullopt);
+
+// linear_cross_entropy's loss and its gradients for a grad_output of 1:
+// (loss, grad_input, grad_weight, grad_bias); grad_bias is empty without bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_forward(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight = std::nullopt,
+    std::string_view reduction = "mean", int64_t ignore_index = -100,
+    double label_smoothing = 0.0, double z_loss = 0.0,
+    std::optional<double> softcap = std::nullopt, std::optional<double> normalizer = std::nullopt);
+
+}  // namespace fuseops

@@ -1,0 +1,278 @@
+// Autograd for fuseops::cross_entropy and fuseops::linear_cross_entropy,
+// registered in C++ so LibTorch programs get gradients without Python.
+//
+// cross_entropy keeps the per-row logsumexp and the mean's divisor; its
+// backward recomputes the softmax from the logits in one pass and has no
+// derivative of its own (autograd/no_derivative.h). The in-place variant and
+// linear_cross_entropy compute their gradients in the forward; their
+// backward only scales them by grad_output, in place, so it may run once.
+// Neither op is differentiable in its class weights: a weight that requires
+// grad is refused rather than given no gradient silently.
+
+#include <string>
+#include <vector>
+
+#include <ATen/record_function.h>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <fuseops/cross_entropy.h>
+
+#include "ops/autograd/no_derivative.h"
+#include "ops/common/tensors.h"
+
+namespace fuseops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void check_weight_no_grad(const char* op, const char* arg,
+                          const std::optional<at::Tensor>& weight) {
+  TORCH_CHECK(!autograd_detail::records_grad({weight}), op, ": argument '", arg,
+              "' requires grad, but the op is not differentiable with respect to it");
+}
+
+// The gradients computed in the forward carry no graph of their own: a
+// backward with create_graph=True would silently drop the second derivative.
+void check_not_recording(const char* op) {
+  TORCH_CHECK(!at::GradMode::is_enabled(), op,
+              " has no second derivative (its gradients are computed in the forward): "
+              "backward with create_graph=True is not supported");
+}
+
+struct Options {
+  std::string reduction;
+  int64_t ignore_index;
+  double label_smoothing;
+  double z_loss;
+  std::optional<double> softcap;
+};
+
+void save_options(AutogradContext* ctx, const Options& o) {
+  ctx->saved_data["reduction"] = o.reduction;
+  ctx->saved_data["ignore_index"] = o.ignore_index;
+  ctx->saved_data["label_smoothing"] = o.label_smoothing;
+  ctx->saved_data["z_loss"] = o.z_loss;
+  ctx->saved_data["softcap"] = o.softcap.has_value() ? c10::IValue(*o.softcap) : c10::IValue();
+}
+
+Options saved_options(AutogradContext* ctx) {
+  const c10::IValue& softcap = ctx->saved_data["softcap"];
+  return {ctx->saved_data["reduction"].toStringRef(), ctx->saved_data["ignore_index"].toInt(),
+          ctx->saved_data["label_smoothing"].toDouble(), ctx->saved_data["z_loss"].toDouble(),
+          softcap.isNone() ? std::nullopt : std::optional<double>(softcap.toDouble())};
+}
+
+class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
+ public:
+  // Returns (loss, lse, total_weight); only the loss is differentiable.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits,
+                               const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                               const Options& o) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [loss, lse, total_weight] =
+        fuseops::cross_entropy_forward(logits, target, weight, o.reduction, o.ignore_index,
+                                       o.label_smoothing, o.z_loss, o.softcap);
+    ctx->mark_non_differentiable({lse, total_weight});
+    ctx->set_materialize_grads(false);
+    const at::Tensor w = detail::undefined_if_none(weight);
+    ctx->save_for_backward({logits, target, w, lse, total_weight});
+    ctx->saved_data["has_weight"] = w.defined();
+    save_options(ctx, o);
+    return {loss, lse, total_weight};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list none(4);
+    if (!grads[0].defined()) {
+      return none;
+    }
+    const auto saved = ctx->get_saved_variables();
+    const Options o = saved_options(ctx);
+    const std::optional<at::Tensor> weight =
+        ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[2])
+                                               : std::nullopt;
+    variable_list result = none;
+    result[0] = fuseops::cross_entropy_backward(grads[0], saved[0], saved[1], weight, saved[3],
+                                                saved[4], o.reduction, o.ignore_index,
+                                                o.label_smoothing, o.z_loss, o.softcap);
+    return result;
+  }
+};
+
+// The gradient is in `logits` after the forward; backward scales it by
+// grad_output in place and returns it.
+class CrossEntropyInplaceFunction
+    : public torch::autograd::Function<CrossEntropyInplaceFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor logits, const at::Tensor& target,
+                            const std::optional<at::Tensor>& weight, const Options& o) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor loss = fuseops::cross_entropy_inplace(
+        logits, target, weight, o.reduction, o.ignore_index, o.label_smoothing, o.z_loss,
+        o.softcap);
+    ctx->saved_data["grad"] = logits.detach();
+    ctx->saved_data["used"] = false;
+    ctx->saved_data["per_row"] = o.reduction == "none";
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!ctx->saved_data["used"].toBool(),
+                "fuseops::cross_entropy_inplace: the backward can run only once (the "
+                "gradient lives in the logits buffer and is scaled there in place)");
+    check_not_recording("fuseops::cross_entropy_inplace");
+    ctx->saved_data["used"] = true;
+    RECORD_FUNCTION("fuseops::cross_entropy_inplace_backward", std::vector<c10::IValue>());
+    at::Tensor grad = ctx->saved_data["grad"].toTensor();
+    const at::Tensor& g = grads[0];
+    grad.mul_(ctx->saved_data["per_row"].toBool() ? g.unsqueeze(-1) : g);
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class LinearCrossEntropyFunction
+    : public torch::autograd::Function<LinearCrossEntropyFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& target,
+                            const std::optional<at::Tensor>& class_weight, const Options& o,
+                            std::optional<double> normalizer) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [loss, grad_input, grad_weight, grad_bias] = fuseops::linear_cross_entropy_forward(
+        input, weight, bias, target, class_weight, o.reduction, o.ignore_index,
+        o.label_smoothing, o.z_loss, o.softcap, normalizer);
+    ctx->saved_data["grad_input"] = grad_input;
+    ctx->saved_data["grad_weight"] = grad_weight;
+    ctx->saved_data["grad_bias"] = grad_bias;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->saved_data["used"] = false;
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!ctx->saved_data["used"].toBool(),
+                "fuseops::linear_cross_entropy: the backward can run only once (its gradients "
+                "are computed in the forward and scaled by grad_output in place)");
+    check_not_recording("fuseops::linear_cross_entropy");
+    ctx->saved_data["used"] = true;
+    // Named like the backward ops of the other fuseops ops in profiles.
+    RECORD_FUNCTION("fuseops::linear_cross_entropy_backward", std::vector<c10::IValue>());
+    variable_list result(7);
+    const at::Tensor& g = grads[0];
+    result[0] = ctx->saved_data["grad_input"].toTensor().mul_(g);
+    result[1] = ctx->saved_data["grad_weight"].toTensor().mul_(g);
+    if (ctx->saved_data["has_bias"].toBool()) {
+      result[2] = ctx->saved_data["grad_bias"].toTensor().mul_(g);
+    }
+    // Drop the references: the gradients now belong to the caller.
+    ctx->saved_data.clear();
+    ctx->saved_data["used"] = true;
+    return result;
+  }
+};
+
+Options options(std::string_view reduction, int64_t ignore_index, double label_smoothing,
+                double z_loss, std::optional<double> softcap) {
+  return {std::string(reduction), ignore_index, label_smoothing, z_loss, softcap};
+}
+
+at::Tensor cross_entropy_autograd(const at::Tensor& logits, const at::Tensor& target,
+                                  const std::optional<at::Tensor>& weight,
+                                  std::string_view reduction, int64_t ignore_index,
+                                  double label_smoothing, double z_loss,
+                                  std::optional<double> softcap) {
+  check_weight_no_grad("fuseops::cross_entropy", "weight", weight);
+  if (!autograd_detail::records_grad({logits})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::cross_entropy(logits, target, weight, reduction, ignore_index,
+                                  label_smoothing, z_loss, softcap);
+  }
+  return CrossEntropyFunction::apply(
+      logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap))[0];
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_autograd(
+    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+    std::optional<double> softcap) {
+  check_weight_no_grad("fuseops::cross_entropy_forward", "weight", weight);
+  const variable_list r = CrossEntropyFunction::apply(
+      logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap));
+  return {r[0], r[1], r[2]};
+}
+
+at::Tensor cross_entropy_backward_autograd(
+    const at::Tensor& grad_output, const at::Tensor& logits, const at::Tensor& target,
+    const std::optional<at::Tensor>& weight, const at::Tensor& lse,
+    const at::Tensor& total_weight, std::string_view reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, std::optional<double> softcap) {
+  autograd_detail::check_no_derivative("fuseops::cross_entropy_backward",
+                                       {grad_output, logits, weight, lse, total_weight});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::cross_entropy_backward(grad_output, logits, target, weight, lse, total_weight,
+                                         reduction, ignore_index, label_smoothing, z_loss,
+                                         softcap);
+}
+
+at::Tensor cross_entropy_inplace_autograd(
+    at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+    std::optional<double> softcap) {
+  check_weight_no_grad("fuseops::cross_entropy_inplace", "weight", weight);
+  if (!autograd_detail::records_grad({logits})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::cross_entropy_inplace(logits, target, weight, reduction,
+                                                   ignore_index, label_smoothing, z_loss,
+                                                   softcap);
+  }
+  return CrossEntropyInplaceFunction::apply(
+      logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap));
+}
+
+at::Tensor linear_cross_entropy_autograd(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+    std::optional<double> softcap, std::optional<double> normalizer) {
+  check_weight_no_grad("fuseops::linear_cross_entropy", "class_weight", class_weight);
+  if (!autograd_detail::records_grad({input, weight, bias})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::linear_cross_entropy(input, weight, bias, target, class_weight, reduction,
+                                         ignore_index, label_smoothing, z_loss, softcap,
+                                         normalizer);
+  }
+  return LinearCrossEntropyFunction::apply(
+      input, weight, bias, target, class_weight,
+      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linear_cross_entropy_forward_autograd(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+    std::optional<double> softcap, std::optional<double> normalizer) {
+  autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_forward",
+                                       {input, weight, bias, class_weight});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight,
+                                               reduction, ignore_index, label_smoothing, z_loss,
+                                               softcap, normalizer);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
+  m.impl("cross_entropy", TORCH_FN(cross_entropy_autograd));
+  m.impl("cross_entropy_forward", TORCH_FN(cross_entropy_forward_autograd));
+  m.impl("cross_entropy_backward", TORCH_FN(cross_entropy_backward_autograd));
+  m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace_autograd));
+  m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy_autograd));
+  m.impl("linear_cross_entropy_forward", TORCH_FN(linear_cross_entropy_forward_autograd));
+}
+
+}  // namespace fuseops

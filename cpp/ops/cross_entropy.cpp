@@ -1,0 +1,575 @@
+// fuseops::cross_entropy and fuseops::linear_cross_entropy: schemas, C++ API,
+// shared checks and the Meta registration. CPU: cpp/ops/cpu/cross_entropy.cpp;
+// CUDA: cuda/cross_entropy_kernel.cu; autograd:
+// cpp/ops/autograd/cross_entropy.cpp.
+
+#include "ops/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <fuseops/cross_entropy.h>
+
+#include "ops/common/checks.h"
+#include "ops/common/dispatcher.h"
+#include "ops/common/tensors.h"
+
+namespace fuseops {
+namespace detail {
+
+Reduction parse_reduction(const char* op, std::string_view reduction) {
+  if (reduction == "mean") {
+    return Reduction::Mean;
+  }
+  if (reduction == "sum") {
+    return Reduction::Sum;
+  }
+  if (reduction == "none") {
+    return Reduction::None;
+  }
+  TORCH_CHECK(false, op, ": argument 'reduction' must be 'none', 'sum' or 'mean', got '",
+              reduction, "'");
+}
+
+namespace {
+
+at::ScalarType opmath_of(const at::Tensor& t) { return at::toOpMathType(t.scalar_type()); }
+
+void check_target(const char* op, const at::Tensor& target, const at::Tensor& logits) {
+  TORCH_CHECK(target.defined(), op,
+              ": argument 'target' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
+              ": argument 'target' must hold class indices of dtype int64 or int32, got ",
+              target.scalar_type());
+  check_same_device(op, "target", target, "logits", logits);
+  TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1), op,
+              ": argument 'target' must have shape ", logits.sizes().slice(0, logits.dim() - 1),
+              " (the shape of 'logits' without its last, class dimension), got ",
+              target.sizes());
+}
+
+// `logits` (named `logits_name`) holds the classes in its `class_dim`.
+void check_options(const char* op, int64_t vocab, const char* logits_name,
+                   const at::Tensor& logits, const char* class_dim, const at::Tensor& weight,
+                   double label_smoothing, double z_loss, std::optional<double> softcap) {
+  TORCH_CHECK(vocab >= 1, op, ": argument '", logits_name,
+              "' must have at least one class in its ", class_dim, " dimension, got ",
+              logits.sizes());
+  if (weight.defined()) {
+    check_floating_input(op, "weight", weight);
+    check_same_device(op, "weight", weight, "logits", logits);
+    TORCH_CHECK(weight.dim() == 1 && weight.size(0) == vocab, op,
+                ": argument 'weight' must have shape [", vocab,
+                "] (one weight per class), got ", weight.sizes());
+  }
+  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+              ": argument 'label_smoothing' must be in [0, 1], got ", label_smoothing);
+  TORCH_CHECK(std::isfinite(z_loss) && z_loss >= 0.0, op,
+              ": argument 'z_loss' must be a finite number >= 0, got ", z_loss);
+  TORCH_CHECK(!softcap.has_value() || (std::isfinite(*softcap) && *softcap > 0.0), op,
+              ": argument 'softcap' must be None or a finite number > 0, got ",
+              softcap.value_or(0.0));
+}
+
+void check_logits(const char* op, const at::Tensor& logits) {
+  check_floating_input(op, "logits", logits);
+  TORCH_CHECK(logits.dim() >= 1, op,
+              ": argument 'logits' must have at least 1 dimension (the classes), got a "
+              "0-dimensional tensor");
+}
+
+// The inputs as the kernels take them: [N, V] logits rows, int64 targets,
+// weights in the computation dtype, and the row weights of the targets
+// (which checks them).
+struct Prepared {
+  at::Tensor logits;  // [N, V] contiguous
+  at::Tensor target;  // [N] int64 contiguous
+  at::Tensor weight;  // [V] opmath or undefined
+  at::Tensor weight_sum;
+  at::Tensor row_weight;  // [N] opmath
+  CrossEntropyOptions options;
+};
+
+Prepared prepare(const char* op, const at::Tensor& logits, const at::Tensor& target,
+                 const at::Tensor& weight, int64_t ignore_index, double label_smoothing,
+                 double z_loss, std::optional<double> softcap,
+                 CrossEntropyTargetKernel target_kernel) {
+  const int64_t vocab = logits.size(-1);
+  const at::ScalarType opmath = opmath_of(logits);
+  Prepared p;
+  p.logits = logits.reshape({-1, vocab}).contiguous();
+  p.target = target.reshape({-1}).to(at::kLong).contiguous();
+  if (weight.defined()) {
+    p.weight = weight.to(opmath).contiguous();
+    p.weight_sum = p.weight.sum();
+  }
+  p.options = {ignore_index, label_smoothing, z_loss, softcap.value_or(0.0)};
+  p.row_weight = empty_output({p.target.numel()}, logits.options().dtype(opmath));
+  if (p.target.numel() > 0) {
+    target_kernel({p.row_weight, p.target, p.weight, vocab, ignore_index, op});
+  }
+  return p;
+}
+
+at::Tensor empty_loss(const at::Tensor& logits, const at::Tensor& target, Reduction reduction) {
+  return reduction == Reduction::None ? empty_output(target.sizes(), logits.options())
+                                      : empty_output({}, logits.options());
+}
+
+// The loss from the per-row losses: mean divides by the summed row weights
+// (0/0 = NaN when every target is ignored, as in torch).
+at::Tensor reduce_loss(const at::Tensor& loss_rows, const at::Tensor& total_weight,
+                       const at::Tensor& target, Reduction reduction, at::ScalarType dtype) {
+  switch (reduction) {
+    case Reduction::None:
+      return loss_rows.to(dtype).view(target.sizes());
+    case Reduction::Sum:
+      return loss_rows.sum().to(dtype);
+    case Reduction::Mean:
+      break;
+  }
+  return (loss_rows.sum() / total_weight).to(dtype);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
+    const char* op, const at::Tensor& logits, const at::Tensor& target,
+    const std::optional<at::Tensor>& weight_opt, std::string_view reduction_name,
+    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
+  const Reduction reduction = parse_reduction(op, reduction_name);
+  check_logits(op, logits);
+  check_target(op, target, logits);
+  const at::Tensor weight = undefined_if_none(weight_opt);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
+  const auto opmath_options = logits.options().dtype(opmath_of(logits));
+  at::Tensor lse = empty_output(target.sizes(), opmath_options);
+  if (rows_kernel == nullptr) {
+    return {empty_loss(logits, target, reduction), lse, empty_output({}, opmath_options)};
+  }
+  const Prepared p = prepare(op, logits, target, weight, ignore_index, label_smoothing, z_loss,
+                             softcap, target_kernel);
+  const at::Tensor total_weight = p.row_weight.sum();
+  at::Tensor loss_rows = empty_output({p.target.numel()}, opmath_options);
+  if (p.target.numel() > 0) {
+    rows_kernel({loss_rows, lse.view({-1}), at::Tensor(), at::Tensor(), p.logits, p.target,
+                 p.row_weight, p.weight, p.weight_sum, p.options});
+  }
+  return {reduce_loss(loss_rows, total_weight, target, reduction, logits.scalar_type()), lse,
+          total_weight};
+}
+
+at::Tensor cross_entropy_backward_with(
+    const at::Tensor& grad_output, const at::Tensor& logits, const at::Tensor& target,
+    const std::optional<at::Tensor>& weight_opt, const at::Tensor& lse,
+    const at::Tensor& total_weight, std::string_view reduction_name, int64_t ignore_index,
+    double label_smoothing, double z_loss, std::optional<double> softcap,
+    CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
+  constexpr const char* op = "fuseops::cross_entropy_backward";
+  const Reduction reduction = parse_reduction(op, reduction_name);
+  check_logits(op, logits);
+  check_target(op, target, logits);
+  const at::Tensor weight = undefined_if_none(weight_opt);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
+  check_floating_input(op, "grad_output", grad_output);
+  check_same_device(op, "grad_output", grad_output, "logits", logits);
+  const at::IntArrayRef loss_shape =
+      reduction == Reduction::None ? target.sizes() : at::IntArrayRef();
+  TORCH_CHECK(grad_output.sizes() == loss_shape, op,
+              ": argument 'grad_output' must have the loss's shape ", loss_shape, ", got ",
+              grad_output.sizes());
+  const at::ScalarType opmath = opmath_of(logits);
+  for (const auto& [name, t, shape] :
+       {std::tuple<const char*, const at::Tensor&, at::IntArrayRef>{"lse", lse, target.sizes()},
+        {"total_weight", total_weight, at::IntArrayRef()}}) {
+    TORCH_CHECK(t.defined(), op, ": argument '", name,
+                "' must be a defined tensor, got an undefined tensor");
+    TORCH_CHECK(t.scalar_type() == opmath, op, ": argument '", name, "' must have dtype ",
+                opmath, " (the computation dtype of 'logits'), got ", t.scalar_type());
+    check_same_device(op, name, t, "logits", logits);
+    TORCH_CHECK(t.sizes() == shape, op, ": argument '", name, "' must have shape ", shape,
+                ", got ", t.sizes());
+  }
+  at::Tensor grad_logits = empty_contiguous_like(logits);
+  if (rows_kernel == nullptr || logits.numel() == 0) {
+    return grad_logits;
+  }
+  const Prepared p = prepare(op, logits, target, weight, ignore_index, label_smoothing, z_loss,
+                             softcap, target_kernel);
+  at::Tensor grad_scale = grad_output.to(opmath);
+  if (reduction == Reduction::None) {
+    grad_scale = grad_scale.reshape({-1}).contiguous();
+  } else if (reduction == Reduction::Mean) {
+    grad_scale = grad_scale / total_weight;
+  }
+  rows_kernel({at::Tensor(), lse.reshape({-1}).contiguous(), grad_logits.view(p.logits.sizes()),
+               grad_scale, p.logits, p.target, p.row_weight, p.weight, p.weight_sum, p.options});
+  return grad_logits;
+}
+
+at::Tensor cross_entropy_inplace_with(
+    at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight_opt,
+    std::string_view reduction_name, int64_t ignore_index, double label_smoothing,
+    double z_loss, std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
+    CrossEntropyRowsKernel rows_kernel) {
+  constexpr const char* op = "fuseops::cross_entropy_inplace";
+  const Reduction reduction = parse_reduction(op, reduction_name);
+  check_logits(op, logits);
+  check_target(op, target, logits);
+  const at::Tensor weight = undefined_if_none(weight_opt);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
+  TORCH_CHECK(at::has_internal_overlap(logits) != at::MemOverlap::Yes, op,
+              ": argument 'logits' must not have elements that overlap each other (it "
+              "receives the gradient), got strides ",
+              logits.strides());
+  if (rows_kernel == nullptr) {
+    return empty_loss(logits, target, reduction);
+  }
+  const auto opmath_options = logits.options().dtype(opmath_of(logits));
+  const Prepared p = prepare(op, logits, target, weight, ignore_index, label_smoothing, z_loss,
+                             softcap, target_kernel);
+  const at::Tensor total_weight = p.row_weight.sum();
+  at::Tensor loss_rows = empty_output({p.target.numel()}, opmath_options);
+  if (p.target.numel() > 0) {
+    // The gradient of sum(loss) or mean(loss); the backward multiplies by
+    // grad_output.
+    const at::Tensor grad_scale = reduction == Reduction::Mean
+                                      ? at::ones({}, opmath_options) / total_weight
+                                      : at::ones({}, opmath_options);
+    // p.logits is `logits` itself when that is contiguous (written in
+    // place), else a copy whose gradient is copied back.
+    rows_kernel({loss_rows, empty_output({p.target.numel()}, opmath_options), p.logits,
+                 grad_scale, p.logits, p.target, p.row_weight, p.weight, p.weight_sum,
+                 p.options});
+    if (p.logits.data_ptr() != logits.data_ptr()) {
+      logits.copy_(p.logits.view(logits.sizes()));
+    }
+  }
+  return reduce_loss(loss_rows, total_weight, target, reduction, logits.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_with(
+    const char* op, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias_opt, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight_opt, std::string_view reduction_name,
+    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    std::optional<double> normalizer, bool with_grad, CrossEntropyTargetKernel target_kernel,
+    CrossEntropyRowsKernel rows_kernel) {
+  const Reduction reduction = parse_reduction(op, reduction_name);
+  TORCH_CHECK(reduction != Reduction::None, op,
+              ": argument 'reduction' must be 'sum' or 'mean' (the gradients are computed in "
+              "the forward, which needs one scale for all rows), got 'none'");
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(input.dim() == 2, op, ": argument 'input' must have shape [N, H], got ",
+              input.sizes());
+  check_floating_input(op, "weight", weight);
+  check_same_dtype(op, "weight", weight, "input", input);
+  check_same_device(op, "weight", weight, "input", input);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == input.size(1), op,
+              ": argument 'weight' must have shape [V, ", input.size(1),
+              "] (H, the last dimension of 'input'), got ", weight.sizes());
+  const int64_t rows = input.size(0);
+  const int64_t hidden = input.size(1);
+  const int64_t vocab = weight.size(0);
+  const at::Tensor bias = undefined_if_none(bias_opt);
+  if (bias.defined()) {
+    check_floating_input(op, "bias", bias);
+    check_same_dtype(op, "bias", bias, "input", input);
+    check_same_device(op, "bias", bias, "input", input);
+    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == vocab, op,
+                ": argument 'bias' must have shape [", vocab,
+                "] (the first dimension of 'weight'), got ", bias.sizes());
+  }
+  TORCH_CHECK(target.defined(), op,
+              ": argument 'target' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
+              ": argument 'target' must hold class indices of dtype int64 or int32, got ",
+              target.scalar_type());
+  check_same_device(op, "target", target, "input", input);
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == rows, op,
+              ": argument 'target' must have shape [", rows,
+              "] (the first dimension of 'input'), got ", target.sizes());
+  const at::Tensor class_weight = undefined_if_none(class_weight_opt);
+  if (class_weight.defined()) {
+    check_floating_input(op, "class_weight", class_weight);
+    check_same_device(op, "class_weight", class_weight, "input", input);
+    TORCH_CHECK(class_weight.dim() == 1 && class_weight.size(0) == vocab, op,
+                ": argument 'class_weight' must have shape [", vocab,
+                "] (one weight per class), got ", class_weight.sizes());
+  }
+  check_options(op, vocab, "weight", weight, "first", at::Tensor(), label_smoothing, z_loss,
+                softcap);
+  TORCH_CHECK(!normalizer.has_value() || reduction == Reduction::Sum, op,
+              ": argument 'normalizer' is only used with reduction='sum', got reduction='mean'");
+  TORCH_CHECK(!normalizer.has_value() || (std::isfinite(*normalizer) && *normalizer != 0.0), op,
+              ": argument 'normalizer' must be a finite nonzero number, got ",
+              normalizer.value_or(0.0));
+
+  const at::ScalarType opmath = opmath_of(input);
+  const auto opmath_options = input.options().dtype(opmath);
+  at::Tensor loss = empty_output({}, input.options());
+  at::Tensor grad_input = with_grad ? empty_output({rows, hidden}, input.options())
+                                    : empty_output({0}, input.options());
+  at::Tensor grad_weight = with_grad ? empty_output({vocab, hidden}, input.options())
+                                     : empty_output({0}, input.options());
+  at::Tensor grad_bias = with_grad && bias.defined() ? empty_output({vocab}, input.options())
+                                                     : empty_output({0}, input.options());
+  if (rows_kernel == nullptr) {
+    return {loss, grad_input, grad_weight, grad_bias};
+  }
+
+  const at::Tensor x = input.contiguous();
+  const at::Tensor w = weight.contiguous();
+  // Row checks and weights of every target first: the mean's divisor scales
+  // every chunk's gradient. (prepare() reads the class count, dtype and
+  // device from its logits argument: an empty [0, V] stands for them.)
+  const at::Tensor no_logits = empty_output({0, vocab}, input.options());
+  const Prepared p = prepare(op, no_logits, target, class_weight, ignore_index,
+                             label_smoothing, z_loss, softcap, target_kernel);
+  const at::Tensor total_weight = p.row_weight.sum();
+  at::Tensor scale = at::ones({}, opmath_options);
+  if (reduction == Reduction::Mean) {
+    scale = scale / total_weight;
+  } else if (normalizer.has_value()) {
+    scale = scale / *normalizer;
+  }
+
+  // A chunk's logits take about as much memory as `input` (at least 64 rows,
+  // to keep the GEMMs efficient). bfloat16/float16 chunks are 4 times that:
+  // each chunk adds its weight gradient to the float32 accumulator in a pass
+  // over [V, H], which fewer chunks make cheaper.
+  const bool reduced = opmath != input.scalar_type();
+  const int64_t chunk_scale = reduced ? 4 : 1;
+  const int64_t chunk = std::min(
+      rows, std::max<int64_t>(64, chunk_scale * ((rows * hidden + vocab - 1) /
+                                                 std::max<int64_t>(vocab, 1))));
+  at::Tensor buffer = empty_output({std::max<int64_t>(chunk, 0), vocab}, input.options());
+  at::Tensor loss_rows = empty_output({rows}, opmath_options);
+  at::Tensor lse = empty_output({rows}, opmath_options);
+  // grad_weight and grad_bias accumulate in float32 (float64 for float64).
+  at::Tensor grad_weight_acc;
+  at::Tensor grad_weight_block;
+  constexpr int64_t kVocabBlock = 4096;
+  at::Tensor grad_bias_acc;
+  if (with_grad) {
+    grad_weight_acc = reduced ? at::zeros({vocab, hidden}, opmath_options) : grad_weight.zero_();
+    if (reduced) {
+      grad_weight_block = empty_output({std::min(kVocabBlock, vocab), hidden}, input.options());
+    }
+    if (bias.defined()) {
+      grad_bias_acc = reduced ? at::zeros({vocab}, opmath_options) : grad_bias.zero_();
+    }
+  }
+  const at::Tensor w_t = w.t();
+  for (int64_t start = 0; start < rows; start += chunk) {
+    const int64_t n = std::min(chunk, rows - start);
+    const at::Tensor x_chunk = x.narrow(0, start, n);
+    at::Tensor logits = buffer.narrow(0, 0, n);
+    if (bias.defined()) {
+      at::addmm_out(logits, bias, x_chunk, w_t);
+    } else {
+      at::mm_out(logits, x_chunk, w_t);
+    }
+    // The gradient overwrites the chunk's logits.
+    rows_kernel({loss_rows.narrow(0, start, n), lse.narrow(0, start, n),
+                 with_grad ? logits : at::Tensor(), scale, logits, p.target.narrow(0, start, n),
+                 p.row_weight.narrow(0, start, n), p.weight, p.weight_sum, p.options});
+    if (!with_grad) {
+      continue;
+    }
+    at::Tensor grad_input_rows = grad_input.narrow(0, start, n);
+    at::mm_out(grad_input_rows, logits, w);
+    if (reduced) {
+      // bfloat16/float16 GEMMs (float32 sums inside, 2-3x the speed of
+      // float32 GEMMs on CPUs with bfloat16 instructions) into a small
+      // block, added to the float32 accumulator block by block.
+      for (int64_t v0 = 0; v0 < vocab; v0 += kVocabBlock) {
+        const int64_t vb = std::min(kVocabBlock, vocab - v0);
+        at::Tensor block = grad_weight_block.narrow(0, 0, vb);
+        at::mm_out(block, logits.narrow(1, v0, vb).t(), x_chunk);
+        grad_weight_acc.narrow(0, v0, vb).add_(block);
+      }
+    } else {
+      grad_weight_acc.addmm_(logits.t(), x_chunk);
+    }
+    if (bias.defined()) {
+      grad_bias_acc.add_(at::sum(logits, {0}, false, opmath));
+    }
+  }
+  if (with_grad && reduced) {
+    grad_weight.copy_(grad_weight_acc);
+    if (bias.defined()) {
+      grad_bias.copy_(grad_bias_acc);
+    }
+  }
+  const at::Tensor loss_sum = loss_rows.sum();
+  loss = (reduction == Reduction::Mean ? loss_sum / total_weight : loss_sum * scale)
+             .to(input.scalar_type());
+  return {loss, grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace detail
+
+// C++ API: through the dispatcher, so autograd and the device kernels apply.
+// Undefined tensors carry no dispatch key, so they are rejected here, before
+// the dispatcher would fail with a message that names no argument.
+using detail::find_op;
+using detail::none_if_undefined;
+
+namespace {
+
+void check_defined(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": argument '", arg,
+              "' must be a defined tensor, got an undefined tensor");
+}
+
+}  // namespace
+
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                         const std::optional<at::Tensor>& weight, std::string_view reduction,
+                         int64_t ignore_index, double label_smoothing, double z_loss,
+                         std::optional<double> softcap) {
+  constexpr const char* name = "fuseops::cross_entropy";
+  check_floating_input(name, "logits", logits);
+  check_defined(name, "target", target);
+  static auto op = find_op<decltype(cross_entropy)>(name);
+  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
+                 label_smoothing, z_loss, softcap);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
+    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+    std::optional<double> softcap) {
+  constexpr const char* name = "fuseops::cross_entropy_forward";
+  check_floating_input(name, "logits", logits);
+  check_defined(name, "target", target);
+  static auto op = find_op<decltype(cross_entropy_forward)>(name);
+  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
+                 label_smoothing, z_loss, softcap);
+}
+
+at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& logits,
+                                  const at::Tensor& target,
+                                  const std::optional<at::Tensor>& weight,
+                                  const at::Tensor& lse, const at::Tensor& total_weight,
+                                  std::string_view reduction, int64_t ignore_index,
+                                  double label_smoothing, double z_loss,
+                                  std::optional<double> softcap) {
+  constexpr const char* name = "fuseops::cross_entropy_backward";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "logits", logits);
+  check_defined(name, "target", target);
+  check_defined(name, "lse", lse);
+  check_defined(name, "total_weight", total_weight);
+  static auto op = find_op<decltype(cross_entropy_backward)>(name);
+  return op.call(grad_output, logits, target, none_if_undefined(weight), lse, total_weight,
+                 reduction, ignore_index, label_smoothing, z_loss, softcap);
+}
+
+at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
+                                          const std::optional<at::Tensor>& weight,
+                                          std::string_view reduction, int64_t ignore_index,
+                                          double label_smoothing, double z_loss,
+                                          std::optional<double> softcap) {
+  constexpr const char* name = "fuseops::cross_entropy_inplace";
+  check_floating_input(name, "logits", logits);
+  check_defined(name, "target", target);
+  static auto op = find_op<decltype(cross_entropy_inplace)>(name);
+  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
+                 label_smoothing, z_loss, softcap);
+}
+
+at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                                const std::optional<at::Tensor>& class_weight,
+                                std::string_view reduction, int64_t ignore_index,
+                                double label_smoothing, double z_loss,
+                                std::optional<double> softcap, std::optional<double> normalizer) {
+  constexpr const char* name = "fuseops::linear_cross_entropy";
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "weight", weight);
+  check_defined(name, "target", target);
+  static auto op = find_op<decltype(linear_cross_entropy)>(name);
+  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
+                 reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_forward(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+    std::optional<double> softcap, std::optional<double> normalizer) {
+  constexpr const char* name = "fuseops::linear_cross_entropy_forward";
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "weight", weight);
+  check_defined(name, "target", target);
+  static auto op = find_op<decltype(linear_cross_entropy_forward)>(name);
+  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
+                 reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer);
+}
+
+namespace {
+
+struct MetaKernels {
+  static detail::CrossEntropyTargetKernel target() { return nullptr; }
+  static detail::CrossEntropyRowsKernel rows() { return nullptr; }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fuseops, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  m.def(
+      "cross_entropy(Tensor logits, Tensor target, Tensor? weight=None, str reduction='mean', "
+      "int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, "
+      "float? softcap=None) -> Tensor",
+      tags);
+  m.def(
+      "cross_entropy_forward(Tensor logits, Tensor target, Tensor? weight=None, "
+      "str reduction='mean', int ignore_index=-100, float label_smoothing=0.0, "
+      "float z_loss=0.0, float? softcap=None) -> (Tensor, Tensor, Tensor)",
+      tags);
+  m.def(
+      "cross_entropy_backward(Tensor grad_output, Tensor logits, Tensor target, Tensor? weight, "
+      "Tensor lse, Tensor total_weight, str reduction, int ignore_index, float label_smoothing, "
+      "float z_loss, float? softcap) -> Tensor",
+      tags);
+  m.def(
+      "cross_entropy_inplace(Tensor(a!) logits, Tensor target, Tensor? weight=None, "
+      "str reduction='mean', int ignore_index=-100, float label_smoothing=0.0, "
+      "float z_loss=0.0, float? softcap=None) -> Tensor",
+      tags);
+  m.def(
+      "linear_cross_entropy(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
+      "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
+      "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
+      "float? normalizer=None) -> Tensor",
+      tags);
+  m.def(
+      "linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
+      "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
+      "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
+      "float? normalizer=None) -> (Tensor, Tensor, Tensor, Tensor)",
+      tags);
+}
+
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  detail::CrossEntropyRegistrations<MetaKernels>::register_all(m);
+}
+
+}  // namespace fuseops

@@ -1,0 +1,337 @@
+"""Fused softmax + cross-entropy over the last dimension, its forward/backward
+ops, the variant that writes the gradient into the logits, and
+linear_cross_entropy (the LM head's projection and cross-entropy without the
+[N, V] logits). One op family: linear_cross_entropy runs cross_entropy's row
+kernel on chunks of logits computed by GEMMs."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._sample import DTYPES, Sample, tensor
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    *,
+    inplace_backward: bool = False,
+) -> torch.Tensor:
+    """``F.cross_entropy(logits, target, weight, ignore_index=ignore_index,
+    reduction=reduction, label_smoothing=label_smoothing)`` with the classes in
+    the **last** dimension: ``logits`` ``[..., V]`` (float32/float64/bfloat16/
+    float16, computed in float32), ``target`` ``[...]`` class indices (int64
+    or int32). ``mean`` divides by the summed weights of the non-ignored
+    targets (NaN if all are ignored), as torch does. Extensions:
+    ``z_loss`` adds ``z_loss * logsumexp(z)**2`` to each non-ignored row
+    (PaLM's auxiliary loss; not multiplied by the class weight), ``softcap``
+    ``c`` uses ``z = c * tanh(logits / c)`` as the logits.
+
+    ``inplace_backward=True`` saves the ``[..., V]`` gradient allocation: the
+    forward writes the gradient into ``logits`` (its values are gone after
+    the call; nothing else may use them) and the backward scales it there by
+    grad_output; that backward runs at most once. Differentiable in
+    ``logits`` (not in ``weight``)."""
+    if inplace_backward:
+        return cross_entropy_inplace(
+            logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap
+        )
+    return torch.ops.fuseops.cross_entropy(
+        logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap
+    )
+
+
+def cross_entropy_inplace(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
+    """``cross_entropy(..., inplace_backward=True)``: the loss, with the
+    gradient of the loss written into ``logits`` (see :func:`cross_entropy`)."""
+    return torch.ops.fuseops.cross_entropy_inplace(
+        logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap
+    )
+
+
+def cross_entropy_forward(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, lse, total_weight)``: the loss of :func:`cross_entropy`, the
+    per-row logsumexp of the (softcapped) logits (shape ``target.shape``,
+    float32; float64 for float64 logits; 0 on ignored rows) and the summed
+    weights of the non-ignored targets (0-d, the mean's divisor), which
+    :func:`cross_entropy_backward` takes. Only the loss is differentiable."""
+    return torch.ops.fuseops.cross_entropy_forward(
+        logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap
+    )
+
+
+def cross_entropy_backward(
+    grad_output: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    lse: torch.Tensor,
+    total_weight: torch.Tensor,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
+    """The gradient of :func:`cross_entropy` with respect to ``logits``, in
+    one pass: the softmax is recomputed from ``logits`` and ``lse``."""
+    return torch.ops.fuseops.cross_entropy_backward(
+        grad_output, logits, target, weight, lse, total_weight, reduction, ignore_index,
+        label_smoothing, z_loss, softcap,
+    )
+
+
+def linear_cross_entropy(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor] = None,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    normalizer: Optional[float] = None,
+) -> torch.Tensor:
+    """``cross_entropy(F.linear(input, linear_weight, linear_bias), target,
+    weight, ...)`` (arguments named as ``F.linear_cross_entropy``) without the
+    ``[N, V]`` logits: ``input`` ``[N, H]``, ``linear_weight`` ``[V, H]``,
+    ``target`` ``[N]``. Tokens go in chunks whose logits are about the size of
+    ``input``; the gradients are computed in the forward (``linear_weight``'s
+    accumulated in float32) and scaled by grad_output in the backward, which
+    runs at most once. ``reduction`` is ``"mean"`` or ``"sum"``; with
+    ``"sum"``, ``normalizer`` divides loss and gradients (gradient
+    accumulation over micro-batches). Every option of :func:`cross_entropy`
+    applies. Differentiable in ``input``, ``linear_weight``, ``linear_bias``."""
+    return torch.ops.fuseops.linear_cross_entropy(
+        input, linear_weight, linear_bias, target, weight, reduction, ignore_index,
+        label_smoothing, z_loss, softcap, normalizer,
+    )
+
+
+def linear_cross_entropy_forward(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor] = None,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    normalizer: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, grad_input, grad_linear_weight, grad_linear_bias)`` of
+    :func:`linear_cross_entropy` for a grad_output of 1 (``grad_linear_bias``
+    is empty without a bias); not differentiable."""
+    return torch.ops.fuseops.linear_cross_entropy_forward(
+        input, linear_weight, linear_bias, target, weight, reduction, ignore_index,
+        label_smoothing, z_loss, softcap, normalizer,
+    )
+
+
+def cross_entropy_reference(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
+    # The target may arrive as floats from a harness that widens every input.
+    target = target.long()
+    if weight is not None:
+        weight = weight.to(logits.dtype)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    flat = logits.reshape(-1, logits.shape[-1])
+    loss = F.cross_entropy(
+        flat, target.reshape(-1), weight, ignore_index=ignore_index,
+        reduction=reduction, label_smoothing=label_smoothing,
+    )
+    if z_loss:
+        lse = torch.logsumexp(flat, dim=-1)
+        valid = target.reshape(-1) != ignore_index
+        z = z_loss * lse.square() * valid
+        if reduction == "none":
+            loss = loss + z
+        elif reduction == "sum":
+            loss = loss + z.sum()
+        else:
+            divisor = valid.sum() if weight is None else weight[target.reshape(-1)[valid]].sum()
+            loss = loss + z.sum() / divisor
+    return loss.reshape(target.shape) if reduction == "none" else loss
+
+
+def linear_cross_entropy_reference(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor] = None,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    normalizer: Optional[float] = None,
+) -> torch.Tensor:
+    loss = cross_entropy_reference(
+        F.linear(input, linear_weight, linear_bias), target, weight, reduction, ignore_index,
+        label_smoothing, z_loss, softcap,
+    )
+    return loss / normalizer if normalizer is not None else loss
+
+
+def _logits_target(rows, vocab, dtype, device, gen):
+    logits = torch.randn(rows, vocab, dtype=torch.float32, device=device, generator=gen) * 2
+    target = torch.randint(0, vocab, (rows,), device=device, generator=gen)
+    return logits.to(dtype), target
+
+
+def _linear_inputs(rows, vocab, dtype, device, gen):
+    # rows x vocab, the shape of the logits that are never formed; hidden
+    # size min(2048, vocab), an LM head's.
+    hidden = min(2048, vocab)
+    x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen)
+    w = torch.randn(vocab, hidden, dtype=torch.float32, device=device, generator=gen) / hidden**0.5
+    target = torch.randint(0, vocab, (rows,), device=device, generator=gen)
+    return x.to(dtype), w.to(dtype), target
+
+
+def _torch_linear_cross_entropy(x, w, target):
+    # PyTorch's chunked path (options=None would form the logits).
+    return F.linear_cross_entropy(x, w, target, options=torch.nn.LinearCrossEntropyOptions())
+
+
+def bench_cases():
+    from ..bench.cases import Case, Traffic
+
+    return [
+        Case(
+            "cross_entropy", "cross_entropy", "cross_entropy", _logits_target,
+            forward_traffic=Traffic(rows=1),  # logits in
+            backward_traffic=Traffic(rows=2),  # logits in, their gradient out
+            native=F.cross_entropy, native_label="F.cross_entropy", has_out=False,
+            differentiable=(0,),
+            description="softmax + cross-entropy over the last dimension (rows x classes), mean",
+        ),
+        Case(
+            "cross_entropy_inplace", "cross_entropy_inplace", "cross_entropy", _logits_target,
+            forward_traffic=Traffic(rows=2),  # logits in, their gradient out
+            backward_traffic=Traffic(rows=2),  # the gradient scaled in place
+            native=F.cross_entropy, native_label="F.cross_entropy", has_out=False,
+            differentiable=(0,), variant=True,
+            description="cross_entropy writing the gradient into the logits (inplace_backward)",
+        ),
+        Case(
+            "linear_cross_entropy", "linear_cross_entropy", "linear_cross_entropy",
+            _linear_inputs,
+            # Bound by its GEMMs, not by memory; the least traffic counted is
+            # the projection weight [V, H] (H = 2048 "vectors" of V from
+            # V = 2048 up), read in the forward, read and its gradient
+            # written in the backward.
+            forward_traffic=Traffic(rows=0, vectors=2048),
+            backward_traffic=Traffic(rows=0, vectors=2 * 2048),
+            native=_torch_linear_cross_entropy, native_label="F.linear_cross_entropy (chunked)",
+            has_out=False, differentiable=(0, 1), variant=True,
+            description="LM head: x [rows, min(2048, V)] @ W.T then cross-entropy, V = hidden",
+        ),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+
+    def t(shape, dtype=torch.float32, layout="contiguous", grad=False, scale=2.0):
+        return tensor(shape, dtype, device, layout, grad, scale)
+
+    def target(shape, vocab, ignore=True):
+        tgt = torch.randint(0, vocab, shape, device=device)
+        if ignore and tgt.numel() > 1:
+            tgt.view(-1)[1] = -100
+        return tgt
+
+    ce = ops.cross_entropy.default
+    w10 = (torch.rand(10, device=device) + 0.5)
+    x, tg = t((6, 10)), target((6,), 10)
+    _, lse, total = cross_entropy_forward(x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0)
+    result = [
+        Sample(ce, (x, tg, None, "mean", -100, 0.0, 0.0, None), cross_entropy),
+        Sample(ce, (t((6, 10), grad=True), tg, w10, "mean", -100, 0.1, 1e-3, 3.0), cross_entropy),
+        Sample(ce, (t((6, 10), torch.float64, "transposed", True), tg, None, "sum", -100, 0.0, 0.0, None), cross_entropy),
+        Sample(ce, (t((2, 3, 17), torch.bfloat16, "sliced", True), target((2, 3), 17), None, "none", -100, 0.2, 0.0, None), cross_entropy),
+        Sample(ce, (t((4, 9), torch.float16, grad=True), target((4,), 9, ignore=False).int(), None, "mean", 2, 0.0, 1e-2, 5.0), cross_entropy),
+        Sample(ce, (t((0, 9), grad=True), target((0,), 9), None, "sum", -100, 0.0, 0.0, None), cross_entropy),
+        Sample(ce, (t((5, 8), layout="expanded", grad=True), target((5,), 8), None, "mean", -100, 0.0, 0.0, None), cross_entropy),
+        Sample(ops.cross_entropy_inplace.default, (t((6, 10)), tg, w10, "mean", -100, 0.1, 1e-3, 3.0), cross_entropy_inplace),
+        Sample(ops.cross_entropy_inplace.default, (t((7, 33), torch.bfloat16, "transposed", True), target((7,), 33), None, "none", -100, 0.0, 0.0, None), cross_entropy_inplace),
+        Sample(ops.cross_entropy_forward.default, (x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0), cross_entropy_forward),
+        Sample(ops.cross_entropy_forward.default, (t((6, 10), grad=True), tg, None, "none", -100, 0.0, 0.0, None), cross_entropy_forward),
+        Sample(
+            ops.cross_entropy_backward.default,
+            (torch.randn((), device=device), x, tg, w10, lse, total, "mean", -100, 0.1, 1e-3, 3.0),
+            cross_entropy_backward,
+        ),
+    ]
+    lx, lw, lb, lt = t((70, 8), grad=True, scale=1.0), t((12, 8), grad=True, scale=0.5), t((12,), grad=True), target((70,), 12)
+    options = ("mean", -100, 0.1, 1e-3, 4.0, None)
+    result.append(Sample(ops.linear_cross_entropy.default, (lx, lw, lb, lt, None) + options,
+                         linear_cross_entropy, wrapper_args=(lx, lw, lt, lb, None) + options))
+    fx, fw, ft, cw = t((9, 8)), t((12, 8)), target((9,), 12), torch.rand(12, device=device) + 0.5
+    options = ("sum", -100, 0.0, 0.0, None, 4.0)
+    result.append(Sample(ops.linear_cross_entropy_forward.default, (fx, fw, None, ft, cw) + options,
+                         linear_cross_entropy_forward, wrapper_args=(fx, fw, ft, None, cw) + options))
+    for dtype in DTYPES:
+        for shape in [(3, 7), (37, 1000), (5, 4099)]:
+            for reduction in ("sum", "none"):
+                result.append(
+                    Sample(
+                        ce,
+                        (t(shape, dtype, grad=True), target(shape[:1], shape[1]), None, reduction, -100, 0.0, 0.0, None),
+                        cross_entropy,
+                        large=True,
+                    )
+                )
+    return result
+
+
+__all__ = [
+    "cross_entropy",
+    "cross_entropy_backward",
+    "cross_entropy_forward",
+    "cross_entropy_inplace",
+    "linear_cross_entropy",
+    "linear_cross_entropy_forward",
+]

@@ -1,0 +1,226 @@
+// fuseops::cross_entropy (forward, backward, the in-place variant) and
+// fuseops::linear_cross_entropy through the dispatcher, against an ATen
+// composite computed in float64, in every compiled CPU build.
+//
+// Tolerances: float32/float64 within 1e-5 relative + 1e-6 absolute of the
+// float64 composite (float32 accumulation over rows of up to a few thousand
+// classes errs by ~1e-6 relative). bfloat16/float16 take their inputs exactly
+// (widened) and round the result once: within 1e-2 (bfloat16) and 2e-3
+// (float16) of the float64 composite rounded to the dtype.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <fuseops/fuseops.h>
+
+#include "test_helpers.h"
+
+#include "ops/cpu/dispatch.h"
+
+namespace {
+
+using fuseops::testing::expect_error_mentions;
+using fuseops::testing::kDtypes;
+
+double tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16:
+      return 1e-2;
+    case at::kHalf:
+      return 2e-3;
+    default:
+      return 1e-5;
+  }
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype) {
+  ASSERT_EQ(actual.sizes(), expected.sizes());
+  const double tol = tolerance(dtype);
+  const at::Tensor a = actual.to(at::kDouble);
+  const at::Tensor e = expected.to(dtype).to(at::kDouble);
+  EXPECT_TRUE(at::allclose(a, e, tol, tol * 0.1 + 1e-6, /*equal_nan=*/true))
+      << "max abs diff " << (a - e).abs().nan_to_num(0).max().item<double>();
+}
+
+struct Options {
+  std::string reduction = "mean";
+  int64_t ignore_index = -100;
+  double smoothing = 0.0;
+  double z_loss = 0.0;
+  std::optional<double> softcap;
+};
+
+// The float64 composite: log_softmax of the (softcapped) logits, per-row
+// terms, then the reduction, as torch.nn.functional.cross_entropy spells it.
+at::Tensor composite(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& weight,
+                     const Options& o) {
+  at::Tensor z = logits.to(at::kDouble);
+  if (o.softcap) {
+    z = *o.softcap * at::tanh(z / *o.softcap);
+  }
+  const int64_t vocab = z.size(-1);
+  const at::Tensor lse = at::logsumexp(z, {-1});
+  const at::Tensor logp = z - lse.unsqueeze(-1);
+  const at::Tensor valid = target != o.ignore_index;
+  const at::Tensor safe = at::where(valid, target, at::zeros_like(target));
+  const at::Tensor w = weight.defined() ? weight.to(at::kDouble)
+                                        : at::ones({vocab}, z.options());
+  const at::Tensor w_t = w.index_select(0, safe.reshape(-1)).view(target.sizes()) * valid;
+  const at::Tensor nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1) * w_t;
+  const at::Tensor smooth = -(logp * w).sum(-1) * valid;
+  at::Tensor rows = (1 - o.smoothing) * nll + o.smoothing / vocab * smooth +
+                    o.z_loss * lse * lse * valid;
+  if (o.reduction == "none") {
+    return rows;
+  }
+  if (o.reduction == "sum") {
+    return rows.sum();
+  }
+  return rows.sum() / w_t.sum();
+}
+
+void check(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& weight,
+           const Options& o, at::ScalarType dtype) {
+  const std::optional<at::Tensor> w =
+      weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt;
+  const at::Tensor expected = composite(logits, target, weight, o);
+  auto [loss, lse, total] = fuseops::cross_entropy_forward(
+      logits, target, w, o.reduction, o.ignore_index, o.smoothing, o.z_loss, o.softcap);
+  expect_close(loss, expected, dtype);
+
+  const at::Tensor grad_out = at::randn(loss.sizes(), loss.options());
+  const at::Tensor grad = fuseops::cross_entropy_backward(grad_out, logits, target, w, lse, total,
+                                                          o.reduction, o.ignore_index,
+                                                          o.smoothing, o.z_loss, o.softcap);
+  const at::Tensor xd = logits.to(at::kDouble).clone().requires_grad_();
+  const at::Tensor want = torch::autograd::grad({composite(xd, target, weight, o)}, {xd},
+                                                {grad_out.to(at::kDouble)})[0];
+  expect_close(grad, want, dtype);
+}
+
+TEST(CrossEntropy, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    for (auto dtype : kDtypes) {
+      for (int64_t vocab : {1, 7, 33, 1000}) {
+        const at::Tensor logits = (at::randn({9, vocab}) * 3).to(dtype);
+        const at::Tensor target = at::randint(vocab, {9}, at::kLong);
+        const at::Tensor weight = at::rand({vocab}) + 0.5;
+        for (const Options& o :
+             {Options{}, Options{"sum"}, Options{"none"}, Options{"mean", -100, 0.1},
+              Options{"sum", -100, 0.0, 1e-3}, Options{"mean", -100, 0.0, 0.0, 2.5},
+              Options{"none", 3, 0.2, 1e-2, 4.0}}) {
+          SCOPED_TRACE(std::string(c10::toString(dtype)) + " V=" + std::to_string(vocab) +
+                       " " + o.reduction);
+          // Row 2 is ignored.
+          const at::Tensor t = target.clone();
+          t[2] = o.ignore_index;
+          check(logits, t, at::Tensor(), o, dtype);
+          check(logits, t, weight, o, dtype);
+        }
+      }
+    }
+  }
+}
+
+TEST(CrossEntropy, AutogradAndInplaceVariantAgree) {
+  const at::Tensor logits = at::randn({6, 50});
+  const at::Tensor target = at::randint(50, {6}, at::kLong);
+  const at::Tensor x = logits.clone().requires_grad_();
+  const at::Tensor loss = fuseops::cross_entropy(x, target, std::nullopt, "mean");
+  const at::Tensor grad_out = at::full({}, 0.7);
+  loss.backward(grad_out);
+
+  at::Tensor buffer = logits.clone();
+  const at::Tensor leaf = at::zeros({6, 50}).requires_grad_();
+  at::Tensor y = leaf + buffer;  // a non-leaf whose storage takes the gradient
+  const at::Tensor loss2 =
+      fuseops::cross_entropy_inplace(y, target, std::nullopt, "mean");
+  EXPECT_TRUE(at::allclose(loss2, loss.detach(), 1e-6, 1e-6));
+  loss2.backward(grad_out);
+  EXPECT_TRUE(at::allclose(leaf.grad(), x.grad(), 1e-6, 1e-7));
+}
+
+TEST(CrossEntropy, AllIgnoredMeanIsNanAndEmptyRowsWork) {
+  const at::Tensor logits = at::randn({3, 5});
+  const at::Tensor target = at::full({3}, -100, at::kLong);
+  EXPECT_TRUE(fuseops::cross_entropy(logits, target).isnan().item<bool>());
+  EXPECT_EQ(fuseops::cross_entropy(logits, target, std::nullopt, "sum").item<double>(), 0.0);
+  const at::Tensor empty = at::randn({0, 5}).requires_grad_();
+  const at::Tensor loss = fuseops::cross_entropy(empty, at::empty({0}, at::kLong), std::nullopt,
+                                                 "sum");
+  loss.backward();
+  EXPECT_EQ(empty.grad().sizes(), empty.sizes());
+}
+
+TEST(CrossEntropy, BadInputErrorsNameOpAndArgument) {
+  const at::Tensor logits = at::randn({4, 10});
+  expect_error_mentions(
+      [&] { fuseops::cross_entropy(logits, at::tensor({1, 2, 10, 3}, at::kLong)); },
+      {"fuseops::cross_entropy", "target", "10", "[0, 10)"});
+  expect_error_mentions(
+      [&] { fuseops::cross_entropy(logits, at::tensor({1, -2, 0, 3}, at::kLong)); },
+      {"fuseops::cross_entropy", "target", "-2"});
+  expect_error_mentions([&] { fuseops::cross_entropy(logits, at::zeros({4}, at::kFloat)); },
+                        {"fuseops::cross_entropy", "target", "int64"});
+  expect_error_mentions([&] { fuseops::cross_entropy(logits, at::zeros({5}, at::kLong)); },
+                        {"fuseops::cross_entropy", "target", "shape"});
+  expect_error_mentions(
+      [&] { fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), std::nullopt, "avg"); },
+      {"fuseops::cross_entropy", "reduction", "avg"});
+  expect_error_mentions(
+      [&] {
+        fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), at::ones({9}), "mean");
+      },
+      {"fuseops::cross_entropy", "weight", "[10]"});
+  expect_error_mentions(
+      [&] {
+        fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), std::nullopt, "mean", -100,
+                               1.5);
+      },
+      {"fuseops::cross_entropy", "label_smoothing", "1.5"});
+  expect_error_mentions(
+      [&] {
+        fuseops::linear_cross_entropy(at::randn({4, 3}), at::randn({10, 3}), std::nullopt,
+                                      at::zeros({4}, at::kLong), std::nullopt, "none");
+      },
+      {"fuseops::linear_cross_entropy", "reduction", "none"});
+}
+
+TEST(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      // 300 rows: several chunks of at least 64 rows, the last one partial.
+      const at::Tensor x = at::randn({300, 16}).to(dtype);
+      const at::Tensor w = (at::randn({40, 16}) * 0.3).to(dtype);
+      const at::Tensor b = at::randn({40}).to(dtype);
+      at::Tensor target = at::randint(40, {300}, at::kLong);
+      target[7] = -100;
+      Options o;
+      o.smoothing = 0.1;
+      o.z_loss = 1e-3;
+      o.softcap = 5.0;
+      const at::Tensor xi = x.clone().requires_grad_();
+      const at::Tensor wi = w.clone().requires_grad_();
+      const at::Tensor bi = b.clone().requires_grad_();
+      const at::Tensor loss =
+          fuseops::linear_cross_entropy(xi, wi, bi, target, std::nullopt, o.reduction,
+                                        o.ignore_index, o.smoothing, o.z_loss, o.softcap);
+      loss.backward(at::full({}, 0.5, loss.options()));
+      const at::Tensor xd = x.to(at::kDouble).clone().requires_grad_();
+      const at::Tensor wd = w.to(at::kDouble).clone().requires_grad_();
+      const at::Tensor bd = b.to(at::kDouble).clone().requires_grad_();
+      const at::Tensor want = composite(at::addmm(bd, xd, wd.t()), target, at::Tensor(), o);
+      const auto grads = torch::autograd::grad({want}, {xd, wd, bd}, {at::full({}, 0.5, at::kDouble)});
+      expect_close(loss, want, dtype);
+      expect_close(xi.grad(), grads[0], dtype);
+      expect_close(wi.grad(), grads[1], dtype);
+      expect_close(bi.grad(), grads[2], dtype);
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,465 @@
+"""fuseops.cross_entropy (and its in-place variant), linear_cross_entropy and
+their fuseops.nn modules against float64 math: the numerics (opcheck,
+compilers, Meta, pybind and every CPU build are in test_conformance.py, fed
+by fuseops/ops/cross_entropy.py's samples).
+
+Tolerances, relative to the float64 result (loss O(1..10), gradients O(1/N)
+to O(1)), with an absolute floor scaled by the largest value:
+- float32/float64: 1e-5. fuseops accumulates in float32 (float64) over rows
+  of up to a few thousand classes: ~1e-6.
+- bfloat16/float16: fuseops widens the inputs exactly, computes in float32
+  and rounds once, so it matches the float64 result rounded to the dtype
+  within one rounding step: 1e-2 (bfloat16), 2e-3 (float16).
+- linear_cross_entropy's weight and bias gradients sum over every token:
+  the floor grows with sqrt(N). Its bfloat16 results also carry the rounding
+  of the chunk's logits to bfloat16 by the GEMM (as an unfused bfloat16
+  model's do): 2e-2 of the largest value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuseops
+import fuseops.nn
+from fuseops import reference
+
+from conftest import DTYPES, expect_error_mentions
+
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+# (reduction, with weight, label_smoothing, z_loss, softcap)
+OPTIONS = [
+    ("mean", False, 0.0, 0.0, None),
+    ("sum", False, 0.0, 0.0, None),
+    ("none", False, 0.0, 0.0, None),
+    ("mean", True, 0.0, 0.0, None),
+    ("mean", False, 0.1, 0.0, None),
+    ("mean", True, 0.2, 0.0, None),
+    ("sum", False, 0.0, 1e-3, None),
+    ("none", False, 0.0, 0.0, 3.0),
+    ("mean", True, 0.1, 1e-2, 5.0),
+]
+
+
+def assert_close(got, want, dtype, floor_terms=1.0):
+    tol = TOLERANCE[dtype]
+    want_d = want.to(dtype).double() if dtype in (torch.bfloat16, torch.float16) else want
+    scale = max(1.0, want.abs().nan_to_num(0).max().item()) if want.numel() else 1.0
+    torch.testing.assert_close(got.double(), want_d, rtol=tol,
+                               atol=tol * scale * math.sqrt(floor_terms) * 0.1, equal_nan=True)
+
+
+def make_case(shape, vocab, dtype, device, ignore=True, layout="contiguous"):
+    full = (torch.randn(*shape, vocab, dtype=torch.float64, device=device) * 3)
+    if layout == "transposed" and len(shape) == 1:
+        logits = full.t().contiguous().t()
+    elif layout == "sliced":
+        logits = torch.randn(*shape, 2 * vocab, dtype=torch.float64, device=device)[..., ::2] * 3
+    else:
+        logits = full
+    target = torch.randint(0, vocab, shape, device=device)
+    if ignore and target.numel() > 2:
+        target.view(-1)[::3] = -100
+    return logits.to(dtype), target
+
+
+def float64_loss_and_grad(logits, target, grad_output, **options):
+    x = logits.detach().double().requires_grad_()
+    loss = reference.cross_entropy(x, target, **options)
+    (grad,) = torch.autograd.grad(loss, x, grad_output.double())
+    return loss.detach(), grad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("shape,vocab,layout", [((1,), 1, "contiguous"), ((7,), 33, "transposed"),
+                                                 ((37,), 1000, "contiguous"), ((2, 3), 4099, "sliced")])
+def test_matches_float64(device, dtype, options, shape, vocab, layout):
+    reduction, with_weight, smoothing, z_loss, softcap = options
+    logits, target = make_case(shape, vocab, dtype, device, layout=layout)
+    weight = (torch.rand(vocab, device=device) + 0.5) if with_weight else None
+    kwargs = dict(weight=weight, reduction=reduction, label_smoothing=smoothing, z_loss=z_loss,
+                  softcap=softcap)
+    x = logits.detach().requires_grad_()
+    loss = fuseops.cross_entropy(x, target, **kwargs)
+    grad_output = torch.randn(loss.shape, device=device, dtype=loss.dtype)
+    loss.backward(grad_output)
+    want_loss, want_grad = float64_loss_and_grad(logits, target, grad_output, **kwargs)
+    assert loss.dtype == dtype and loss.shape == want_loss.shape
+    assert_close(loss, want_loss, dtype)
+    assert_close(x.grad, want_grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_torch_cross_entropy(dtype):
+    logits, target = make_case((64,), 500, dtype, "cpu")
+    weight = torch.rand(500) + 0.5
+    for kwargs in [{}, {"weight": weight}, {"label_smoothing": 0.1, "weight": weight},
+                   {"reduction": "sum"}, {"reduction": "none"}]:
+        got = fuseops.cross_entropy(logits, target, **kwargs)
+        want = F.cross_entropy(logits.double(), target, **{
+            k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+        assert_close(got, want, dtype)
+
+
+def test_all_ignored_mean_is_nan_and_sum_zero(device):
+    logits = torch.randn(4, 9, device=device, requires_grad=True)
+    target = torch.full((4,), -100, device=device)
+    loss = fuseops.cross_entropy(logits, target)
+    assert torch.isnan(loss)
+    assert torch.isnan(F.cross_entropy(logits, target))
+    assert fuseops.cross_entropy(logits, target, reduction="sum").item() == 0.0
+    fuseops.cross_entropy(logits, target, reduction="sum").backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_int32_targets_custom_ignore_index_and_empty(device):
+    logits, target = make_case((20,), 11, torch.float32, device, ignore=False)
+    target[3] = 5
+    got = fuseops.cross_entropy(logits, target.int(), ignore_index=5)
+    want = F.cross_entropy(logits.double(), target, ignore_index=5)
+    assert_close(got, want, torch.float32)
+    empty = torch.randn(0, 11, device=device, requires_grad=True)
+    for reduction, expected in [("sum", 0.0), ("none", None)]:
+        out = fuseops.cross_entropy(empty, torch.zeros(0, dtype=torch.long, device=device), reduction=reduction)
+        if expected is not None:
+            assert out.item() == expected
+    assert torch.isnan(fuseops.cross_entropy(empty, torch.zeros(0, dtype=torch.long, device=device)))
+
+
+def test_masked_classes_at_minus_inf_and_large_logits(device):
+    """-Inf logits (a masked vocabulary) give probability 0 and no NaN; logits
+    around 100 do not overflow float32 exp (the maximum is subtracted first)."""
+    logits, target = make_case((40,), 300, torch.float32, device, ignore=False)
+    logits[:, 100:] = -math.inf
+    target = target % 100
+    logits[:5] += 100.0
+    x = logits.clone().requires_grad_()
+    loss = fuseops.cross_entropy(x, target, reduction="sum")
+    loss.backward()
+    want_loss, want_grad = float64_loss_and_grad(logits, target, torch.ones((), device=device), reduction="sum")
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+    assert_close(loss, want_loss, torch.float32)
+    assert_close(x.grad, want_grad, torch.float32)
+
+
+def test_target_class_gradient_is_exact_in_bfloat16():
+    """p_t - 1 with p_t close to 1 is formed in float32: rounding p_t to
+    bfloat16 first would give 0 (or a multiple of 2^-8)."""
+    logits = torch.zeros(1, 50, dtype=torch.bfloat16)
+    logits[0, 7] = 12.0
+    target = torch.tensor([7])
+    x = logits.clone().requires_grad_()
+    fuseops.cross_entropy(x, target, reduction="sum").backward()
+    exact = (torch.softmax(logits.double(), -1)[0, 7] - 1).item()
+    assert exact != 0.0
+    assert x.grad[0, 7].double().item() == pytest.approx(exact, rel=1e-2)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_gradcheck_float64(options):
+    reduction, with_weight, smoothing, z_loss, softcap = options
+    logits, target = make_case((6,), 7, torch.float64, "cpu")
+    weight = torch.rand(7, dtype=torch.float64) + 0.5 if with_weight else None
+    x = logits.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: fuseops.cross_entropy(t, target, weight, reduction, -100, smoothing, z_loss, softcap), (x,))
+
+
+def test_forward_statistics_feed_backward():
+    logits, target = make_case((10,), 30, torch.float32, "cpu")
+    loss, lse, total = fuseops.cross_entropy_forward(logits, target, reduction="mean")
+    valid = target != -100
+    torch.testing.assert_close(lse[valid], torch.logsumexp(logits[valid].double(), -1).float())
+    assert (lse[~valid] == 0).all()
+    assert total.item() == valid.sum().item() and total.dtype == torch.float32
+    g = torch.tensor(2.0)
+    grad = fuseops.cross_entropy_backward(g, logits, target, None, lse, total, "mean", -100, 0.0, 0.0, None)
+    _, want = float64_loss_and_grad(logits, target, g)
+    assert_close(grad, want, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_inplace_backward_variant(device, dtype, reduction):
+    logits, target = make_case((33,), 257, dtype, device)
+    want_loss, want_grad = float64_loss_and_grad(
+        logits, target, torch.full((33,) if reduction == "none" else (), 0.5, device=device),
+        reduction=reduction, label_smoothing=0.1)
+    leaf = torch.zeros_like(logits, requires_grad=True)
+    buffer = leaf + logits  # an activation, as an LM head's logits are
+    storage = buffer.data_ptr()
+    loss = fuseops.cross_entropy(buffer, target, reduction=reduction, label_smoothing=0.1, inplace_backward=True)
+    assert_close(loss, want_loss, dtype)
+    # The buffer now holds the gradient of the (unscaled) loss.
+    assert not torch.equal(buffer, leaf.detach() + logits)
+    loss.backward(torch.full_like(loss, 0.5), retain_graph=True)
+    assert_close(leaf.grad, want_grad, dtype)
+    assert buffer.data_ptr() == storage
+    with pytest.raises(RuntimeError, match="only once"):
+        loss.backward(torch.full_like(loss, 0.5))
+
+
+def test_inplace_backward_non_contiguous_logits():
+    logits, target = make_case((9,), 40, torch.float32, "cpu", layout="sliced")
+    want_loss, want_grad = float64_loss_and_grad(logits, target, torch.ones(()))
+    x = logits.clone().requires_grad_()
+    y = x * 1.0
+    view = y.t().contiguous().t()  # column-major: written through a copy
+    loss = fuseops.cross_entropy(view, target, inplace_backward=True)
+    loss.backward()
+    assert_close(loss, want_loss, torch.float32)
+    assert_close(x.grad, want_grad, torch.float32)
+
+
+def test_bad_inputs_are_clear_errors():
+    logits = torch.randn(4, 10)
+    good = torch.tensor([1, 2, 3, 4])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, torch.tensor([1, 10, 0, 0])),
+                          ["fuseops::cross_entropy", "target", "10", "[0, 10)"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, torch.tensor([1, -1, 0, 0])),
+                          ["fuseops::cross_entropy", "target", "-1"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, torch.rand(4, 10)),
+                          ["fuseops::cross_entropy", "target", "int64"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good[:3]),
+                          ["fuseops::cross_entropy", "target", "[4]", "[3]"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits.int(), good),
+                          ["fuseops::cross_entropy", "logits", "Int"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, reduction="avg"),
+                          ["fuseops::cross_entropy", "reduction", "avg"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, torch.ones(3)),
+                          ["fuseops::cross_entropy", "weight", "[10]"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, label_smoothing=-0.1),
+                          ["fuseops::cross_entropy", "label_smoothing"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, softcap=0.0),
+                          ["fuseops::cross_entropy", "softcap"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, z_loss=-1.0),
+                          ["fuseops::cross_entropy", "z_loss"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits.requires_grad_(), good, torch.ones(10, requires_grad=True)),
+                          ["fuseops::cross_entropy", "weight", "not differentiable"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(torch.randn(4, 1).expand(4, 10), good, inplace_backward=True),
+                          ["fuseops::cross_entropy_inplace", "logits", "overlap"])
+    expect_error_mentions(lambda: fuseops.cross_entropy(torch.randn(()), torch.tensor(0)),
+                          ["fuseops::cross_entropy", "logits", "0-dimensional"])
+
+
+def test_backward_op_has_no_derivative():
+    logits, target = make_case((4,), 6, torch.float64, "cpu")
+    loss, lse, total = fuseops.cross_entropy_forward(logits, target)
+    g = torch.ones((), dtype=torch.float64, requires_grad=True)
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy_backward(g, logits, target, None, lse, total),
+        ["fuseops::cross_entropy_backward", "not differentiable"])
+
+
+@pytest.mark.slow
+def test_compile_fullgraph_forward_and_backward():
+    logits, target = make_case((16,), 50, torch.float32, "cpu")
+    weight = torch.rand(50) + 0.5
+
+    def fn(x):
+        return fuseops.cross_entropy(x * 1.5, target, weight, label_smoothing=0.1, z_loss=1e-3, softcap=4.0)
+
+    compiled = torch.compile(fn, fullgraph=True)
+    x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    compiled(x1).backward()
+    fn(x2).backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
+
+
+# --- linear_cross_entropy -------------------------------------------------------
+
+
+def float64_linear(x, w, b, target, grad_output, **options):
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    bd = b.detach().double().requires_grad_() if b is not None else None
+    loss = reference.linear_cross_entropy(xd, wd, target, bd, **options)
+    leaves = [xd, wd] + ([bd] if bd is not None else [])
+    return (loss.detach(),) + torch.autograd.grad(loss, leaves, grad_output.double())
+
+
+LINEAR_OPTIONS = [
+    {},
+    {"reduction": "sum"},
+    {"reduction": "sum", "normalizer": 37.0},
+    {"weight": "class", "label_smoothing": 0.1},
+    {"z_loss": 1e-3, "softcap": 5.0, "ignore_index": 2},
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("options", LINEAR_OPTIONS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_cross_entropy_matches_unfused_float64(device, dtype, options, with_bias):
+    n, h, v = 333, 24, 100  # several chunks of 64+ rows, the last one partial
+    x = torch.randn(n, h, device=device).to(dtype)
+    w = (torch.randn(v, h, device=device) / h**0.5).to(dtype)
+    b = torch.randn(v, device=device).to(dtype) if with_bias else None
+    target = torch.randint(0, v, (n,), device=device)
+    target[::7] = options.get("ignore_index", -100)
+    options = dict(options)
+    if options.get("weight") == "class":
+        options["weight"] = torch.rand(v, device=device) + 0.5
+    xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+    bi = b.clone().requires_grad_() if b is not None else None
+    loss = fuseops.linear_cross_entropy(xi, wi, target, bi, **options)
+    g = torch.tensor(0.75, device=device)
+    loss.backward(g.to(loss.dtype))
+    want = float64_linear(x, w, b, target, g, **options)
+    got = (loss, xi.grad, wi.grad) + ((bi.grad,) if b is not None else ())
+    assert loss.dtype == dtype and wi.grad.dtype == dtype
+    for index, (gv, wv) in enumerate(zip(got, want)):
+        if dtype == torch.bfloat16:
+            scale = max(1.0, wv.abs().max().item()) if index == 0 else wv.abs().max().item()
+            torch.testing.assert_close(gv.double(), wv, rtol=2e-2, atol=2e-2 * scale)
+        else:
+            assert_close(gv, wv, dtype, floor_terms=n if index >= 2 else 1)
+
+
+def test_linear_cross_entropy_accuracy_report():
+    """Error of loss and gradients vs float64 on an LM-head-like problem,
+    against the unfused float32 composite's error: fuseops is no worse."""
+    torch.manual_seed(1)
+    n, h, v = 512, 64, 3000
+    x = torch.randn(n, h)
+    w = torch.randn(v, h) / h**0.5
+    target = torch.randint(0, v, (n,))
+    want = float64_linear(x, w, None, target, torch.ones(()))
+    xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = fuseops.linear_cross_entropy(xi, wi, target)
+    loss.backward()
+    xu, wu = x.clone().requires_grad_(), w.clone().requires_grad_()
+    unfused = F.cross_entropy(F.linear(xu, wu), target)
+    unfused.backward()
+    for ours, theirs, exact in zip((loss, xi.grad, wi.grad), (unfused, xu.grad, wu.grad), want):
+        err = (ours.double() - exact).abs().max().item() / exact.abs().max().item()
+        err_unfused = (theirs.double() - exact).abs().max().item() / exact.abs().max().item()
+        assert err < 1e-5
+        assert err <= 4 * err_unfused + 1e-7
+
+
+def test_linear_cross_entropy_errors_and_single_backward():
+    x, w, target = torch.randn(5, 4, requires_grad=True), torch.randn(9, 4, requires_grad=True), torch.randint(0, 9, (5,))
+    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, target, reduction="none"),
+                          ["fuseops::linear_cross_entropy", "reduction", "none"])
+    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, target, normalizer=2.0),
+                          ["fuseops::linear_cross_entropy", "normalizer"])
+    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w[:, :3], target),
+                          ["fuseops::linear_cross_entropy", "weight", "[V, 4]"])
+    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, target, torch.randn(8)),
+                          ["fuseops::linear_cross_entropy", "bias", "[9]"])
+    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, torch.tensor([0, 1, 2, 3, 9])),
+                          ["fuseops::linear_cross_entropy", "target", "9"])
+    loss = fuseops.linear_cross_entropy(x, w, target)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="only once"):
+        loss.backward()
+
+
+@pytest.mark.slow
+def test_linear_cross_entropy_compile_fullgraph():
+    x, w, target = torch.randn(70, 8), torch.randn(12, 8), torch.randint(0, 12, (70,))
+
+    def fn(x, w):
+        return fuseops.linear_cross_entropy(x * 2.0, w, target, label_smoothing=0.1)
+
+    compiled = torch.compile(fn, fullgraph=True)
+    x1, w1 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    x2, w2 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.testing.assert_close(compiled(x1, w1), fn(x2, w2))
+    compiled(x1, w1).backward()
+    fn(x2, w2).backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
+    torch.testing.assert_close(w1.grad, w2.grad)
+
+
+# --- fuseops.nn -------------------------------------------------------------------
+
+
+def test_cross_entropy_loss_module_matches_torch():
+    weight = torch.rand(20) + 0.5
+    ours = fuseops.nn.CrossEntropyLoss(weight=weight, ignore_index=3, label_smoothing=0.1)
+    theirs = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=3, label_smoothing=0.1)
+    logits, target = make_case((30,), 20, torch.float32, "cpu", ignore=False)
+    torch.testing.assert_close(ours(logits, target), theirs(logits, target))
+    assert fuseops.nn.CrossEntropyLoss(z_loss=1e-3, softcap=3.0)(logits, target).item() == pytest.approx(
+        reference.cross_entropy(logits.double(), target, z_loss=1e-3, softcap=3.0).item(), rel=1e-5)
+
+
+def test_linear_cross_entropy_loss_module():
+    head = torch.nn.Linear(16, 50, bias=False)
+    module = fuseops.nn.LinearCrossEntropyLoss(label_smoothing=0.05)
+    x, target = torch.randn(20, 16), torch.randint(0, 50, (20,))
+    got = module(x, head.weight, target)
+    want = F.cross_entropy(head(x), target, label_smoothing=0.05)
+    torch.testing.assert_close(got, want)
+
+
+# --- memory ---------------------------------------------------------------------
+
+
+def peak_bytes(fn):
+    from fuseops.bench.timing import peak_memory
+
+    return peak_memory(fn, torch.device("cpu"))
+
+
+def test_memory_of_forward_and_backward():
+    """fwd+bwd allocates the logits' gradient and per-row vectors only
+    (<= 1.1x the logits); the in-place variant allocates no [N, V] tensor;
+    linear_cross_entropy stays under 25% of the unfused composite's peak."""
+    n, v = 512, 4000
+    logits, target = make_case((n,), v, torch.float32, "cpu", ignore=False)
+    size = logits.numel() * logits.element_size()
+
+    def functional():
+        x = logits.detach().requires_grad_()
+        fuseops.cross_entropy(x, target).backward()
+        return x.grad
+
+    def inplace():
+        x = logits.clone().requires_grad_()
+        y = x * 1.0
+        return torch.autograd.grad(fuseops.cross_entropy(y, target, inplace_backward=True), y)
+
+    assert peak_bytes(functional) <= 1.1 * size
+    # x and y are made by the measured call: two [N, V] tensors, no third.
+    assert peak_bytes(inplace) <= 2.1 * size
+
+    h = 256
+    x, w = torch.randn(1024, h), torch.randn(v * 2, h) / h**0.5
+    tgt = torch.randint(0, v * 2, (1024,))
+
+    def fused():
+        xi, wi = x.detach().requires_grad_(), w.detach().requires_grad_()
+        fuseops.linear_cross_entropy(xi, wi, tgt).backward()
+        return xi.grad, wi.grad
+
+    def unfused():
+        xi, wi = x.detach().requires_grad_(), w.detach().requires_grad_()
+        F.cross_entropy(F.linear(xi, wi), tgt).backward()
+        return xi.grad, wi.grad
+
+    assert peak_bytes(fused) <= 0.25 * peak_bytes(unfused)
+
+
+def test_no_second_derivatives():
+    """create_graph=True is refused rather than given first-order-only graphs."""
+    logits, target = make_case((5,), 8, torch.float64, "cpu")
+    x = logits.clone().requires_grad_()
+    expect_error_mentions(
+        lambda: torch.autograd.grad(fuseops.cross_entropy(x, target), x, create_graph=True),
+        ["fuseops::cross_entropy_backward", "not differentiable"])
+    y = x * 1.0
+    expect_error_mentions(
+        lambda: torch.autograd.grad(fuseops.cross_entropy_inplace(y, target), x, create_graph=True),
+        ["fuseops::cross_entropy_inplace", "create_graph"])
+    h, w = torch.randn(5, 3, requires_grad=True), torch.randn(8, 3, requires_grad=True)
+    expect_error_mentions(
+        lambda: torch.autograd.grad(fuseops.linear_cross_entropy(h, w, target), h, create_graph=True),
+        ["fuseops::linear_cross_entropy", "create_graph"])

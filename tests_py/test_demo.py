@@ -44,7 +44,7 @@ def test_fuseops_modules_replace_the_norms_and_mlps_it_has():
     model = copy.deepcopy(plain)
     replaced = demo.use_fuseops(model)
     assert {r["name"] for r in replaced} == {
-        "norm", "blocks.0.attn_norm", "blocks.0.attn.rotary", "blocks.0.mlp",
+        "norm", "loss", "blocks.0.attn_norm", "blocks.0.attn.rotary", "blocks.0.mlp",
         "blocks.0.mlp_norm", "blocks.1.attn_norm", "blocks.1.attn.rotary", "blocks.1.mlp",
         "blocks.1.mlp_norm"}
     assert [r for r in replaced if r["name"].endswith(".mlp")] == [
@@ -53,18 +53,39 @@ def test_fuseops_modules_replace_the_norms_and_mlps_it_has():
     ]
     assert all(type(block.mlp) is fuseops.nn.SwiGLU for block in model.blocks)
     assert all(type(block.attn.rotary) is fuseops.nn.RotaryEmbedding for block in model.blocks)
+    assert type(model.loss) is fuseops.nn.LinearCrossEntropyLoss
     # Same parameters under the same names, so the same outputs.
     assert plain.state_dict().keys() == model.state_dict().keys()
     tokens = torch.randint(0, 10, (2, 8))
     torch.testing.assert_close(model(tokens), plain(tokens), rtol=1e-5, atol=1e-5)
+    # The training loss goes through the fused LM head: same value, same
+    # gradients (float32 sums in another order: a few ulp, far inside 1e-4).
+    targets = torch.randint(0, 10, (2, 8))
+    plain_loss, fused_loss = plain(tokens, targets), model(tokens, targets)
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    plain_loss.backward()
+    fused_loss.backward()
+    for (name, p), q in zip(plain.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_summary_reports_what_the_fused_lm_head_saves():
+    summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}))
+    head = summary["lm_head"]
+    assert head["logits_bytes"] == head["tokens"] * head["vocab_size"] * 4
+    # The plain head keeps the float32 logits and their gradient; the fused
+    # one forms neither beyond a chunk.
+    assert head["peak_bytes"]["torch.nn"] >= head["logits_bytes"]
+    assert head["peak_bytes"]["fuseops"] < head["peak_bytes"]["torch.nn"]
+    assert "LM head alone" in demo.report(summary)
 
 
 def test_report_says_when_nothing_was_replaced(monkeypatch):
     monkeypatch.setattr(fuseops.nn, "_REPLACEMENTS", {})
     summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}))
     assert summary["replaced"] == []
-    assert {k["type"] for k in summary["not_replaced"]} == {"RMSNorm", "SwiGLUMLP",
-                                                             "TorchRotaryEmbedding"}
+    assert {k["type"] for k in summary["not_replaced"]} == {
+        "RMSNorm", "SwiGLUMLP", "TorchRotaryEmbedding", "TorchLinearCrossEntropyLoss"}
     assert summary["loss_max_abs_diff"] == 0.0  # the very same computation
     text = demo.report(summary)
     assert "fuseops replaced NOTHING" in text

@@ -2,8 +2,8 @@
 
 A Llama-style decoder (token embedding, RMSNorm, causal self-attention with
 rotary positions (``fuseops.nn.TorchRotaryEmbedding``, plain torch) via
-``scaled_dot_product_attention``, SwiGLU MLP, output
-layer tied to the embedding) learns to predict the next character of Python's
+``scaled_dot_product_attention``, SwiGLU MLP, output layer tied to the
+embedding, its loss through ``fuseops.nn.TorchLinearCrossEntropyLoss``) learns to predict the next character of Python's
 own ``argparse.py`` source. It is trained from the same seed on the same
 batches twice: once as plain ``torch.nn`` (the MLP blocks are
 ``fuseops.nn.SwiGLUMLP``, plain torch too), once after
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import fuseops
 
 from .bench.timing import peak_memory
-from .nn import SwiGLUMLP, TorchRotaryEmbedding
+from .nn import SwiGLUMLP, TorchLinearCrossEntropyLoss, TorchRotaryEmbedding
 
 
 # ---------------------------------------------------------------------------
@@ -125,12 +125,22 @@ class TinyLlama(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.d_model, eps=config.eps)
+        # The LM head's projection and loss (plain torch; replace_modules
+        # swaps in fuseops.nn.LinearCrossEntropyLoss, which never forms the
+        # [tokens, vocab] logits).
+        self.loss = TorchLinearCrossEntropyLoss()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor,
+                targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The logits, or with `targets` the mean next-token loss."""
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return F.linear(self.norm(x), self.embed.weight)  # output tied to the embedding
+        hidden = self.norm(x)
+        # The output projection is tied to the embedding.
+        if targets is None:
+            return F.linear(hidden, self.embed.weight)
+        return self.loss(hidden, self.embed.weight, targets)
 
 
 def use_fuseops(model: nn.Module) -> list[dict]:
@@ -166,9 +176,7 @@ class Trainer:
         self.peak_step_bytes: Optional[int] = None
 
     def _step(self, tokens: torch.Tensor) -> None:
-        logits = self.model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                               tokens[:, 1:].reshape(-1))
+        loss = self.model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -237,6 +245,29 @@ class DemoSettings:
     tune_memory: bool = False
 
 
+def lm_head_peak_bytes(config: ModelConfig, settings: DemoSettings, dtype: torch.dtype) -> dict:
+    """Peak memory of one forward+backward of the LM head's projection and
+    loss alone, plain torch against fuseops, on one batch's hidden states:
+    what the fused loss saves by never forming the logits."""
+    gen = torch.Generator().manual_seed(settings.seed)
+    tokens = settings.batch_size * config.seq_len
+    hidden = torch.randn(tokens, config.d_model, generator=gen).to(dtype).requires_grad_()
+    weight = torch.randn(config.vocab_size, config.d_model, generator=gen).to(dtype)
+    weight.requires_grad_()
+    targets = torch.randint(0, config.vocab_size, (tokens,), generator=gen)
+    peaks = {}
+    for name, head in (("torch.nn", TorchLinearCrossEntropyLoss()),
+                       ("fuseops", fuseops.nn.LinearCrossEntropyLoss())):
+        def step(head=head):
+            head(hidden, weight, targets).backward()
+            hidden.grad = weight.grad = None
+        step()  # warm-up: first-call allocations are not the head's
+        peaks[name] = peak_memory(step, torch.device("cpu"))
+    return {"tokens": tokens, "vocab_size": config.vocab_size,
+            "logits_bytes": tokens * config.vocab_size * torch.finfo(dtype).bits // 8,
+            "peak_bytes": peaks}
+
+
 def run_demo(settings: DemoSettings) -> dict:
     """Trains the plain, the fuseops and (optionally) the compiled model;
     returns the summary (losses included)."""
@@ -279,8 +310,10 @@ def run_demo(settings: DemoSettings) -> dict:
         "not_replaced": [
             {"name": name, "type": type(module).__name__}
             for name, module in with_fuseops.named_modules()
-            if type(module) in (nn.RMSNorm, SwiGLUMLP, TorchRotaryEmbedding)
+            if type(module) in (nn.RMSNorm, SwiGLUMLP, TorchRotaryEmbedding,
+                                TorchLinearCrossEntropyLoss)
         ],
+        "lm_head": lm_head_peak_bytes(config, settings, dtype),
         "loss_max_abs_diff": max(diffs) if diffs else 0.0,
         "loss_max_abs_diff_first_steps": max(diffs[:first]) if diffs else 0.0,
         "first_steps": first,
@@ -352,6 +385,11 @@ def report(summary: dict) -> str:
                  f"{summary['settings']['steps']}. Kernels that round differently start "
                  "the runs apart by an ulp, and training amplifies any such difference, so "
                  "later steps agree in trend (the mean of the last steps), not step by step")
+    head = summary["lm_head"]
+    lines.append(f"LM head alone (projection + loss, forward+backward on {head['tokens']} tokens "
+                 f"x {head['vocab_size']} classes; logits {head['logits_bytes'] / 2**20:.2f} MiB): "
+                 f"peak {head['peak_bytes']['torch.nn'] / 2**20:.2f} MiB torch.nn, "
+                 f"{head['peak_bytes']['fuseops'] / 2**20:.2f} MiB fuseops")
     lines.append(f"steps/s excludes the first {summary['warmup_steps']} steps (warm-up, "
                  "compilation); peak MiB/step: most memory allocated during one training "
                  "step above what was allocated before it (torch.profiler memory events)")

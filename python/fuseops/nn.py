@@ -16,7 +16,7 @@ import torch
 
 from .ops.activation import gelu, silu
 from .ops.causal_conv1d import causal_conv1d
-from .ops.cross_entropy import cross_entropy, linear_cross_entropy
+from .ops.cross_entropy import cross_entropy, cross_entropy_reference, linear_cross_entropy
 from .ops.gated_activation import geglu, swiglu
 from .ops.int8_linear import int8_weight_only_linear, pack_int8_weight
 from .ops.layer_norm import layer_norm
@@ -195,14 +195,18 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         return f"z_loss={self.z_loss}, softcap={self.softcap}, inplace_backward={self.inplace_backward}"
 
 
-class LinearCrossEntropyLoss(torch.nn.Module):
-    """An LM head's projection and cross-entropy in one op,
-    ``fuseops.linear_cross_entropy``: ``forward(input, linear_weight, target,
-    linear_bias=None, normalizer=None)`` with ``input`` ``[..., H]``, the
-    output projection's ``linear_weight`` ``[V, H]`` (and bias) and ``target``
-    ``[...]`` computes ``cross_entropy(F.linear(input, linear_weight,
-    linear_bias), target, ...)`` without forming the logits. ``reduction`` is
-    "mean" or "sum"; ``normalizer`` (with "sum") divides the loss."""
+class TorchLinearCrossEntropyLoss(torch.nn.Module):
+    """An LM head's projection and cross-entropy in plain torch:
+    ``forward(input, linear_weight, target, linear_bias=None,
+    normalizer=None)`` with ``input`` ``[..., H]``, the output projection's
+    ``linear_weight`` ``[V, H]`` (and bias) and ``target`` ``[...]`` forms the
+    logits ``F.linear(input, linear_weight, linear_bias)``, upcasts them to
+    float32 (as Hugging Face's causal-LM loss does) and takes their
+    cross-entropy (``fuseops.reference.cross_entropy``: torch's options plus
+    ``z_loss`` and ``softcap``). ``reduction`` is "mean" or "sum";
+    ``normalizer`` (with "sum") divides the loss. This is the module a model
+    builds to be plain torch and still be found by ``replace_modules``, which
+    swaps it for ``LinearCrossEntropyLoss``."""
 
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
@@ -218,14 +222,34 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def forward(self, input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
                 linear_bias: Optional[torch.Tensor] = None,
                 normalizer: Optional[float] = None) -> torch.Tensor:
+        logits = torch.nn.functional.linear(input, linear_weight, linear_bias).float()
+        weight = None if self.weight is None else self.weight.float()
+        loss = cross_entropy_reference(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), weight, self.reduction,
+            self.ignore_index, self.label_smoothing, self.z_loss, self.softcap)
+        return loss / normalizer if normalizer is not None else loss
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+                f"softcap={self.softcap}")
+
+
+@_replaces(TorchLinearCrossEntropyLoss)
+class LinearCrossEntropyLoss(TorchLinearCrossEntropyLoss):
+    """An LM head's projection and cross-entropy in one op,
+    ``fuseops.linear_cross_entropy``: ``TorchLinearCrossEntropyLoss`` (same
+    constructor and forward) without forming the ``[tokens, V]`` logits; the
+    logits' statistics and gradients are computed in float32 whatever the
+    input dtype."""
+
+    def forward(self, input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
+                linear_bias: Optional[torch.Tensor] = None,
+                normalizer: Optional[float] = None) -> torch.Tensor:
         return linear_cross_entropy(
             input.reshape(-1, input.shape[-1]), linear_weight, target.reshape(-1), linear_bias,
             self.weight, self.reduction, self.ignore_index, self.label_smoothing, self.z_loss,
             self.softcap, normalizer)
-
-    def extra_repr(self) -> str:
-        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}")
 
 
 class _GatedMLP(torch.nn.Module):
@@ -440,6 +464,7 @@ __all__ = [
     "SiLU",
     "SwiGLU",
     "SwiGLUMLP",
+    "TorchLinearCrossEntropyLoss",
     "TorchRotaryEmbedding",
     "replace_modules",
 ]

@@ -183,3 +183,22 @@ def test_tune_memory_rejects_negative_bytes():
         fuseops.cpu.tune_memory(-1)
     with pytest.raises(RuntimeError, match="argument 'bytes' must be >= 0"):
         fuseops.cpu.set_output_cache_limit(-1)
+
+
+def test_every_op_allocates_through_empty_output():
+    # The op pattern: outputs and scratch tensors of an op's shared code
+    # (cpp/ops/<op>.cpp) come from detail::empty_output (or
+    # empty_contiguous_like), so a new op's large CPU outputs land on huge
+    # pages without anyone remembering to ask. CPU kernel files may keep
+    # small per-thread scratch from at::empty.
+    import re
+    from pathlib import Path
+
+    ops = Path(__file__).resolve().parents[1] / "cpp" / "ops"
+    offenders = [
+        f"{path.name}:{number}"
+        for path in sorted(ops.glob("*.cpp")) + sorted((ops / "autograd").glob("*.cpp"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bat::(empty|zeros|empty_like|zeros_like)\(", line)
+    ]
+    assert not offenders, offenders

@@ -15,7 +15,6 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/sum.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <fuseops/cross_entropy.h>
@@ -366,12 +365,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   constexpr int64_t kVocabBlock = 4096;
   at::Tensor grad_bias_acc;
   if (with_grad) {
-    grad_weight_acc = reduced ? at::zeros({vocab, hidden}, opmath_options) : grad_weight.zero_();
+    grad_weight_acc =
+        reduced ? empty_output({vocab, hidden}, opmath_options).zero_() : grad_weight.zero_();
     if (reduced) {
       grad_weight_block = empty_output({std::min(kVocabBlock, vocab), hidden}, input.options());
     }
     if (bias.defined()) {
-      grad_bias_acc = reduced ? at::zeros({vocab}, opmath_options) : grad_bias.zero_();
+      grad_bias_acc = reduced ? empty_output({vocab}, opmath_options).zero_() : grad_bias.zero_();
     }
   }
   const at::Tensor w_t = w.t();

@@ -9,7 +9,6 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <fuseops/rms_norm.h>
@@ -163,7 +162,7 @@ BackwardResult backward(const char* op, const at::Tensor& grad_output,
   const at::ScalarType opmath = opmath_dtype(input);
   at::Tensor grad_weight_opmath;
   if (weight.defined()) {
-    grad_weight_opmath = at::zeros({hidden_size(input)}, input.options().dtype(opmath));
+    grad_weight_opmath = empty_output({hidden_size(input)}, input.options().dtype(opmath)).zero_();
   }
   if (input.numel() > 0) {
     kernel({result.grad_input, grad_weight_opmath, grad_output.contiguous(),

@@ -11,8 +11,9 @@ gradient all-reduce / reduce-scatter and with FSDP's sharded parameters
 
 from __future__ import annotations
 
+import faulthandler
 import os
-import socket
+from datetime import timedelta
 
 import pytest
 import torch
@@ -89,8 +90,10 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank: int, port: int, mode: str, result_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    # A worker that aborts prints its Python stack into the test's output.
+    faulthandler.enable()
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
     try:
         torch.set_num_threads(1)
         model = make_model()
@@ -105,14 +108,13 @@ def _worker(rank: int, port: int, mode: str, result_dir: str) -> None:
         state = full_state(model.module if mode == "ddp" else model)
         if rank == 0:
             torch.save(state, os.path.join(result_dir, f"{mode}.pt"))
+        # Neither rank tears gloo down while the other may still be in a
+        # collective (FSDP2's last reduce-scatter, the full_tensor gathers):
+        # that aborts the process ("terminate called without an active
+        # exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +127,12 @@ def single_process_state() -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_data_parallel_training_matches_single_process(mode, single_process_state, tmp_path):
-    mp.spawn(_worker, args=(free_port(), mode, str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    # The rendezvous store is this process's, on a loopback port the system
+    # picks (port 0) and holds: no window in which another program could
+    # take a port chosen free.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
+    mp.spawn(_worker, args=(store.port, mode, str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     state = torch.load(tmp_path / f"{mode}.pt")
     assert state.keys() == single_process_state.keys()
     initial = full_state(make_model())

@@ -156,3 +156,41 @@ def test_out_overloads_are_not_cast():
     with torch.autocast("cpu", dtype=LOW):
         fuseops.causal_conv1d(x, w, out=out)
     torch.testing.assert_close(out, fuseops.causal_conv1d(x, w), rtol=0, atol=0)
+
+
+def conformance_samples():
+    from fuseops.ops import MODULES
+    return [s for module in MODULES for s in module.samples("cpu") if not s.large]
+
+
+def has_autocast_kernel(op: torch._ops.OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "AutocastCPU")
+
+
+def test_every_op_runs_under_autocast_and_only_cast_ops_change():
+    """Every overload of every op (its conformance samples, so a new op is
+    covered without a line here) runs under CPU autocast; an overload with no
+    autocast kernel (out=, backward ops, ops that fall through) gives exactly
+    what it gives outside autocast."""
+    samples = conformance_samples()
+    cast = {s.op.name() for s in samples if has_autocast_kernel(s.op)}
+    # The CPU policy registers kernels for exactly these functional ops
+    # (rms_norm falls through on CPU, casting only on CUDA).
+    assert cast == {f"fuseops::{name}" for name in
+                    ("layer_norm", "fused_add_rms_norm", "bias_gelu", "swiglu", "geglu",
+                     "causal_conv1d")}, cast
+    for sample in samples:
+        def call():
+            # Copies: some overloads write into their arguments
+            # (causal_conv1d_update's conv_state, out=).
+            args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in sample.args]
+            kwargs = {k: v.clone() for k, v in sample.kwargs.items()}
+            result = sample.op(*args, **kwargs)
+            return outputs(result) if result is not None else tuple(kwargs.values())
+
+        with torch.autocast("cpu", dtype=LOW):
+            got = call()
+        if not has_autocast_kernel(sample.op):
+            for g, e in zip(got, call(), strict=True):
+                torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True,
+                                           msg=repr(sample))

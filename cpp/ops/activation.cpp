@@ -8,6 +8,7 @@
 
 #include <fuseops/activation.h>
 
+#include "ops/common/autocast.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/tensors.h"
@@ -253,5 +254,9 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::ActivationRegistrations<MetaKernels>::register_all(m);
 }
+
+// Autocast as torch's gelu(input + bias): the add promotes mixed inputs;
+// gelu and silu take one tensor and fall through, as torch's do.
+FUSEOPS_AUTOCAST(bias_gelu, kPromote, kPromote)
 
 }  // namespace fuseops

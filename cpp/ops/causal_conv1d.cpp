@@ -12,6 +12,7 @@
 
 #include <fuseops/causal_conv1d.h>
 
+#include "ops/common/autocast.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/tensors.h"
@@ -432,5 +433,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::CausalConv1dRegistrations<MetaKernels>::register_all(m);
 }
+
+// Autocast as torch's conv1d: computed in the autocast dtype on CPU and CUDA.
+FUSEOPS_AUTOCAST(causal_conv1d, kLowerPrecision, kLowerPrecision)
 
 }  // namespace fuseops

@@ -10,6 +10,7 @@
 
 #include <fuseops/gated_activation.h>
 
+#include "ops/common/autocast.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/output_memory.h"
@@ -310,5 +311,9 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::GatedRegistrations<MetaKernels>::register_all(m);
 }
+
+// Autocast as torch's act(gate) * up: the multiply promotes mixed inputs.
+FUSEOPS_AUTOCAST(swiglu, kPromote, kPromote)
+FUSEOPS_AUTOCAST(geglu, kPromote, kPromote)
 
 }  // namespace fuseops

@@ -11,6 +11,7 @@
 
 #include <fuseops/layer_norm.h>
 
+#include "ops/common/autocast.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/tensors.h"
@@ -254,5 +255,9 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::LayerNormRegistrations<MetaKernels>::register_all(m);
 }
+
+// Autocast as torch's layer_norm: CPU returns the input's dtype (parameters
+// cast to it, as fuseops takes one dtype); CUDA computes in float32.
+FUSEOPS_AUTOCAST(layer_norm, kFirstInput, kFloat32)
 
 }  // namespace fuseops

@@ -13,6 +13,7 @@
 
 #include <fuseops/rms_norm.h>
 
+#include "ops/common/autocast.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/tensors.h"
@@ -443,5 +444,12 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::RmsNormRegistrations<MetaKernels>::register_all(m);
 }
+
+// Autocast as torch's rms_norm: CPU falls through (a reduced input with float32
+// weight is computed in float32 and returned in the input's dtype); CUDA
+// computes in float32. fused_add_rms_norm as torch's residual add then
+// rms_norm: the add promotes on CPU.
+FUSEOPS_AUTOCAST(rms_norm, kNone, kFloat32)
+FUSEOPS_AUTOCAST(fused_add_rms_norm, kPromote, kFloat32)
 
 }  // namespace fuseops

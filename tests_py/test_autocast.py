@@ -1,0 +1,196 @@
+"""fuseops ops under torch.autocast("cpu", dtype=torch.bfloat16) give the
+dtype PyTorch's own analogous ops give under the same autocast, and their
+values within bfloat16 rounding (README, "Autocast").
+
+The analogues, and torch 2.13's CPU policy for them: layer_norm and rms_norm
+fall through (a bfloat16 input with float32 parameters returns bfloat16);
+gelu, silu and relu fall through; the add of bias_gelu / fused_add_rms_norm
+and the multiply of swiglu / geglu promote mixed inputs to float32; conv1d
+runs in the autocast dtype. The cases below feed each op what it meets in an
+autocast model: float32 activations, bfloat16 activations (after a Linear)
+with float32 parameters, and mixed pairs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuseops
+
+LOW = torch.bfloat16
+D = 16
+
+
+def causal_conv1d_torch(x, weight, bias, activation=None):
+    out = F.conv1d(x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1,
+                   groups=weight.shape[0])[..., : x.shape[-1]]
+    return F.silu(out) if activation == "silu" else out
+
+
+def fused_add_rms_norm_torch(x, residual, weight):
+    new_residual = x + residual
+    return F.rms_norm(new_residual, (D,), weight, 1e-6), new_residual
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+def weight(dtype=torch.float32):
+    return (torch.rand(D) + 0.5).to(dtype)
+
+
+# name -> (fuseops call, torch call, inputs): inputs is a list of argument
+# tuples (the same arguments go to both calls).
+CASES = {
+    "layer_norm": (
+        lambda x, w, b: fuseops.layer_norm(x, w, b, 1e-5),
+        lambda x, w, b: F.layer_norm(x, (D,), w, b, 1e-5),
+        [(rand(4, D), weight(), rand(D)), (rand(4, D, dtype=LOW), weight(), rand(D))],
+    ),
+    "rms_norm": (
+        lambda x, w: fuseops.rms_norm(x, w, 1e-6),
+        lambda x, w: F.rms_norm(x, (D,), w, 1e-6),
+        [(rand(4, D), weight()), (rand(4, D, dtype=LOW), weight())],
+    ),
+    "fused_add_rms_norm": (
+        lambda x, r, w: fuseops.fused_add_rms_norm(x, r, w, 1e-6),
+        fused_add_rms_norm_torch,
+        [(rand(4, D), rand(4, D), weight()),
+         (rand(4, D, dtype=LOW), rand(4, D), weight()),
+         (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW), weight())],
+    ),
+    "gelu": (lambda x: fuseops.gelu(x), lambda x: F.gelu(x), [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
+    "silu": (fuseops.silu, F.silu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
+    "relu": (fuseops.relu, F.relu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
+    "bias_gelu": (
+        lambda x, b: fuseops.bias_gelu(x, b, "tanh"),
+        lambda x, b: F.gelu(x + b, approximate="tanh"),
+        [(rand(4, D), rand(D)), (rand(4, D, dtype=LOW), rand(D)), (rand(4, D, dtype=LOW), rand(D, dtype=LOW))],
+    ),
+    "swiglu": (
+        fuseops.swiglu,
+        lambda g, u: F.silu(g) * u,
+        [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D)),
+         (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW))],
+    ),
+    "geglu": (
+        fuseops.geglu,
+        lambda g, u: F.gelu(g) * u,
+        [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
+    ),
+    "causal_conv1d": (
+        lambda x, w, b: fuseops.causal_conv1d(x, w, b, activation="silu"),
+        lambda x, w, b: causal_conv1d_torch(x, w, b, "silu"),
+        [(rand(2, D, 10), rand(D, 4), rand(D)), (rand(2, D, 10, dtype=LOW), rand(D, 4), rand(D))],
+    ),
+}
+
+
+def outputs(result) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_autocast_cpu_matches_torch(name):
+    ours, theirs, inputs = CASES[name]
+    for args in inputs:
+        with torch.autocast("cpu", dtype=LOW), warnings.catch_warnings():
+            # torch's rms_norm warns that it cannot fuse mixed dtypes.
+            warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
+            got, expected = outputs(ours(*args)), outputs(theirs(*args))
+        described = [f"{a.dtype}{list(a.shape)}" for a in args]
+        assert [g.dtype for g in got] == [e.dtype for e in expected], (name, described)
+        for g, e in zip(got, expected):
+            # Where a bfloat16 is involved, both round to it (2^-8 relative)
+            # at different points (fuseops widens once; torch rounds its
+            # intermediates, e.g. silu(gate) before the float32 multiply):
+            # a few bfloat16 ulps. All-float32 calls agree to float32
+            # accumulation.
+            reduced = any(t.dtype == LOW for t in (*args, g, e))
+            tolerance = ({"rtol": 3e-2, "atol": 3e-2} if reduced
+                         else {"rtol": 1e-5, "atol": 1e-5})
+            torch.testing.assert_close(g, e, **tolerance, msg=f"{name} {described}")
+
+
+def test_autocast_leaves_rope_to_the_inputs():
+    """rope falls through: its float32 cos/sin cache is meant for reduced
+    query/key (the rotation is computed in float32), and the result keeps the
+    query's dtype, as Hugging Face's rotary casts the cache to it."""
+    cos, sin = fuseops.rope_cache(8, 16)
+    q, k = rand(2, 6, 4, 8, dtype=LOW), rand(2, 6, 2, 8, dtype=LOW)
+    positions = torch.arange(6).expand(2, 6)
+    expected = fuseops.rope(q, k, cos, sin, positions)
+    with torch.autocast("cpu", dtype=LOW):
+        got = fuseops.rope(q, k, cos, sin, positions)
+    for g, e in zip(got, expected):
+        assert g.dtype == LOW
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_autocast_gradients_reach_float32_parameters():
+    """The casts are recorded by autograd: float32 parameters get float32
+    gradients, as for torch's ops under autocast."""
+    w, b = weight().requires_grad_(), rand(D).requires_grad_()
+    cw = rand(D, 4).requires_grad_()
+    x = rand(2, D, 10, dtype=LOW).requires_grad_()
+    with torch.autocast("cpu", dtype=LOW):
+        h = fuseops.causal_conv1d(x, cw)
+        y = fuseops.layer_norm(h.transpose(1, 2), w, b, 1e-5)
+    y.float().square().sum().backward()
+    for p in (w, b, cw):
+        assert p.grad is not None and p.grad.dtype == torch.float32
+        assert p.grad.abs().sum() > 0
+    assert x.grad.dtype == LOW
+
+
+def test_out_overloads_are_not_cast():
+    """out= writes where the caller chose: under autocast a float32 out= of a
+    float32 call stays float32 (causal_conv1d would otherwise compute in
+    bfloat16 and refuse the float32 out)."""
+    x, w = rand(2, D, 10), rand(D, 4)
+    out = torch.empty(2, D, 10)
+    with torch.autocast("cpu", dtype=LOW):
+        fuseops.causal_conv1d(x, w, out=out)
+    torch.testing.assert_close(out, fuseops.causal_conv1d(x, w), rtol=0, atol=0)
+
+
+def conformance_samples():
+    from fuseops.ops import MODULES
+    return [s for module in MODULES for s in module.samples("cpu") if not s.large]
+
+
+def has_autocast_kernel(op: torch._ops.OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "AutocastCPU")
+
+
+def test_every_op_runs_under_autocast_and_only_cast_ops_change():
+    """Every overload of every op (its conformance samples, so a new op is
+    covered without a line here) runs under CPU autocast; an overload with no
+    autocast kernel (out=, backward ops, ops that fall through) gives exactly
+    what it gives outside autocast."""
+    samples = conformance_samples()
+    cast = {s.op.name() for s in samples if has_autocast_kernel(s.op)}
+    # The CPU policy registers kernels for exactly these functional ops
+    # (rms_norm falls through on CPU, casting only on CUDA).
+    assert cast == {f"fuseops::{name}" for name in
+                    ("layer_norm", "fused_add_rms_norm", "bias_gelu", "swiglu", "geglu",
+                     "causal_conv1d")}, cast
+    for sample in samples:
+        def call():
+            # Copies: some overloads write into their arguments
+            # (causal_conv1d_update's conv_state, out=).
+            args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in sample.args]
+            kwargs = {k: v.clone() for k, v in sample.kwargs.items()}
+            result = sample.op(*args, **kwargs)
+            return outputs(result) if result is not None else tuple(kwargs.values())
+
+        with torch.autocast("cpu", dtype=LOW):
+            got = call()
+        if not has_autocast_kernel(sample.op):
+            for g, e in zip(got, call(), strict=True):
+                torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True,
+                                           msg=repr(sample))

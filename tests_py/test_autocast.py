@@ -87,6 +87,12 @@ CASES = {
         lambda x, w, b: causal_conv1d_torch(x, w, b, "silu"),
         [(rand(2, D, 10), rand(D, 4), rand(D)), (rand(2, D, 10, dtype=LOW), rand(D, 4), rand(D))],
     ),
+    "cross_entropy": (
+        lambda x, t: fuseops.cross_entropy(x, t, label_smoothing=0.1),
+        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
+        [(rand(4, D), torch.randint(0, D, (4,))),
+         (rand(4, D, dtype=LOW), torch.randint(0, D, (4,)))],
+    ),
 }
 
 
@@ -178,7 +184,7 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
     # (rms_norm falls through on CPU, casting only on CUDA).
     assert cast == {f"fuseops::{name}" for name in
                     ("layer_norm", "fused_add_rms_norm", "bias_gelu", "swiglu", "geglu",
-                     "causal_conv1d")}, cast
+                     "causal_conv1d", "cross_entropy")}, cast
     for sample in samples:
         def call():
             # Copies: some overloads write into their arguments

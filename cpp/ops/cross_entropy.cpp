@@ -19,6 +19,7 @@
 
 #include <fuseops/cross_entropy.h>
 
+#include "ops/common/autocast.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/tensors.h"
@@ -571,5 +572,10 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::CrossEntropyRegistrations<MetaKernels>::register_all(m);
 }
+
+// Autocast as torch's cross_entropy: float32 logits (and a float32 loss) on
+// CPU and CUDA. linear_cross_entropy falls through: its GEMMs run in the
+// inputs' dtype and its row statistics in float32 either way.
+FUSEOPS_AUTOCAST(cross_entropy, kFloat32, kFloat32)
 
 }  // namespace fuseops

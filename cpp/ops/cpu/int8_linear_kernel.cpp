@@ -372,6 +372,7 @@ void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor
 // Read once; the branch on it is always predicted.
 inline const bool kCpuHasAvx512Vnni =
     (__builtin_cpu_init(), __builtin_cpu_supports("avx512vnni"));
+// 2 blocks x 12 rows: 24 accumulators, 2 weight vectors, 1 broadcast.
 constexpr int kDotTileRows = 12;
 #elif defined(CPU_CAPABILITY_AVX2)
 constexpr int kDotTileRows = 2;
@@ -384,6 +385,8 @@ constexpr int64_t kDotLanes = 2 * kBlockN;
 // weights that every tile of a chunk runs over while it sits in L1 (8 KiB).
 constexpr int64_t kDotChunkRows = std::max(4 * kDotTileRows, 16);
 constexpr int64_t kDotSliceGroups = 128;
+// Blocks of channels per task.
+constexpr int kDotBlocks = 2;
 
 C10_ALWAYS_INLINE int32_t load_four(const int8_t* p) {
   int32_t four;
@@ -399,36 +402,59 @@ C10_ALWAYS_INLINE __m512i dot_u8_s8(__m512i acc, __m512i u8, __m512i s8) {
   return acc;
 }
 
-// Channel c's sum (shifted by 128 * colsum) in lane c of row r.
-template <int R>
+// Channel c of block j: its sum (shifted by 128 * colsum) in lane c of
+// row r at partial + j * block_stride + r * kDotLanes. B blocks (weights
+// `w_stride` bytes apart) share each broadcast of the activations: B weight
+// loads and R broadcasts feed R * B multiply-adds per group.
+template <int R, int B>
 C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const int8_t* w,
-                                     int64_t groups, int32_t* partial, bool first) {
-  // Two accumulators per row (even and odd groups) hide the instruction's
-  // latency when a tile has few rows.
-  __m512i acc[R][2];
+                                     int64_t w_stride, int64_t groups, int32_t* partial,
+                                     int64_t block_stride, bool first) {
+  // With few accumulators, two per (row, block) (even and odd groups) hide
+  // the instruction's latency.
+  constexpr int U = R * B < 4 ? 2 : 1;
+  __m512i acc[R][B][U];
   for (int r = 0; r < R; ++r) {
-    acc[r][0] = first ? _mm512_setzero_si512() : _mm512_loadu_si512(partial + r * kDotLanes);
-    acc[r][1] = _mm512_setzero_si512();
+    for (int j = 0; j < B; ++j) {
+      acc[r][j][0] = first ? _mm512_setzero_si512()
+                           : _mm512_loadu_si512(partial + j * block_stride + r * kDotLanes);
+      if constexpr (U == 2) {
+        acc[r][j][U - 1] = _mm512_setzero_si512();
+      }
+    }
   }
   int64_t g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    const __m512i w0 = _mm512_loadu_si512(w + g * kGroupBytes);
-    const __m512i w1 = _mm512_loadu_si512(w + (g + 1) * kGroupBytes);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* xr = x + r * x_stride + g * kGroupK;
-      acc[r][0] = dot_u8_s8(acc[r][0], _mm512_set1_epi32(load_four(xr)), w0);
-      acc[r][1] = dot_u8_s8(acc[r][1], _mm512_set1_epi32(load_four(xr + kGroupK)), w1);
+  for (; g + U <= groups; g += U) {
+    for (int u = 0; u < U; ++u) {
+      __m512i wv[B];
+      for (int j = 0; j < B; ++j) {
+        wv[j] = _mm512_loadu_si512(w + j * w_stride + (g + u) * kGroupBytes);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + (g + u) * kGroupK));
+        for (int j = 0; j < B; ++j) {
+          acc[r][j][u] = dot_u8_s8(acc[r][j][u], xv, wv[j]);
+        }
+      }
     }
   }
-  if (g < groups) {
-    const __m512i w0 = _mm512_loadu_si512(w + g * kGroupBytes);
+  for (; g < groups; ++g) {
     for (int r = 0; r < R; ++r) {
-      acc[r][0] = dot_u8_s8(acc[r][0],
-                            _mm512_set1_epi32(load_four(x + r * x_stride + g * kGroupK)), w0);
+      const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + g * kGroupK));
+      for (int j = 0; j < B; ++j) {
+        acc[r][j][0] = dot_u8_s8(acc[r][j][0], xv,
+                                 _mm512_loadu_si512(w + j * w_stride + g * kGroupBytes));
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
-    _mm512_storeu_si512(partial + r * kDotLanes, _mm512_add_epi32(acc[r][0], acc[r][1]));
+    for (int j = 0; j < B; ++j) {
+      __m512i sum = acc[r][j][0];
+      if constexpr (U == 2) {
+        sum = _mm512_add_epi32(sum, acc[r][j][1]);
+      }
+      _mm512_storeu_si512(partial + j * block_stride + r * kDotLanes, sum);
+    }
   }
 }
 #endif
@@ -507,22 +533,36 @@ C10_ALWAYS_INLINE void dot_tile_signed(const int8_t* x, int64_t x_stride, const 
 #endif
 }
 
+// `blocks` (1 or kDotBlocks) blocks of channels for `rows` in [1,
+// kDotTileRows] rows: dot_tile_vnni or, block by block, dot_tile_signed.
 template <bool kVnni, int R = kDotTileRows>
-void dot_tile_rows(int rows, const int8_t* x, int64_t x_stride, const int8_t* w, int64_t groups,
-                   int32_t* partial, bool first) {
+void dot_tile_rows(int rows, int blocks, const int8_t* x, int64_t x_stride, const int8_t* w,
+                   int64_t w_stride, int64_t groups, int32_t* partial, int64_t block_stride,
+                   bool first) {
   if constexpr (R > 1) {
     if (rows < R) {
-      dot_tile_rows<kVnni, R - 1>(rows, x, x_stride, w, groups, partial, first);
+      dot_tile_rows<kVnni, R - 1>(rows, blocks, x, x_stride, w, w_stride, groups, partial,
+                                  block_stride, first);
       return;
     }
   }
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (kVnni) {
-    dot_tile_vnni<R>(x, x_stride, w, groups, partial, first);
+    if (blocks == kDotBlocks && R > 1) {
+      dot_tile_vnni<R, kDotBlocks>(x, x_stride, w, w_stride, groups, partial, block_stride,
+                                   first);
+    } else {
+      for (int j = 0; j < blocks; ++j) {
+        dot_tile_vnni<R, 1>(x, x_stride, w + j * w_stride, w_stride, groups,
+                            partial + j * block_stride, block_stride, first);
+      }
+    }
     return;
   }
 #endif
-  dot_tile_signed<R>(x, x_stride, w, groups, partial, first);
+  for (int j = 0; j < blocks; ++j) {
+    dot_tile_signed<R>(x, x_stride, w + j * w_stride, groups, partial + j * block_stride, first);
+  }
 }
 
 // Quantizes one row of k float32/bfloat16/float16 values like
@@ -606,13 +646,16 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
 #endif
 
   const scalar_t* in = input.const_data_ptr<scalar_t>();
-  // Zeros past K: the packed weights there are 0, so any value adds 0.
-  std::vector<int8_t> xq(static_cast<size_t>(m_total * k_padded), 0);
+  // Zeros past K: the packed weights there are 0, so any value adds 0. One
+  // cache line more than the row between rows: with power-of-two K the rows
+  // of a tile would otherwise share a few L1 sets and evict each other.
+  const int64_t x_stride = k_padded + 64;
+  std::vector<int8_t> xq(static_cast<size_t>(m_total * x_stride), 0);
   std::vector<float> x_scale(static_cast<size_t>(m_total));
   at::parallel_for(0, m_total, row_grain(k), [&](int64_t begin, int64_t end) {
     std::vector<float> buffer;
     for (int64_t m = begin; m < end; ++m) {
-      x_scale[m] = quantize_row_for_dot(in + m * k, k, xq.data() + m * k_padded, vnni, buffer);
+      x_scale[m] = quantize_row_for_dot(in + m * k, k, xq.data() + m * x_stride, vnni, buffer);
     }
   });
 
@@ -628,51 +671,89 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
   constexpr bool kPairs = false;
 #endif
 
-  at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> partial(static_cast<size_t>(kDotChunkRows * kDotLanes));
+  const int64_t units = (blocks + kDotBlocks - 1) / kDotBlocks;
+  const int64_t block_bytes = groups * kGroupBytes;
+  const int64_t block_stride = kDotChunkRows * kDotLanes;
+  at::parallel_for(0, units * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> partial(static_cast<size_t>(kDotBlocks * block_stride));
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = task / chunks;
+      const int64_t first_block = (task / chunks) * kDotBlocks;
+      const int unit_blocks = static_cast<int>(std::min<int64_t>(kDotBlocks, blocks - first_block));
       const int64_t m_begin = (task % chunks) * kDotChunkRows;
       const int64_t m_end = std::min(m_total, m_begin + kDotChunkRows);
-      const int8_t* wb = w + block * groups * kGroupBytes;
-      // One tile streams the block's weights once; several share each
+      const int8_t* wb = w + first_block * block_bytes;
+      // One tile streams the blocks' weights once; several share each
       // slice of them from L1.
       const int64_t slice = m_end - m_begin <= kDotTileRows ? groups : kDotSliceGroups;
       for (int64_t g0 = 0; g0 < groups; g0 += slice) {
         const int64_t count = std::min(slice, groups - g0);
         for (int64_t m = m_begin; m < m_end; m += kDotTileRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kDotTileRows, m_end - m));
-          const int8_t* xm = xq.data() + m * k_padded + g0 * kGroupK;
+          const int8_t* xm = xq.data() + m * x_stride + g0 * kGroupK;
           int32_t* pm = partial.data() + (m - m_begin) * kDotLanes;
           if (vnni) {
-            dot_tile_rows<true>(rows, xm, k_padded, wb + g0 * kGroupBytes, count, pm, g0 == 0);
+            dot_tile_rows<true>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes,
+                                block_bytes, count, pm, block_stride, g0 == 0);
           } else {
-            dot_tile_rows<false>(rows, xm, k_padded, wb + g0 * kGroupBytes, count, pm, g0 == 0);
+            dot_tile_rows<false>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes,
+                                 block_bytes, count, pm, block_stride, g0 == 0);
           }
         }
       }
-      const int64_t channels = std::min(kBlockN, n - block * kBlockN);
       using opmath_t = at::opmath_type<scalar_t>;
-      for (int64_t m = m_begin; m < m_end; ++m) {
-        const int32_t* lanes = partial.data() + (m - m_begin) * kDotLanes;
-        const opmath_t xs = static_cast<opmath_t>(x_scale[m]);
-        for (int64_t c = 0; c < channels; ++c) {
-          const int64_t ch = block * kBlockN + c;
-          int32_t acc;
-          if (vnni) {
-            // Modulo 2^32, as the lanes wrapped; the true sum fits.
-            acc = static_cast<int32_t>(static_cast<uint32_t>(lanes[c]) -
-                                       128u * static_cast<uint32_t>(cs[ch]));
-          } else if (kPairs) {
-            acc = lanes[2 * c] + lanes[2 * c + 1];
+      for (int j = 0; j < unit_blocks; ++j) {
+        const int64_t block = first_block + j;
+        const int64_t ch0 = block * kBlockN;
+        const int64_t channels = std::min(kBlockN, n - ch0);
+        for (int64_t m = m_begin; m < m_end; ++m) {
+          const int32_t* lanes = partial.data() + j * block_stride + (m - m_begin) * kDotLanes;
+          // The channels' exact sums, as float32 (or float64) values.
+          opmath_t sums[kBlockN];
+          for (int64_t c = 0; c < channels; ++c) {
+            int32_t acc;
+            if (vnni) {
+              // Modulo 2^32, as the lanes wrapped; the true sum fits.
+              acc = static_cast<int32_t>(static_cast<uint32_t>(lanes[c]) -
+                                         128u * static_cast<uint32_t>(cs[ch0 + c]));
+            } else if (kPairs) {
+              acc = lanes[2 * c] + lanes[2 * c + 1];
+            } else {
+              acc = lanes[c];
+            }
+            sums[c] = static_cast<opmath_t>(acc);
+          }
+          scalar_t* om = o + m * n + ch0;
+          if constexpr (std::is_same_v<opmath_t, float>) {
+            // The same operations lane by lane, so the same bits as the
+            // scalar form, in every build.
+            const FloatVec xs(x_scale[m]);
+            for (int64_t c = 0; c < channels; c += W) {
+              const int64_t count = std::min(W, channels - c);
+              FloatVec value = (FloatVec::loadu(sums + c, count) * xs) *
+                               FloatVec::loadu(s + ch0 + c, count);
+              if (b != nullptr) {
+                float bias_lanes[W];
+                for (int64_t l = 0; l < count; ++l) {
+                  bias_lanes[l] = static_cast<float>(b[ch0 + c + l]);
+                }
+                value = value + FloatVec::loadu(bias_lanes, count);
+              }
+              if constexpr (std::is_same_v<scalar_t, float>) {
+                value.store(om + c, count);
+              } else {
+                narrow_from_float<scalar_t>(value, value).store(om + c, count);
+              }
+            }
           } else {
-            acc = lanes[c];
+            const opmath_t xs = static_cast<opmath_t>(x_scale[m]);
+            for (int64_t c = 0; c < channels; ++c) {
+              opmath_t value = (sums[c] * xs) * static_cast<opmath_t>(s[ch0 + c]);
+              if (b != nullptr) {
+                value += static_cast<opmath_t>(b[ch0 + c]);
+              }
+              om[c] = static_cast<scalar_t>(value);
+            }
           }
-          opmath_t value = (static_cast<opmath_t>(acc) * xs) * static_cast<opmath_t>(s[ch]);
-          if (b != nullptr) {
-            value += static_cast<opmath_t>(b[ch]);
-          }
-          o[m * n + ch] = static_cast<scalar_t>(value);
         }
       }
     }

@@ -181,7 +181,7 @@ def _weight_int8pack_mm(x, packed, scale):
 def _dynamic_peer_weight(packed, scale, n, k, engine):
     # torch.ao's dynamic Linear with the same per-channel int8 weight; it
     # quantizes activations per tensor (uint8, asymmetric) at run time.
-    key = (packed.data_ptr(), engine, "ao")
+    key = (packed.data_ptr(), tuple(packed.shape), engine, "ao")
     if key not in _PEER_WEIGHTS:
         import warnings
 

@@ -350,11 +350,16 @@ void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor
 // W8A8 dynamic (int8_dynamic_linear). The rows of x are quantized first,
 // into an int8 buffer of whole groups (zeros past K, where the packed
 // weights are 0 too), with quantize_per_token_int8's math; then each task
-// (block of 16 channels x chunk of rows) sums int8 x int8 products in
-// int32, exactly, so every build and every path gives the same sums:
+// (kDotBlocks blocks of 16 channels x a chunk of rows: the blocks feed
+// every thread at decode sizes, the chunks at large M) sums int8 x int8
+// products in int32, exactly, so every build and every path gives the same
+// sums:
 //  - AVX-512 with AVX512_VNNI: vpdpbusd multiplies unsigned by signed bytes
 //    and adds each channel's four products to its int32 lane: one
-//    instruction per row and group. The activations are stored shifted to
+//    instruction per row, block and group of 4; a tile of 12 rows x 2
+//    blocks shares each weight load and each broadcast of 4 activations,
+//    and the tiles of a chunk reuse each slice of the weights from L1. The
+//    activations are stored shifted to
 //    unsigned (xq + 128, as xq ^ 0x80), so the sums carry 128 * colsum[n]
 //    extra, taken off in the epilogue (modulo 2^32: the lanes wrap, and the
 //    true sum fits in int32, see kMaxDynamicK).

@@ -1,6 +1,8 @@
 // fuseops int8 linear ops through the dispatcher, against ATen composites:
 // the packed layout against its definition, int8_weight_only_linear against
-// x @ (wq * scale).T + bias in float64, in every CPU build this CPU runs.
+// x @ (wq * scale).T + bias in float64, int8_dynamic_linear against its
+// quantized math in float64 (and the same bits from every build), in every
+// CPU build this CPU runs.
 
 #include <gtest/gtest.h>
 

@@ -8,12 +8,22 @@
 // channels of a block, so their words are adjacent) and the row's 4
 // activations, accumulating in float32; the scale and bias are applied
 // once at the end.
+//
+// W8A8 dynamic (int8_dynamic_linear), as simple: one warp per row quantizes
+// it (quantize_per_token_int8's math) into an int8 buffer of whole groups
+// (zeros past K), then one thread per output element sums the row's and the
+// channel's groups of 4 with __dp4a (signed x signed, exact in int32, no
+// column-sum correction needed) and applies the float32 epilogue the CPU
+// kernels use, so both devices give the same bits.
 
 #include <cstdint>
+#include <limits>
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -85,8 +95,118 @@ void weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
       });
 }
 
+constexpr int kRowsPerBlock = kThreadsPerBlock / kWarpSize;
+
+template <typename scalar_t>
+__global__ void quantize_rows_for_dot_cuda(const scalar_t* __restrict__ input,
+                                           int8_t* __restrict__ q, float* __restrict__ x_scale,
+                                           int64_t rows, int64_t k, int64_t k_padded) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t row = first; row < rows; row += stride) {
+    const scalar_t* x = input + row * k;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = lane; i < k; i += kWarpSize) {
+      const float v = fabsf(static_cast<float>(x[i]));
+      finite = finite && v <= 3.402823466e38f;  // false for Inf and NaN
+      amax = fmaxf(amax, v);
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    }
+    if (!__all_sync(0xffffffffu, finite)) {
+      // A row of NaN; its q stay 0.
+      if (lane == 0) {
+        x_scale[row] = std::numeric_limits<float>::quiet_NaN();
+      }
+      continue;
+    }
+    float s = amax / 127.0f;
+    if (s == 0.0f) {
+      s = 1.0f;
+    }
+    if (lane == 0) {
+      x_scale[row] = s;
+    }
+    for (int64_t i = lane; i < k; i += kWarpSize) {
+      // Division and round half to even, as the CPU kernels.
+      const float v = fminf(fmaxf(rintf(static_cast<float>(x[i]) / s), -127.0f), 127.0f);
+      q[row * k_padded + i] = static_cast<int8_t>(v);
+    }
+  }
+}
+
+template <typename scalar_t>
+__global__ void dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __restrict__ xq,
+                                    const float* __restrict__ x_scale,
+                                    const int8_t* __restrict__ packed,
+                                    const float* __restrict__ scale,
+                                    const scalar_t* __restrict__ bias, int64_t m_total, int64_t n,
+                                    int64_t groups) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t total = m_total * n;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n;
+    const int64_t ch = i % n;
+    const int64_t block = ch / detail::kInt8BlockN;
+    const int64_t c = ch % detail::kInt8BlockN;
+    const int* w = reinterpret_cast<const int*>(packed) + block * groups * detail::kInt8BlockN + c;
+    const int* x = reinterpret_cast<const int*>(xq + m * groups * detail::kInt8GroupK);
+    int acc = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      acc = __dp4a(x[g], w[g * detail::kInt8BlockN], acc);
+    }
+    opmath_t value = (static_cast<opmath_t>(static_cast<float>(acc)) *
+                      static_cast<opmath_t>(x_scale[m])) *
+                     static_cast<opmath_t>(scale[ch]);
+    if (bias != nullptr) {
+      value += static_cast<opmath_t>(bias[ch]);
+    }
+    out[i] = static_cast<scalar_t>(value);
+  }
+}
+
+void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
+                           const at::Tensor& packed, const at::Tensor& scale,
+                           const at::Tensor& /*colsum: signed products need none*/,
+                           const at::Tensor& bias) {
+  c10::cuda::CUDAGuard device_guard(input.device());
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = scale.size(0);
+  const int64_t groups = packed.size(1);
+  // Zeros past K; whole groups keep every row's 4-byte words aligned.
+  const at::Tensor xq =
+      at::zeros({m_total, groups * detail::kInt8GroupK}, input.options().dtype(at::kChar));
+  const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
+  const int64_t total = m_total * n;
+  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
+                                           65535);
+  const int64_t row_blocks =
+      std::min<int64_t>((m_total + kRowsPerBlock - 1) / kRowsPerBlock, 65535);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_dynamic_linear", [&] {
+        quantize_rows_for_dot_cuda<scalar_t><<<row_blocks, kThreadsPerBlock, 0, stream>>>(
+            input.const_data_ptr<scalar_t>(), xq.mutable_data_ptr<int8_t>(),
+            x_scale.mutable_data_ptr<float>(), m_total, k, groups * detail::kInt8GroupK);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+            out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
+            x_scale.const_data_ptr<float>(), packed.const_data_ptr<int8_t>(),
+            scale.const_data_ptr<float>(),
+            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, groups);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+
 struct Kernels {
   static detail::Int8WeightOnlyLinearKernel weight_only() { return &weight_only_linear_kernel; }
+  static detail::Int8DynamicLinearKernel dynamic() { return &dynamic_linear_kernel; }
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 // fuseops int8 linear ops through the dispatcher, against ATen composites:
 // the packed layout against its definition, int8_weight_only_linear against
-// x @ (wq * scale).T + bias in float64, in every CPU build this CPU runs.
+// x @ (wq * scale).T + bias in float64, int8_dynamic_linear against its
+// quantized math in float64 (and the same bits from every build), in every
+// CPU build this CPU runs.
 
 #include <gtest/gtest.h>
 
@@ -82,6 +84,57 @@ TEST(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
   }
 }
 
+// int8_dynamic_linear's math with ATen ops in float64: the rows quantized
+// (float32, as quantize_per_token_int8), the int8 products summed exactly
+// (|sum| < 2^53), then x_scale * scale and the bias. The op sums exactly in
+// int32 too, so only its float32 epilogue rounds: float(acc), two products
+// and the bias add, under 4 * 2^-24 relative; 1e-6 of max|y| covers it.
+// Reduced dtypes round the result once more.
+at::Tensor dynamic_composite(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& scale,
+                             const std::optional<at::Tensor>& bias) {
+  const at::Tensor xf = x.to(at::kFloat);
+  at::Tensor xs = xf.abs().amax({-1}, true) / 127;
+  xs = at::where(xs == 0, at::ones_like(xs), xs);
+  const at::Tensor xq = at::round(xf / xs).clamp(-127, 127);
+  at::Tensor y = at::matmul(xq.to(at::kDouble), wq.to(at::kDouble).t()) * xs.to(at::kDouble) *
+                 scale.to(at::kDouble);
+  return bias ? y + bias->to(at::kDouble) : y;
+}
+
+TEST(Int8Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
+  for (auto dtype : fuseops::testing::kDtypes) {
+    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 16, 4}, {3, 37, 10}, {7, 40, 129}, {61, 33, 300}, {2, 1, 1}}) {
+      const at::Tensor wq = random_int8({n, k});
+      const at::Tensor scale = at::rand({n}) * 0.01 + 1e-3;
+      const auto [packed, s, colsum] = fuseops::pack_int8_weight(wq, scale);
+      at::Tensor x = at::randn({m, k}).to(dtype);
+      x[0].zero_();  // an all-zero row: scale 1, y = bias
+      const at::Tensor bias = at::randn({n}).to(dtype);
+      const at::Tensor want = dynamic_composite(x, wq, scale, bias);
+      const double tol = dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : tolerance(dtype);
+      std::optional<at::Tensor> first;
+      for (auto capability : fuseops::cpu::runnable_capabilities()) {
+        fuseops::cpu::ScopedCapabilityOverride forced(capability);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                        << dtype << " m " << m << " n " << n << " k " << k);
+        const at::Tensor y = fuseops::int8_dynamic_linear(x, packed, s, colsum, bias);
+        ASSERT_EQ(y.scalar_type(), dtype);
+        ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
+        const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
+        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tol, tol * scale_of_y))
+            << (y.to(at::kDouble) - want).abs().max().item<double>();
+        // Exact int32 sums and the same epilogue: the same bits everywhere.
+        if (first) {
+          EXPECT_TRUE(at::equal(y, *first));
+        } else {
+          first = y;
+        }
+      }
+    }
+  }
+}
+
 TEST(Int8Linear, BadInputsNameOpAndArgument) {
   const at::Tensor wq = random_int8({20, 12});
   const auto [packed, scale, colsum] = fuseops::pack_int8_weight(wq, at::rand({20}));
@@ -105,6 +158,18 @@ TEST(Int8Linear, BadInputsNameOpAndArgument) {
         fuseops::int8_weight_only_linear(at::randint(0, 3, {2, 12}), packed, scale);
       },
       {op, "'input'", "dtype"});
+  const char* dyn = "fuseops::int8_dynamic_linear";
+  expect_error_mentions(
+      [&] { fuseops::int8_dynamic_linear(at::randn({2, 12}), packed, scale, colsum.to(at::kLong)); },
+      {dyn, "'colsum'", "int32"});
+  expect_error_mentions(
+      [&] {
+        fuseops::int8_dynamic_linear(at::randn({2, 12}), packed, scale, colsum.narrow(0, 0, 3));
+      },
+      {dyn, "'colsum'", "[20]"});
+  expect_error_mentions(
+      [&] { fuseops::int8_dynamic_linear(at::randn({2, 13}), packed, scale, colsum); },
+      {dyn, "'input'", "K = 13"});
   expect_error_mentions([&] { fuseops::pack_int8_weight(wq.to(at::kFloat), at::rand({20})); },
                         {"fuseops::pack_int8_weight", "'wq'", "int8"});
   expect_error_mentions([&] { fuseops::pack_int8_weight(wq, at::rand({12})); },

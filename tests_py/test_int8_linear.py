@@ -13,11 +13,20 @@ to max|y| plus 1e-6, holds that for random data with margin while still
 catching a wrong element. bfloat16/float16 results are rounded once more (one
 unit in their last place: 2^-8, 2^-11). The error against the unquantized
 float layer is reported separately.
+
+int8_dynamic_linear is compared with a float64 reference of its quantized
+math (rows quantized in float32 as quantize_per_token_int8 does, the int8
+products summed exactly, the scales applied in float64). The op sums in
+int32, exactly, so only its float32 epilogue rounds: float(acc) (exact
+below 2^24), two products and the bias add, each within 2^-24 relative:
+DYNAMIC_TOLERANCE = 1e-6 of max|y| (4 roundings are 2.4e-7), plus one
+unit in the last place for bfloat16/float16 results.
 """
 
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -205,9 +214,9 @@ def test_quantize_swaps_linear_layers_in_place(device):
     assert [c.name for c in fuseops.quantize_(model2, skip=lambda name, m: name == "0")] == ["1"]
 
 
-@pytest.mark.parametrize("mode", ["w8a8", "2:4", "2:4+w8a8", "int4"])
+@pytest.mark.parametrize("mode", ["2:4", "2:4+w8a8", "int4"])
 def test_quantize_refuses_modes_not_built(mode):
-    with pytest.raises(ValueError, match=r"unknown mode .*supported: 'w8a16'"):
+    with pytest.raises(ValueError, match=r"unknown mode .*supported: 'w8a16', 'w8a8'"):
         fuseops.quantize_(torch.nn.Linear(4, 4), mode=mode)
 
 
@@ -224,3 +233,203 @@ def test_quantized_model_compiles_and_exports():
     assert "fuseops.int8_weight_only_linear.default" in targets
     with torch.no_grad():
         assert torch.equal(exported.module()(x), eager)
+
+
+# --- int8_dynamic_linear (W8A8 dynamic) ----------------------------------------
+
+DYNAMIC_TOLERANCE = 1e-6
+
+
+def dynamic_reference(x, wq, scale, bias=None):
+    # Written out independently of fuseops.reference: quantize_per_token_int8's
+    # float32 math, then exact float64 products and sums.
+    xf = x.float()
+    xs = xf.abs().amax(-1, keepdim=True) / 127
+    xs = torch.where(xs == 0, torch.ones_like(xs), xs)
+    xq = torch.round(xf / xs).clamp(-127, 127)
+    y = (xq.double() @ wq.double().T) * xs.double() * scale.double()
+    return y if bias is None else y + bias.double()
+
+
+def assert_dynamic_matches(y, want):
+    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+    torch.testing.assert_close(y.double(), want, rtol=ROUNDING[y.dtype],
+                               atol=(DYNAMIC_TOLERANCE + ROUNDING[y.dtype]) * scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,n,k", [(1, 16, 4), (1, 37, 129), (3, 5, 1), (8, 64, 256), (33, 40, 67), (257, 48, 530)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dynamic_matches_float64_reference(dtype, m, n, k, with_bias, device):
+    _, wq, scale = quantized_weight(n, k, device)
+    packed, s, colsum = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(m, k, device=device).to(dtype)
+    bias = torch.randn(n, device=device).to(dtype) if with_bias else None
+    y = fuseops.int8_dynamic_linear(x, packed, s, colsum, bias)
+    assert y.dtype == dtype and y.shape == (m, n) and y.is_contiguous()
+    assert_dynamic_matches(y, dynamic_reference(x, wq, scale, bias))
+
+
+def test_dynamic_extreme_values_are_exact(device):
+    # Activations at +-absmax quantize to +-127 and weights of -128 (a
+    # packed weight need not come from quantize_per_channel_int8): the
+    # largest products, where int16 pair sums (vpmaddubsw) would saturate.
+    # Every sum is a whole number below 2^24, so float(acc) is exact; with
+    # scales of 1 the result is the integer sum itself.
+    n, k = 33, 1030
+    gen = torch.Generator().manual_seed(3)
+    wq = torch.where(torch.rand(n, k, generator=gen) < 0.5, -128, 127).to(torch.int8).to(device)
+    x = torch.where(torch.rand(4, k, generator=gen) < 0.5, -127.0, 127.0).to(device)
+    packed, s, colsum = fuseops.pack_int8_weight(wq, torch.ones(n, device=device))
+    y = fuseops.int8_dynamic_linear(x, packed, s, colsum)
+    assert torch.equal(y.double(), x.double() @ wq.double().T)
+
+
+def test_dynamic_rows_are_independent_and_special_rows(device):
+    _, wq, scale = quantized_weight(40, 300, device)
+    packed, s, colsum = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(100, 300, device=device)
+    x[3] = 0
+    x[7, 5] = float("inf")
+    x[50, 0] = float("nan")
+    bias = torch.randn(40, device=device)
+    batch = fuseops.int8_dynamic_linear(x, packed, s, colsum, bias)
+    assert torch.equal(batch[3], bias)  # an all-zero row: the bias alone
+    assert batch[7].isnan().all() and batch[50].isnan().all()
+    finite = [r for r in range(100) if r not in (7, 50)]
+    assert batch[finite].isfinite().all()
+    for row in (0, 5, 11, 12, 47, 48, 99):
+        assert torch.equal(fuseops.int8_dynamic_linear(x[row : row + 1], packed, s, colsum, bias), batch[row : row + 1])
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])
+def test_dynamic_any_layout_and_leading_dims(layout, device):
+    _, wq, scale = quantized_weight(24, 20, device)
+    packed, s, colsum = fuseops.pack_int8_weight(wq, scale)
+    if layout == "transposed":
+        x = torch.randn(20, 6, device=device).t()
+    elif layout == "sliced":
+        x = torch.randn(6, 40, device=device)[:, ::2]
+    else:
+        x = torch.randn(2, 3, 20, device=device)
+    y = fuseops.int8_dynamic_linear(x, packed, s, colsum)
+    assert y.shape == x.shape[:-1] + (24,)
+    assert torch.equal(y, fuseops.int8_dynamic_linear(x.contiguous(), packed, s, colsum))
+
+
+def test_dynamic_empty_inputs(device):
+    _, wq, scale = quantized_weight(8, 12, device)
+    packed, s, colsum = fuseops.pack_int8_weight(wq, scale)
+    assert fuseops.int8_dynamic_linear(torch.randn(0, 12, device=device), packed, s, colsum).shape == (0, 8)
+    empty_k = fuseops.pack_int8_weight(torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device))
+    bias = torch.randn(5, device=device)
+    assert torch.equal(fuseops.int8_dynamic_linear(torch.randn(3, 0, device=device), *empty_k, bias), bias.expand(3, 5))
+
+
+def test_dynamic_inference_only(device):
+    _, wq, scale = quantized_weight(8, 12, device)
+    weight = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(2, 12, device=device, requires_grad=True)
+    expect_error_mentions(lambda: fuseops.int8_dynamic_linear(x, *weight),
+                          ["fuseops::int8_dynamic_linear", "inference op", "torch.no_grad()"])
+    with torch.no_grad():
+        assert not fuseops.int8_dynamic_linear(x, *weight).requires_grad
+
+
+def test_dynamic_bad_inputs(device):
+    wq = torch.randint(-127, 128, (20, 12), dtype=torch.int8, device=device)
+    packed, s, colsum = fuseops.pack_int8_weight(wq, torch.rand(20, device=device))
+    op = "fuseops::int8_dynamic_linear"
+    x = torch.randn(2, 12, device=device)
+    f = fuseops.int8_dynamic_linear
+    expect_error_mentions(lambda: f(torch.randn(2, 13, device=device), packed, s, colsum), [op, "'input'", "K = 13"])
+    expect_error_mentions(lambda: f(x, packed.float(), s, colsum), [op, "'packed'", "int8"])
+    expect_error_mentions(lambda: f(x, packed, s[:5], colsum), [op, "'scale'", "N = 5"])
+    expect_error_mentions(lambda: f(x, packed, s, colsum.long()), [op, "'colsum'", "int32"])
+    expect_error_mentions(lambda: f(x, packed, s, colsum[:19]), [op, "'colsum'", "[20]"])
+    expect_error_mentions(lambda: f(x, packed, s, colsum, torch.randn(19, device=device)), [op, "'bias'", "[20]"])
+    expect_error_mentions(lambda: f(x.int(), packed, s, colsum), [op, "'input'", "dtype"])
+    big_k = 132105
+    big = fuseops.pack_int8_weight(torch.zeros(1, big_k, dtype=torch.int8, device=device), torch.ones(1, device=device))
+    expect_error_mentions(lambda: f(torch.zeros(1, big_k, device=device), *big), [op, "'input'", "at most 132104"])
+
+
+@pytest.mark.parametrize("rows", ["uniform", "spread"])
+def test_dynamic_per_token_beats_per_tensor_activation_quantization(rows):
+    """Reported, not the correctness criterion: error against the
+    dequantized float layer (the same per-channel int8 weights), per-token
+    activation scales (ours) against torch.ao's dynamic Linear (one
+    activation scale per tensor). Rows of one magnitude ("uniform") differ
+    little; rows spread over three decades ("spread", as real activations'
+    tokens can be) are where one scale per tensor loses the small rows."""
+    import torch.ao.nn.quantized.dynamic as nnqd
+
+    gen = torch.Generator().manual_seed(5)
+    n, k = 256, 1024
+    w = torch.randn(n, k, generator=gen) * 0.05
+    wq, scale = fuseops.quantize_per_channel_int8(w)
+    weight = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(32, k, generator=gen)
+    if rows == "spread":
+        x = x * torch.logspace(-2, 1, 32).unsqueeze(1)
+    exact = x.double() @ (wq.double() * scale.double().unsqueeze(1)).T
+
+    def row_errors(y):
+        return (y.double() - exact).norm(dim=1) / exact.norm(dim=1)
+
+    ours = row_errors(fuseops.int8_dynamic_linear(x, *weight))
+    errors = {}
+    previous = torch.backends.quantized.engine
+    for engine in ("fbgemm", "onednn"):
+        # torch.ao's quantized tensors are deprecated (a UserWarning).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.backends.quantized.engine = engine
+            module = nnqd.Linear(k, n, bias_=False)
+            qweight = torch._make_per_channel_quantized_tensor(wq, scale.double(), torch.zeros(n, dtype=torch.long), 0)
+            module.set_weight_bias(qweight, None)
+            errors[engine] = row_errors(module(x))
+    torch.backends.quantized.engine = previous
+    print(f"W8A8 ({rows} rows) relative error vs the dequantized float layer, mean over rows: per token "
+          f"(fuseops) {ours.mean():.2e}, per tensor: " + ", ".join(f"{e} {v.mean():.2e}" for e, v in errors.items()))
+    assert ours.max() < 0.02
+    for engine, theirs in errors.items():
+        assert ours.mean() < theirs.mean(), engine
+
+
+def test_int8_linear_w8a8_mode_and_quantize(device):
+    linear = torch.nn.Linear(70, 33, device=device)
+    module = fuseops.nn.Int8Linear.from_float(linear, mode="w8a8")
+    assert "mode='w8a8'" in repr(module)
+    x = torch.randn(4, 70, device=device)
+    with torch.no_grad():
+        y = module(x)
+        wq, scale = fuseops.quantize_per_channel_int8(linear.weight)
+        assert_dynamic_matches(y, dynamic_reference(x, wq, scale, linear.bias))
+        # Same buffers in both modes: a w8a16 module loads the state_dict.
+        other = fuseops.nn.Int8Linear(70, 33, device=device)
+        other.load_state_dict(module.state_dict())
+        assert not torch.equal(other(x), y)
+        other.mode = "w8a8"
+        assert torch.equal(other(x), y)
+    with pytest.raises(ValueError, match="unknown mode 'w4'"):
+        fuseops.nn.Int8Linear(4, 4, mode="w4")
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device)
+    with torch.no_grad():
+        before = model(x[:, :32])
+        changed = fuseops.quantize_(model, mode="w8a8")
+        assert [c.mode for c in changed] == ["w8a8", "w8a8"] and model[0].mode == "w8a8"
+        assert ((model(x[:, :32]) - before).norm() / before.norm()).item() < 0.03
+
+
+def test_w8a8_model_compiles_and_exports():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    fuseops.quantize_(model, mode="w8a8")
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(compiled, eager)
+    exported = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert "fuseops.int8_dynamic_linear.default" in targets

@@ -47,13 +47,9 @@ void check_int8_weight(const char* op, const at::Tensor& packed, const at::Tenso
   check_same_device(op, "scale", scale, ref_arg, ref);
 }
 
-}  // namespace
-
-at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
-                                        const at::Tensor& scale,
-                                        const std::optional<at::Tensor>& bias,
-                                        Int8WeightOnlyLinearKernel kernel) {
-  constexpr const char* op = "fuseops::int8_weight_only_linear";
+// The checks and the output both linear ops share.
+at::Tensor prepare_linear(const char* op, const at::Tensor& input, const at::Tensor& packed,
+                          const at::Tensor& scale, const at::Tensor& b) {
   check_floating_input(op, "input", input);
   TORCH_CHECK(input.dim() >= 1, op,
               ": argument 'input' must have at least one dimension [..., K], got a 0-d tensor");
@@ -64,7 +60,6 @@ at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tenso
               " (its last dimension), but 'packed' holds ", packed.size(1),
               " groups of 4 input features (K in [", 4 * packed.size(1) - 3, ", ",
               4 * packed.size(1), "]); input shape ", input.sizes());
-  const at::Tensor b = undefined_if_none(bias);
   if (b.defined()) {
     check_same_dtype(op, "bias", b, "input", input);
     check_same_device(op, "bias", b, "input", input);
@@ -73,9 +68,13 @@ at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tenso
   }
   std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
   out_shape.back() = n;
-  at::Tensor out = empty_output(out_shape, input.options());
-  if (kernel == nullptr || out.numel() == 0) {
-    return out;
+  return empty_output(out_shape, input.options());
+}
+
+// Whether `out` still needs the kernel; fills it when it does not.
+bool needs_kernel(const at::Tensor& out, const at::Tensor& b, int64_t k, bool has_kernel) {
+  if (!has_kernel || out.numel() == 0) {
+    return false;
   }
   if (k == 0) {
     // An empty sum: the bias alone.
@@ -84,10 +83,50 @@ at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tenso
     } else {
       out.zero_();
     }
-    return out;
+    return false;
   }
-  kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
-         contiguous_if_defined(b));
+  return true;
+}
+
+}  // namespace
+
+at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale,
+                                        const std::optional<at::Tensor>& bias,
+                                        Int8WeightOnlyLinearKernel kernel) {
+  const at::Tensor b = undefined_if_none(bias);
+  at::Tensor out = prepare_linear("fuseops::int8_weight_only_linear", input, packed, scale, b);
+  const int64_t k = input.size(-1);
+  if (needs_kernel(out, b, k, kernel != nullptr)) {
+    kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
+           contiguous_if_defined(b));
+  }
+  return out;
+}
+
+at::Tensor int8_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                    const at::Tensor& scale, const at::Tensor& colsum,
+                                    const std::optional<at::Tensor>& bias,
+                                    Int8DynamicLinearKernel kernel) {
+  constexpr const char* op = "fuseops::int8_dynamic_linear";
+  const at::Tensor b = undefined_if_none(bias);
+  at::Tensor out = prepare_linear(op, input, packed, scale, b);
+  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  TORCH_CHECK(colsum.scalar_type() == at::kInt, op,
+              ": argument 'colsum' must have dtype int32 (from fuseops.pack_int8_weight), got ",
+              colsum.scalar_type());
+  TORCH_CHECK(colsum.dim() == 1 && colsum.size(0) == scale.size(0), op,
+              ": argument 'colsum' must have shape [", scale.size(0), "] (N, from 'scale'), got ",
+              colsum.sizes());
+  check_same_device(op, "colsum", colsum, "input", input);
+  const int64_t k = input.size(-1);
+  TORCH_CHECK(k <= kMaxDynamicK, op, ": argument 'input' has K = ", k,
+              " input features; at most ", kMaxDynamicK,
+              " are supported (the int32 sums of int8 products could overflow)");
+  if (needs_kernel(out, b, k, kernel != nullptr)) {
+    kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
+           colsum.contiguous(), contiguous_if_defined(b));
+  }
   return out;
 }
 
@@ -149,10 +188,24 @@ at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
   return handle.call(input, packed, scale, detail::none_if_undefined(bias));
 }
 
+at::Tensor int8_dynamic_linear(const at::Tensor& input, const at::Tensor& packed,
+                               const at::Tensor& scale, const at::Tensor& colsum,
+                               const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "fuseops::int8_dynamic_linear";
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
+  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  static auto handle =
+      detail::find_op<decltype(int8_dynamic_linear)>("fuseops::int8_dynamic_linear");
+  return handle.call(input, packed, scale, colsum, detail::none_if_undefined(bias));
+}
+
 namespace {
 
 struct MetaKernels {
   static detail::Int8WeightOnlyLinearKernel weight_only() { return nullptr; }
+  static detail::Int8DynamicLinearKernel dynamic() { return nullptr; }
 };
 
 }  // namespace
@@ -164,6 +217,9 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
         {at::Tag::pt2_compliant_tag});
   m.def("int8_weight_only_linear(Tensor input, Tensor packed, Tensor scale, Tensor? bias=None) "
         "-> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("int8_dynamic_linear(Tensor input, Tensor packed, Tensor scale, Tensor colsum, "
+        "Tensor? bias=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
 }
 

@@ -21,6 +21,22 @@ using Int8WeightOnlyLinearKernel = void (*)(const at::Tensor& out, const at::Ten
                                             const at::Tensor& packed, const at::Tensor& scale,
                                             const at::Tensor& bias);
 
+// The largest K int8_dynamic_linear takes: |xq * wq| <= 127 * 128, so a
+// sum of K products fits in int32 (the kernels' exact accumulator).
+inline constexpr int64_t kMaxDynamicK = (int64_t{1} << 31) / (127 * 128);
+
+// out [M, N] (contiguous, input's dtype) = input [M, K] (contiguous)
+// quantized per row, times the packed weight (colsum: contiguous int32
+// [N]), scaled per row and channel, plus bias as above. M, N, K > 0.
+using Int8DynamicLinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
+                                         const at::Tensor& packed, const at::Tensor& scale,
+                                         const at::Tensor& colsum, const at::Tensor& bias);
+
+at::Tensor int8_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                    const at::Tensor& scale, const at::Tensor& colsum,
+                                    const std::optional<at::Tensor>& bias,
+                                    Int8DynamicLinearKernel kernel);
+
 at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
                                         const at::Tensor& scale,
                                         const std::optional<at::Tensor>& bias,
@@ -34,9 +50,16 @@ struct Int8LinearRegistrations {
     return int8_weight_only_linear_with(input, packed, scale, bias, Kernels::weight_only());
   }
 
+  static at::Tensor int8_dynamic_linear(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale, const at::Tensor& colsum,
+                                        const std::optional<at::Tensor>& bias) {
+    return int8_dynamic_linear_with(input, packed, scale, colsum, bias, Kernels::dynamic());
+  }
+
   template <typename Library>
   static void register_all(Library& m) {
     m.impl("int8_weight_only_linear", TORCH_FN(int8_weight_only_linear));
+    m.impl("int8_dynamic_linear", TORCH_FN(int8_dynamic_linear));
   }
 };
 

@@ -18,7 +18,7 @@ from .ops.activation import gelu, silu
 from .ops.causal_conv1d import causal_conv1d
 from .ops.cross_entropy import cross_entropy, cross_entropy_reference, linear_cross_entropy
 from .ops.gated_activation import geglu, swiglu
-from .ops.int8_linear import int8_weight_only_linear, pack_int8_weight
+from .ops.int8_linear import int8_dynamic_linear, int8_weight_only_linear, pack_int8_weight
 from .ops.layer_norm import layer_norm
 from .ops.quantize import quantize_per_channel_int8
 from .ops.rms_norm import rms_norm
@@ -389,10 +389,14 @@ class RotaryEmbedding(TorchRotaryEmbedding):
         return rope(query, key, self.cos_cached, self.sin_cached, positions, self.interleaved)
 
 class Int8Linear(torch.nn.Module):
-    """A linear layer with int8 weights for inference (W8A16): ``y = x @
-    (wq * scale[:, None]).T + bias`` by ``fuseops.int8_weight_only_linear``,
-    activations float32, bfloat16, float16 or float64 (the result has x's
-    dtype). Build it from a trained layer with ``Int8Linear.from_float(linear)``
+    """A linear layer with int8 weights for inference: ``y = x @
+    (wq * scale[:, None]).T + bias``, activations float32, bfloat16, float16
+    or float64 (the result has x's dtype). ``mode`` picks the kernel:
+    ``"w8a16"`` (default) runs ``fuseops.int8_weight_only_linear`` (float
+    activations), ``"w8a8"`` runs ``fuseops.int8_dynamic_linear`` (activations
+    quantized per token on the fly, int8 x int8 products). The mode is an
+    attribute, not state: both use the same buffers, so a state_dict saved in
+    one mode loads in the other, and ``module.mode`` may be switched. Build it from a trained layer with ``Int8Linear.from_float(linear)``
     or let ``fuseops.quantize_(model)`` swap a model's ``nn.Linear`` layers.
 
     The weight lives in buffers, the form ``fuseops.pack_int8_weight``
@@ -403,9 +407,14 @@ class Int8Linear(torch.nn.Module):
     it under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
 
+    MODES = ("w8a16", "w8a8")
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, mode: str = "w8a16") -> None:
         super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"Int8Linear: unknown mode {mode!r}; supported: 'w8a16', 'w8a8'")
+        self.mode = mode
         self.in_features = in_features
         self.out_features = out_features
         blocks, groups = -(-out_features // 16), -(-in_features // 4)
@@ -415,14 +424,14 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
-    def from_float(cls, linear: torch.nn.Linear) -> "Int8Linear":
+    def from_float(cls, linear: torch.nn.Linear, mode: str = "w8a16") -> "Int8Linear":
         """The layer's weight quantized per output channel
         (``fuseops.quantize_per_channel_int8``) and packed; its bias kept."""
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"Int8Linear.from_float: expected a torch.nn.Linear, got {type(linear).__name__}")
         weight = linear.weight.detach()
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                     device=weight.device, dtype=weight.dtype)
+                     device=weight.device, dtype=weight.dtype, mode=mode)
         with torch.no_grad():
             packed, scale, colsum = pack_int8_weight(*quantize_per_channel_int8(weight))
             module.packed.copy_(packed)
@@ -442,11 +451,13 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
+        if self.mode == "w8a8":
+            return int8_dynamic_linear(x, self.packed, self.scale, self.colsum, bias)
         return int8_weight_only_linear(x, self.packed, self.scale, bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, mode='w8a16'")
+                f"bias={self.bias is not None}, mode={self.mode!r}")
 
 
 __all__ = [

@@ -40,4 +40,19 @@ at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
                                    const at::Tensor& scale,
                                    const std::optional<at::Tensor>& bias = std::nullopt);
 
+// W8A8 dynamic: y = x @ (wq * scale[:, None]).T + bias with the activations
+// quantized per row on the fly. x [..., K] float32, bfloat16, float16 or
+// float64 (rounded to float32 first); each row gets x_scale = absmax/127 and
+// xq = round(x / x_scale) clamped to [-127, 127], exactly as
+// quantize_per_token_int8 computes them (an all-zero row scale 1). The
+// products xq * wq are summed exactly in int32 and the result is
+//   y[m, n] = (float(acc[m, n]) * x_scale[m]) * scale[n] + bias[n]
+// in float32 (float64 for float64 x), rounded to x's dtype. colsum is the
+// third tensor pack_int8_weight returns. A row holding Inf or NaN gives a
+// row of NaN. Inference op: no derivative; called on tensors that require
+// grad with grad mode on it raises.
+at::Tensor int8_dynamic_linear(const at::Tensor& input, const at::Tensor& packed,
+                               const at::Tensor& scale, const at::Tensor& colsum,
+                               const std::optional<at::Tensor>& bias = std::nullopt);
+
 }  // namespace fuseops

@@ -37,11 +37,20 @@ at::Tensor int8_weight_only_linear_autograd(const at::Tensor& input, const at::T
   return fuseops::int8_weight_only_linear(input, packed, scale, bias);
 }
 
+at::Tensor int8_dynamic_linear_autograd(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale, const at::Tensor& colsum,
+                                        const std::optional<at::Tensor>& bias) {
+  check_inference("fuseops::int8_dynamic_linear", {input, packed, scale, colsum, bias});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::int8_dynamic_linear(input, packed, scale, colsum, bias);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("pack_int8_weight", TORCH_FN(pack_int8_weight_autograd));
   m.impl("int8_weight_only_linear", TORCH_FN(int8_weight_only_linear_autograd));
+  m.impl("int8_dynamic_linear", TORCH_FN(int8_dynamic_linear_autograd));
 }
 
 }  // namespace fuseops

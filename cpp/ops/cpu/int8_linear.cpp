@@ -7,6 +7,7 @@
 namespace fuseops::cpu {
 
 FUSEOPS_DEFINE_CPU_KERNEL(int8_weight_only_linear_kernel, detail::Int8WeightOnlyLinearKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(int8_dynamic_linear_kernel, detail::Int8DynamicLinearKernel);
 
 namespace {
 
@@ -14,6 +15,7 @@ struct Kernels {
   static detail::Int8WeightOnlyLinearKernel weight_only() {
     return int8_weight_only_linear_kernel.get();
   }
+  static detail::Int8DynamicLinearKernel dynamic() { return int8_dynamic_linear_kernel.get(); }
 };
 
 }  // namespace

@@ -7,4 +7,5 @@
 
 namespace fuseops::cpu {
 FUSEOPS_DECLARE_CPU_KERNEL(int8_weight_only_linear_kernel, detail::Int8WeightOnlyLinearKernel);
+FUSEOPS_DECLARE_CPU_KERNEL(int8_dynamic_linear_kernel, detail::Int8DynamicLinearKernel);
 }  // namespace fuseops::cpu

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <ATen/Dispatch.h>
@@ -345,9 +346,439 @@ void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor
                                   });
 }
 
+// ---------------------------------------------------------------------------
+// W8A8 dynamic (int8_dynamic_linear). The rows of x are quantized first,
+// into an int8 buffer of whole groups (zeros past K, where the packed
+// weights are 0 too), with quantize_per_token_int8's math; then each task
+// (kDotBlocks blocks of 16 channels x a chunk of rows: the blocks feed
+// every thread at decode sizes, the chunks at large M) sums int8 x int8
+// products in int32, exactly, so every build and every path gives the same
+// sums:
+//  - AVX-512 with AVX512_VNNI: vpdpbusd multiplies unsigned by signed bytes
+//    and adds each channel's four products to its int32 lane: one
+//    instruction per row, block and group of 4; a tile of 12 rows x 2
+//    blocks shares each weight load and each broadcast of 4 activations,
+//    and the tiles of a chunk reuse each slice of the weights from L1. The
+//    activations are stored shifted to
+//    unsigned (xq + 128, as xq ^ 0x80), so the sums carry 128 * colsum[n]
+//    extra, taken off in the epilogue (modulo 2^32: the lanes wrap, and the
+//    true sum fits in int32, see kMaxDynamicK).
+//  - AVX-512 without VNNI and AVX2: vpmaddubsw is not used: with unsigned
+//    activations up to 255 its int16 pair sums (up to 2 * 255 * 128) would
+//    saturate. Both operands are sign-extended to int16 instead (vpmovsxbw)
+//    and vpmaddwd adds each pair of products into an int32 lane (at most
+//    2 * 127 * 128, exact): lane 2c + p of a row holds channel c's pair p
+//    (k mod 4 in {2p, 2p + 1}); the epilogue adds the two.
+//  - DEFAULT: plain int32 loops.
+// The epilogue: y = (float(acc) * x_scale[m]) * scale[n] (+ bias), in
+// float32 (float64 for float64 x).
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Read once; the branch on it is always predicted.
+inline const bool kCpuHasAvx512Vnni =
+    (__builtin_cpu_init(), __builtin_cpu_supports("avx512vnni"));
+// 2 blocks x 12 rows: 24 accumulators, 2 weight vectors, 1 broadcast.
+constexpr int kDotTileRows = 12;
+#elif defined(CPU_CAPABILITY_AVX2)
+constexpr int kDotTileRows = 2;
+#else
+constexpr int kDotTileRows = 1;
+#endif
+// int32 lanes of partial sums per row (the pair layout's 2 per channel).
+constexpr int64_t kDotLanes = 2 * kBlockN;
+// Rows per task, a multiple of the tile; groups per slice of the block's
+// weights that every tile of a chunk runs over while it sits in L1 (8 KiB).
+constexpr int64_t kDotChunkRows = std::max(4 * kDotTileRows, 16);
+constexpr int64_t kDotSliceGroups = 128;
+// Blocks of channels per task.
+constexpr int kDotBlocks = 2;
+
+C10_ALWAYS_INLINE int32_t load_four(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, sizeof(four));
+  return four;
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+C10_ALWAYS_INLINE __m512i dot_u8_s8(__m512i acc, __m512i u8, __m512i s8) {
+  // The compiler is not told about AVX512_VNNI (the build must run on
+  // AVX-512 CPUs without it), hence asm; AT&T order: acc += first * second.
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+}
+
+// Channel c of block j: its sum (shifted by 128 * colsum) in lane c of
+// row r at partial + j * block_stride + r * kDotLanes. B blocks (weights
+// `w_stride` bytes apart) share each broadcast of the activations: B weight
+// loads and R broadcasts feed R * B multiply-adds per group.
+template <int R, int B>
+C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const int8_t* w,
+                                     int64_t w_stride, int64_t groups, int32_t* partial,
+                                     int64_t block_stride, bool first) {
+  // With few accumulators, two per (row, block) (even and odd groups) hide
+  // the instruction's latency.
+  constexpr int U = R * B < 4 ? 2 : 1;
+  __m512i acc[R][B][U];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < B; ++j) {
+      acc[r][j][0] = first ? _mm512_setzero_si512()
+                           : _mm512_loadu_si512(partial + j * block_stride + r * kDotLanes);
+      if constexpr (U == 2) {
+        acc[r][j][U - 1] = _mm512_setzero_si512();
+      }
+    }
+  }
+  int64_t g = 0;
+  for (; g + U <= groups; g += U) {
+    for (int u = 0; u < U; ++u) {
+      __m512i wv[B];
+      for (int j = 0; j < B; ++j) {
+        wv[j] = _mm512_loadu_si512(w + j * w_stride + (g + u) * kGroupBytes);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + (g + u) * kGroupK));
+        for (int j = 0; j < B; ++j) {
+          acc[r][j][u] = dot_u8_s8(acc[r][j][u], xv, wv[j]);
+        }
+      }
+    }
+  }
+  for (; g < groups; ++g) {
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + g * kGroupK));
+      for (int j = 0; j < B; ++j) {
+        acc[r][j][0] = dot_u8_s8(acc[r][j][0], xv,
+                                 _mm512_loadu_si512(w + j * w_stride + g * kGroupBytes));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < B; ++j) {
+      __m512i sum = acc[r][j][0];
+      if constexpr (U == 2) {
+        sum = _mm512_add_epi32(sum, acc[r][j][1]);
+      }
+      _mm512_storeu_si512(partial + j * block_stride + r * kDotLanes, sum);
+    }
+  }
+}
+#endif
+
+// The pair layout (AVX-512 without VNNI, AVX2) or one lane per channel
+// (DEFAULT); signed activations.
+template <int R>
+C10_ALWAYS_INLINE void dot_tile_signed(const int8_t* x, int64_t x_stride, const int8_t* w,
+                                       int64_t groups, int32_t* partial, bool first) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512i acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      acc[r][h] = first ? _mm512_setzero_si512()
+                        : _mm512_loadu_si512(partial + r * kDotLanes + 16 * h);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* wg = w + g * kGroupBytes;
+    const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg)));
+    const __m512i w1 =
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32)));
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv =
+          _mm512_cvtepi8_epi16(_mm256_set1_epi32(load_four(x + r * x_stride + g * kGroupK)));
+      acc[r][0] = _mm512_add_epi32(acc[r][0], _mm512_madd_epi16(w0, xv));
+      acc[r][1] = _mm512_add_epi32(acc[r][1], _mm512_madd_epi16(w1, xv));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      _mm512_storeu_si512(partial + r * kDotLanes + 16 * h, acc[r][h]);
+    }
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256i acc[R][4];
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < 4; ++q) {
+      acc[r][q] = first ? _mm256_setzero_si256()
+                        : _mm256_loadu_si256(
+                              reinterpret_cast<const __m256i*>(partial + r * kDotLanes + 8 * q));
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i wv[4];
+    for (int q = 0; q < 4; ++q) {
+      wv[q] = _mm256_cvtepi8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + g * kGroupBytes + 16 * q)));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv =
+          _mm256_cvtepi8_epi16(_mm_set1_epi32(load_four(x + r * x_stride + g * kGroupK)));
+      for (int q = 0; q < 4; ++q) {
+        acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(wv[q], xv));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < 4; ++q) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(partial + r * kDotLanes + 8 * q), acc[r][q]);
+    }
+  }
+#else
+  for (int r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < kBlockN; ++c) {
+      int32_t sum = first ? 0 : partial[r * kDotLanes + c];
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t j = 0; j < kGroupK; ++j) {
+          sum += static_cast<int32_t>(x[r * x_stride + g * kGroupK + j]) *
+                 static_cast<int32_t>(w[g * kGroupBytes + c * kGroupK + j]);
+        }
+      }
+      partial[r * kDotLanes + c] = sum;
+    }
+  }
+#endif
+}
+
+// `blocks` (1 or kDotBlocks) blocks of channels for `rows` in [1,
+// kDotTileRows] rows: dot_tile_vnni or, block by block, dot_tile_signed.
+template <bool kVnni, int R = kDotTileRows>
+void dot_tile_rows(int rows, int blocks, const int8_t* x, int64_t x_stride, const int8_t* w,
+                   int64_t w_stride, int64_t groups, int32_t* partial, int64_t block_stride,
+                   bool first) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      dot_tile_rows<kVnni, R - 1>(rows, blocks, x, x_stride, w, w_stride, groups, partial,
+                                  block_stride, first);
+      return;
+    }
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (kVnni) {
+    if (blocks == kDotBlocks && R > 1) {
+      dot_tile_vnni<R, kDotBlocks>(x, x_stride, w, w_stride, groups, partial, block_stride,
+                                   first);
+    } else {
+      for (int j = 0; j < blocks; ++j) {
+        dot_tile_vnni<R, 1>(x, x_stride, w + j * w_stride, w_stride, groups,
+                            partial + j * block_stride, block_stride, first);
+      }
+    }
+    return;
+  }
+#endif
+  for (int j = 0; j < blocks; ++j) {
+    dot_tile_signed<R>(x, x_stride, w + j * w_stride, groups, partial + j * block_stride, first);
+  }
+}
+
+// Quantizes one row of k float32/bfloat16/float16 values like
+// quantize_per_token_int8 (scale absmax / 127, 1 for an all-zero row;
+// q = round(x / scale), ties to even) into q, XOR 0x80 when `shift` (the
+// unsigned form xq + 128); returns the scale, NaN when the row holds Inf
+// or NaN (its q are then 0).
+template <typename scalar_t>
+float quantize_row_for_dot(const scalar_t* x, int64_t k, int8_t* q, bool shift) {
+  using Block = OpmathBlock<scalar_t>;
+  FloatVec amax_vec(0.0f);
+  for_each_block<Block::kSize>(k, [&](int64_t i, int64_t count) {
+    const auto regs = Block::load(x + i, count);
+    for (int r = 0; r < Block::kRegisters; ++r) {
+      amax_vec = at::vec::maximum(amax_vec, regs[r].abs());
+    }
+  });
+  float lanes[W];
+  amax_vec.store(lanes);
+  float amax = 0.0f;
+  for (int64_t j = 0; j < W; ++j) {
+    // Written so that NaN makes it false: maximum() kept any NaN lane.
+    if (!(lanes[j] <= std::numeric_limits<float>::max())) {
+      std::memset(q, shift ? 0x80 : 0, static_cast<size_t>(k));
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    amax = std::max(amax, lanes[j]);
+  }
+  float scale = amax / 127.0f;
+  if (scale == 0.0f) {
+    scale = 1.0f;
+  }
+  const FloatVec s(scale);
+  const FloatVec lo(-127.0f);
+  const FloatVec hi(127.0f);
+  for_each_block<Block::kSize>(k, [&](int64_t i, int64_t count) {
+    const auto regs = Block::load(x + i, count);
+    for (int r = 0; r < Block::kRegisters && r * W < count; ++r) {
+      // Division, as quantize_per_token_int8 does, so q is round(x / scale).
+      store_float_as_int8(q + i + r * W, at::vec::clamp((regs[r] / s).round(), lo, hi),
+                          std::min(W, count - r * W));
+    }
+  });
+  if (shift) {
+    for (int64_t i = 0; i < k; ++i) {
+      q[i] = static_cast<int8_t>(static_cast<uint8_t>(q[i]) ^ 0x80u);
+    }
+  }
+  return scale;
+}
+
+// float64 rows are rounded to float32 into `buffer` first.
+float quantize_row_for_dot(const double* x, int64_t k, int8_t* q, bool shift,
+                           std::vector<float>& buffer) {
+  buffer.resize(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) {
+    buffer[i] = static_cast<float>(x[i]);
+  }
+  return quantize_row_for_dot(buffer.data(), k, q, shift);
+}
+
+template <typename scalar_t>
+float quantize_row_for_dot(const scalar_t* x, int64_t k, int8_t* q, bool shift,
+                           std::vector<float>& /*buffer*/) {
+  return quantize_row_for_dot(x, k, q, shift);
+}
+
+template <typename scalar_t>
+void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& packed,
+                    const at::Tensor& scale, const at::Tensor& colsum, const at::Tensor& bias) {
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = scale.size(0);
+  const int64_t blocks = packed.size(0);
+  const int64_t groups = packed.size(1);
+  const int64_t k_padded = groups * kGroupK;
+#if defined(CPU_CAPABILITY_AVX512)
+  const bool vnni = kCpuHasAvx512Vnni;
+#else
+  const bool vnni = false;
+#endif
+
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  // Zeros past K: the packed weights there are 0, so any value adds 0. One
+  // cache line more than the row between rows: with power-of-two K the rows
+  // of a tile would otherwise share a few L1 sets and evict each other.
+  const int64_t x_stride = k_padded + 64;
+  std::vector<int8_t> xq(static_cast<size_t>(m_total * x_stride), 0);
+  std::vector<float> x_scale(static_cast<size_t>(m_total));
+  at::parallel_for(0, m_total, row_grain(k), [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer;
+    for (int64_t m = begin; m < end; ++m) {
+      x_scale[m] = quantize_row_for_dot(in + m * k, k, xq.data() + m * x_stride, vnni, buffer);
+    }
+  });
+
+  const int8_t* w = packed.const_data_ptr<int8_t>();
+  const float* s = scale.const_data_ptr<float>();
+  const int32_t* cs = colsum.const_data_ptr<int32_t>();
+  const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
+  scalar_t* o = out.mutable_data_ptr<scalar_t>();
+  const int64_t chunks = (m_total + kDotChunkRows - 1) / kDotChunkRows;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  constexpr bool kPairs = true;
+#else
+  constexpr bool kPairs = false;
+#endif
+
+  const int64_t units = (blocks + kDotBlocks - 1) / kDotBlocks;
+  const int64_t block_bytes = groups * kGroupBytes;
+  const int64_t block_stride = kDotChunkRows * kDotLanes;
+  at::parallel_for(0, units * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> partial(static_cast<size_t>(kDotBlocks * block_stride));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t first_block = (task / chunks) * kDotBlocks;
+      const int unit_blocks = static_cast<int>(std::min<int64_t>(kDotBlocks, blocks - first_block));
+      const int64_t m_begin = (task % chunks) * kDotChunkRows;
+      const int64_t m_end = std::min(m_total, m_begin + kDotChunkRows);
+      const int8_t* wb = w + first_block * block_bytes;
+      // One tile streams the blocks' weights once; several share each
+      // slice of them from L1.
+      const int64_t slice = m_end - m_begin <= kDotTileRows ? groups : kDotSliceGroups;
+      for (int64_t g0 = 0; g0 < groups; g0 += slice) {
+        const int64_t count = std::min(slice, groups - g0);
+        for (int64_t m = m_begin; m < m_end; m += kDotTileRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kDotTileRows, m_end - m));
+          const int8_t* xm = xq.data() + m * x_stride + g0 * kGroupK;
+          int32_t* pm = partial.data() + (m - m_begin) * kDotLanes;
+          if (vnni) {
+            dot_tile_rows<true>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes,
+                                block_bytes, count, pm, block_stride, g0 == 0);
+          } else {
+            dot_tile_rows<false>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes,
+                                 block_bytes, count, pm, block_stride, g0 == 0);
+          }
+        }
+      }
+      using opmath_t = at::opmath_type<scalar_t>;
+      for (int j = 0; j < unit_blocks; ++j) {
+        const int64_t block = first_block + j;
+        const int64_t ch0 = block * kBlockN;
+        const int64_t channels = std::min(kBlockN, n - ch0);
+        for (int64_t m = m_begin; m < m_end; ++m) {
+          const int32_t* lanes = partial.data() + j * block_stride + (m - m_begin) * kDotLanes;
+          // The channels' exact sums, as float32 (or float64) values.
+          opmath_t sums[kBlockN];
+          for (int64_t c = 0; c < channels; ++c) {
+            int32_t acc;
+            if (vnni) {
+              // Modulo 2^32, as the lanes wrapped; the true sum fits.
+              acc = static_cast<int32_t>(static_cast<uint32_t>(lanes[c]) -
+                                         128u * static_cast<uint32_t>(cs[ch0 + c]));
+            } else if (kPairs) {
+              acc = lanes[2 * c] + lanes[2 * c + 1];
+            } else {
+              acc = lanes[c];
+            }
+            sums[c] = static_cast<opmath_t>(acc);
+          }
+          scalar_t* om = o + m * n + ch0;
+          if constexpr (std::is_same_v<opmath_t, float>) {
+            // The same operations lane by lane, so the same bits as the
+            // scalar form, in every build.
+            const FloatVec xs(x_scale[m]);
+            for (int64_t c = 0; c < channels; c += W) {
+              const int64_t count = std::min(W, channels - c);
+              FloatVec value = (FloatVec::loadu(sums + c, count) * xs) *
+                               FloatVec::loadu(s + ch0 + c, count);
+              if (b != nullptr) {
+                float bias_lanes[W];
+                for (int64_t l = 0; l < count; ++l) {
+                  bias_lanes[l] = static_cast<float>(b[ch0 + c + l]);
+                }
+                value = value + FloatVec::loadu(bias_lanes, count);
+              }
+              if constexpr (std::is_same_v<scalar_t, float>) {
+                value.store(om + c, count);
+              } else {
+                narrow_from_float<scalar_t>(value, value).store(om + c, count);
+              }
+            }
+          } else {
+            const opmath_t xs = static_cast<opmath_t>(x_scale[m]);
+            for (int64_t c = 0; c < channels; ++c) {
+              opmath_t value = (sums[c] * xs) * static_cast<opmath_t>(s[ch0 + c]);
+              if (b != nullptr) {
+                value += static_cast<opmath_t>(b[ch0 + c]);
+              }
+              om[c] = static_cast<scalar_t>(value);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+void int8_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
+                                     const at::Tensor& packed, const at::Tensor& scale,
+                                     const at::Tensor& colsum, const at::Tensor& bias) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(),
+                                  "fuseops::int8_dynamic_linear", [&] {
+                                    dynamic_linear<scalar_t>(out, input, packed, scale, colsum,
+                                                             bias);
+                                  });
+}
+
 }  // namespace
 
 FUSEOPS_REGISTER_CPU_KERNEL(int8_weight_only_linear_kernel, &int8_weight_only_linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(int8_dynamic_linear_kernel, &int8_dynamic_linear_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -1,5 +1,6 @@
-"""int8 linear layers: weight packing and the W8A16 linear
-(``int8_weight_only_linear``), plus ``quantize_``, which swaps a model's
+"""int8 linear layers: weight packing, the W8A16 linear
+(``int8_weight_only_linear``) and the W8A8 dynamic one
+(``int8_dynamic_linear``), plus ``quantize_``, which swaps a model's
 ``nn.Linear`` layers for ``fuseops.nn.Int8Linear``.
 
 Weights are quantized per output channel (``quantize_per_channel_int8``),
@@ -7,7 +8,8 @@ then packed (``pack_int8_weight``) into the layout the kernels stream:
 ``packed[b, g, c, j] = wq[16*b + c, 4*g + j]`` (int8, shape
 ``[ceil(N/16), ceil(K/4), 16, 4]``, zeros past N and K), kept with the
 float32 scales ``[N]`` and the int32 per-channel sums ``colsum[n] =
-sum_k wq[n, k]`` (for the int8-activation kernels to come). All three are
+sum_k wq[n, k]`` (the int8-activation kernels' correction for activations
+shifted to unsigned). All three are
 ordinary tensors: a module keeps them as buffers, ``state_dict`` round-trips
 them, and ``torch.compile``/``torch.export`` see plain tensors.
 
@@ -26,8 +28,8 @@ import torch
 from ._sample import Sample, tensor
 
 #: The modes ``quantize_`` has, and those it is designed to grow into.
-QUANTIZE_MODES = ("w8a16",)
-PLANNED_QUANTIZE_MODES = ("w8a8", "2:4", "2:4+w8a8")
+QUANTIZE_MODES = ("w8a16", "w8a8")
+PLANNED_QUANTIZE_MODES = ("2:4", "2:4+w8a8")
 
 
 def pack_int8_weight(wq: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,6 +47,24 @@ def int8_weight_only_linear(
     rounded to float32) and each channel's scale is applied once to its sum:
     ``y[m, n] = scale[n] * sum_k x[m, k] * wq[n, k] + bias[n]``."""
     return torch.ops.fuseops.int8_weight_only_linear(x, packed, scale, bias)
+
+
+def int8_dynamic_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    colsum: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """W8A8 dynamic: ``x [..., K]`` (float32, bfloat16, float16 or float64)
+    quantized per row on the fly exactly as ``quantize_per_token_int8`` does
+    (``x_scale = absmax / 127``, ``xq = round(x / x_scale)``), the int8
+    products summed exactly in int32, then ``y[m, n] = (acc[m, n] *
+    x_scale[m]) * scale[n] + bias[n]`` in float32 (float64 for float64 x),
+    rounded to x's dtype. ``(packed, scale, colsum)`` as
+    ``pack_int8_weight`` returns them; K at most 132104 (int32 sums). A row
+    holding Inf or NaN gives a row of NaN."""
+    return torch.ops.fuseops.int8_dynamic_linear(x, packed, scale, colsum, bias)
 
 
 def unpack_int8_weight(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -69,6 +89,19 @@ def int8_weight_only_linear_reference(x, packed, scale, bias=None):
     return y if bias is None else y + bias.to(x.dtype)
 
 
+def int8_dynamic_linear_reference(x, packed, scale, colsum, bias=None):
+    # The quantized math in float64: the rows quantized in float32 exactly as
+    # the op does (float64 inputs rounded to float32 first), the int8
+    # products summed exactly (|sum| < 2^53), the scales applied in float64.
+    from .quantize import quantize_per_token_int8_reference
+
+    xq, x_scale = quantize_per_token_int8_reference(x)
+    w = unpack_int8_weight(packed, scale.shape[0], x.shape[-1]).to(torch.float64)
+    y = (xq.to(torch.float64) @ w.T) * x_scale.to(torch.float64).unsqueeze(-1) * scale.to(torch.float64)
+    y = y if bias is None else y + bias.to(torch.float64)
+    return y.to(x.dtype)
+
+
 @dataclass(frozen=True)
 class Quantized:
     name: str  # qualified module name in the model
@@ -88,8 +121,9 @@ def quantize_(
     skips everything under it), or a predicate ``skip(name, module)``.
     `model` itself is replaced only through its parent, so pass the model
     that holds the layers. Modes: ``"w8a16"`` (int8 weights per channel,
-    float activations); ``"w8a8"``, ``"2:4"`` and ``"2:4+w8a8"`` are planned
-    and raise ValueError, as does any other name."""
+    float activations) and ``"w8a8"`` (the same weights, activations
+    quantized per token on the fly: ``int8_dynamic_linear``); ``"2:4"`` and
+    ``"2:4+w8a8"`` are planned and raise ValueError, as does any other name."""
     if mode not in QUANTIZE_MODES:
         planned = f" ({mode!r} is planned, not built yet)" if mode in PLANNED_QUANTIZE_MODES else ""
         raise ValueError(
@@ -113,7 +147,7 @@ def quantize_(
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if skipped(name, child):
                 continue
-            setattr(parent, child_name, Int8Linear.from_float(child))
+            setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))
             replaced.append(Quantized(name, child.in_features, child.out_features, mode))
     return replaced
 
@@ -144,6 +178,50 @@ def _weight_int8pack_mm(x, packed, scale):
     return torch._weight_int8pack_mm(x, wq, s)
 
 
+def _dynamic_peer_weight(packed, scale, n, k, engine):
+    # torch.ao's dynamic Linear with the same per-channel int8 weight; it
+    # quantizes activations per tensor (uint8, asymmetric) at run time.
+    key = (packed.data_ptr(), tuple(packed.shape), engine, "ao")
+    if key not in _PEER_WEIGHTS:
+        import warnings
+
+        import torch.ao.nn.quantized.dynamic as nnqd
+
+        torch.backends.quantized.engine = engine
+        wq = unpack_int8_weight(packed, n, k).contiguous()
+        # torch.ao's quantized tensors are deprecated (a UserWarning).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch._make_per_channel_quantized_tensor(wq, scale.double(), torch.zeros(n, dtype=torch.long), 0)
+            module = nnqd.Linear(k, n, bias_=False)
+            module.set_weight_bias(qweight, None)
+        _PEER_WEIGHTS[key] = (module,)
+    return _PEER_WEIGHTS[key]
+
+
+def _ao_dynamic_linear(engine):
+    def peer(x, packed, scale, colsum):
+        (module,) = _dynamic_peer_weight(packed, scale, scale.shape[0], x.shape[-1], engine)
+        # The engine is process-wide: set it for each call (a cheap store).
+        torch.backends.quantized.engine = engine
+        return module(x.float()).to(x.dtype)
+
+    return peer
+
+
+def _int_mm(x, packed, scale, colsum):
+    # torch._int_mm on activations quantized beforehand (per token, as the
+    # op does, outside the timing) and the int8 weight [K, N]: the int8
+    # GEMM alone plus the scales' epilogue.
+    key = (x.data_ptr(), tuple(x.shape), x.dtype, packed.data_ptr(), "int_mm")
+    if key not in _PEER_WEIGHTS:
+        xq, x_scale = torch.ops.fuseops.quantize_per_token_int8(x)
+        wq = unpack_int8_weight(packed, scale.shape[0], x.shape[-1]).contiguous()
+        _PEER_WEIGHTS[key] = (xq, x_scale.unsqueeze(-1), wq)
+    xq, x_scale, wq = _PEER_WEIGHTS[key]
+    return (torch._int_mm(xq, wq.t()).float() * x_scale * scale).to(x.dtype)
+
+
 def _x_and_weight(rows, hidden, dtype, device, gen):
     """Activations [rows, hidden] and a packed int8 weight [hidden, hidden]
     quantized from a random one."""
@@ -151,6 +229,16 @@ def _x_and_weight(rows, hidden, dtype, device, gen):
     w = torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
     packed, scale, _ = pack_int8_weight(*torch.ops.fuseops.quantize_per_channel_int8(w))
     return x, packed, scale
+
+
+def _x_and_dynamic_weight(rows, hidden, dtype, device, gen):
+    x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
+    w = torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
+    return (x, *pack_int8_weight(*torch.ops.fuseops.quantize_per_channel_int8(w)))
+
+
+def _f_linear_dynamic(x, packed, scale, colsum):
+    return _f_linear(x, packed, scale)
 
 
 def bench_cases():
@@ -172,7 +260,23 @@ def bench_cases():
         make_inputs=_x_and_weight, forward_traffic=traffic, backward_traffic=Traffic(rows=0),
         has_out=False, differentiable=(), shapes=shapes,
     )
+    # W8A8: the same traffic plus the int32 column sums.
+    dynamic = dict(
+        common, fuseops="int8_dynamic_linear", reference="int8_dynamic_linear",
+        make_inputs=_x_and_dynamic_weight,
+        forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 8 * hidden),
+    )
     return [
+        Case("int8_dynamic_linear", native=_f_linear_dynamic, native_label="F.linear (dequantized weight)",
+             description="W8A8 dynamic: x quantized per token, int8 x int8 in int32", **dynamic),
+        Case("int8_dynamic_linear_ao_fbgemm", native=_ao_dynamic_linear("fbgemm"),
+             native_label="torch.ao dynamic Linear (fbgemm)",
+             description="W8A8 against torch.ao.nn.quantized.dynamic.Linear, fbgemm engine", **dynamic),
+        Case("int8_dynamic_linear_ao_onednn", native=_ao_dynamic_linear("onednn"),
+             native_label="torch.ao dynamic Linear (onednn)",
+             description="W8A8 against torch.ao.nn.quantized.dynamic.Linear, onednn engine", **dynamic),
+        Case("int8_dynamic_linear_int_mm", native=_int_mm, native_label="torch._int_mm (x pre-quantized)",
+             description="W8A8 against ATen's int8 matmul on pre-quantized activations", **dynamic),
         Case("int8_weight_only_linear", native=_f_linear, native_label="F.linear (dequantized weight)",
              description="W8A16: x @ (wq * scale).T, int8 weight per channel", **common),
         Case("int8_weight_only_linear_int8pack", native=_weight_int8pack_mm,
@@ -209,6 +313,18 @@ def samples(device) -> list[Sample]:
         Sample(ops.int8_weight_only_linear.default, (t((0, 10)), w37, s37, None), int8_weight_only_linear),
         Sample(ops.int8_weight_only_linear.default, (t((3, 0)), *packed(5, 0), t((5,))), int8_weight_only_linear),
     ]
+    wd = pack_int8_weight(*weight(37, 10))
+    zero_rows = t((4, 10))
+    zero_rows[1] = 0  # scale 1, the bias alone
+    result += [
+        Sample(ops.int8_dynamic_linear.default, (t((3, 10)), *wd, None), int8_dynamic_linear),
+        Sample(ops.int8_dynamic_linear.default, (zero_rows, *wd, t((37,))), int8_dynamic_linear),
+        Sample(ops.int8_dynamic_linear.default, (t((2, 4, 10), torch.bfloat16, "transposed"), *wd, t((37,), torch.bfloat16)), int8_dynamic_linear),
+        Sample(ops.int8_dynamic_linear.default, (t((5, 10), torch.float16, "sliced"), *wd, None), int8_dynamic_linear),
+        Sample(ops.int8_dynamic_linear.default, (t((10,), torch.float64), *wd, None), int8_dynamic_linear),
+        Sample(ops.int8_dynamic_linear.default, (t((0, 10)), *wd, None), int8_dynamic_linear),
+        Sample(ops.int8_dynamic_linear.default, (t((3, 0)), *pack_int8_weight(*weight(5, 0)), t((5,))), int8_dynamic_linear),
+    ]
     # Every CPU build: more rows than a register tile and than a task's
     # chunk (the widened-weight path), partial blocks of channels and groups.
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
@@ -216,7 +332,13 @@ def samples(device) -> list[Sample]:
         for m in (1, 5, 61):
             result.append(Sample(ops.int8_weight_only_linear.default,
                                  (t((m, 129), dtype), wp, sp, t((37,), dtype)), int8_weight_only_linear, large=True))
+        # W8A8: one tile, several, several chunks and slices of 128 groups
+        # (K = 600: 150 groups).
+        wd = pack_int8_weight(*weight(37, 600))
+        for m in (1, 5, 61):
+            result.append(Sample(ops.int8_dynamic_linear.default,
+                                 (t((m, 600), dtype), *wd, t((37,), dtype)), int8_dynamic_linear, large=True))
     return result
 
 
-__all__ = ["int8_weight_only_linear", "pack_int8_weight", "quantize_", "unpack_int8_weight"]
+__all__ = ["int8_dynamic_linear", "int8_weight_only_linear", "pack_int8_weight", "quantize_", "unpack_int8_weight"]

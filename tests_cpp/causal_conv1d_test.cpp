@@ -27,23 +27,13 @@ namespace {
 
 using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
-
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16:
-      return 1e-2;
-    case at::kHalf:
-      return 2e-3;
-    default:
-      return 1e-5;
-  }
-}
+using fuseops::testing::reduction_tolerance;
 
 void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype,
                   double scale = 1.0) {
   ASSERT_EQ(actual.sizes(), expected.sizes());
   ASSERT_EQ(actual.scalar_type(), dtype);
-  const double tol = tolerance(dtype) * scale;
+  const double tol = reduction_tolerance(dtype) * scale;
   const at::Tensor a = actual.to(at::kDouble);
   const at::Tensor e = expected.to(dtype).to(at::kDouble);
   EXPECT_TRUE(at::allclose(a, e, tol, tol, /*equal_nan=*/true))

@@ -23,6 +23,7 @@ namespace {
 
 using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
+using fuseops::testing::reduction_tolerance;
 
 
 // Rows shorter than a vector, tails after full vectors, zero rows, several
@@ -30,21 +31,10 @@ using fuseops::testing::kDtypes;
 const std::vector<std::vector<int64_t>> kShapes = {
     {1}, {7}, {3, 17}, {5, 0, 33}, {2, 3, 64}, {37, 1000}, {300, 96}, {3, 20011}};
 
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16:
-      return 1e-2;
-    case at::kHalf:
-      return 2e-3;
-    default:
-      return 1e-5;
-  }
-}
-
 void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype) {
   ASSERT_EQ(actual.sizes(), expected.sizes());
   ASSERT_EQ(actual.scalar_type(), dtype);
-  const double tol = tolerance(dtype);
+  const double tol = reduction_tolerance(dtype);
   const at::Tensor a = actual.to(at::kDouble);
   const at::Tensor e = expected.to(dtype).to(at::kDouble);
   EXPECT_TRUE(at::allclose(a, e, tol, tol, /*equal_nan=*/true))
@@ -109,7 +99,7 @@ void check_forward_and_backward(const at::Tensor& x, at::ScalarType dtype, bool 
   // The parameter gradients are sums over all rows: their error grows with
   // the row count; scale the tolerance by sqrt(rows).
   const double rows_factor = std::sqrt(std::max<double>(1.0, x.numel() / std::max<int64_t>(hidden, 1)));
-  const double tol = tolerance(dtype) * rows_factor;
+  const double tol = reduction_tolerance(dtype) * rows_factor;
   EXPECT_TRUE(at::allclose(dw.to(at::kDouble), grads[1], tol, tol));
   EXPECT_TRUE(at::allclose(db.to(at::kDouble), grads[2], tol, tol));
 }
@@ -179,7 +169,7 @@ TEST(LayerNorm, ForwardStatisticsFeedBackwardLikeAutograd) {
     EXPECT_TRUE(at::equal(db, b.grad()));
     const auto grads = composite_backward(upstream, x.detach(), w.detach(), 1e-5);
     expect_close(dx, grads[0], dtype);
-    const double tol = tolerance(dtype) * std::sqrt(15.0);
+    const double tol = reduction_tolerance(dtype) * std::sqrt(15.0);
     EXPECT_TRUE(at::allclose(dw.to(at::kDouble), grads[1], tol, tol));
     EXPECT_TRUE(at::allclose(db.to(at::kDouble), grads[2], tol, tol));
   }
@@ -200,7 +190,7 @@ TEST(LayerNorm, BackwardTakesNativeLayerNormStatistics) {
     const auto [dx, dw, db] = fuseops::layer_norm_backward(dy, x, w, mean, rstd);
     const auto [ex, ew, eb] =
         at::native_layer_norm_backward(dy, x, {40}, mean, rstd, w, b, {true, true, true});
-    const double tol = tolerance(dtype);
+    const double tol = reduction_tolerance(dtype);
     const double sum_tol = tol * std::sqrt(24.0);
     EXPECT_TRUE(at::allclose(dx.to(at::kDouble), ex.to(at::kDouble), tol, tol));
     EXPECT_TRUE(at::allclose(dw.to(at::kDouble), ew.to(at::kDouble), sum_tol, sum_tol));

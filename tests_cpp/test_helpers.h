@@ -35,6 +35,21 @@ inline double elementwise_tolerance(at::ScalarType dtype) {
   }
 }
 
+// Relative tolerance of a result that sums over a row or a window in
+// float32 (float64 for double) and is rounded once: a few units in the last
+// place of bfloat16 (2^-8) and float16 (2^-11) for the rounding, 1e-5 for
+// float32 sums of up to ~10^4 terms.
+inline double reduction_tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16:
+      return 1e-2;
+    case at::kHalf:
+      return 2e-3;
+    default:
+      return 1e-5;
+  }
+}
+
 // Largest magnitude in `t` (1 for an empty tensor): the scale of absolute floors.
 inline double absmax(const at::Tensor& t) {
   return t.numel() == 0 ? 1.0 : t.abs().max().item<double>();

@@ -111,11 +111,16 @@ def anon_huge_kb(ptr):
 def test_output_gets_huge_pages_where_the_system_allows():
     result = run_python(_ANON_HUGE_PAGES_OF + """
 import torch, fuseops
-y = fuseops.relu(torch.randn(16 << 20))  # 64 MiB, written by the kernel
+x = torch.randn(16 << 20)
+y = fuseops.relu(x)  # huge pages off (the default): ordinary memory
 print(anon_huge_kb(y.data_ptr()))
+fuseops.cpu.set_output_huge_pages(True)
+z = fuseops.relu(x)  # 64 MiB, written by the kernel
+print(anon_huge_kb(z.data_ptr()))
 """)
     assert result.returncode == 0, result.stderr
-    assert int(result.stdout.split()[-1]) > 0, result.stdout
+    off, on = (int(v) for v in result.stdout.split()[-2:])
+    assert off == 0 and on > 0, result.stdout
 
 
 def test_correct_without_huge_pages():
@@ -125,6 +130,7 @@ def test_correct_without_huge_pages():
 import ctypes, torch, fuseops
 PR_SET_THP_DISABLE = 41
 assert ctypes.CDLL(None).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+fuseops.cpu.set_output_huge_pages(True)
 x = torch.randn(16 << 20)
 y = fuseops.relu(x)
 assert torch.equal(y, torch.relu(x))
@@ -167,6 +173,7 @@ for _ in range(3):
     assert torch.equal(y, torch.relu(x))
     del y
 assert fuseops.cpu.output_memory_stats()["cache_hits"] == 2
+assert fuseops.cpu.output_memory_stats()["huge_page_advised"] == 1  # one block, reused
 fuseops.cpu.tune_memory(0)
 stats = fuseops.cpu.output_memory_stats()
 assert stats["cache_limit"] == 0 and stats["bytes_cached"] == 0, stats

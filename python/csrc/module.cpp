@@ -70,6 +70,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("set_output_cache_limit", &fuseops::set_output_cache_limit, py::arg("bytes"));
   m.def("release_cached_output_memory", &fuseops::release_cached_output_memory);
+  m.def("set_output_huge_pages", &fuseops::set_output_huge_pages, py::arg("enabled"));
   m.def("cpu_kernel_calls", [] {
     py::dict d;
     for (const auto& [capability, calls] : fuseops::cpu_kernel_calls()) {

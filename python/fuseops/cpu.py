@@ -6,17 +6,17 @@ free, so the first write to every 4 KiB page of a new tensor faults into the
 kernel, which zeroes the page. Writing a new 64 MiB result costs several
 times what writing into an existing tensor costs.
 
-fuseops' own large outputs (2 MiB and up) avoid most of that by default: they
-are whole transparent huge pages (2 MiB aligned, ``MADV_HUGEPAGE``), one fault
-per 2 MiB where the system allows huge pages (``/sys/kernel/mm/
-transparent_hugepage/enabled`` set to ``madvise`` or ``always``) and ordinary
-memory elsewhere. This costs no memory beyond rounding each large output up to
-a multiple of 2 MiB.
+fuseops' own large outputs (2 MiB and up) come from an allocator of its own,
+2 MiB aligned, which can mark them ``MADV_HUGEPAGE`` (one fault per 2 MiB
+where the system allows transparent huge pages) and keep freed blocks for
+reuse. Both are off by default: with the common ``defrag=madvise`` setting a
+huge-page fault compacts memory synchronously when no free huge page is at
+hand, which can cost more than the faults it saves, and a cache keeps memory.
 
-:func:`tune_memory` goes further, for the whole process, at the price of
+:func:`tune_memory` turns them on, for the whole process, at the price of
 memory kept: freed memory is kept for reuse instead of being returned to the
 system, by glibc for every PyTorch tensor and by fuseops' cache for its
-outputs.
+outputs, whose blocks are huge pages.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "output_memory_stats",
     "release_memory",
     "set_output_cache_limit",
+    "set_output_huge_pages",
     "tune_memory",
 ]
 
@@ -53,6 +54,12 @@ def set_output_cache_limit(nbytes: int) -> None:
     """Keep up to ``nbytes`` of freed fuseops outputs for reuse (0: off, the
     default). Blocks above a new, lower limit are returned at once."""
     _C.set_output_cache_limit(int(nbytes))
+
+
+def set_output_huge_pages(enabled: bool) -> None:
+    """Mark new large output blocks ``MADV_HUGEPAGE`` (default off; see the
+    module's documentation for why)."""
+    _C.set_output_huge_pages(bool(enabled))
 
 
 def _glibc() -> Optional[ctypes.CDLL]:
@@ -90,13 +97,15 @@ def tune_memory(keep_bytes: Optional[int] = None) -> dict:
       heap is kept instead of being returned (``M_TRIM_THRESHOLD``). This is
       what ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the
       environment would do, applied after start-up.
-    - fuseops: its cache of freed output blocks is bounded by ``keep_bytes``.
+    - fuseops: its cache of freed output blocks is bounded by ``keep_bytes``,
+      and new blocks are marked for transparent huge pages (a block's
+      compaction cost is paid once, then the block is reused).
 
     The cost is memory: the process keeps up to about ``keep_bytes`` (twice,
     counting both) it has freed, so its resident size stays near its peak.
     ``keep_bytes`` defaults to :func:`default_keep_bytes`; ``keep_bytes=0``
     goes back to glibc's default thresholds (its dynamic adjustment of them
-    stays off) and turns fuseops' cache off. :func:`release_memory` returns
+    stays off) and turns fuseops' cache and huge pages off. :func:`release_memory` returns
     what is kept without changing the settings.
 
     Returns what it applied: ``{"keep_bytes", "glibc", "output_cache_limit"}``
@@ -117,4 +126,5 @@ def tune_memory(keep_bytes: Optional[int] = None) -> dict:
             libc.mallopt(_M_TRIM_THRESHOLD, threshold)
         )
     set_output_cache_limit(keep_bytes)
+    set_output_huge_pages(keep_bytes > 0)
     return {"keep_bytes": keep_bytes, "glibc": glibc_applied, "output_cache_limit": keep_bytes}

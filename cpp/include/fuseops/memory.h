@@ -26,4 +26,10 @@ void set_output_cache_limit(std::int64_t bytes);
 // Returns every cached block to the system (the limit stays).
 void release_cached_output_memory();
 
+// Whether new output blocks are marked MADV_HUGEPAGE (off by default: where
+// the system compacts memory synchronously for such regions, a fault can
+// stall for milliseconds when no free huge page is at hand, which costs more
+// than the faults it saves unless freed blocks are reused from the cache).
+void set_output_huge_pages(bool enabled);
+
 }  // namespace fuseops

@@ -5,6 +5,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -72,6 +73,8 @@ class OutputAllocator final : public c10::Allocator {
     unmap_all(evicted);
   }
 
+  void set_huge_pages(bool enabled) { huge_pages_.store(enabled, std::memory_order_relaxed); }
+
   void release_cache() {
     std::list<Block> evicted;
     {
@@ -116,7 +119,8 @@ class OutputAllocator final : public c10::Allocator {
     void* ptr = reinterpret_cast<void*>(aligned);
     // Fails (EINVAL) where the kernel has no transparent huge pages; the
     // mapping then behaves like any other, so the result is ignored.
-    const bool advised = madvise(ptr, bytes, MADV_HUGEPAGE) == 0;
+    const bool advised =
+        huge_pages_.load(std::memory_order_relaxed) && madvise(ptr, bytes, MADV_HUGEPAGE) == 0;
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.allocations;
     stats_.huge_page_advised += advised ? 1 : 0;
@@ -172,6 +176,7 @@ class OutputAllocator final : public c10::Allocator {
     }
   }
 
+  std::atomic<bool> huge_pages_{false};
   std::mutex mutex_;
   std::list<Block> cache_;  // most recently freed first
   OutputMemoryStats stats_;
@@ -210,5 +215,7 @@ void set_output_cache_limit(std::int64_t bytes) {
 }
 
 void release_cached_output_memory() { OutputAllocator::instance().release_cache(); }
+
+void set_output_huge_pages(bool enabled) { OutputAllocator::instance().set_huge_pages(enabled); }
 
 }  // namespace fuseops

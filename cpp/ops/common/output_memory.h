@@ -8,16 +8,20 @@
 // same bytes into an existing tensor costs. fuseops therefore allocates its
 // large CPU outputs (at least kLargeOutputBytes) itself:
 //
-// - aligned to 2 MiB and marked MADV_HUGEPAGE, so where the system allows
-//   transparent huge pages (`enabled` set to `madvise` or `always`) first
-//   touch faults once per 2 MiB instead of once per 4 KiB; elsewhere madvise
-//   fails and the memory behaves like any other;
+// - aligned to 2 MiB, and, when asked (`set_output_huge_pages`), marked
+//   MADV_HUGEPAGE, so where the system allows transparent huge pages first
+//   touch faults once per 2 MiB instead of once per 4 KiB. Off by default:
+//   with the common `defrag=madvise` setting a fault in such a region
+//   compacts memory synchronously when no free huge page is at hand, and a
+//   bench on a machine whose memory had been fragmented by a long test run
+//   measured 8 MiB outputs taking ~10 ms instead of ~0.5 ms;
 // - optionally, freed blocks are kept in a cache bounded in bytes and reused
 //   by the next output of the same rounded size (already mapped and touched:
-//   no faults at all). The cache is off by default because it keeps memory
-//   the program freed; `set_output_cache_limit` turns it on
-//   (`fuseops.cpu.tune_memory()` in Python); fuseops/memory.h has the
-//   controls and statistics.
+//   no faults at all). Off by default because it keeps memory the program
+//   freed.
+//
+// `fuseops.cpu.tune_memory()` turns both on; fuseops/memory.h has the
+// controls and statistics.
 //
 // Tensors allocated here are ordinary tensors: they free, resize, pickle and
 // share with numpy like any other; only the allocator behind their storage

@@ -47,7 +47,7 @@ def header_lines(env: dict) -> list[str]:
     memory = env.get("memory_settings")
     lines.append("memory: " + (
         f"fuseops.cpu.tune_memory(keep_bytes={memory['keep_bytes']}) for every peer"
-        if memory else "process defaults (large fuseops outputs on huge pages)"))
+        if memory else "process defaults"))
     if not env["compile_peer"]:
         lines.append("torch.compile peer skipped (--no-compile)")
     load = env.get("load_average_at_start")

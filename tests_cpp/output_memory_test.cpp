@@ -17,12 +17,25 @@ namespace {
 
 constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 
-// Every test leaves the process as it found it: cache off and empty.
+// The allocator serves outputs once huge pages (or the cache) are on; every
+// test leaves the process as it found it: both off, cache empty.
 class OutputMemory : public ::testing::Test {
  protected:
-  void SetUp() override { fuseops::set_output_cache_limit(0); }
-  void TearDown() override { fuseops::set_output_cache_limit(0); }
+  void SetUp() override {
+    fuseops::set_output_cache_limit(0);
+    fuseops::set_output_huge_pages(true);
+  }
+  void TearDown() override {
+    fuseops::set_output_cache_limit(0);
+    fuseops::set_output_huge_pages(false);
+  }
 };
+
+TEST(OutputMemoryOff, ByDefaultOutputsComeFromPyTorch) {
+  const auto before = fuseops::output_memory_stats();
+  const at::Tensor y = fuseops::relu(at::randn({1 << 20}));
+  EXPECT_EQ(fuseops::output_memory_stats().allocations, before.allocations);
+}
 
 bool huge_page_aligned(const at::Tensor& t) {
   return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % (2 * kMiB) == 0;

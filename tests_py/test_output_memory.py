@@ -18,6 +18,21 @@ MiB = 1 << 20
 HUGE_PAGE = 2 * MiB
 
 
+@pytest.fixture(autouse=True)
+def _huge_pages_on():
+    # The allocator serves outputs once huge pages (or its cache) are on.
+    fuseops.cpu.set_output_huge_pages(True)
+    yield
+    fuseops.cpu.set_output_huge_pages(False)
+
+
+def test_by_default_outputs_come_from_pytorch():
+    fuseops.cpu.set_output_huge_pages(False)
+    before = fuseops.cpu.output_memory_stats()["allocations"]
+    fuseops.relu(torch.randn(MiB))
+    assert fuseops.cpu.output_memory_stats()["allocations"] == before
+
+
 def _large_input() -> torch.Tensor:
     # 4 MiB + 4 bytes of float32: an odd size that rounds up to 6 MiB.
     return torch.randn(MiB + 1)
@@ -112,7 +127,8 @@ def test_output_gets_huge_pages_where_the_system_allows():
     result = run_python(_ANON_HUGE_PAGES_OF + """
 import torch, fuseops
 x = torch.randn(16 << 20)
-y = fuseops.relu(x)  # huge pages off (the default): ordinary memory
+fuseops.cpu.set_output_cache_limit(1 << 30)  # the allocator in use, huge pages off
+y = fuseops.relu(x)
 print(anon_huge_kb(y.data_ptr()))
 fuseops.cpu.set_output_huge_pages(True)
 z = fuseops.relu(x)  # 64 MiB, written by the kernel

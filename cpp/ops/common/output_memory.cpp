@@ -75,6 +75,17 @@ class OutputAllocator final : public c10::Allocator {
 
   void set_huge_pages(bool enabled) { huge_pages_.store(enabled, std::memory_order_relaxed); }
 
+  // Whether outputs should come from here at all: without huge pages or a
+  // cache a fresh mapping per output only loses to glibc, which reuses freed
+  // blocks below its (dynamic, up to 32 MiB) mmap threshold.
+  bool in_use() {
+    if (huge_pages_.load(std::memory_order_relaxed)) {
+      return true;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_.cache_limit > 0;
+  }
+
   void release_cache() {
     std::list<Block> evicted;
     {
@@ -198,7 +209,7 @@ at::Tensor empty_output(c10::IntArrayRef sizes, const c10::TensorOptions& option
                          static_cast<std::size_t>(c10::multiply_integers(sizes)) *
                                  options.dtype().itemsize() >=
                              kLargeOutputBytes;
-  if (!large_cpu) {
+  if (!large_cpu || !OutputAllocator::instance().in_use()) {
     return at::empty(sizes, options);
   }
   return at::detail::empty_generic(sizes, &OutputAllocator::instance(),

@@ -20,8 +20,10 @@
 //   no faults at all). Off by default because it keeps memory the program
 //   freed.
 //
-// `fuseops.cpu.tune_memory()` turns both on; fuseops/memory.h has the
-// controls and statistics.
+// With neither on, outputs come from at::empty as before: a fresh mapping per
+// output would only lose to glibc, which reuses freed blocks below its
+// dynamic mmap threshold (up to 32 MiB). `fuseops.cpu.tune_memory()` turns
+// both on; fuseops/memory.h has the controls and statistics.
 //
 // Tensors allocated here are ordinary tensors: they free, resize, pickle and
 // share with numpy like any other; only the allocator behind their storage
@@ -41,8 +43,9 @@ namespace detail {
 // smallest unit the huge-page path can save faults on.
 constexpr std::size_t kLargeOutputBytes = std::size_t{2} << 20;
 
-// A contiguous tensor of `sizes`, from the huge-page allocator when it is a
-// large CPU tensor, from at::empty otherwise.
+// A contiguous tensor of `sizes`: from the output allocator when it is a
+// large CPU tensor and huge pages or the cache are on, from at::empty
+// otherwise.
 at::Tensor empty_output(c10::IntArrayRef sizes, const c10::TensorOptions& options);
 
 }  // namespace detail

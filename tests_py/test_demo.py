@@ -124,3 +124,42 @@ def test_cli_tune_memory_is_applied_and_reported(tmp_path):
     summary = json.loads((tmp_path / "demo.json").read_text())
     assert summary["memory_settings"]["keep_bytes"] > 0
     assert summary["settings"]["tune_memory"] is True
+
+
+def test_preset_sets_sizes_and_flags_override_it():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    large = demo.resolve_sizes(parser.parse_args(["--preset", "large"]))
+    assert large["d_model"] >= 1024 and large["seq_len"] >= 512
+    assert {k: large[k] for k in demo.PRESETS["large"]} == demo.PRESETS["large"]
+    overridden = demo.resolve_sizes(parser.parse_args(["--preset", "large", "--d-model", "64"]))
+    assert overridden["d_model"] == 64 and overridden["seq_len"] == large["seq_len"]
+    defaults = demo.resolve_sizes(parser.parse_args([]))
+    assert defaults["d_model"] == demo.DemoSettings().d_model
+
+
+def test_cli_compare_tune_memory_reports_four_runs(tmp_path):
+    # The tuned pair trains in a child process (the setting is process-wide).
+    assert main(["demo", "--steps", "3", "--d-model", "32", "--layers", "1", "--heads", "2",
+                 "--seq-len", "16", "--batch-size", "2", "--no-progress", "--no-plot",
+                 "--compare-tune-memory", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    assert summary["memory_settings"] is None
+    assert summary["memory_settings_tuned"]["keep_bytes"] > 0
+    runs = summary["runs"]
+    assert set(runs) == {"torch.nn", "fuseops", "torch.nn + tune_memory",
+                         "fuseops + tune_memory"}
+    # Same seed, same batches, same kernels: the tuned runs' losses are the
+    # untuned ones (memory settings change where tensors live, not values).
+    assert runs["torch.nn + tune_memory"]["losses"] == runs["torch.nn"]["losses"]
+    assert runs["fuseops + tune_memory"]["losses"] == runs["fuseops"]["losses"]
+    assert runs["fuseops + tune_memory"]["other_process"] is True
+    tuned = json.loads((tmp_path / "tuned" / "demo.json").read_text())
+    assert tuned["settings"]["tune_memory"] is True
+
+
+def test_cli_rejects_tune_memory_with_compare(tmp_path, capsys):
+    assert main(["demo", "--tune-memory", "--compare-tune-memory", "--out", str(tmp_path)]) == 2
+    assert "--compare-tune-memory" in capsys.readouterr().err

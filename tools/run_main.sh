@@ -2,9 +2,10 @@
 # Sets up (tools/setup.sh, which also installs the bench extra: matplotlib and
 # tqdm) and runs the main job: how fuseops was built, the quick benchmark
 # against eager PyTorch, torch.compile and the native ops (table, JSON, CSV and
-# chart in bench-results/), then the training demo (summary and loss curves in
-# demo-results/), under the process's default memory settings and again under
-# fuseops.cpu.tune_memory() (demo-results/tuned/).
+# chart in bench-results/), then the training demo twice: the small model
+# (demo-results/) and the large preset (hidden 1024, 512 positions:
+# demo-results/large/), each under the process's default memory settings and
+# again, in a child process, under fuseops.cpu.tune_memory().
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -17,13 +18,11 @@ venv=${FUSEOPS_VENV:-.venv}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 echo "== python -m fuseops bench (quick preset)"
 "$venv/bin/python" -m fuseops bench --out bench-results
-echo "== python -m fuseops demo"
-"$venv/bin/python" -m fuseops demo --out demo-results
-# Once more with freed memory kept for reuse (fuseops.cpu.tune_memory(), which
-# changes the whole process, so a second process): what the setting itself
-# is worth, for both models.
-echo "== python -m fuseops demo --tune-memory"
-"$venv/bin/python" -m fuseops demo --tune-memory --out demo-results/tuned
+echo "== python -m fuseops demo --compare-tune-memory"
+"$venv/bin/python" -m fuseops demo --compare-tune-memory --out demo-results
+echo "== python -m fuseops demo --preset large --compare-tune-memory"
+"$venv/bin/python" -m fuseops demo --preset large --compare-tune-memory --out demo-results/large
 echo "== results: bench-results/bench.txt (table), bench-results/speedup.png (chart),"
-echo "   bench-results/bench.json and .csv; demo-results/demo.json and demo-loss.png,"
-echo "   demo-results/tuned/ (the same under fuseops.cpu.tune_memory())"
+echo "   bench-results/bench.json and .csv; demo-results/demo.json and demo-loss.png"
+echo "   (tuned/: the child process under fuseops.cpu.tune_memory()), the same for the"
+echo "   large preset in demo-results/large/"

@@ -367,17 +367,24 @@ def report(summary: dict) -> str:
             f"{k['name']} ({k['type']})" for k in kept))
     lines.append("")
     last_header = f"last {summary['last_steps']} mean"
-    lines.append(f"{'run':<14}  {'final loss':>10}  {last_header:>12}  {'steps/s':>8}  "
+    width = max(14, *(len(name) for name in summary["runs"]))
+    lines.append(f"{'run':<{width}}  {'final loss':>10}  {last_header:>12}  {'steps/s':>8}  "
                  f"{'vs torch.nn':>11}  {'peak MiB/step':>13}")
     for name, run in summary["runs"].items():
         speed = run["steps_per_second"]
         ratio = run["speedup_vs_torch_nn"]
         peak = run["peak_step_bytes"]
         lines.append(
-            f"{name:<14}  {run['final_loss']:>10.4f}  {run['mean_loss_last_steps']:>12.4f}  "
+            f"{name:<{width}}  {run['final_loss']:>10.4f}  {run['mean_loss_last_steps']:>12.4f}  "
             f"{'-' if speed is None else f'{speed:.2f}':>8}  "
             f"{'-' if ratio is None else f'{ratio:.2f}x':>11}  "
             f"{'-' if peak is None else f'{peak / 2**20:.1f}':>13}")
+    if any(run.get("other_process") for run in summary["runs"].values()):
+        lines.append(
+            "+ tune_memory: trained afterwards in a child process under fuseops.cpu."
+            f"tune_memory(keep_bytes={summary['memory_settings_tuned']['keep_bytes']}); its "
+            "ratio to torch.nn spans two processes, so it carries the machine's drift "
+            "between them, while fuseops vs torch.nn within one process does not")
     lines.append("")
     lines.append(f"loss curves torch.nn vs fuseops: max |difference| "
                  f"{summary['loss_max_abs_diff_first_steps']:.3g} over the first "
@@ -430,24 +437,44 @@ def write_plot(path: str, summary: dict) -> bool:
     return True
 
 
+#: Model and run sizes per ``--preset``; explicit flags override them.
+#: "large" is where fuseops' tensors are megabytes (hidden 1024, 512
+#: positions: 38 M parameters), still a few minutes on 2 cores; its
+#: matrix products dominate the step (60% in bfloat16, 80% in float32), which
+#: bounds what fused norms, activations and rotary embeddings can win.
+PRESETS = {
+    "small": {},
+    "large": {"d_model": 1024, "n_layers": 3, "n_heads": 8, "seq_len": 512, "batch_size": 4,
+              "steps": 16, "dtype": "bfloat16"},
+}
+
+# Command-line flag -> DemoSettings field, for the settings a preset sets.
+_SIZE_FLAGS = {"steps": "steps", "d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
+               "seq_len": "seq_len", "batch_size": "batch_size", "dtype": "dtype"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = DemoSettings()
-    parser.add_argument("--steps", type=int, default=defaults.steps,
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
+                        help="model and run sizes: small (default, the flags' defaults) or "
+                             "large (" + ", ".join(f"{k} {v}" for k, v in PRESETS["large"].items())
+                             + "); flags given explicitly override the preset")
+    parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps per run (default {defaults.steps})")
-    parser.add_argument("--d-model", type=int, default=defaults.d_model,
+    parser.add_argument("--d-model", type=int, default=None,
                         help=f"model width (default {defaults.d_model})")
-    parser.add_argument("--layers", type=int, default=defaults.n_layers,
+    parser.add_argument("--layers", type=int, default=None,
                         help=f"decoder blocks (default {defaults.n_layers})")
-    parser.add_argument("--heads", type=int, default=defaults.n_heads,
+    parser.add_argument("--heads", type=int, default=None,
                         help=f"attention heads (default {defaults.n_heads})")
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len,
+    parser.add_argument("--seq-len", type=int, default=None,
                         help=f"characters per sequence (default {defaults.seq_len})")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size,
+    parser.add_argument("--batch-size", type=int, default=None,
                         help=f"sequences per step (default {defaults.batch_size})")
     parser.add_argument("--lr", type=float, default=defaults.lr,
                         help=f"AdamW learning rate (default {defaults.lr})")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=defaults.dtype,
-                        help="weights and activations dtype (default float32)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                        help=f"weights and activations dtype (default {defaults.dtype})")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=None,
                         help=f"torch threads (default {torch.get_num_threads()} here)")
@@ -458,13 +485,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tune-memory", action="store_true",
                         help="apply fuseops.cpu.tune_memory() first (freed memory kept for "
                              "reuse, process-wide: every run trains under it)")
+    parser.add_argument("--compare-tune-memory", action="store_true",
+                        help="after the runs under the default memory settings, train both "
+                             "models again in a child process under fuseops.cpu.tune_memory() "
+                             "and report all four (the setting is process-wide, so the tuned "
+                             "pair is timed in its own process)")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def resolve_sizes(args: argparse.Namespace) -> dict:
+    """The DemoSettings fields the preset and the size flags set: an explicit
+    flag wins over the preset, the preset over DemoSettings' default."""
+    defaults = asdict(DemoSettings())
+    preset = PRESETS[args.preset]
+    sizes = {}
+    for flag, field in _SIZE_FLAGS.items():
+        value = getattr(args, flag)
+        sizes[field] = value if value is not None else preset.get(field, defaults[field])
+    return sizes
+
+
+def _child_arguments(settings: DemoSettings, args: argparse.Namespace, out: str) -> list[str]:
+    """Command-line arguments that rerun `settings` in another process."""
+    argv = ["--steps", settings.steps, "--d-model", settings.d_model, "--layers",
+            settings.n_layers, "--heads", settings.n_heads, "--seq-len", settings.seq_len,
+            "--batch-size", settings.batch_size, "--lr", settings.lr, "--dtype",
+            settings.dtype, "--seed", settings.seed, "--out", out, "--no-plot",
+            "--no-progress"]
+    if args.threads is not None:
+        argv += ["--threads", args.threads]
+    if settings.compile:
+        argv.append("--compile")
+    return [str(a) for a in argv]
+
+
+def run_tuned_child(settings: DemoSettings, args: argparse.Namespace, out: str) -> dict:
+    """Trains the same models in a child process under tune_memory(); returns
+    its summary. The child's own report goes to stderr, as progress."""
+    import subprocess
+
+    command = [sys.executable, "-m", "fuseops", "demo", "--tune-memory",
+               *_child_arguments(settings, args, out)]
+    print("== the same runs under fuseops.cpu.tune_memory(), in a child process",
+          file=sys.stderr, flush=True)
+    result = subprocess.run(command, stdout=sys.stderr)
+    if result.returncode != 0:
+        raise RuntimeError(f"fuseops demo: the --tune-memory child failed "
+                           f"(exit {result.returncode}): {' '.join(command)}")
+    with open(os.path.join(out, "demo.json")) as f:
+        return json.load(f)
+
+
+def add_tuned_runs(summary: dict, tuned: dict) -> None:
+    """Adds the child's runs as "<name> + tune_memory", their speed relative
+    to the default-settings torch.nn run (timed in another process: ratios
+    across the two carry the machine's drift between them)."""
+    base = summary["runs"]["torch.nn"]["steps_per_second"]
+    summary["memory_settings_tuned"] = tuned["memory_settings"]
+    for name, run in tuned["runs"].items():
+        speed = run["steps_per_second"]
+        summary["runs"][f"{name} + tune_memory"] = {
+            **run, "speedup_vs_torch_nn": speed / base if speed and base else None,
+            "other_process": True}
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    sizes = resolve_sizes(args)
+    if args.tune_memory and args.compare_tune_memory:
+        print("fuseops demo: --tune-memory and --compare-tune-memory exclude each other "
+              "(the comparison runs the default settings here and the tuned ones in a "
+              "child process)", file=sys.stderr)
+        return 2
+    args.steps, args.d_model, args.heads = sizes["steps"], sizes["d_model"], sizes["n_heads"]
     if args.steps < 3:
         print("fuseops demo: --steps must be at least 3 (two are warm-up)", file=sys.stderr)
         return 2
@@ -473,13 +568,14 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     settings = DemoSettings(
-        steps=args.steps, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-        seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, dtype=args.dtype,
-        seed=args.seed, compile=args.compile, progress=not args.no_progress,
-        tune_memory=args.tune_memory)
+        **sizes, lr=args.lr, seed=args.seed, compile=args.compile,
+        progress=not args.no_progress, tune_memory=args.tune_memory)
     summary = run_demo(settings)
-    print(report(summary))
+    summary["preset"] = args.preset
     os.makedirs(args.out, exist_ok=True)
+    if args.compare_tune_memory:
+        add_tuned_runs(summary, run_tuned_child(settings, args, os.path.join(args.out, "tuned")))
+    print(report(summary))
     json_path = os.path.join(args.out, "demo.json")
     with open(json_path, "w") as f:
         json.dump(summary, f, indent=2)

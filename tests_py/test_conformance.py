@@ -181,9 +181,10 @@ def test_meta_and_fake_tensors_match_the_real_op(sample):
 def pybind_name(sample) -> str:
     """The C++ API function of an overload, as python/csrc binds it:
     ``<op>``, ``<op>_<overload>``, and for backward ops
-    ``<forward>_<overload>_backward`` (``swiglu_packed_backward``)."""
+    ``<forward>_<overload>_backward`` (``swiglu_packed_backward``) but
+    ``<op>_<overload>`` for their out= overloads (``relu_backward_out``)."""
     suffix = "" if sample.overload == "default" else f"_{sample.overload}"
-    if is_backward_op(sample):
+    if is_backward_op(sample) and not sample.kwargs:
         return sample.name[: -len("_backward")] + suffix + "_backward"
     return sample.name + suffix
 

@@ -68,18 +68,47 @@ at::Tensor& activation_out_with(const char* op, const at::Tensor& input,
   return out;
 }
 
-at::Tensor activation_backward_with(const char* op, const at::Tensor& grad_output,
-                                    const at::Tensor& input, Activation activation,
-                                    ActivationBackwardKernel kernel) {
+namespace {
+
+void check_activation_backward(const char* op, const at::Tensor& grad_output,
+                               const at::Tensor& input) {
   check_floating_input(op, "grad_output", grad_output);
   check_floating_input(op, "input", input);
   check_same_dtype(op, "grad_output", grad_output, "input", input);
   check_same_device(op, "grad_output", grad_output, "input", input);
   check_same_shape(op, "grad_output", grad_output, "input", input);
+}
+
+}  // namespace
+
+at::Tensor activation_backward_with(const char* op, const at::Tensor& grad_output,
+                                    const at::Tensor& input, Activation activation,
+                                    ActivationBackwardKernel kernel) {
+  check_activation_backward(op, grad_output, input);
   at::Tensor grad_input = empty_contiguous_like(input);
   if (kernel != nullptr && input.numel() > 0) {
     kernel(grad_input, grad_output.contiguous(), input.contiguous(), activation);
   }
+  return grad_input;
+}
+
+at::Tensor& activation_backward_out_with(const char* op, const at::Tensor& grad_output,
+                                         const at::Tensor& input, Activation activation,
+                                         at::Tensor& grad_input,
+                                         ActivationBackwardKernel kernel) {
+  check_activation_backward(op, grad_output, input);
+  check_out(op, grad_input, "input", input);
+  prepare_outputs(op, {{"out", grad_input}}, input.sizes(),
+                  {{"grad_output", grad_output}, {"input", input}});
+  if (kernel == nullptr || input.numel() == 0) {
+    return grad_input;
+  }
+  const at::Tensor contiguous_grad = grad_output.contiguous();
+  const at::Tensor contiguous_input = input.contiguous();
+  // Elementwise: grad_input may be exactly grad_output or input.
+  fill_out(grad_input, {contiguous_grad, contiguous_input}, {}, [&](const at::Tensor& target) {
+    kernel(target, contiguous_grad, contiguous_input, activation);
+  });
   return grad_input;
 }
 
@@ -168,6 +197,18 @@ at::Tensor gelu_backward(const at::Tensor& grad_output, const at::Tensor& input,
   return op.call(grad_output, input, approximate);
 }
 
+at::Tensor& gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                              std::string_view approximate, at::Tensor& out) {
+  constexpr const char* name = "fuseops::gelu_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  check_out(name, out, "input", input);
+  static auto op =
+      detail::find_out_op<decltype(gelu_backward_out)>("fuseops::gelu_backward", "out");
+  op.call(grad_output, input, approximate, out);
+  return out;
+}
+
 at::Tensor silu(const at::Tensor& input) {
   check_floating_input("fuseops::silu", "input", input);
   static auto op = detail::find_op<decltype(silu)>("fuseops::silu");
@@ -187,6 +228,18 @@ at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input)
   check_floating_input("fuseops::silu_backward", "input", input);
   static auto op = detail::find_op<decltype(silu_backward)>("fuseops::silu_backward");
   return op.call(grad_output, input);
+}
+
+at::Tensor& silu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                              at::Tensor& out) {
+  constexpr const char* name = "fuseops::silu_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  check_out(name, out, "input", input);
+  static auto op =
+      detail::find_out_op<decltype(silu_backward_out)>("fuseops::silu_backward", "out");
+  op.call(grad_output, input, out);
+  return out;
 }
 
 at::Tensor bias_gelu(const at::Tensor& input, const at::Tensor& bias,
@@ -238,9 +291,14 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def("gelu.out(Tensor input, str approximate='none', *, Tensor(a!) out) -> ()", tags);
   m.def("gelu_backward(Tensor grad_output, Tensor input, str approximate='none') -> Tensor",
         tags);
+  m.def(
+      "gelu_backward.out(Tensor grad_output, Tensor input, str approximate='none', *, "
+      "Tensor(a!) out) -> ()",
+      tags);
   m.def("silu(Tensor input) -> Tensor", tags);
   m.def("silu.out(Tensor input, *, Tensor(a!) out) -> ()", tags);
   m.def("silu_backward(Tensor grad_output, Tensor input) -> Tensor", tags);
+  m.def("silu_backward.out(Tensor grad_output, Tensor input, *, Tensor(a!) out) -> ()", tags);
   m.def("bias_gelu(Tensor input, Tensor bias, str approximate='none') -> Tensor", tags);
   m.def(
       "bias_gelu.out(Tensor input, Tensor bias, str approximate='none', *, Tensor(a!) out) -> ()",

@@ -75,6 +75,10 @@ at::Tensor activation_backward_with(const char* op, const at::Tensor& grad_outpu
                                     const at::Tensor& input, Activation activation,
                                     ActivationBackwardKernel kernel);
 
+at::Tensor& activation_backward_out_with(const char* op, const at::Tensor& grad_output,
+                                         const at::Tensor& input, Activation activation,
+                                         at::Tensor& grad_input,
+                                         ActivationBackwardKernel kernel);
 at::Tensor bias_gelu_with(const at::Tensor& input, const at::Tensor& bias,
                           std::string_view approximate, BiasGeluKernel kernel);
 at::Tensor& bias_gelu_out_with(const at::Tensor& input, const at::Tensor& bias,
@@ -108,6 +112,13 @@ struct ActivationRegistrations {
                                     parse_gelu_approximate(op, approximate),
                                     Kernels::backward());
   }
+  static void gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                                std::string_view approximate, at::Tensor& out) {
+    constexpr const char* op = "fuseops::gelu_backward.out";
+    activation_backward_out_with(op, grad_output, input,
+                                 parse_gelu_approximate(op, approximate), out,
+                                 Kernels::backward());
+  }
   static at::Tensor silu(const at::Tensor& input) {
     return activation_with("fuseops::silu", input, Activation::Silu, Kernels::forward());
   }
@@ -118,6 +129,11 @@ struct ActivationRegistrations {
   static at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input) {
     return activation_backward_with("fuseops::silu_backward", grad_output, input,
                                     Activation::Silu, Kernels::backward());
+  }
+  static void silu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                                at::Tensor& out) {
+    activation_backward_out_with("fuseops::silu_backward.out", grad_output, input,
+                                 Activation::Silu, out, Kernels::backward());
   }
   static at::Tensor bias_gelu(const at::Tensor& input, const at::Tensor& bias,
                               std::string_view approximate) {
@@ -140,9 +156,11 @@ struct ActivationRegistrations {
     m.impl("gelu", TORCH_FN(gelu));
     m.impl("gelu.out", TORCH_FN(gelu_out));
     m.impl("gelu_backward", TORCH_FN(gelu_backward));
+    m.impl("gelu_backward.out", TORCH_FN(gelu_backward_out));
     m.impl("silu", TORCH_FN(silu));
     m.impl("silu.out", TORCH_FN(silu_out));
     m.impl("silu_backward", TORCH_FN(silu_backward));
+    m.impl("silu_backward.out", TORCH_FN(silu_backward_out));
     m.impl("bias_gelu", TORCH_FN(bias_gelu));
     m.impl("bias_gelu.out", TORCH_FN(bias_gelu_out));
     m.impl("bias_gelu_backward", TORCH_FN(bias_gelu_backward));

@@ -53,6 +53,28 @@ at::Tensor relu_backward_with(const at::Tensor& grad_output,
   return grad_input;
 }
 
+at::Tensor& relu_backward_out_with(const at::Tensor& grad_output, const at::Tensor& result,
+                                   at::Tensor& grad_input, ReluBackwardKernel kernel) {
+  constexpr const char* op = "fuseops::relu_backward.out";
+  check_floating_input(op, "grad_output", grad_output);
+  check_floating_input(op, "result", result);
+  check_same_dtype(op, "grad_output", grad_output, "result", result);
+  check_same_device(op, "grad_output", grad_output, "result", result);
+  check_same_shape(op, "grad_output", grad_output, "result", result);
+  check_out(op, grad_input, "result", result);
+  prepare_outputs(op, {{"out", grad_input}}, result.sizes(),
+                  {{"grad_output", grad_output}, {"result", result}});
+  if (kernel == nullptr || result.numel() == 0) {
+    return grad_input;
+  }
+  const at::Tensor contiguous_grad = grad_output.contiguous();
+  const at::Tensor contiguous_result = result.contiguous();
+  // Elementwise: grad_input may be exactly grad_output or result.
+  fill_out(grad_input, {contiguous_grad, contiguous_result}, {},
+           [&](const at::Tensor& target) { kernel(target, contiguous_grad, contiguous_result); });
+  return grad_input;
+}
+
 }  // namespace detail
 
 // C++ API: through the dispatcher, so autograd and the device kernels apply.
@@ -79,6 +101,18 @@ at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result
   return op.call(grad_output, result);
 }
 
+at::Tensor& relu_backward_out(const at::Tensor& grad_output, const at::Tensor& result,
+                              at::Tensor& grad_input) {
+  constexpr const char* name = "fuseops::relu_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "result", result);
+  check_out(name, grad_input, "result", result);
+  static auto op =
+      detail::find_out_op<decltype(relu_backward_out)>("fuseops::relu_backward", "out");
+  op.call(grad_output, result, grad_input);
+  return grad_input;
+}
+
 namespace {
 
 struct MetaKernels {
@@ -94,6 +128,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   // custom op that mutates an argument, not one whose output aliases it.
   m.def("relu.out(Tensor input, *, Tensor(a!) out) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("relu_backward(Tensor grad_output, Tensor result) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("relu_backward.out(Tensor grad_output, Tensor result, *, Tensor(a!) out) -> ()",
         {at::Tag::pt2_compliant_tag});
 }
 

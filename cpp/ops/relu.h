@@ -22,6 +22,8 @@ at::Tensor& relu_out_with(const at::Tensor& input, at::Tensor& out, ReluKernel k
 at::Tensor relu_backward_with(const at::Tensor& grad_output,
                               const at::Tensor& result,
                               ReluBackwardKernel kernel);
+at::Tensor& relu_backward_out_with(const at::Tensor& grad_output, const at::Tensor& result,
+                                   at::Tensor& grad_input, ReluBackwardKernel kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::forward()` and
 // `Kernels::backward()` return its kernels.
@@ -36,12 +38,17 @@ struct ReluRegistrations {
   static at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result) {
     return relu_backward_with(grad_output, result, Kernels::backward());
   }
+  static void relu_backward_out(const at::Tensor& grad_output, const at::Tensor& result,
+                                at::Tensor& grad_input) {
+    relu_backward_out_with(grad_output, result, grad_input, Kernels::backward());
+  }
 
   template <typename Library>
   static void register_all(Library& m) {
     m.impl("relu", TORCH_FN(relu));
     m.impl("relu.out", TORCH_FN(relu_out));
     m.impl("relu_backward", TORCH_FN(relu_backward));
+    m.impl("relu_backward.out", TORCH_FN(relu_backward_out));
   }
 };
 

@@ -11,4 +11,6 @@ FUSEOPS_PYTHON_BINDINGS(relu) {
   m.def("relu_out", &fuseops::relu_out, py::arg("input"), py::arg("out"));
   m.def("relu_backward", &fuseops::relu_backward, py::arg("grad_output"),
         py::arg("result"));
+  m.def("relu_backward_out", &fuseops::relu_backward_out, py::arg("grad_output"),
+        py::arg("result"), py::arg("out"));
 }

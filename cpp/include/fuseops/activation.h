@@ -20,6 +20,10 @@ at::Tensor& gelu_out(const at::Tensor& input, std::string_view approximate, at::
 // grad_output * d gelu(input) / d input.
 at::Tensor gelu_backward(const at::Tensor& grad_output, const at::Tensor& input,
                          std::string_view approximate = "none");
+// gelu_backward into a preallocated `out`, which may be grad_output itself
+// (computed in place). Not differentiable, like every out= op.
+at::Tensor& gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                              std::string_view approximate, at::Tensor& out);
 
 // SiLU (swish), as torch.nn.functional.silu: x * sigmoid(x). Differentiable.
 at::Tensor silu(const at::Tensor& input);
@@ -27,6 +31,8 @@ at::Tensor& silu_out(const at::Tensor& input, at::Tensor& out);
 
 // grad_output * d silu(input) / d input.
 at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input);
+at::Tensor& silu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                              at::Tensor& out);
 
 // gelu(input + bias) in one pass, bias (1-D, size input.size(-1)) broadcast
 // over the rows, as Megatron's and apex's bias-GELU. Differentiable in both.

@@ -16,4 +16,9 @@ at::Tensor& relu_out(const at::Tensor& input, at::Tensor& out);
 // the gradient through, as ATen's threshold_backward does).
 at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result);
 
+// relu_backward into a preallocated `grad_input`, which may be grad_output
+// itself (computed in place). Not differentiable, like every out= op.
+at::Tensor& relu_backward_out(const at::Tensor& grad_output, const at::Tensor& result,
+                              at::Tensor& grad_input);
+
 }  // namespace fuseops

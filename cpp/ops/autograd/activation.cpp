@@ -6,6 +6,7 @@
 // nothing, so each kernel checks its tensors first.
 
 #include <string>
+#include <utility>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/exp.h>
@@ -18,6 +19,7 @@
 
 #include "ops/activation.h"
 #include "ops/autograd/no_derivative.h"
+#include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 
 namespace fuseops {
@@ -102,11 +104,16 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
     return fuseops::gelu(input, approximate);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` by reference: the gradient is moved out, so that a sole owner
+  // can be overwritten (autograd/reusable_gradient.h).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    return {ActivationBackwardFunction::apply(grads[0], input, approximate, false),
-            at::Tensor()};
+    at::Tensor grad = std::move(grads[0]);
+    if (autograd_detail::reusable_gradient(grad, input)) {
+      return {fuseops::gelu_backward_out(grad, input, approximate, grad), at::Tensor()};
+    }
+    return {ActivationBackwardFunction::apply(grad, input, approximate, false), at::Tensor()};
   }
 };
 
@@ -118,9 +125,13 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
     return fuseops::silu(input);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
-    return {ActivationBackwardFunction::apply(grads[0], input, std::string("none"), true)};
+    at::Tensor grad = std::move(grads[0]);
+    if (autograd_detail::reusable_gradient(grad, input)) {
+      return {fuseops::silu_backward_out(grad, input, grad)};
+    }
+    return {ActivationBackwardFunction::apply(grad, input, std::string("none"), true)};
   }
 };
 

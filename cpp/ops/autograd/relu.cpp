@@ -3,11 +3,14 @@
 // gradient w.r.t. grad_output is relu_backward again), so double backward
 // and gradgradcheck work.
 
+#include <utility>
+
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/relu.h>
 
+#include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 
 namespace fuseops {
@@ -43,9 +46,15 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
     return result;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` by reference: the gradient is moved out, so that a sole owner
+  // can be overwritten (autograd/reusable_gradient.h).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor result = ctx->get_saved_variables()[0];
-    return {ReluBackwardFunction::apply(grads[0], result)};
+    at::Tensor grad = std::move(grads[0]);
+    if (autograd_detail::reusable_gradient(grad, result)) {
+      return {fuseops::relu_backward_out(grad, result, grad)};
+    }
+    return {ReluBackwardFunction::apply(grad, result)};
   }
 };
 

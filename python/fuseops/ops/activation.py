@@ -31,9 +31,15 @@ def gelu(
 
 
 def gelu_backward(
-    grad_output: torch.Tensor, x: torch.Tensor, approximate: str = "none"
+    grad_output: torch.Tensor, x: torch.Tensor, approximate: str = "none", *,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``grad_output * gelu'(x)``."""
+    """``grad_output * gelu'(x)``. ``out=`` may be ``grad_output`` itself
+    (computed in place), as gelu's autograd does with a gradient nothing else
+    refers to."""
+    if out is not None:
+        torch.ops.fuseops.gelu_backward.out(grad_output, x, approximate, out=out)
+        return out
     return torch.ops.fuseops.gelu_backward(grad_output, x, approximate)
 
 
@@ -46,8 +52,12 @@ def silu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor
     return torch.ops.fuseops.silu(x)
 
 
-def silu_backward(grad_output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``grad_output * silu'(x)``."""
+def silu_backward(grad_output: torch.Tensor, x: torch.Tensor, *,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``grad_output * silu'(x)``; ``out=`` as in :func:`gelu_backward`."""
+    if out is not None:
+        torch.ops.fuseops.silu_backward.out(grad_output, x, out=out)
+        return out
     return torch.ops.fuseops.silu_backward(grad_output, x)
 
 
@@ -183,11 +193,15 @@ def samples(device) -> list[Sample]:
         Sample(ops.gelu.default, (t(()), "none"), gelu),
         Sample(ops.gelu.out, (x, "tanh"), gelu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.gelu_backward.default, (t((5, 7)), x, "tanh"), gelu_backward),
+        Sample(ops.gelu_backward.out, (t((5, 7)), x, "tanh"), gelu_backward,
+               {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.gelu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True), "none"), gelu_backward),
         Sample(ops.silu.default, (t((4, 3), grad=True),), silu),
         Sample(ops.silu.default, (t((3, 8), torch.float16, "sliced", True),), silu),
         Sample(ops.silu.out, (x,), silu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.silu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True)), silu_backward),
+        Sample(ops.silu_backward.out, (t((5, 7)), x), silu_backward,
+               {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.bias_gelu.default, (t((5, 7), grad=True), t((7,), grad=True), "tanh"), bias_gelu),
         Sample(
             ops.bias_gelu.default,

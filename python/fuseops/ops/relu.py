@@ -21,8 +21,16 @@ def relu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor
     return torch.ops.fuseops.relu(x)
 
 
-def relu_backward(grad_output: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
-    """Gradient of relu given its output: ``grad_output`` where ``result > 0``."""
+def relu_backward(grad_output: torch.Tensor, result: torch.Tensor, *,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Gradient of relu given its output: ``grad_output`` where ``result > 0``.
+
+    ``out=`` may be ``grad_output`` itself (computed in place), as relu's
+    autograd does with a gradient nothing else refers to.
+    """
+    if out is not None:
+        torch.ops.fuseops.relu_backward.out(grad_output, result, out=out)
+        return out
     return torch.ops.fuseops.relu_backward(grad_output, result)
 
 
@@ -69,6 +77,8 @@ def samples(device) -> list[Sample]:
     result += [
         Sample(ops.relu.out, (x,), relu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.relu_backward.default, (tensor((5, 7), device=device), relu(x)), relu_backward),
+        Sample(ops.relu_backward.out, (tensor((5, 7), device=device), relu(x)), relu_backward,
+               {"out": torch.empty(5, 7, device=device)}),
         Sample(
             ops.relu_backward.default,
             (tensor((7, 5), device=device, layout="transposed", grad=True), relu(x.t())),

@@ -242,11 +242,12 @@ def test_out_semantics(sample):
     assert_identical(tuple(empty.values()), expected)
 
     wrong = dict(kwargs)
-    other = torch.float32 if kwargs["out"].dtype == torch.float64 else torch.float64
-    wrong["out"] = kwargs["out"].to(other)
+    first = next(iter(kwargs))  # `out`, or the first of several (grad_gate)
+    other = torch.float32 if kwargs[first].dtype == torch.float64 else torch.float64
+    wrong[first] = kwargs[first].to(other)
     expect_error_mentions(
         lambda: sample.wrapper(*public_args, **wrong),
-        [f"{sample.op._schema.name}.{sample.overload}", "'out'", "dtype"],
+        [f"{sample.op._schema.name}.{sample.overload}", f"'{first}'", "dtype"],
     )
 
 

@@ -94,17 +94,26 @@ at::Tensor& gated_out_with(const char* op, const at::Tensor& gate, const at::Ten
   return out;
 }
 
+namespace {
+
+void check_gated_backward(const char* op, const at::Tensor& grad_output, const at::Tensor& gate,
+                          const at::Tensor& up) {
+  check_floating_input(op, "grad_output", grad_output);
+  check_gate_and_up(op, gate, up);
+  check_same_dtype(op, "grad_output", grad_output, "gate", gate);
+  check_same_device(op, "grad_output", grad_output, "gate", gate);
+  check_same_shape(op, "grad_output", grad_output, "gate", gate);
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
                                                        const at::Tensor& grad_output,
                                                        const at::Tensor& gate,
                                                        const at::Tensor& up,
                                                        Activation activation,
                                                        GatedBackwardKernel kernel) {
-  check_floating_input(op, "grad_output", grad_output);
-  check_gate_and_up(op, gate, up);
-  check_same_dtype(op, "grad_output", grad_output, "gate", gate);
-  check_same_device(op, "grad_output", grad_output, "gate", gate);
-  check_same_shape(op, "grad_output", grad_output, "gate", gate);
+  check_gated_backward(op, grad_output, gate, up);
   at::Tensor grad_gate = detail::empty_output(gate.sizes(), gate.options());
   at::Tensor grad_up = detail::empty_output(up.sizes(), up.options());
   if (kernel != nullptr && gate.numel() > 0) {
@@ -113,6 +122,40 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
            as_rows(gate, cols), as_rows(up, cols), activation);
   }
   return {grad_gate, grad_up};
+}
+
+void gated_backward_out_with(const char* op, const at::Tensor& grad_output,
+                             const at::Tensor& gate, const at::Tensor& up,
+                             Activation activation, at::Tensor& grad_gate, at::Tensor& grad_up,
+                             GatedBackwardKernel kernel) {
+  check_gated_backward(op, grad_output, gate, up);
+  check_out(op, grad_gate, "gate", gate, "grad_gate");
+  check_out(op, grad_up, "gate", gate, "grad_up");
+  prepare_outputs(op, {{"grad_gate", grad_gate}, {"grad_up", grad_up}}, gate.sizes(),
+                  {{"grad_output", grad_output}, {"gate", gate}, {"up", up}});
+  if (kernel == nullptr || gate.numel() == 0) {
+    return;
+  }
+  const int64_t cols = last_dim_size(gate);
+  const at::Tensor grad_rows = as_rows(grad_output, cols);
+  const at::Tensor gate_rows = as_rows(gate, cols);
+  const at::Tensor up_rows = as_rows(up, cols);
+  // Elementwise: each output may be exactly one of the inputs (the kernel
+  // reads element i of all three before it writes element i of either).
+  const bool gate_direct = writes_directly(grad_gate, {grad_rows, gate_rows, up_rows}, {});
+  const bool up_direct = writes_directly(grad_up, {grad_rows, gate_rows, up_rows}, {});
+  const at::Tensor gate_target =
+      gate_direct ? grad_gate : detail::empty_output(gate.sizes(), gate.options());
+  const at::Tensor up_target =
+      up_direct ? grad_up : detail::empty_output(gate.sizes(), gate.options());
+  kernel(gate_target.view({-1, cols}), up_target.view({-1, cols}), grad_rows, gate_rows,
+         up_rows, activation);
+  if (!gate_direct) {
+    grad_gate.copy_(gate_target);
+  }
+  if (!up_direct) {
+    grad_up.copy_(up_target);
+  }
 }
 
 at::Tensor gated_packed_with(const char* op, const at::Tensor& input, Activation activation,
@@ -204,6 +247,18 @@ TensorPair swiglu_backward(const at::Tensor& grad_output, const at::Tensor& gate
   return op.call(grad_output, gate, up);
 }
 
+void swiglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
+                         const at::Tensor& up, at::Tensor& grad_gate, at::Tensor& grad_up) {
+  constexpr const char* name = "fuseops::swiglu_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_defined_pair(name, gate, up);
+  check_out(name, grad_gate, "gate", gate, "grad_gate");
+  check_out(name, grad_up, "gate", gate, "grad_up");
+  static auto op =
+      detail::find_op<decltype(swiglu_backward_out)>("fuseops::swiglu_backward", "out");
+  op.call(grad_output, gate, up, grad_gate, grad_up);
+}
+
 at::Tensor swiglu_packed(const at::Tensor& input) {
   check_floating_input("fuseops::swiglu.packed", "input", input);
   static auto op = detail::find_op<decltype(swiglu_packed)>("fuseops::swiglu", "packed");
@@ -250,6 +305,19 @@ TensorPair geglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
   return op.call(grad_output, gate, up, approximate);
 }
 
+void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
+                        const at::Tensor& up, std::string_view approximate,
+                        at::Tensor& grad_gate, at::Tensor& grad_up) {
+  constexpr const char* name = "fuseops::geglu_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_defined_pair(name, gate, up);
+  check_out(name, grad_gate, "gate", gate, "grad_gate");
+  check_out(name, grad_up, "gate", gate, "grad_up");
+  static auto op =
+      detail::find_op<decltype(geglu_backward_out)>("fuseops::geglu_backward", "out");
+  op.call(grad_output, gate, up, approximate, grad_gate, grad_up);
+}
+
 at::Tensor geglu_packed(const at::Tensor& input, std::string_view approximate) {
   check_floating_input("fuseops::geglu.packed", "input", input);
   static auto op = detail::find_op<decltype(geglu_packed)>("fuseops::geglu", "packed");
@@ -292,6 +360,10 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def("swiglu.packed(Tensor input) -> Tensor", tags);
   m.def("swiglu.packed_out(Tensor input, *, Tensor(a!) out) -> ()", tags);
   m.def("swiglu_backward(Tensor grad_output, Tensor gate, Tensor up) -> (Tensor, Tensor)", tags);
+  m.def(
+      "swiglu_backward.out(Tensor grad_output, Tensor gate, Tensor up, *, Tensor(a!) grad_gate, "
+      "Tensor(b!) grad_up) -> ()",
+      tags);
   m.def("swiglu_backward.packed(Tensor grad_output, Tensor input) -> Tensor", tags);
   m.def("geglu(Tensor gate, Tensor up, str approximate='none') -> Tensor", tags);
   m.def("geglu.out(Tensor gate, Tensor up, str approximate='none', *, Tensor(a!) out) -> ()",
@@ -301,6 +373,10 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def(
       "geglu_backward(Tensor grad_output, Tensor gate, Tensor up, str approximate='none') "
       "-> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "geglu_backward.out(Tensor grad_output, Tensor gate, Tensor up, str approximate='none', "
+      "*, Tensor(a!) grad_gate, Tensor(b!) grad_up) -> ()",
       tags);
   m.def(
       "geglu_backward.packed(Tensor grad_output, Tensor input, str approximate='none') "

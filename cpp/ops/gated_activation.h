@@ -36,6 +36,11 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
                                                        Activation activation,
                                                        GatedBackwardKernel kernel);
 
+void gated_backward_out_with(const char* op, const at::Tensor& grad_output,
+                             const at::Tensor& gate, const at::Tensor& up,
+                             Activation activation, at::Tensor& grad_gate, at::Tensor& grad_up,
+                             GatedBackwardKernel kernel);
+
 at::Tensor gated_packed_with(const char* op, const at::Tensor& input, Activation activation,
                              GatedKernel kernel);
 at::Tensor& gated_packed_out_with(const char* op, const at::Tensor& input,
@@ -68,6 +73,12 @@ struct GatedRegistrations {
                                     const at::Tensor& up) {
     return gated_backward_with("fuseops::swiglu_backward", grad_output, gate, up,
                                Activation::Silu, Kernels::backward());
+  }
+  static void swiglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
+                                  const at::Tensor& up, at::Tensor& grad_gate,
+                                  at::Tensor& grad_up) {
+    gated_backward_out_with("fuseops::swiglu_backward.out", grad_output, gate, up,
+                            Activation::Silu, grad_gate, grad_up, Kernels::backward());
   }
   static at::Tensor swiglu_packed_backward(const at::Tensor& grad_output,
                                            const at::Tensor& input) {
@@ -104,6 +115,13 @@ struct GatedRegistrations {
     return gated_backward_with(op, grad_output, gate, up,
                                parse_gelu_approximate(op, approximate), Kernels::backward());
   }
+  static void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
+                                 const at::Tensor& up, std::string_view approximate,
+                                 at::Tensor& grad_gate, at::Tensor& grad_up) {
+    constexpr const char* op = "fuseops::geglu_backward.out";
+    gated_backward_out_with(op, grad_output, gate, up, parse_gelu_approximate(op, approximate),
+                            grad_gate, grad_up, Kernels::backward());
+  }
   static at::Tensor geglu_packed_backward(const at::Tensor& grad_output,
                                           const at::Tensor& input,
                                           std::string_view approximate) {
@@ -120,12 +138,14 @@ struct GatedRegistrations {
     m.impl("swiglu.packed", TORCH_FN(swiglu_packed));
     m.impl("swiglu.packed_out", TORCH_FN(swiglu_packed_out));
     m.impl("swiglu_backward", TORCH_FN(swiglu_backward));
+    m.impl("swiglu_backward.out", TORCH_FN(swiglu_backward_out));
     m.impl("swiglu_backward.packed", TORCH_FN(swiglu_packed_backward));
     m.impl("geglu", TORCH_FN(geglu));
     m.impl("geglu.out", TORCH_FN(geglu_out));
     m.impl("geglu.packed", TORCH_FN(geglu_packed));
     m.impl("geglu.packed_out", TORCH_FN(geglu_packed_out));
     m.impl("geglu_backward", TORCH_FN(geglu_backward));
+    m.impl("geglu_backward.out", TORCH_FN(geglu_backward_out));
     m.impl("geglu_backward.packed", TORCH_FN(geglu_packed_backward));
   }
 };

@@ -20,6 +20,10 @@ at::Tensor& swiglu_out(const at::Tensor& gate, const at::Tensor& up, at::Tensor&
 std::tuple<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_output,
                                                    const at::Tensor& gate,
                                                    const at::Tensor& up);
+// swiglu_backward into preallocated tensors; either may be grad_output,
+// gate or up itself (computed in place). Not differentiable.
+void swiglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
+                         const at::Tensor& up, at::Tensor& grad_gate, at::Tensor& grad_up);
 
 // swiglu of a packed [..., 2*H] input (gate first, up second).
 at::Tensor swiglu_packed(const at::Tensor& input);
@@ -36,6 +40,9 @@ std::tuple<at::Tensor, at::Tensor> geglu_backward(const at::Tensor& grad_output,
                                                   const at::Tensor& gate,
                                                   const at::Tensor& up,
                                                   std::string_view approximate = "none");
+void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
+                        const at::Tensor& up, std::string_view approximate,
+                        at::Tensor& grad_gate, at::Tensor& grad_up);
 
 at::Tensor geglu_packed(const at::Tensor& input, std::string_view approximate = "none");
 at::Tensor& geglu_packed_out(const at::Tensor& input, std::string_view approximate,

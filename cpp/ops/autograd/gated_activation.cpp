@@ -5,6 +5,7 @@
 // kernel checks its tensors first.
 
 #include <string>
+#include <utility>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -12,7 +13,9 @@
 #include <fuseops/gated_activation.h>
 
 #include "ops/autograd/no_derivative.h"
+#include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace {
@@ -32,12 +35,26 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
                                : fuseops::geglu(gate, up, approximate);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` by reference: the gradient is moved out, so that a sole owner
+  // can be overwritten with the gate's gradient (autograd/reusable_gradient.h).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const auto saved = ctx->get_saved_variables();
+    const at::Tensor& gate = saved[0];
+    const at::Tensor& up = saved[1];
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    at::Tensor grad = std::move(grads[0]);
+    if (autograd_detail::reusable_gradient(grad, gate)) {
+      at::Tensor grad_up = detail::empty_contiguous_like(grad);
+      if (approximate.empty()) {
+        fuseops::swiglu_backward_out(grad, gate, up, grad, grad_up);
+      } else {
+        fuseops::geglu_backward_out(grad, gate, up, approximate, grad, grad_up);
+      }
+      return {grad, grad_up, at::Tensor()};
+    }
     auto [grad_gate, grad_up] =
-        approximate.empty() ? fuseops::swiglu_backward(grads[0], saved[0], saved[1])
-                            : fuseops::geglu_backward(grads[0], saved[0], saved[1], approximate);
+        approximate.empty() ? fuseops::swiglu_backward(grad, gate, up)
+                            : fuseops::geglu_backward(grad, gate, up, approximate);
     return {grad_gate, grad_up, at::Tensor()};
   }
 };

@@ -43,10 +43,10 @@ void check_same_shape(const char* op, const char* arg, const at::Tensor& t,
 }
 
 void check_out(const char* op, const at::Tensor& out, const char* ref_arg,
-               const at::Tensor& ref) {
-  TORCH_CHECK(out.defined(), op, ": argument 'out' must be a defined tensor");
-  check_same_dtype(op, "out", out, ref_arg, ref);
-  check_same_device(op, "out", out, ref_arg, ref);
+               const at::Tensor& ref, const char* out_arg) {
+  TORCH_CHECK(out.defined(), op, ": argument '", out_arg, "' must be a defined tensor");
+  check_same_dtype(op, out_arg, out, ref_arg, ref);
+  check_same_device(op, out_arg, out, ref_arg, ref);
 }
 
 namespace {

@@ -22,10 +22,11 @@ void check_same_device(const char* op, const char* arg, const at::Tensor& t,
 void check_same_shape(const char* op, const char* arg, const at::Tensor& t,
                       const char* ref_arg, const at::Tensor& ref);
 
-// `out` of an `.out` overload: defined, same dtype and device as `ref`.
+// `out` of an `.out` overload (argument `out_arg`): defined, same dtype and
+// device as `ref`.
 // Its shape is fixed by prepare_outputs().
 void check_out(const char* op, const at::Tensor& out, const char* ref_arg,
-               const at::Tensor& ref);
+               const at::Tensor& ref, const char* out_arg = "out");
 
 // A tensor argument and its name in the op's schema, for error messages.
 struct NamedTensor {

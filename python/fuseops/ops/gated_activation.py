@@ -36,12 +36,30 @@ def swiglu(
     return torch.ops.fuseops.swiglu(gate, up)
 
 
+def _backward_outs(op: str, up, grad_gate, grad_up) -> bool:
+    """Whether preallocated gradients were given (both or neither, and only
+    for the separate form)."""
+    if grad_gate is None and grad_up is None:
+        return False
+    if grad_gate is None or grad_up is None or up is None:
+        raise TypeError(f"fuseops.{op}: grad_gate= and grad_up= go together, with separate "
+                        "gate and up tensors")
+    return True
+
+
 def swiglu_backward(
-    grad_output: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor] = None
+    grad_output: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor] = None, *,
+    grad_gate: Optional[torch.Tensor] = None, grad_up: Optional[torch.Tensor] = None,
 ):
     """``(grad_gate, grad_up)`` of swiglu in one pass; with ``up`` omitted,
     ``gate`` is the packed input and the packed ``[..., 2*H]`` gradient is
-    returned."""
+    returned. ``grad_gate=``/``grad_up=`` take preallocated gradients, which
+    may be ``grad_output``, ``gate`` or ``up`` themselves (computed in place),
+    as swiglu's autograd does with a gradient nothing else refers to."""
+    if _backward_outs("swiglu_backward", up, grad_gate, grad_up):
+        torch.ops.fuseops.swiglu_backward.out(grad_output, gate, up, grad_gate=grad_gate,
+                                              grad_up=grad_up)
+        return grad_gate, grad_up
     if up is None:
         return torch.ops.fuseops.swiglu_backward.packed(grad_output, gate)
     return torch.ops.fuseops.swiglu_backward(grad_output, gate, up)
@@ -73,12 +91,21 @@ def geglu_backward(
     gate: torch.Tensor,
     up: Optional[torch.Tensor] = None,
     approximate: str = "none",
+    *,
+    grad_gate: Optional[torch.Tensor] = None,
+    grad_up: Optional[torch.Tensor] = None,
 ):
     """``(grad_gate, grad_up)`` of geglu; packed gradient when ``up`` is
-    omitted, as in :func:`swiglu_backward`."""
+    omitted, and preallocated gradients, as in :func:`swiglu_backward`."""
+    if _backward_outs("geglu_backward", up, grad_gate, grad_up):
+        torch.ops.fuseops.geglu_backward.out(grad_output, gate, up, approximate,
+                                             grad_gate=grad_gate, grad_up=grad_up)
+        return grad_gate, grad_up
     if up is None:
         return torch.ops.fuseops.geglu_backward.packed(grad_output, gate, approximate)
     return torch.ops.fuseops.geglu_backward(grad_output, gate, up, approximate)
+
+
 def _split_packed(gate: torch.Tensor, up: Optional[torch.Tensor]):
     # A packed [..., 2*H] input holds the gate first, then up.
     return gate.chunk(2, dim=-1) if up is None else (gate, up)
@@ -153,6 +180,9 @@ def samples(device) -> list[Sample]:
         Sample(ops.swiglu.packed, (t((5, 14), torch.bfloat16, "transposed"),), swiglu),
         Sample(ops.swiglu.packed_out, (packed,), swiglu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.swiglu_backward.default, (grad, gate, up), swiglu_backward),
+        Sample(ops.swiglu_backward.out, (grad, gate, up), swiglu_backward,
+               {"grad_gate": torch.empty(5, 7, device=device),
+                "grad_up": torch.empty(5, 7, device=device)}),
         Sample(ops.swiglu_backward.packed, (grad, packed), swiglu_backward),
         Sample(ops.geglu.default, (t((5, 7), grad=True), up, "tanh"), geglu),
         Sample(ops.geglu.default, (t((2, 3, 4), torch.float16, "sliced"), t((2, 3, 4), torch.float16), "none"), geglu),
@@ -160,6 +190,9 @@ def samples(device) -> list[Sample]:
         packed_geglu(ops.geglu.packed, (t((5, 14), grad=True),), "tanh"),
         packed_geglu(ops.geglu.packed_out, (packed,), "none", {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.geglu_backward.default, (grad, gate, up, "tanh"), geglu_backward),
+        Sample(ops.geglu_backward.out, (grad, gate, up, "tanh"), geglu_backward,
+               {"grad_gate": torch.empty(5, 7, device=device),
+                "grad_up": torch.empty(5, 7, device=device)}),
         packed_geglu(ops.geglu_backward.packed, (grad, packed), "none"),
         packed_geglu(ops.geglu_backward.packed, (t((4, 3), torch.bfloat16), t((4, 6), torch.bfloat16)), "tanh"),
     ]

@@ -69,6 +69,13 @@ FAMILIES: dict[str, _Family] = {
     "mistral": _Family("Mistral", "gated"),
     "qwen2": _Family("Qwen2", "gated"),
     "qwen3": _Family("Qwen3", "gated"),
+    "gemma": _Family("Gemma", "gated", rms_offset=True),
+    "gemma2": _Family("Gemma2", "gated", rms_offset=True),
+    "gemma3_text": _Family("Gemma3", "gated", rms_offset=True),
+    "phi3": _Family("Phi3", "packed"),
+    # No rotary embedding (learned positions), nn.LayerNorm, bias + GELU MLPs.
+    "gpt2": _Family("GPT2", "conv1d"),
+    "bert": _Family("Bert", "dense", mlp_class="BertIntermediate"),
 }
 
 
@@ -101,6 +108,10 @@ def _eps(module) -> float:
     return module.eps if eps is None else eps
 
 
+# Where each family's MLP keeps its activation module.
+_ACTIVATION_ATTRIBUTES = ("act_fn", "activation_fn", "act", "intermediate_act_fn")
+
+
 def _activation_kind(act) -> Optional[str]:
     """'silu', 'none' (erf GELU), 'tanh' (tanh GELU) or None for an
     activation module fuseops has no fused form of."""
@@ -128,6 +139,20 @@ def _packed_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     # Phi-3: gate_up_proj's output holds the gate, then up (chunk(2, -1)),
     # fuseops' packed layout; the halves are read in place.
     return self.down_proj(_gated(self.gate_up_proj(hidden_states), None, self._fuseops_act))
+
+
+def _conv1d_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # GPT-2: c_fc is a Conv1D (weight [in, out], y = x @ weight + bias); the
+    # bias add and the GELU are fused after the bias-free product.
+    fc = self.c_fc
+    hidden = hidden_states.matmul(fc.weight)
+    return self.dropout(self.c_proj(bias_gelu(hidden, fc.bias, self._fuseops_act)))
+
+
+def _dense_gelu_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # BERT's intermediate layer: dense then GELU, the bias add fused.
+    dense = self.dense
+    return bias_gelu(F.linear(hidden_states, dense.weight), dense.bias, self._fuseops_act)
 
 
 def _layer_norm_forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -310,16 +335,24 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
             if "apply_rotary_pos_emb" in getattr(function, "__code__", types.SimpleNamespace(co_names=())).co_names:
                 record(name, module, _rope_forward_of(function), "rope", "fuseops.rope")
         elif wanted["mlp"] and cls_name == mlp_class:
-            act = getattr(module, "act_fn", None) or getattr(module, "activation_fn", None)
+            act = next((getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None)
             kind = _activation_kind(act) if act is not None else None
-            if kind is None:
-                continue
+            if family.mlp in ("gated", "packed"):
+                if kind is None:
+                    continue  # an activation without a fused gated form: left to HF
+                new = "fuseops.swiglu" if kind == "silu" else f"fuseops.geglu({kind!r})"
+                if family.mlp == "gated":
+                    forward = _gated_mlp_forward
+                else:
+                    forward, new = _packed_mlp_forward, new + " (packed gate_up_proj)"
+            else:
+                bias = (module.c_fc if family.mlp == "conv1d" else module.dense).bias
+                if kind not in ("none", "tanh") or bias is None:
+                    continue  # bias_gelu needs a GELU and a bias
+                new = f"fuseops.bias_gelu({kind!r})"
+                forward = _conv1d_mlp_forward if family.mlp == "conv1d" else _dense_gelu_forward
             module._fuseops_act = kind
-            new = "fuseops.swiglu" if kind == "silu" else f"fuseops.geglu({kind!r})"
-            if family.mlp == "gated":
-                record(name, module, _gated_mlp_forward, "mlp", new)
-            elif family.mlp == "packed":
-                record(name, module, _packed_mlp_forward, "mlp", new + " (packed)")
+            record(name, module, forward, "mlp", new)
         elif wanted["layer_norm"] and type(module) is torch.nn.LayerNorm:
             record(name, module, _layer_norm_forward, "layer_norm", "fuseops.layer_norm")
 

@@ -295,3 +295,19 @@ def test_torch_compile_forward():
     compiled = torch.compile(patched, fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_command(tmp_path):
+    from fuseops.__main__ import main
+
+    assert main(["bench", "--transformers", "smoke", "--no-compile", "--dtype", "float32",
+                 "--out", str(tmp_path)]) == 0
+    import json
+
+    report = json.loads((tmp_path / "transformers.json").read_text())
+    [result] = report["results"]
+    assert result["loss_ok"] and result["patched_modules"] > 0
+    assert [row["variant"] for row in result["rows"]] == ["transformers", "fuseops"]
+    for row in result["rows"]:
+        assert row["step_s"] > 0 and row["prefill_s"] > 0 and row["peak_bytes"] > 0
+    assert "| float32 | fuseops |" in (tmp_path / "transformers.txt").read_text()

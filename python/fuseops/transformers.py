@@ -209,6 +209,8 @@ def _causal_lm_forward(original: Callable):
     """The ``forward`` of a patched ``*ForCausalLM``/``*LMHeadModel``: the
     base model as HF calls it, then the head and loss by fuseops."""
 
+    from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions, CausalLMOutputWithPast
+
     signature = inspect.signature(original)
     # Names that positional arguments bind to, in the original's order (it
     # differs between families); plain dict work, which torch.compile traces.
@@ -257,11 +259,6 @@ def _causal_lm_forward(original: Callable):
                 loss = _reduce(_cross_entropy(
                     logits.reshape(-1, logits.shape[-1]), target, reduction=reduction,
                     ignore_index=ignore_index), num_items_in_batch)
-
-        from transformers.modeling_outputs import (
-            CausalLMOutputWithCrossAttentions,
-            CausalLMOutputWithPast,
-        )
 
         fields = dict(loss=loss, logits=logits,
                       past_key_values=getattr(outputs, "past_key_values", None),
@@ -331,8 +328,11 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
             else:
                 record(name, module, _rms_norm_forward, "rms_norm", "fuseops.rms_norm")
         elif wanted["rope"] and cls_name.startswith(family.prefix) and cls_name.endswith("Attention"):
+            # Only an attention whose own forward calls apply_rotary_pos_emb
+            # (not one wrapped by a decorator, nor one without rotary).
             function = type(module).forward
-            if "apply_rotary_pos_emb" in getattr(function, "__code__", types.SimpleNamespace(co_names=())).co_names:
+            code = getattr(function, "__code__", None)
+            if code is not None and "apply_rotary_pos_emb" in code.co_names:
                 record(name, module, _rope_forward_of(function), "rope", "fuseops.rope")
         elif wanted["mlp"] and cls_name == mlp_class:
             act = next((getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None)
@@ -356,9 +356,11 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
         elif wanted["layer_norm"] and type(module) is torch.nn.LayerNorm:
             record(name, module, _layer_norm_forward, "layer_norm", "fuseops.layer_norm")
 
+    # A causal-LM head: an nn.Linear lm_head over the base model's output.
+    prefix = getattr(model, "base_model_prefix", "")
     if (wanted["cross_entropy"] and MARKER not in model.__dict__
             and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
-            and hasattr(model, getattr(model, "base_model_prefix", "") or "\0")):
+            and prefix and hasattr(model, prefix)):
         record("", model, _causal_lm_forward(type(model).forward), "cross_entropy",
                "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy")
     return replaced

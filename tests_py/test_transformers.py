@@ -26,7 +26,6 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install 'fuseops[transformers]')")
 
-import fuseops  # noqa: E402
 import fuseops.transformers as fot  # noqa: E402
 
 VOCAB = 256

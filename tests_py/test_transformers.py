@@ -211,6 +211,18 @@ def test_num_items_in_batch_and_shift_labels():
                                rtol=1e-6, atol=0)
 
 
+def test_activation_checkpointing():
+    # The decoder layers' forwards run again in the backward: the patched
+    # modules' too.
+    ref, patched = pair("llama")
+    ids, labels = batch()
+    expected = train_step(ref, ids, labels)
+    patched.activation_checkpointing_enable()
+    got = train_step(patched, ids, labels)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
+    assert_gradients_match(ref, patched, 1e-5)
+
+
 def test_optimizer_steps_match():
     ref, patched = pair("llama")
     losses = {}

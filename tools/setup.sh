@@ -37,9 +37,11 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q "torch==$torch_version"
 fi
-# matplotlib and tqdm: the bench extra, which the bench and demo tests exercise.
+# matplotlib and tqdm: the bench extra, which the bench and demo tests exercise;
+# transformers: the transformers extra, which tests_py/test_transformers.py
+# exercises (the version pyproject.toml pins).
 "$py" -m pip install -q "scikit-build-core>=0.10" "cmake>=3.26" ninja pytest numpy expecttest \
-  matplotlib tqdm
+  matplotlib tqdm "transformers==5.23.0"
 
 echo "== building and installing fuseops (build dir: $build_dir)"
 # A venv's bin/ must come first so CMake finds its python (and its torch).

@@ -9,7 +9,8 @@ bytes are timed in one run. The modules: ``cases``, the registry of ops;
 mode calls an op and its peers; ``correctness``, the check against the
 reference; ``timing``, how time and memory are measured; ``environment``, the
 machine and method recorded with the results; ``results`` and ``report``, the
-rows and their table, JSON, CSV and chart.
+rows and their table, JSON, CSV and chart; ``hf_models``, the
+``--transformers`` run (a Hugging Face model with and without fuseops).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import cases, correctness, environment, report, results, runner, timing
+from . import cases, correctness, environment, hf_models, report, results, runner, timing
 
 SHAPE_PRESETS = {
     # Each tensor 4-8 MiB; the op rotates through enough input sets that the
@@ -133,6 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write a torch.profiler Chrome trace and a memory table per "
                              "row into OUT/profile/")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    hf_models.add_arguments(parser)
 
 
 def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[str], None], Callable[[], None]]:
@@ -178,6 +180,8 @@ def _apply_memory_settings(args: argparse.Namespace) -> Optional[dict]:
 
 def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     """Runs the benchmark for parsed `args` (tests pass their own cases)."""
+    if getattr(args, "transformers", None):
+        return hf_models.run(args)
     device = torch.device(args.device)
     problem = environment.check_device(device)
     if problem:

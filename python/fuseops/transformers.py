@@ -1,0 +1,374 @@
+"""Hugging Face ``transformers`` models on fuseops ops, in one line.
+
+``fuseops.transformers.apply(model)`` patches an instantiated model in place
+(its modules' ``forward``, on the instances: other models of the same classes
+in the process stay as they are) and returns what it patched:
+
+- ``rms_norm``: the family's RMSNorm modules run ``fuseops.rms_norm``
+  (Gemma's ``x_hat * (1 + weight)`` in float32 included);
+- ``rope``: the attention modules apply the rotary embedding with
+  ``fuseops.rope`` (the rest of HF's attention code unchanged);
+- ``mlp``: gated MLPs run ``fuseops.swiglu``/``fuseops.geglu`` on their
+  gate and up projections (Phi-3's packed ``gate_up_proj`` in place), GPT-2's
+  and BERT's ``fuseops.bias_gelu`` on the projection without its bias;
+- ``layer_norm``: ``torch.nn.LayerNorm`` modules run ``fuseops.layer_norm``;
+- ``cross_entropy``: the causal-LM head. With ``labels`` in training mode
+  the loss is ``fuseops.linear_cross_entropy`` of the last hidden states and
+  the head's weight, so the ``[tokens, vocab]`` logits are never formed (the
+  output's ``logits`` is None); otherwise the logits are computed as HF does
+  and the loss, if labels are given, is ``fuseops.cross_entropy``. Both
+  honour ``ignore_index``, ``shift_labels``, ``num_items_in_batch`` (sum
+  divided by it, as HF's loss does) and the config's
+  ``final_logit_softcapping``.
+
+Patching is idempotent: patched modules carry a marker and a second
+``apply`` changes nothing and returns an empty list. Parameters, buffers and
+``state_dict`` keys are untouched, so a model patched on the meta device
+loads its weights afterwards and ``save_pretrained``/``from_pretrained``
+round-trip as for the unpatched model.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .nn import Replacement
+from .ops.activation import bias_gelu
+from .ops.cross_entropy import cross_entropy as _cross_entropy
+from .ops.cross_entropy import linear_cross_entropy
+from .ops.gated_activation import geglu, swiglu
+from .ops.layer_norm import layer_norm
+from .ops.rms_norm import rms_norm
+from .ops.rope import apply_rotary_pos_emb as _fuseops_apply_rotary_pos_emb
+
+#: Attribute set on every patched module (its value: what was patched).
+MARKER = "_fuseops_patched"
+
+KINDS = ("rms_norm", "rope", "mlp", "layer_norm", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class _Family:
+    prefix: str  # class-name prefix of the family's modules: "Llama" -> LlamaRMSNorm
+    mlp: str  # "gated" (gate_proj/up_proj/down_proj), "packed" (gate_up_proj), "conv1d" (GPT-2), "dense" (BERT)
+    rms_offset: bool = False  # RMSNorm multiplies by (1 + weight) in float32 (Gemma)
+    mlp_class: Optional[str] = None  # class name of the MLP module when not <prefix>MLP
+
+
+# model_type -> family. Every family's attention calls its module's
+# apply_rotary_pos_emb(q, k, cos, sin) on [batch, heads, seq, head_dim].
+FAMILIES: dict[str, _Family] = {
+    "llama": _Family("Llama", "gated"),
+    "mistral": _Family("Mistral", "gated"),
+    "qwen2": _Family("Qwen2", "gated"),
+    "qwen3": _Family("Qwen3", "gated"),
+    "gemma": _Family("Gemma", "gated", rms_offset=True),
+    "gemma2": _Family("Gemma2", "gated", rms_offset=True),
+    "gemma3_text": _Family("Gemma3", "gated", rms_offset=True),
+    "phi3": _Family("Phi3", "packed"),
+    # No rotary embedding (learned positions), nn.LayerNorm, bias + GELU MLPs.
+    "gpt2": _Family("GPT2", "conv1d"),
+    "bert": _Family("Bert", "dense", mlp_class="BertIntermediate"),
+}
+
+
+def supported_model_types() -> list[str]:
+    """The ``config.model_type`` values :func:`apply` accepts."""
+    return sorted(FAMILIES)
+
+
+# ---------------------------------------------------------------------------
+# Patched forwards (bound to one module instance each)
+
+
+def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # Llama's RMSNorm returns weight * x_hat.to(dtype): the weight's dtype
+    # wins when it is wider (float32 weights, bfloat16 activations).
+    weight = self.weight
+    out = rms_norm(hidden_states, weight, _eps(self))
+    promoted = torch.promote_types(hidden_states.dtype, weight.dtype)
+    return out if promoted == out.dtype else out.to(promoted)
+
+
+def _rms_norm_offset_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # Gemma's RMSNorm: (x_hat * (1 + weight)) in float32, rounded once to x's
+    # dtype; the float32 (1 + weight) is a differentiable [hidden] vector.
+    return rms_norm(hidden_states, 1.0 + self.weight.float(), _eps(self))
+
+
+def _eps(module) -> float:
+    eps = getattr(module, "variance_epsilon", None)
+    return module.eps if eps is None else eps
+
+
+# Where each family's MLP keeps its activation module.
+_ACTIVATION_ATTRIBUTES = ("act_fn", "activation_fn", "act", "intermediate_act_fn")
+
+
+def _activation_kind(act) -> Optional[str]:
+    """'silu', 'none' (erf GELU), 'tanh' (tanh GELU) or None for an
+    activation module fuseops has no fused form of."""
+    name = type(act).__name__
+    if name in ("SiLUActivation", "SiLU"):
+        return "silu"
+    if name in ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation"):
+        return "tanh"
+    if name == "GELUActivation" or (name == "GELU" and getattr(act, "approximate", "none") == "none"):
+        return "none"
+    if name == "GELU" and act.approximate == "tanh":
+        return "tanh"
+    return None
+
+
+def _gated(gate: torch.Tensor, up: Optional[torch.Tensor], kind: str) -> torch.Tensor:
+    return swiglu(gate, up) if kind == "silu" else geglu(gate, up, kind)
+
+
+def _gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(_gated(self.gate_proj(x), self.up_proj(x), self._fuseops_act))
+
+
+def _packed_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # Phi-3: gate_up_proj's output holds the gate, then up (chunk(2, -1)),
+    # fuseops' packed layout; the halves are read in place.
+    return self.down_proj(_gated(self.gate_up_proj(hidden_states), None, self._fuseops_act))
+
+
+def _conv1d_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # GPT-2: c_fc is a Conv1D (weight [in, out], y = x @ weight + bias); the
+    # bias add and the GELU are fused after the bias-free product.
+    fc = self.c_fc
+    hidden = hidden_states.matmul(fc.weight)
+    return self.dropout(self.c_proj(bias_gelu(hidden, fc.bias, self._fuseops_act)))
+
+
+def _dense_gelu_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # BERT's intermediate layer: dense then GELU, the bias add fused.
+    dense = self.dense
+    return bias_gelu(F.linear(hidden_states, dense.weight), dense.bias, self._fuseops_act)
+
+
+def _layer_norm_forward(self, input: torch.Tensor) -> torch.Tensor:
+    params_match = all(p is None or p.dtype == input.dtype for p in (self.weight, self.bias))
+    if len(self.normalized_shape) != 1 or not params_match:
+        return torch.nn.LayerNorm.forward(self, input)
+    return layer_norm(input, self.weight, self.bias, self.eps)
+
+
+def _hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
+    # HF's signature (transformers 5): q, k [batch, heads, seq, head_dim] for
+    # unsqueeze_dim=1; cos, sin [batch, seq, rotary_dim] (rotary_dim <=
+    # head_dim: partial rotary, the rest passed through).
+    return _fuseops_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_forward_of(function: types.FunctionType) -> types.FunctionType:
+    """The attention class's own forward, compiled code and all, reading
+    ``apply_rotary_pos_emb`` from a copy of its module's globals where that
+    name is fuseops' (one function per class, shared by its instances)."""
+    scope = dict(function.__globals__)
+    scope["apply_rotary_pos_emb"] = _hf_apply_rotary_pos_emb
+    patched = types.FunctionType(function.__code__, scope, function.__name__,
+                                 function.__defaults__, function.__closure__)
+    patched.__kwdefaults__ = function.__kwdefaults__
+    patched.__qualname__ = function.__qualname__
+    patched.__doc__ = function.__doc__
+    return patched
+
+
+# ---------------------------------------------------------------------------
+# The causal-LM head
+
+
+def _shifted_targets(labels: Optional[torch.Tensor], shift_labels: Optional[torch.Tensor],
+                     ignore_index: int, device) -> torch.Tensor:
+    # HF's ForCausalLMLoss: token t predicts label t + 1; the last position
+    # has no label.
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return shift_labels.reshape(-1).to(device)
+
+
+def _reduce(loss_sum_or_mean: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    if num_items_in_batch is None:
+        return loss_sum_or_mean
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss_sum_or_mean.device)
+    return loss_sum_or_mean / num_items_in_batch
+
+
+def _causal_lm_forward(original: Callable):
+    """The ``forward`` of a patched ``*ForCausalLM``/``*LMHeadModel``: the
+    base model as HF calls it, then the head and loss by fuseops."""
+
+    from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions, CausalLMOutputWithPast
+
+    signature = inspect.signature(original)
+    # Names that positional arguments bind to, in the original's order (it
+    # differs between families); plain dict work, which torch.compile traces.
+    positional = [p.name for p in list(signature.parameters.values())[1:]
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+    def forward(self, *args, **kwargs):
+        if len(args) > len(positional):
+            raise TypeError(f"{type(self).__name__}.forward takes at most {len(positional)} "
+                            f"positional arguments, got {len(args)}")
+        arguments = dict(zip(positional, args))
+        arguments.update(kwargs)
+        return_dict = arguments.pop("return_dict", None)
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        labels = arguments.pop("labels", None)
+        logits_to_keep = arguments.pop("logits_to_keep", 0)
+        num_items_in_batch = arguments.pop("num_items_in_batch", None)
+        ignore_index = arguments.pop("ignore_index", -100)
+        shift_labels = arguments.pop("shift_labels", None)
+        outputs = getattr(self, self.base_model_prefix)(**arguments)
+        hidden_states = outputs[0]
+        head = self.lm_head
+        softcap = getattr(self.config, "final_logit_softcapping", None)
+        reduction = "mean" if num_items_in_batch is None else "sum"
+        has_labels = labels is not None or shift_labels is not None
+
+        logits = loss = None
+        if has_labels and self.training:
+            # The loss without the [tokens, vocab] logits.
+            target = _shifted_targets(labels, shift_labels, ignore_index, hidden_states.device)
+            loss = _reduce(linear_cross_entropy(
+                hidden_states.reshape(-1, hidden_states.shape[-1]), head.weight, target,
+                head.bias, reduction=reduction, ignore_index=ignore_index, softcap=softcap),
+                num_items_in_batch)
+        else:
+            if isinstance(logits_to_keep, int):
+                kept = hidden_states[:, slice(-logits_to_keep, None), :] if logits_to_keep else hidden_states
+            else:
+                kept = hidden_states[:, logits_to_keep, :]
+            logits = head(kept)
+            if softcap is not None:
+                logits = torch.tanh(logits / softcap) * softcap
+            if has_labels:
+                target = _shifted_targets(labels, shift_labels, ignore_index, logits.device)
+                loss = _reduce(_cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), target, reduction=reduction,
+                    ignore_index=ignore_index), num_items_in_batch)
+
+        fields = dict(loss=loss, logits=logits,
+                      past_key_values=getattr(outputs, "past_key_values", None),
+                      hidden_states=getattr(outputs, "hidden_states", None),
+                      attentions=getattr(outputs, "attentions", None))
+        if hasattr(outputs, "cross_attentions"):
+            result = CausalLMOutputWithCrossAttentions(
+                cross_attentions=outputs.cross_attentions, **fields)
+        else:
+            result = CausalLMOutputWithPast(**fields)
+        return result if return_dict else result.to_tuple()
+
+    # The original's signature, for the callers that read it (generate's
+    # argument checks, Trainer's column selection and loss-kwargs detection).
+    forward.__signature__ = signature
+    forward.__doc__ = original.__doc__
+    return forward
+
+
+# ---------------------------------------------------------------------------
+# apply
+
+
+def _family_of(model: torch.nn.Module) -> _Family:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        what = f"model type {model_type!r}" if model_type is not None else "a model without config.model_type"
+        raise ValueError(
+            f"fuseops.transformers.apply: {what} ({type(model).__name__}) is not supported; "
+            f"supported model types: {', '.join(supported_model_types())}")
+    return FAMILIES[model_type]
+
+
+def _patch(module: torch.nn.Module, forward: Callable, kind: str) -> None:
+    module.forward = types.MethodType(forward, module)
+    setattr(module, MARKER, kind)
+
+
+def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp: bool = True,
+          cross_entropy: bool = True, layer_norm: bool = True) -> list[Replacement]:
+    """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
+    family, see :func:`supported_model_types`) in place to run on fuseops
+    ops and returns what was patched, one :class:`fuseops.nn.Replacement` per
+    module (``name``: qualified module name, ``old``: its class, ``new``: the
+    fuseops op now computing it). Each flag turns one kind of patch on or off.
+    A module already patched is left alone, so a second call returns ``[]``.
+    An unsupported model type raises ``ValueError`` naming the supported ones.
+    """
+    family = _family_of(model)
+    wanted = {"rms_norm": rms_norm, "rope": rope, "mlp": mlp, "layer_norm": layer_norm,
+              "cross_entropy": cross_entropy}
+    replaced: list[Replacement] = []
+
+    def record(name: str, module: torch.nn.Module, forward: Callable, kind: str, new: str) -> None:
+        _patch(module, forward, kind)
+        replaced.append(Replacement(name or "<model>", type(module).__name__, new))
+
+    mlp_class = family.mlp_class or f"{family.prefix}MLP"
+    for name, module in model.named_modules():
+        if MARKER in module.__dict__:
+            continue
+        cls_name = type(module).__name__
+        if wanted["rms_norm"] and cls_name == f"{family.prefix}RMSNorm":
+            if family.rms_offset:
+                record(name, module, _rms_norm_offset_forward, "rms_norm", "fuseops.rms_norm(1 + weight)")
+            else:
+                record(name, module, _rms_norm_forward, "rms_norm", "fuseops.rms_norm")
+        elif wanted["rope"] and cls_name.startswith(family.prefix) and cls_name.endswith("Attention"):
+            # Only an attention whose own forward calls apply_rotary_pos_emb
+            # (not one wrapped by a decorator, nor one without rotary).
+            function = type(module).forward
+            code = getattr(function, "__code__", None)
+            if code is not None and "apply_rotary_pos_emb" in code.co_names:
+                record(name, module, _rope_forward_of(function), "rope", "fuseops.rope")
+        elif wanted["mlp"] and cls_name == mlp_class:
+            act = next((getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None)
+            kind = _activation_kind(act) if act is not None else None
+            if family.mlp in ("gated", "packed"):
+                if kind is None:
+                    continue  # an activation without a fused gated form: left to HF
+                new = "fuseops.swiglu" if kind == "silu" else f"fuseops.geglu({kind!r})"
+                if family.mlp == "gated":
+                    forward = _gated_mlp_forward
+                else:
+                    forward, new = _packed_mlp_forward, new + " (packed gate_up_proj)"
+            else:
+                bias = (module.c_fc if family.mlp == "conv1d" else module.dense).bias
+                if kind not in ("none", "tanh") or bias is None:
+                    continue  # bias_gelu needs a GELU and a bias
+                new = f"fuseops.bias_gelu({kind!r})"
+                forward = _conv1d_mlp_forward if family.mlp == "conv1d" else _dense_gelu_forward
+            module._fuseops_act = kind
+            record(name, module, forward, "mlp", new)
+        elif wanted["layer_norm"] and type(module) is torch.nn.LayerNorm:
+            record(name, module, _layer_norm_forward, "layer_norm", "fuseops.layer_norm")
+
+    # A causal-LM head: an nn.Linear lm_head over the base model's output.
+    prefix = getattr(model, "base_model_prefix", "")
+    if (wanted["cross_entropy"] and MARKER not in model.__dict__
+            and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
+            and prefix and hasattr(model, prefix)):
+        record("", model, _causal_lm_forward(type(model).forward), "cross_entropy",
+               "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy")
+    return replaced
+
+
+def is_patched(module: torch.nn.Module) -> bool:
+    """Whether :func:`apply` patched `module` itself."""
+    return MARKER in module.__dict__
+
+
+__all__ = ["FAMILIES", "KINDS", "MARKER", "apply", "is_patched", "supported_model_types"]

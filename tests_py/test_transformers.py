@@ -1,0 +1,324 @@
+"""fuseops.transformers.apply on Hugging Face models built from tiny configs
+(random weights, nothing downloaded): the patched model against an unpatched
+copy with the same weights, in training, evaluation and generation, and the
+model-handling paths (patching twice, meta device, save/load, torch.compile).
+
+float32 comparisons are tight (1e-5 relative to the largest value: the
+models differ only in the order of float32 sums inside the fused ops).
+bfloat16 ones allow what the rounding order of a bfloat16 model explains:
+fuseops computes each fused op in float32 and rounds once, where HF's code
+rounds after every step (bfloat16's epsilon is 7.8e-3, and a few roundings
+apart compound through the layers), so logits and loss are compared to
+3e-2 of the largest value and each parameter's gradient to 6e-2 of its
+largest value; and the patched bfloat16 logits must be as close to a float32
+run of the same weights as HF's bfloat16 logits are (within a factor 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install 'fuseops[transformers]')")
+
+import fuseops.transformers as fot  # noqa: E402
+
+VOCAB = 256
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+              tie_word_embeddings=False)
+
+GATED = {"rms_norm", "rope", "swiglu", "linear_cross_entropy"}
+GEMMA = {"rms_norm", "rope", "geglu", "linear_cross_entropy"}
+NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+# family -> (config class, model class, config overrides, fuseops ops the
+# patched training step must run)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}, GATED),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}, GATED),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}, GATED),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}, GATED),
+    # (1 + weight) RMSNorm, tanh-GELU GeGLU; Gemma 2 and 3 with the final
+    # logits' softcapping (Gemma 2 also with its attention softcapping).
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}, GEMMA),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0}, GEMMA),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0}, GEMMA),
+    # Packed gate_up_proj, partial rotary embedding.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             {"partial_rotary_factor": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+             GATED),
+    # LayerNorm and bias + tanh GELU (Conv1D projections), learned positions.
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             dict(NO_DROPOUT, n_inner=96, num_key_value_heads=None, intermediate_size=None,
+                  bos_token_id=1, eos_token_id=2),
+             {"layer_norm", "bias_gelu", "linear_cross_entropy"}),
+}
+
+
+def make_model(family: str, dtype=torch.float32, seed: int = 0, **overrides):
+    config_cls, model_cls, extra, _ = FAMILIES[family]
+    settings = {k: v for k, v in {**COMMON, **extra, **overrides}.items() if v is not None}
+    config = getattr(transformers, config_cls)(**settings)
+    torch.manual_seed(seed)
+    return getattr(transformers, model_cls)(config).to(dtype)
+
+
+def pair(family: str, dtype=torch.float32, **overrides):
+    """(unpatched, patched) models with the same weights."""
+    ref = make_model(family, dtype, **overrides)
+    patched = copy.deepcopy(ref)
+    assert fot.apply(patched)
+    return ref, patched
+
+
+def batch(seed: int = 1, batch_size: int = 2, seq: int = 16):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch_size, seq), generator=gen)
+    labels = ids.clone()
+    labels[0, :3] = -100  # ignored positions, as padding or a prompt would be
+    return ids, labels
+
+
+def fuseops_ops_run(fn) -> set[str]:
+    """Names of the fuseops ops (``fuseops::<name>``) that `fn()` ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name.split("::", 1)[1] for e in prof.events() if e.name.startswith("fuseops::")}
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def assert_gradients_match(ref, patched, tolerance: float) -> None:
+    """Every parameter's gradient within `tolerance` of its largest value; a
+    gradient that is zero in exact math (a key bias: softmax ignores a shift
+    shared by all keys) holds only rounding noise, so each is measured
+    against at least 1e-3 of the largest gradient of the model."""
+    floor = 1e-3 * max(p.grad.abs().max().item() for p in ref.parameters())
+    for (name, p_ref), (_, p) in zip(ref.named_parameters(), patched.named_parameters()):
+        assert p.grad is not None, name
+        scale = max(p_ref.grad.abs().max().item(), floor)
+        err = (p.grad.double() - p_ref.grad.double()).abs().max().item() / scale
+        assert err <= tolerance, f"{name}: gradient error {err:.2e} of its largest value"
+
+
+def train_step(model, ids, labels, **kwargs):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=labels, **kwargs)
+    out.loss.backward()
+    return out
+
+
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 6e-2)}  # (values, gradients)
+
+
+# bfloat16 on one family per code path: Llama's RMSNorm and SwiGLU, Gemma's
+# (1 + weight) RMSNorm, GeGLU and softcapping, Phi-3's packed MLP, GPT-2's
+# LayerNorm and bias_gelu.
+CASES = [(family, torch.float32) for family in sorted(FAMILIES)] + [
+    (family, torch.bfloat16) for family in ("llama", "gemma2", "phi3", "gpt2")]
+
+
+@pytest.mark.parametrize("family,dtype", CASES, ids=[f"{f}-{str(d)[6:]}" for f, d in CASES])
+def test_training_and_eval_match(family, dtype):
+    ref, patched = pair(family, dtype)
+    ids, labels = batch()
+    value_tol, grad_tol = TOLERANCE[dtype]
+
+    # Training with labels: loss and every parameter's gradient.
+    expected = train_step(ref, ids, labels)
+    ran = fuseops_ops_run(lambda: train_step(patched, ids, labels))
+    got = train_step(patched, ids, labels)
+    assert FAMILIES[family][3] <= ran, f"fuseops ops run: {sorted(ran)}"
+    assert got.logits is None  # no [tokens, vocab] logits in training with labels
+    assert abs(got.loss.item() - expected.loss.item()) <= value_tol * abs(expected.loss.item())
+    assert_gradients_match(ref, patched, grad_tol)
+    # The unpatched copy of the same classes runs none of fuseops' ops.
+    assert not fuseops_ops_run(lambda: train_step(ref, ids, labels))
+
+    # Evaluation: logits, and the loss from them.
+    ref.eval(), patched.eval()
+    with torch.no_grad():
+        expected = ref(ids, labels=labels)
+        got = patched(ids, labels=labels)
+    assert relative_error(got.logits, expected.logits) <= value_tol
+    assert abs(got.loss.item() - expected.loss.item()) <= value_tol * abs(expected.loss.item())
+    if dtype == torch.bfloat16:
+        # As accurate as HF's own bfloat16 run, against float32 math on the
+        # same (bfloat16) weights.
+        exact = copy.deepcopy(ref).float().eval()
+        with torch.no_grad():
+            truth = exact(ids).logits
+        assert relative_error(got.logits, truth) <= 2 * relative_error(expected.logits, truth) + 1e-3
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_generate_greedy_with_cache(family):
+    ref, patched = pair(family)
+    ids, _ = batch(seq=6, batch_size=1)
+    kwargs = dict(max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0)
+    expected = ref.eval().generate(ids, **kwargs)
+    ran = fuseops_ops_run(lambda: patched.eval().generate(ids, **kwargs))
+    assert FAMILIES[family][3] - {"linear_cross_entropy"} <= ran
+    torch.testing.assert_close(patched.generate(ids, **kwargs), expected, rtol=0, atol=0)
+
+
+def test_bert_masked_lm_matches():
+    # An encoder: LayerNorm and BERT's dense + erf GELU; its masked-LM head
+    # (a transform, then the decoder) stays HF's, with HF's loss.
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=96,
+                                     max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    ref = transformers.BertForMaskedLM(config)
+    patched = copy.deepcopy(ref)
+    replaced = fot.apply(patched)
+    assert "<model>" not in {r.name for r in replaced}
+    assert {r.new for r in replaced} == {"fuseops.layer_norm", "fuseops.bias_gelu('none')"}
+    ids, labels = batch()
+    expected = train_step(ref, ids, labels)
+    assert {"layer_norm", "bias_gelu"} <= fuseops_ops_run(lambda: train_step(patched, ids, labels))
+    got = train_step(patched, ids, labels)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
+    assert_gradients_match(ref, patched, 1e-5)
+
+
+def test_num_items_in_batch_and_shift_labels():
+    ref, patched = pair("llama")
+    ids, labels = batch()
+    n = torch.tensor(37)  # tokens of all micro-batches of an accumulation step
+    expected = train_step(ref, ids, labels, num_items_in_batch=n)
+    got = train_step(patched, ids, labels, num_items_in_batch=n)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
+    torch.testing.assert_close(patched.lm_head.weight.grad, ref.lm_head.weight.grad, rtol=1e-5, atol=1e-7)
+    # Pre-shifted labels (HF's shift_labels) give the same loss as labels.
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    patched.train()
+    torch.testing.assert_close(patched(ids, shift_labels=shifted, num_items_in_batch=n).loss, got.loss,
+                               rtol=1e-6, atol=0)
+
+
+def test_activation_checkpointing():
+    # The decoder layers' forwards run again in the backward: the patched
+    # modules' too.
+    ref, patched = pair("llama")
+    ids, labels = batch()
+    expected = train_step(ref, ids, labels)
+    patched.activation_checkpointing_enable()
+    got = train_step(patched, ids, labels)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
+    assert_gradients_match(ref, patched, 1e-5)
+
+
+def test_optimizer_steps_match():
+    ref, patched = pair("llama")
+    losses = {}
+    for name, model in (("ref", ref), ("patched", patched)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses[name] = []
+        for _ in range(4):
+            ids, labels = batch(seed=10)  # one batch, learnt by heart
+            out = train_step(model, ids, labels)
+            opt.step()
+            losses[name].append(out.loss.item())
+    assert losses["patched"][-1] < losses["patched"][0]  # it learns
+    torch.testing.assert_close(torch.tensor(losses["patched"]), torch.tensor(losses["ref"]),
+                               rtol=1e-4, atol=0)
+
+
+def test_patching_twice_is_a_no_op_and_flags_select():
+    model = make_model("llama")
+    first = fot.apply(model, rope=False, cross_entropy=False)
+    assert {r.new for r in first} == {"fuseops.rms_norm", "fuseops.swiglu"}
+    assert not fot.is_patched(model) and not fot.is_patched(model.model.layers[0].self_attn)
+    forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
+    assert fot.apply(model, rope=False, cross_entropy=False) == []
+    assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
+    # The rest later; then nothing is left.
+    rest = fot.apply(model)
+    assert {r.name for r in rest} == {"<model>"} | {
+        f"model.layers.{i}.self_attn" for i in range(COMMON["num_hidden_layers"])}
+    assert fot.apply(model) == []
+
+
+def test_unsupported_model_type_names_supported_ones():
+    config = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, intermediate_size=64)
+    model = transformers.GPTNeoXForCausalLM(config)
+    with pytest.raises(ValueError, match=r"'gpt_neox'.*supported model types: .*llama.*qwen3"):
+        fot.apply(model)
+    with pytest.raises(ValueError, match="supported model types"):
+        fot.apply(torch.nn.Linear(2, 2))
+
+
+def test_meta_device_patch_then_load_weights():
+    ref = make_model("qwen3")
+    with torch.device("meta"):
+        model = type(ref)(ref.config)
+    assert fot.apply(model)
+    model.load_state_dict(ref.state_dict(), assign=True)
+    # Non-persistent buffers (the rotary inverse frequencies) are not in a
+    # state_dict: rebuilt as for any model materialized from meta.
+    for name, buffer in ref.named_buffers():
+        module_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(module_name), attr, buffer.clone())
+    ids, labels = batch()
+    expected = train_step(ref, ids, labels)
+    got = train_step(model, ids, labels)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
+
+
+def test_save_pretrained_round_trip():
+    ref, patched = pair("llama")
+    ids, labels = batch()
+    with tempfile.TemporaryDirectory() as folder:
+        patched.save_pretrained(folder)
+        assert os.path.exists(os.path.join(folder, "config.json"))
+        loaded = type(ref).from_pretrained(folder)
+    assert loaded.config.architectures == ["LlamaForCausalLM"]
+    for (name, a), (_, b) in zip(sorted(ref.state_dict().items()), sorted(loaded.state_dict().items())):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    assert not fot.is_patched(loaded)
+    assert fot.apply(loaded)
+    torch.testing.assert_close(train_step(loaded, ids, labels).loss, train_step(ref, ids, labels).loss,
+                               rtol=1e-5, atol=0)
+
+
+def test_torch_compile_forward():
+    # One layer: Inductor's compilation dominates this file's time.
+    ref, patched = pair("llama", num_hidden_layers=1)
+    ids, _ = batch()
+    ref.eval(), patched.eval()
+    # fullgraph: the patched forwards and fuseops' ops trace without breaks.
+    compiled = torch.compile(patched, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_command(tmp_path):
+    from fuseops.__main__ import main
+
+    assert main(["bench", "--transformers", "smoke", "--no-compile", "--dtype", "float32",
+                 "--out", str(tmp_path)]) == 0
+    import json
+
+    report = json.loads((tmp_path / "transformers.json").read_text())
+    [result] = report["results"]
+    assert result["loss_ok"] and result["patched_modules"] > 0
+    assert [row["variant"] for row in result["rows"]] == ["transformers", "fuseops"]
+    for row in result["rows"]:
+        assert row["step_s"] > 0 and row["prefill_s"] > 0 and row["peak_bytes"] > 0
+    assert "| float32 | fuseops |" in (tmp_path / "transformers.txt").read_text()

@@ -67,11 +67,12 @@ inline int64_t blocks_for(int64_t work_items) {
 }
 
 // out[i] = op(a[i]) or op(a[i], b[i]), kVec elements per thread per step.
-// `b` is nullptr for unary ops.
+// `b` is nullptr for unary ops. No __restrict__: `out` may be exactly `a` or
+// `b` (out= in place, and backward kernels writing over the incoming
+// gradient); each element is read before the same thread writes it.
 template <int kVec, bool kBinary, typename scalar_t, typename Op>
-__global__ void elementwise_kernel(int64_t n, Op op, scalar_t* __restrict__ out,
-                                   const scalar_t* __restrict__ a,
-                                   const scalar_t* __restrict__ b) {
+__global__ void elementwise_kernel(int64_t n, Op op, scalar_t* out, const scalar_t* a,
+                                   const scalar_t* b) {
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = AlignedVector<scalar_t, kVec>;
   auto apply = [&](scalar_t x, scalar_t y) {

@@ -438,30 +438,48 @@ void check_defined(const char* op, const char* arg, const at::Tensor& t) {
               "' must be a defined tensor, got an undefined tensor");
 }
 
+// The entry points taking (logits, target, weight, ...): their checks, then
+// the call; the arguments after `weight` pass through.
+template <typename Op, typename Logits, typename... Rest>
+auto call_with_logits(const Op& op, Logits& logits, const at::Tensor& target,
+                      const std::optional<at::Tensor>& weight, const Rest&... rest) {
+  const char* name = op.operator_name().name.c_str();
+  check_floating_input(name, "logits", logits);
+  check_defined(name, "target", target);
+  return op.call(logits, target, none_if_undefined(weight), rest...);
+}
+
+// The same for (input, weight, bias, target, class_weight, ...).
+template <typename Op, typename... Rest>
+auto call_with_input(const Op& op, const at::Tensor& input, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                     const std::optional<at::Tensor>& class_weight, const Rest&... rest) {
+  const char* name = op.operator_name().name.c_str();
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "weight", weight);
+  check_defined(name, "target", target);
+  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
+                 rest...);
+}
+
 }  // namespace
 
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                          const std::optional<at::Tensor>& weight, std::string_view reduction,
                          int64_t ignore_index, double label_smoothing, double z_loss,
                          std::optional<double> softcap) {
-  constexpr const char* name = "fuseops::cross_entropy";
-  check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(cross_entropy)>(name);
-  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
-                 label_smoothing, z_loss, softcap);
+  static auto op = find_op<decltype(cross_entropy)>("fuseops::cross_entropy");
+  return call_with_logits(op, logits, target, weight, reduction, ignore_index, label_smoothing,
+                          z_loss, softcap);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
     const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap) {
-  constexpr const char* name = "fuseops::cross_entropy_forward";
-  check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(cross_entropy_forward)>(name);
-  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
-                 label_smoothing, z_loss, softcap);
+  static auto op = find_op<decltype(cross_entropy_forward)>("fuseops::cross_entropy_forward");
+  return call_with_logits(op, logits, target, weight, reduction, ignore_index, label_smoothing,
+                          z_loss, softcap);
 }
 
 at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& logits,
@@ -483,16 +501,13 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tenso
 }
 
 at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
-                                          const std::optional<at::Tensor>& weight,
-                                          std::string_view reduction, int64_t ignore_index,
-                                          double label_smoothing, double z_loss,
-                                          std::optional<double> softcap) {
-  constexpr const char* name = "fuseops::cross_entropy_inplace";
-  check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(cross_entropy_inplace)>(name);
-  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
-                 label_smoothing, z_loss, softcap);
+                                 const std::optional<at::Tensor>& weight,
+                                 std::string_view reduction, int64_t ignore_index,
+                                 double label_smoothing, double z_loss,
+                                 std::optional<double> softcap) {
+  static auto op = find_op<decltype(cross_entropy_inplace)>("fuseops::cross_entropy_inplace");
+  return call_with_logits(op, logits, target, weight, reduction, ignore_index, label_smoothing,
+                          z_loss, softcap);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,
@@ -501,13 +516,9 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
                                 std::string_view reduction, int64_t ignore_index,
                                 double label_smoothing, double z_loss,
                                 std::optional<double> softcap, std::optional<double> normalizer) {
-  constexpr const char* name = "fuseops::linear_cross_entropy";
-  check_floating_input(name, "input", input);
-  check_floating_input(name, "weight", weight);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(linear_cross_entropy)>(name);
-  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
-                 reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer);
+  static auto op = find_op<decltype(linear_cross_entropy)>("fuseops::linear_cross_entropy");
+  return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
+                         label_smoothing, z_loss, softcap, normalizer);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_forward(
@@ -515,13 +526,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap, std::optional<double> normalizer) {
-  constexpr const char* name = "fuseops::linear_cross_entropy_forward";
-  check_floating_input(name, "input", input);
-  check_floating_input(name, "weight", weight);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(linear_cross_entropy_forward)>(name);
-  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
-                 reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer);
+  static auto op =
+      find_op<decltype(linear_cross_entropy_forward)>("fuseops::linear_cross_entropy_forward");
+  return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
+                         label_smoothing, z_loss, softcap, normalizer);
 }
 
 namespace {

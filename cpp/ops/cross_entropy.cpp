@@ -141,6 +141,23 @@ at::Tensor reduce_loss(const at::Tensor& loss_rows, const at::Tensor& total_weig
   return (loss_rows.sum() / total_weight).to(dtype);
 }
 
+// The checks of the ops taking (logits, target, weight, reduction,
+// options): the reduction parsed and the weight (undefined when absent).
+std::pair<Reduction, at::Tensor> check_logits_call(const char* op, const at::Tensor& logits,
+                                                   const at::Tensor& target,
+                                                   const std::optional<at::Tensor>& weight_opt,
+                                                   std::string_view reduction_name,
+                                                   double label_smoothing, double z_loss,
+                                                   std::optional<double> softcap) {
+  const Reduction reduction = parse_reduction(op, reduction_name);
+  check_logits(op, logits);
+  check_target(op, target, logits);
+  at::Tensor weight = undefined_if_none(weight_opt);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
+  return {reduction, weight};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
@@ -148,12 +165,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
     const std::optional<at::Tensor>& weight_opt, std::string_view reduction_name,
     int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
-  const Reduction reduction = parse_reduction(op, reduction_name);
-  check_logits(op, logits);
-  check_target(op, target, logits);
-  const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
-                softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
+                                                     reduction_name, label_smoothing, z_loss,
+                                                     softcap);
   const auto opmath_options = logits.options().dtype(opmath_of(logits));
   at::Tensor lse = empty_output(target.sizes(), opmath_options);
   if (rows_kernel == nullptr) {
@@ -178,12 +192,9 @@ at::Tensor cross_entropy_backward_with(
     double label_smoothing, double z_loss, std::optional<double> softcap,
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
   constexpr const char* op = "fuseops::cross_entropy_backward";
-  const Reduction reduction = parse_reduction(op, reduction_name);
-  check_logits(op, logits);
-  check_target(op, target, logits);
-  const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
-                softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
+                                                     reduction_name, label_smoothing, z_loss,
+                                                     softcap);
   check_floating_input(op, "grad_output", grad_output);
   check_same_device(op, "grad_output", grad_output, "logits", logits);
   const at::IntArrayRef loss_shape =
@@ -226,12 +237,9 @@ at::Tensor cross_entropy_inplace_with(
     double z_loss, std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
     CrossEntropyRowsKernel rows_kernel) {
   constexpr const char* op = "fuseops::cross_entropy_inplace";
-  const Reduction reduction = parse_reduction(op, reduction_name);
-  check_logits(op, logits);
-  check_target(op, target, logits);
-  const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
-                softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
+                                                     reduction_name, label_smoothing, z_loss,
+                                                     softcap);
   TORCH_CHECK(at::has_internal_overlap(logits) != at::MemOverlap::Yes, op,
               ": argument 'logits' must not have elements that overlap each other (it "
               "receives the gradient), got strides ",

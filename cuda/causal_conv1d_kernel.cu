@@ -29,11 +29,13 @@
 #include "activation_math.cuh"
 #include "elementwise.cuh"
 #include "ops/causal_conv1d.h"
+#include "ops/causal_conv1d_dispatch.h"
 
 namespace fuseops::cuda {
 namespace {
 
 using detail::ConvLayout;
+using detail::dispatch_width_silu;
 
 struct Strides {
   int64_t b, c, t;
@@ -254,6 +256,9 @@ __global__ void sum_weight_partials_kernel(acc_t* grad_weight, acc_t* grad_bias,
   }
 }
 
+// The CPU's update row loop again; not shared: a host/device version would
+// need accessors for the strided rows and each device's SiLU, as many lines
+// as it would save.
 template <typename T>
 __global__ void update_kernel(T* out, const T* x, Strides xs, T* state, Strides ss,
                               const at::opmath_type<T>* w, const at::opmath_type<T>* bias,
@@ -282,28 +287,6 @@ __global__ void update_kernel(T* out, const T* x, Strides xs, T* state, Strides 
     for (int64_t j = 0; j < state_len; ++j) {
       state[ss.at(b, c, j)] = joined(shape.seqlen + j);
     }
-  }
-}
-
-template <typename Fn>
-void dispatch_width_silu(int64_t width, bool silu, const Fn& fn) {
-  auto with_silu = [&](auto w) {
-    if (silu) {
-      fn(w, std::true_type{});
-    } else {
-      fn(w, std::false_type{});
-    }
-  };
-  switch (width) {
-    case 2:
-      with_silu(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      with_silu(std::integral_constant<int, 3>{});
-      break;
-    default:
-      with_silu(std::integral_constant<int, 4>{});
-      break;
   }
 }
 

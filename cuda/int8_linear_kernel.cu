@@ -10,14 +10,13 @@
 // once at the end.
 //
 // W8A8 dynamic (int8_dynamic_linear), as simple: one warp per row quantizes
-// it (quantize_per_token_int8's math) into an int8 buffer of whole groups
+// it (quantize_row.cuh) into an int8 buffer of whole groups
 // (zeros past K), then one thread per output element sums the row's and the
 // channel's groups of 4 with __dp4a (signed x signed, exact in int32, no
 // column-sum correction needed) and applies the float32 epilogue the CPU
 // kernels use, so both devices give the same bits.
 
 #include <cstdint>
-#include <limits>
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -33,6 +32,7 @@
 
 #include "elementwise.cuh"
 #include "ops/int8_linear.h"
+#include "quantize_row.cuh"
 
 namespace fuseops::cuda {
 namespace {
@@ -95,50 +95,6 @@ void weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
       });
 }
 
-constexpr int kRowsPerBlock = kThreadsPerBlock / kWarpSize;
-
-template <typename scalar_t>
-__global__ void quantize_rows_for_dot_cuda(const scalar_t* __restrict__ input,
-                                           int8_t* __restrict__ q, float* __restrict__ x_scale,
-                                           int64_t rows, int64_t k, int64_t k_padded) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  for (int64_t row = first; row < rows; row += stride) {
-    const scalar_t* x = input + row * k;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t i = lane; i < k; i += kWarpSize) {
-      const float v = fabsf(static_cast<float>(x[i]));
-      finite = finite && v <= 3.402823466e38f;  // false for Inf and NaN
-      amax = fmaxf(amax, v);
-    }
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    }
-    if (!__all_sync(0xffffffffu, finite)) {
-      // A row of NaN; its q stay 0.
-      if (lane == 0) {
-        x_scale[row] = std::numeric_limits<float>::quiet_NaN();
-      }
-      continue;
-    }
-    float s = amax / 127.0f;
-    if (s == 0.0f) {
-      s = 1.0f;
-    }
-    if (lane == 0) {
-      x_scale[row] = s;
-    }
-    for (int64_t i = lane; i < k; i += kWarpSize) {
-      // Division and round half to even, as the CPU kernels.
-      const float v = fminf(fmaxf(rintf(static_cast<float>(x[i]) / s), -127.0f), 127.0f);
-      q[row * k_padded + i] = static_cast<int8_t>(v);
-    }
-  }
-}
-
 template <typename scalar_t>
 __global__ void dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __restrict__ xq,
                                     const float* __restrict__ x_scale,
@@ -186,15 +142,12 @@ void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const int64_t total = m_total * n;
   const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
                                            65535);
-  const int64_t row_blocks =
-      std::min<int64_t>((m_total + kRowsPerBlock - 1) / kRowsPerBlock, 65535);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_dynamic_linear", [&] {
-        quantize_rows_for_dot_cuda<scalar_t><<<row_blocks, kThreadsPerBlock, 0, stream>>>(
-            input.const_data_ptr<scalar_t>(), xq.mutable_data_ptr<int8_t>(),
-            x_scale.mutable_data_ptr<float>(), m_total, k, groups * detail::kInt8GroupK);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        quantize_rows_int8<NonFiniteRow::kNanScale>(
+            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(),
+            groups * detail::kInt8GroupK, x_scale.mutable_data_ptr<float>(), nullptr, stream);
         dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
             out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
             x_scale.const_data_ptr<float>(), packed.const_data_ptr<int8_t>(),

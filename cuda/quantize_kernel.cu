@@ -2,11 +2,10 @@
 // allocation are shared with the CPU and Meta backends (cpp/ops/quantize.cpp).
 //
 // State: simple and correct rather than tuned. quantize: one warp per row
-// (absmax by warp shuffles, then divide, round to nearest even and store);
-// a row holding Inf or NaN is recorded with atomicMin in one device word,
-// which the host reads back after the launch (one synchronisation per call:
-// the price of refusing non-finite input). dequantize: a grid-stride loop,
-// one element per thread.
+// (quantize_row.cuh); a row holding Inf or NaN is recorded with atomicMin
+// in one device word, which the host reads back after the launch (one
+// synchronisation per call: the price of refusing non-finite input).
+// dequantize: a grid-stride loop, one element per thread.
 
 #include <cstdint>
 #include <limits>
@@ -23,51 +22,10 @@
 
 #include "elementwise.cuh"
 #include "ops/quantize.h"
+#include "quantize_row.cuh"
 
 namespace fuseops::cuda {
 namespace {
-
-constexpr int kRowsPerBlock = kThreadsPerBlock / kWarpSize;
-
-template <typename scalar_t>
-__global__ void quantize_rows_cuda(const scalar_t* __restrict__ input, int8_t* __restrict__ q,
-                                   float* __restrict__ scale, int64_t rows, int64_t k,
-                                   unsigned long long* first_bad) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
-  for (int64_t row = first; row < rows; row += stride) {
-    const scalar_t* x = input + row * k;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t i = lane; i < k; i += kWarpSize) {
-      const float v = fabsf(static_cast<float>(x[i]));
-      finite = finite && v <= 3.402823466e38f;  // false for Inf and NaN
-      amax = fmaxf(amax, v);
-    }
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    }
-    if (!__all_sync(0xffffffffu, finite)) {
-      if (lane == 0) {
-        atomicMin(first_bad, static_cast<unsigned long long>(row));
-      }
-      continue;
-    }
-    float s = amax / 127.0f;
-    if (s == 0.0f) {
-      s = 1.0f;
-    }
-    if (lane == 0) {
-      scale[row] = s;
-    }
-    for (int64_t i = lane; i < k; i += kWarpSize) {
-      const float r = fminf(fmaxf(rintf(static_cast<float>(x[i]) / s), -127.0f), 127.0f);
-      q[row * k + i] = static_cast<int8_t>(r);
-    }
-  }
-}
 
 int64_t quantize_rows_kernel(const at::Tensor& q, const at::Tensor& scale,
                              const at::Tensor& input) {
@@ -77,14 +35,12 @@ int64_t quantize_rows_kernel(const at::Tensor& q, const at::Tensor& scale,
   const auto none = std::numeric_limits<int64_t>::max();
   at::Tensor first_bad = at::full({1}, none, input.options().dtype(at::kLong));
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 65535);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::quantize_int8", [&] {
-        quantize_rows_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            input.const_data_ptr<scalar_t>(), q.mutable_data_ptr<int8_t>(),
-            scale.mutable_data_ptr<float>(), rows, k,
-            reinterpret_cast<unsigned long long*>(first_bad.mutable_data_ptr<int64_t>()));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        quantize_rows_int8<NonFiniteRow::kRefuse>(
+            input.const_data_ptr<scalar_t>(), rows, k, q.mutable_data_ptr<int8_t>(), k,
+            scale.mutable_data_ptr<float>(),
+            reinterpret_cast<unsigned long long*>(first_bad.mutable_data_ptr<int64_t>()), stream);
       });
   const int64_t bad = first_bad.item<int64_t>();
   return bad == none ? -1 : bad;

@@ -33,6 +33,15 @@ using fuseops::testing::kDtypes;
 
 using fuseops::cpu::CpuCapability;
 
+class Gelu : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Gelu);
+class Silu : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Silu);
+class BiasGelu : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(BiasGelu);
+class Activation : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Activation);
+
 const std::vector<std::string> kApproximations = {"none", "tanh"};
 
 // `scale`: the largest factor multiplying the activation (the upstream
@@ -60,8 +69,8 @@ at::Tensor gelu_grad_ref(const at::Tensor& g, const at::Tensor& x, const std::st
   return at::gelu_backward(g.to(at::kDouble), x.to(at::kDouble), approx);
 }
 
-at::Tensor random_input(at::IntArrayRef shape, at::ScalarType dtype) {
-  return (at::randn(shape, at::kDouble) * 3).to(dtype);
+at::Tensor random_input(at::IntArrayRef shape, at::ScalarType dtype, at::Device device) {
+  return (at::randn(shape, at::TensorOptions(at::kDouble).device(device)) * 3).to(dtype);
 }
 
 // Shapes: empty, scalar, partial vectors, rows shorter than a vector,
@@ -69,7 +78,7 @@ at::Tensor random_input(at::IntArrayRef shape, at::ScalarType dtype) {
 const std::vector<std::vector<int64_t>> kShapes = {{0}, {}, {7}, {3, 17}, {5, 0, 3},
                                                    {300, 67}, {40, 4099}};
 
-TEST(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
+TEST_P(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
@@ -78,8 +87,8 @@ TEST(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
           SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
                                           << dtype << " " << approximate << " "
                                           << at::IntArrayRef(shape));
-          const at::Tensor x = random_input(shape, dtype);
-          const at::Tensor g = random_input(shape, dtype);
+          const at::Tensor x = random_input(shape, dtype, device());
+          const at::Tensor g = random_input(shape, dtype, device());
           expect_close(fuseops::gelu(x, approximate), gelu_ref(x, approximate));
           expect_close(fuseops::gelu_backward(g, x, approximate),
                        gelu_grad_ref(g, x, approximate), absmax(g));
@@ -89,15 +98,15 @@ TEST(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   }
 }
 
-TEST(Silu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
+TEST_P(Silu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& shape : kShapes) {
         SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
                                         << dtype << " " << at::IntArrayRef(shape));
-        const at::Tensor x = random_input(shape, dtype);
-        const at::Tensor g = random_input(shape, dtype);
+        const at::Tensor x = random_input(shape, dtype, device());
+        const at::Tensor g = random_input(shape, dtype, device());
         expect_close(fuseops::silu(x), at::silu(x.to(at::kDouble)));
         expect_close(fuseops::silu_backward(g, x),
                      at::silu_backward(g.to(at::kDouble), x.to(at::kDouble)), absmax(g));
@@ -140,21 +149,21 @@ double exact_derivative(const std::string& act, double x) {
 
 at::Tensor exact(const at::Tensor& x, double (*f)(const std::string&, double),
                  const std::string& act) {
-  const at::Tensor x64 = x.to(at::kDouble).contiguous();
+  const at::Tensor x64 = x.to(at::kDouble).cpu().contiguous();
   at::Tensor y = at::empty_like(x64);
   for (int64_t i = 0; i < x64.numel(); ++i) {
     y.data_ptr<double>()[i] = f(act, x64.const_data_ptr<double>()[i]);
   }
-  return y;
+  return y.to(x.device());
 }
 
-TEST(Activation, SpecialValuesFollowFloat64MathOnEveryBuild) {
+TEST_P(Activation, SpecialValuesFollowFloat64MathOnEveryBuild) {
   const double inf = std::numeric_limits<double>::infinity();
   // 17 values: a full vector of every build plus a tail.
   const at::Tensor x64 = at::tensor({0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, inf, -inf,
                                      std::numeric_limits<double>::quiet_NaN(), 3.0, -3.0, 0.5,
                                      -0.5, 1e-30, -1e-30},
-                                    at::kDouble);
+                                    options(at::kDouble));
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
@@ -177,8 +186,8 @@ TEST(Activation, SpecialValuesFollowFloat64MathOnEveryBuild) {
 // with ties to even (as ATen's .to() rounds), bit for bit, in every build:
 // the AVX512 build rounds bfloat16 with its own instruction where the CPU
 // has AVX512_BF16.
-TEST(Activation, ReducedPrecisionIsTheFloat32ResultRoundedOnce) {
-  const at::Tensor x64 = at::randn({4099}, at::kDouble) * 3;
+TEST_P(Activation, ReducedPrecisionIsTheFloat32ResultRoundedOnce) {
+  const at::Tensor x64 = at::randn({4099}, options(at::kDouble)) * 3;
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : {at::kBFloat16, at::kHalf}) {
@@ -194,7 +203,7 @@ TEST(Activation, ReducedPrecisionIsTheFloat32ResultRoundedOnce) {
   }
 }
 
-TEST(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
+TEST_P(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   const std::vector<std::vector<int64_t>> shapes = {{0, 5}, {7}, {3, 17}, {2, 0, 3},
                                                     {300, 67}, {2, 33, 130}, {1100, 64}};
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
@@ -205,9 +214,9 @@ TEST(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
           SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
                                           << dtype << " " << approximate << " "
                                           << at::IntArrayRef(shape));
-          const at::Tensor x = random_input(shape, dtype);
-          const at::Tensor b = random_input({shape.back()}, dtype);
-          const at::Tensor g = random_input(shape, dtype);
+          const at::Tensor x = random_input(shape, dtype, device());
+          const at::Tensor b = random_input({shape.back()}, dtype, device());
+          const at::Tensor g = random_input(shape, dtype, device());
           const at::Tensor z = x.to(at::kDouble) + b.to(at::kDouble);
           expect_close(fuseops::bias_gelu(x, b, approximate),
                        at::gelu(z, approximate));
@@ -230,27 +239,27 @@ TEST(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   }
 }
 
-TEST(Activation, NonContiguousInputs) {
-  const at::Tensor base = random_input({40, 70}, at::kFloat);
+TEST_P(Activation, NonContiguousInputs) {
+  const at::Tensor base = random_input({40, 70}, at::kFloat, device());
   const at::Tensor transposed = base.t();
   const at::Tensor strided = base.slice(1, 1, 70, 3);
   for (const auto& x : {transposed, strided}) {
     ASSERT_FALSE(x.is_contiguous());
-    const at::Tensor g = random_input(x.sizes(), at::kFloat).t().contiguous().t();
+    const at::Tensor g = random_input(x.sizes(), at::kFloat, device()).t().contiguous().t();
     expect_close(fuseops::gelu(x), gelu_ref(x, "none"));
     expect_close(fuseops::silu(x), at::silu(x.to(at::kDouble)));
     expect_close(fuseops::gelu_backward(g.view(x.sizes()), x, "tanh"),
                  gelu_grad_ref(g.view(x.sizes()), x, "tanh"), absmax(g));
-    const at::Tensor b = random_input({x.size(1) * 2}, at::kFloat).slice(0, 0, x.size(1) * 2, 2);
+    const at::Tensor b = random_input({x.size(1) * 2}, at::kFloat, device()).slice(0, 0, x.size(1) * 2, 2);
     expect_close(fuseops::bias_gelu(x, b),
                  at::gelu(x.to(at::kDouble) + b.to(at::kDouble)));
   }
 }
 
-TEST(Activation, AutogradInCpp) {
-  const at::Tensor x = random_input({13, 29}, at::kDouble).requires_grad_();
-  const at::Tensor b = random_input({29}, at::kDouble).requires_grad_();
-  const at::Tensor upstream = random_input({13, 29}, at::kDouble);
+TEST_P(Activation, AutogradInCpp) {
+  const at::Tensor x = random_input({13, 29}, at::kDouble, device()).requires_grad_();
+  const at::Tensor b = random_input({29}, at::kDouble, device()).requires_grad_();
+  const at::Tensor upstream = random_input({13, 29}, at::kDouble, device());
 
   fuseops::gelu(x, "tanh").backward(upstream);
   expect_close(x.grad(), at::gelu_backward(upstream, x.detach(), "tanh"), absmax(upstream));
@@ -266,11 +275,11 @@ TEST(Activation, AutogradInCpp) {
   expect_close(b.grad(), expected.sum(0));
 }
 
-TEST(Activation, DoubleBackwardOfGeluAndSilu) {
+TEST_P(Activation, DoubleBackwardOfGeluAndSilu) {
   for (const std::string form : {"none", "tanh", "silu"}) {
     SCOPED_TRACE(form);
-    const at::Tensor x = random_input({9, 11}, at::kDouble).requires_grad_();
-    const at::Tensor upstream = random_input({9, 11}, at::kDouble);
+    const at::Tensor x = random_input({9, 11}, at::kDouble, device()).requires_grad_();
+    const at::Tensor upstream = random_input({9, 11}, at::kDouble, device());
     auto f = [&](const at::Tensor& t) {
       return form == "silu" ? fuseops::silu(t) : fuseops::gelu(t, form);
     };
@@ -286,17 +295,17 @@ TEST(Activation, DoubleBackwardOfGeluAndSilu) {
   }
 }
 
-TEST(Activation, OutVariants) {
-  const at::Tensor x = random_input({6, 10}, at::kFloat);
-  const at::Tensor b = random_input({10}, at::kFloat);
-  at::Tensor out = at::empty({6, 10});
+TEST_P(Activation, OutVariants) {
+  const at::Tensor x = random_input({6, 10}, at::kFloat, device());
+  const at::Tensor b = random_input({10}, at::kFloat, device());
+  at::Tensor out = at::empty({6, 10}, options());
   EXPECT_EQ(fuseops::gelu_out(x, "tanh", out).data_ptr(), out.data_ptr());
   expect_close(out, gelu_ref(x, "tanh"));
-  at::Tensor out_t = at::empty({10, 6}).t();
+  at::Tensor out_t = at::empty({10, 6}, options()).t();
   fuseops::silu_out(x, out_t);
   EXPECT_FALSE(out_t.is_contiguous());
   expect_close(out_t, at::silu(x.to(at::kDouble)));
-  at::Tensor small = at::empty({0});
+  at::Tensor small = at::empty({0}, options());
   fuseops::bias_gelu_out(x, b, "none", small);
   expect_close(small, at::gelu(x.to(at::kDouble) + b.to(at::kDouble)));
   // In place.

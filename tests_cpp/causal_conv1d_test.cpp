@@ -29,6 +29,9 @@ using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 using fuseops::testing::reduction_tolerance;
 
+class CausalConv1d : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(CausalConv1d);
+
 void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype,
                   double scale = 1.0) {
   ASSERT_EQ(actual.sizes(), expected.sizes());
@@ -65,9 +68,8 @@ std::pair<at::Tensor, at::Tensor> composite(const at::Tensor& x, const at::Tenso
 }
 
 // x in one of the layouts the kernels read in place, or a strided one.
-at::Tensor make_x(int64_t batch, int64_t dim, int64_t seqlen, at::ScalarType dtype,
+at::Tensor make_x(int64_t batch, int64_t dim, int64_t seqlen, const at::TensorOptions& options,
                   int layout) {
-  const auto options = at::TensorOptions().dtype(dtype);
   switch (layout) {
     case 0:
       return at::randn({batch, dim, seqlen}, options);
@@ -86,13 +88,13 @@ struct Config {
   int layout;
 };
 
-void check_config(const Config& cfg, at::ScalarType dtype) {
+void check_config(const Config& cfg, const at::TensorOptions& options) {
+  const at::ScalarType dtype = options.dtype().toScalarType();
   SCOPED_TRACE(testing::Message() << dtype << " b" << cfg.batch << " d" << cfg.dim << " l"
                                   << cfg.seqlen << " w" << cfg.width << " bias" << cfg.bias
                                   << " init" << cfg.init << " silu" << cfg.silu << " layout"
                                   << cfg.layout);
-  const auto options = at::TensorOptions().dtype(dtype);
-  const at::Tensor x = make_x(cfg.batch, cfg.dim, cfg.seqlen, dtype, cfg.layout);
+  const at::Tensor x = make_x(cfg.batch, cfg.dim, cfg.seqlen, options, cfg.layout);
   const at::Tensor w = at::randn({cfg.dim, cfg.width}, options) * 0.5;
   const at::Tensor b = cfg.bias ? at::randn({cfg.dim}, options) : at::Tensor();
   const at::Tensor init =
@@ -113,9 +115,10 @@ void check_config(const Config& cfg, at::ScalarType dtype) {
       fuseops::causal_conv1d_backward(dy, x, w, opt(b), opt(init), dfinal, act);
   const at::Tensor xd = x.to(at::kDouble).requires_grad_();
   const at::Tensor wd = w.to(at::kDouble).requires_grad_();
-  const at::Tensor bd = at::zeros({cfg.dim}, at::kDouble).requires_grad_();
+  const auto f64 = options.dtype(at::kDouble);
+  const at::Tensor bd = at::zeros({cfg.dim}, f64).requires_grad_();
   const at::Tensor initd = (cfg.init ? init.to(at::kDouble)
-                                     : at::zeros({cfg.batch, cfg.dim, cfg.width - 1}, at::kDouble))
+                                     : at::zeros({cfg.batch, cfg.dim, cfg.width - 1}, f64))
                                .requires_grad_();
   const at::Tensor bias_d = cfg.bias ? bd + b.to(at::kDouble) : bd;
   const auto [o, f] = composite(xd, wd, bias_d, initd, cfg.silu);
@@ -128,7 +131,7 @@ void check_config(const Config& cfg, at::ScalarType dtype) {
   expect_close(dinit, grads[3], dtype);
 }
 
-TEST(CausalConv1d, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
+TEST_P(CausalConv1d, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
   // Rows shorter than a vector, vector tails, several tasks per thread (the
   // channel-last chunks are 128 steps of up to 4096 channels), sequences
   // shorter than the width.
@@ -145,26 +148,27 @@ TEST(CausalConv1d, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
     SCOPED_TRACE(fuseops::cpu::capability_name(capability));
     for (auto dtype : kDtypes) {
       for (const Config& cfg : configs) {
-        check_config(cfg, dtype);
+        check_config(cfg, options(dtype));
       }
     }
   }
 }
 
-TEST(CausalConv1d, ChannelLastInputIsReadInPlaceAndKeepsItsLayout) {
-  const at::Tensor x = at::randn({2, 64, 16}).transpose(1, 2).contiguous().transpose(1, 2);
-  const at::Tensor w = at::randn({64, 4});
+TEST_P(CausalConv1d, ChannelLastInputIsReadInPlaceAndKeepsItsLayout) {
+  const at::Tensor x =
+      at::randn({2, 64, 16}, options()).transpose(1, 2).contiguous().transpose(1, 2);
+  const at::Tensor w = at::randn({64, 4}, options());
   const at::Tensor out = fuseops::causal_conv1d(x, w);
   EXPECT_EQ(out.strides(), x.strides());
-  const at::Tensor rows = at::randn({2, 64, 16});
+  const at::Tensor rows = at::randn({2, 64, 16}, options());
   EXPECT_TRUE(fuseops::causal_conv1d(rows, w).is_contiguous());
 }
 
-TEST(CausalConv1d, AutogradInCpp) {
-  const at::Tensor x = at::randn({2, 8, 20}, at::kDouble).requires_grad_();
-  const at::Tensor w = at::randn({8, 3}, at::kDouble).requires_grad_();
-  const at::Tensor b = at::randn({8}, at::kDouble).requires_grad_();
-  const at::Tensor init = at::randn({2, 8, 2}, at::kDouble).requires_grad_();
+TEST_P(CausalConv1d, AutogradInCpp) {
+  const at::Tensor x = at::randn({2, 8, 20}, options(at::kDouble)).requires_grad_();
+  const at::Tensor w = at::randn({8, 3}, options(at::kDouble)).requires_grad_();
+  const at::Tensor b = at::randn({8}, options(at::kDouble)).requires_grad_();
+  const at::Tensor init = at::randn({2, 8, 2}, options(at::kDouble)).requires_grad_();
   auto [out, final_states] = fuseops::causal_conv1d_forward(x, w, b, init, "silu");
   (out.sin().sum() + final_states.cos().sum()).backward();
   const at::Tensor x2 = x.detach().clone().requires_grad_();
@@ -178,10 +182,10 @@ TEST(CausalConv1d, AutogradInCpp) {
   }
 }
 
-TEST(CausalConv1d, Float32WeightWithBfloat16Input) {
-  const at::Tensor x = at::randn({2, 16, 40}).to(at::kBFloat16);
-  const at::Tensor w = at::randn({16, 4});
-  const at::Tensor b = at::randn({16});
+TEST_P(CausalConv1d, Float32WeightWithBfloat16Input) {
+  const at::Tensor x = at::randn({2, 16, 40}, options()).to(at::kBFloat16);
+  const at::Tensor w = at::randn({16, 4}, options());
+  const at::Tensor b = at::randn({16}, options());
   const at::Tensor out = fuseops::causal_conv1d(x, w, b, std::nullopt, "silu");
   EXPECT_EQ(out.scalar_type(), at::kBFloat16);
   expect_close(out, composite(x, w, b, at::Tensor(), true).first, at::kBFloat16);
@@ -191,10 +195,12 @@ TEST(CausalConv1d, Float32WeightWithBfloat16Input) {
   EXPECT_EQ(std::get<2>(grads).scalar_type(), at::kFloat);
 }
 
-TEST(CausalConv1d, WeightGradientIsDeterministic) {
-  const at::Tensor x = at::randn({4, 300, 700}).transpose(1, 2).contiguous().transpose(1, 2);
-  const at::Tensor w = at::randn({300, 4});
-  const at::Tensor dy = at::randn(x.sizes()).transpose(1, 2).contiguous().transpose(1, 2);
+TEST_P(CausalConv1d, WeightGradientIsDeterministic) {
+  const at::Tensor x =
+      at::randn({4, 300, 700}, options()).transpose(1, 2).contiguous().transpose(1, 2);
+  const at::Tensor w = at::randn({300, 4}, options());
+  const at::Tensor dy =
+      at::randn(x.sizes(), options()).transpose(1, 2).contiguous().transpose(1, 2);
   const auto first = fuseops::causal_conv1d_backward(dy, x, w, std::nullopt, std::nullopt,
                                                      std::nullopt, "silu");
   const int threads = at::get_num_threads();
@@ -206,17 +212,16 @@ TEST(CausalConv1d, WeightGradientIsDeterministic) {
   EXPECT_TRUE(at::equal(std::get<2>(first), std::get<2>(second)));
 }
 
-TEST(CausalConv1d, UpdateMatchesTheFullConvolutionTokenByToken) {
+TEST_P(CausalConv1d, UpdateMatchesTheFullConvolutionTokenByToken) {
   for (auto dtype : {at::kFloat, at::kDouble}) {
     for (int64_t width : {2, 3, 4}) {
       for (int64_t state_len : {width - 1, width + 2}) {
         SCOPED_TRACE(testing::Message() << dtype << " width " << width << " state " << state_len);
-        const auto options = at::TensorOptions().dtype(dtype);
-        const at::Tensor x = at::randn({2, 5, 9}, options);
-        const at::Tensor w = at::randn({5, width}, options);
-        const at::Tensor b = at::randn({5}, options);
+        const at::Tensor x = at::randn({2, 5, 9}, options(dtype));
+        const at::Tensor w = at::randn({5, width}, options(dtype));
+        const at::Tensor b = at::randn({5}, options(dtype));
         const at::Tensor full = composite(x, w, b, at::Tensor(), true).first;
-        at::Tensor state = at::zeros({2, 5, state_len}, options);
+        at::Tensor state = at::zeros({2, 5, state_len}, options(dtype));
         for (int64_t t = 0; t < 9; ++t) {
           const at::Tensor step = fuseops::causal_conv1d_update(x.select(2, t), state, w, b, "silu");
           ASSERT_EQ(step.sizes(), (std::vector<int64_t>{2, 5}));
@@ -225,7 +230,7 @@ TEST(CausalConv1d, UpdateMatchesTheFullConvolutionTokenByToken) {
         // The state holds the last state_len inputs.
         expect_close(state, x.narrow(2, 9 - state_len, state_len), dtype);
         // Several tokens at once continue the same sequence.
-        at::Tensor state2 = at::zeros({2, 5, state_len}, options);
+        at::Tensor state2 = at::zeros({2, 5, state_len}, options(dtype));
         const at::Tensor first = fuseops::causal_conv1d_update(x.narrow(2, 0, 4), state2, w, b, "silu");
         const at::Tensor rest = fuseops::causal_conv1d_update(x.narrow(2, 4, 5), state2, w, b, "silu");
         expect_close(at::cat({first, rest}, 2), full, dtype);
@@ -282,16 +287,16 @@ TEST(CausalConv1d, DoubleBackwardAndUpdateUnderGradAreClearErrors) {
                         {"fuseops::causal_conv1d_update", "not differentiable"});
 }
 
-TEST(CausalConv1d, EmptyInputs) {
+TEST_P(CausalConv1d, EmptyInputs) {
   for (const auto& shape : {std::vector<int64_t>{0, 4, 5}, {2, 0, 5}, {2, 4, 0}}) {
-    const at::Tensor x = at::randn(shape);
-    const at::Tensor w = at::randn({shape[1], 4});
-    const at::Tensor init = at::randn({shape[0], shape[1], 3});
+    const at::Tensor x = at::randn(shape, options());
+    const at::Tensor w = at::randn({shape[1], 4}, options());
+    const at::Tensor init = at::randn({shape[0], shape[1], 3}, options());
     const auto [out, final_states] = fuseops::causal_conv1d_forward(x, w, std::nullopt, init);
     EXPECT_EQ(out.sizes(), x.sizes());
     const at::Tensor joined = at::cat({init, x}, 2);
     EXPECT_TRUE(at::equal(final_states, joined.narrow(2, joined.size(2) - 3, 3)));
-    const at::Tensor dfinal = at::randn({shape[0], shape[1], 3});
+    const at::Tensor dfinal = at::randn({shape[0], shape[1], 3}, options());
     const auto [dx, dw, db, dinit] =
         fuseops::causal_conv1d_backward(x, x, w, std::nullopt, init, dfinal, std::nullopt);
     EXPECT_EQ(dx.sizes(), x.sizes());

@@ -25,6 +25,11 @@ using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 using fuseops::testing::reduction_tolerance;
 
+class CrossEntropy : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(CrossEntropy);
+class LinearCrossEntropy : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(LinearCrossEntropy);
+
 void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype) {
   ASSERT_EQ(actual.sizes(), expected.sizes());
   const double tol = reduction_tolerance(dtype);
@@ -90,14 +95,14 @@ void check(const at::Tensor& logits, const at::Tensor& target, const at::Tensor&
   expect_close(grad, want, dtype);
 }
 
-TEST(CrossEntropy, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
+TEST_P(CrossEntropy, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (int64_t vocab : {1, 7, 33, 1000}) {
-        const at::Tensor logits = (at::randn({9, vocab}) * 3).to(dtype);
-        const at::Tensor target = at::randint(vocab, {9}, at::kLong);
-        const at::Tensor weight = at::rand({vocab}) + 0.5;
+        const at::Tensor logits = (at::randn({9, vocab}, options()) * 3).to(dtype);
+        const at::Tensor target = at::randint(vocab, {9}, options(at::kLong));
+        const at::Tensor weight = at::rand({vocab}, options()) + 0.5;
         for (const Options& o :
              {Options{}, Options{"sum"}, Options{"none"}, Options{"mean", -100, 0.1},
               Options{"sum", -100, 0.0, 1e-3}, Options{"mean", -100, 0.0, 0.0, 2.5},
@@ -115,16 +120,16 @@ TEST(CrossEntropy, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
   }
 }
 
-TEST(CrossEntropy, AutogradAndInplaceVariantAgree) {
-  const at::Tensor logits = at::randn({6, 50});
-  const at::Tensor target = at::randint(50, {6}, at::kLong);
+TEST_P(CrossEntropy, AutogradAndInplaceVariantAgree) {
+  const at::Tensor logits = at::randn({6, 50}, options());
+  const at::Tensor target = at::randint(50, {6}, options(at::kLong));
   const at::Tensor x = logits.clone().requires_grad_();
   const at::Tensor loss = fuseops::cross_entropy(x, target, std::nullopt, "mean");
-  const at::Tensor grad_out = at::full({}, 0.7);
+  const at::Tensor grad_out = at::full({}, 0.7, options());
   loss.backward(grad_out);
 
   at::Tensor buffer = logits.clone();
-  const at::Tensor leaf = at::zeros({6, 50}).requires_grad_();
+  const at::Tensor leaf = at::zeros({6, 50}, options()).requires_grad_();
   at::Tensor y = leaf + buffer;  // a non-leaf whose storage takes the gradient
   const at::Tensor loss2 =
       fuseops::cross_entropy_inplace(y, target, std::nullopt, "mean");
@@ -133,13 +138,13 @@ TEST(CrossEntropy, AutogradAndInplaceVariantAgree) {
   EXPECT_TRUE(at::allclose(leaf.grad(), x.grad(), 1e-6, 1e-7));
 }
 
-TEST(CrossEntropy, AllIgnoredMeanIsNanAndEmptyRowsWork) {
-  const at::Tensor logits = at::randn({3, 5});
-  const at::Tensor target = at::full({3}, -100, at::kLong);
+TEST_P(CrossEntropy, AllIgnoredMeanIsNanAndEmptyRowsWork) {
+  const at::Tensor logits = at::randn({3, 5}, options());
+  const at::Tensor target = at::full({3}, -100, options(at::kLong));
   EXPECT_TRUE(fuseops::cross_entropy(logits, target).isnan().item<bool>());
   EXPECT_EQ(fuseops::cross_entropy(logits, target, std::nullopt, "sum").item<double>(), 0.0);
-  const at::Tensor empty = at::randn({0, 5}).requires_grad_();
-  const at::Tensor loss = fuseops::cross_entropy(empty, at::empty({0}, at::kLong), std::nullopt,
+  const at::Tensor empty = at::randn({0, 5}, options()).requires_grad_();
+  const at::Tensor loss = fuseops::cross_entropy(empty, at::empty({0}, options(at::kLong)), std::nullopt,
                                                  "sum");
   loss.backward();
   EXPECT_EQ(empty.grad().sizes(), empty.sizes());
@@ -179,15 +184,15 @@ TEST(CrossEntropy, BadInputErrorsNameOpAndArgument) {
       {"fuseops::linear_cross_entropy", "reduction", "none"});
 }
 
-TEST(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
+TEST_P(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : {at::kFloat, at::kDouble}) {
       // 300 rows: several chunks of at least 64 rows, the last one partial.
-      const at::Tensor x = at::randn({300, 16}).to(dtype);
-      const at::Tensor w = (at::randn({40, 16}) * 0.3).to(dtype);
-      const at::Tensor b = at::randn({40}).to(dtype);
-      at::Tensor target = at::randint(40, {300}, at::kLong);
+      const at::Tensor x = at::randn({300, 16}, options()).to(dtype);
+      const at::Tensor w = (at::randn({40, 16}, options()) * 0.3).to(dtype);
+      const at::Tensor b = at::randn({40}, options()).to(dtype);
+      at::Tensor target = at::randint(40, {300}, options(at::kLong));
       target[7] = -100;
       Options o;
       o.smoothing = 0.1;
@@ -204,7 +209,7 @@ TEST(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
       const at::Tensor wd = w.to(at::kDouble).clone().requires_grad_();
       const at::Tensor bd = b.to(at::kDouble).clone().requires_grad_();
       const at::Tensor want = composite(at::addmm(bd, xd, wd.t()), target, at::Tensor(), o);
-      const auto grads = torch::autograd::grad({want}, {xd, wd, bd}, {at::full({}, 0.5, at::kDouble)});
+      const auto grads = torch::autograd::grad({want}, {xd, wd, bd}, {at::full({}, 0.5, options(at::kDouble))});
       expect_close(loss, want, dtype);
       expect_close(xi.grad(), grads[0], dtype);
       expect_close(wi.grad(), grads[1], dtype);

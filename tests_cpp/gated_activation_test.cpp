@@ -21,6 +21,8 @@ using fuseops::testing::elementwise_tolerance;
 using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 
+class Gated : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Gated);
 
 // `scale`: the largest factor multiplying the activation (up, the upstream
 // gradient), which scales the absolute floor too.
@@ -35,8 +37,8 @@ void expect_close(const at::Tensor& actual, const at::Tensor& expected_double,
       << "max abs error " << (err.numel() ? err.max().item<double>() : 0.0);
 }
 
-at::Tensor random_input(at::IntArrayRef shape, at::ScalarType dtype) {
-  return (at::randn(shape, at::kDouble) * 3).to(dtype);
+at::Tensor random_input(at::IntArrayRef shape, at::ScalarType dtype, at::Device device) {
+  return (at::randn(shape, at::TensorOptions(at::kDouble).device(device)) * 3).to(dtype);
 }
 
 // form: "silu" (swiglu) or a GELU approximation (geglu).
@@ -69,7 +71,7 @@ at::Tensor backward_packed(const std::string& form, const at::Tensor& g,
 
 const std::vector<std::string> kForms = {"silu", "none", "tanh"};
 
-TEST(Gated, SeparateAndPackedMatchFloat64OnEveryBuild) {
+TEST_P(Gated, SeparateAndPackedMatchFloat64OnEveryBuild) {
   const std::vector<std::vector<int64_t>> shapes = {{0, 4}, {7}, {3, 17}, {2, 0, 3},
                                                     {300, 67}, {2, 33, 130}};
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
@@ -83,11 +85,11 @@ TEST(Gated, SeparateAndPackedMatchFloat64OnEveryBuild) {
           const Reference ref{form};
           std::vector<int64_t> packed_shape = shape;
           packed_shape.back() *= 2;
-          const at::Tensor packed = random_input(packed_shape, dtype);
+          const at::Tensor packed = random_input(packed_shape, dtype, device());
           const auto halves = packed.chunk(2, -1);
           const at::Tensor gate = halves[0];  // non-contiguous views
           const at::Tensor up = halves[1];
-          const at::Tensor g = random_input(shape, dtype);
+          const at::Tensor g = random_input(shape, dtype, device());
           const at::Tensor gate64 = gate.to(at::kDouble);
           const at::Tensor up64 = up.to(at::kDouble);
           const at::Tensor g64 = g.to(at::kDouble);
@@ -111,12 +113,12 @@ TEST(Gated, SeparateAndPackedMatchFloat64OnEveryBuild) {
   }
 }
 
-TEST(Gated, AutogradInCppSeparateAndPacked) {
+TEST_P(Gated, AutogradInCppSeparateAndPacked) {
   for (const auto& form : kForms) {
     SCOPED_TRACE(form);
     const Reference ref{form};
-    const at::Tensor packed = random_input({5, 2 * 19}, at::kDouble).requires_grad_();
-    const at::Tensor upstream = random_input({5, 19}, at::kDouble);
+    const at::Tensor packed = random_input({5, 2 * 19}, at::kDouble, device()).requires_grad_();
+    const at::Tensor upstream = random_input({5, 19}, at::kDouble, device());
     forward_packed(form, packed).backward(upstream);
     const at::Tensor gate = packed.detach().narrow(1, 0, 19);
     const at::Tensor up = packed.detach().narrow(1, 19, 19);
@@ -132,17 +134,17 @@ TEST(Gated, AutogradInCppSeparateAndPacked) {
   }
 }
 
-TEST(Gated, OutVariants) {
-  const at::Tensor packed = random_input({6, 20}, at::kFloat);
+TEST_P(Gated, OutVariants) {
+  const at::Tensor packed = random_input({6, 20}, at::kFloat, device());
   const at::Tensor gate = packed.narrow(1, 0, 10).to(at::kDouble);
   const at::Tensor up = packed.narrow(1, 10, 10).to(at::kDouble);
-  at::Tensor out = at::empty({6, 10});
+  at::Tensor out = at::empty({6, 10}, options());
   EXPECT_EQ(fuseops::swiglu_packed_out(packed, out).data_ptr(), out.data_ptr());
   expect_close(out, at::silu(gate) * up);
-  at::Tensor out_t = at::empty({10, 6}).t();
+  at::Tensor out_t = at::empty({10, 6}, options()).t();
   fuseops::geglu_out(packed.narrow(1, 0, 10), packed.narrow(1, 10, 10), "tanh", out_t);
   expect_close(out_t, at::gelu(gate, "tanh") * up);
-  at::Tensor small = at::empty({0});
+  at::Tensor small = at::empty({0}, options());
   fuseops::geglu_packed_out(packed, "none", small);
   expect_close(small, at::gelu(gate) * up);
   // out aliasing the gate half of its own input: written through a temporary.
@@ -178,8 +180,8 @@ TEST(Gated, MetaTensorsGiveShapesOnly) {
 
 // out= overlapping a strided input (the report of the fuzzer): ATen calls
 // this overlap "too hard"; it must be computed as if the inputs were copied.
-TEST(Gated, OutOverlappingAStridedInput) {
-  at::Tensor buffer = at::arange(1, 7, at::kDouble).view({3, 2});
+TEST_P(Gated, OutOverlappingAStridedInput) {
+  at::Tensor buffer = at::arange(1, 7, options(at::kDouble)).view({3, 2});
   const at::Tensor gate = buffer.narrow(1, 0, 1).clone();
   const at::Tensor up = buffer.narrow(1, 1, 1).clone();
   at::Tensor out = buffer.view({-1}).slice(0, 2, 5).view({3, 1});

@@ -17,13 +17,16 @@ namespace {
 
 using fuseops::testing::expect_error_mentions;
 
-at::Tensor random_int8(at::IntArrayRef shape) {
-  return at::randint(-127, 128, shape, at::TensorOptions().dtype(at::kChar));
+class Int8Linear : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Int8Linear);
+
+at::Tensor random_int8(at::IntArrayRef shape, at::Device device = at::kCPU) {
+  return at::randint(-127, 128, shape, at::TensorOptions().dtype(at::kChar).device(device));
 }
 
-TEST(Int8Linear, PackedLayoutFollowsItsDefinition) {
-  const at::Tensor wq = random_int8({37, 10});
-  const at::Tensor scale = at::rand({37});
+TEST_P(Int8Linear, PackedLayoutFollowsItsDefinition) {
+  const at::Tensor wq = random_int8({37, 10}, device());
+  const at::Tensor scale = at::rand({37}, options());
   const auto [packed, scale_copy, colsum] = fuseops::pack_int8_weight(wq, scale);
   ASSERT_EQ(packed.sizes(), at::IntArrayRef({3, 3, 16, 4}));
   for (int64_t n = 0; n < 48; ++n) {
@@ -51,7 +54,7 @@ double tolerance(at::ScalarType dtype) {
   }
 }
 
-TEST(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
+TEST_P(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride forced(capability);
     for (auto dtype : fuseops::testing::kDtypes) {
@@ -59,11 +62,11 @@ TEST(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
                {1, 16, 4}, {3, 37, 10}, {7, 40, 129}, {61, 33, 64}, {2, 1, 1}}) {
         SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
                                         << dtype << " m " << m << " n " << n << " k " << k);
-        const at::Tensor wq = random_int8({n, k});
-        const at::Tensor scale = at::rand({n}) * 0.01 + 1e-3;
+        const at::Tensor wq = random_int8({n, k}, device());
+        const at::Tensor scale = at::rand({n}, options()) * 0.01 + 1e-3;
         const auto [packed, s, colsum] = fuseops::pack_int8_weight(wq, scale);
-        const at::Tensor x = at::randn({m, k}).to(dtype);
-        const at::Tensor bias = at::randn({n}).to(dtype);
+        const at::Tensor x = at::randn({m, k}, options()).to(dtype);
+        const at::Tensor bias = at::randn({n}, options()).to(dtype);
         for (bool with_bias : {false, true}) {
           const at::Tensor y = fuseops::int8_weight_only_linear(
               x, packed, s, with_bias ? std::optional<at::Tensor>(bias) : std::nullopt);
@@ -101,16 +104,16 @@ at::Tensor dynamic_composite(const at::Tensor& x, const at::Tensor& wq, const at
   return bias ? y + bias->to(at::kDouble) : y;
 }
 
-TEST(Int8Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
+TEST_P(Int8Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
   for (auto dtype : fuseops::testing::kDtypes) {
     for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 16, 4}, {3, 37, 10}, {7, 40, 129}, {61, 33, 300}, {2, 1, 1}}) {
-      const at::Tensor wq = random_int8({n, k});
-      const at::Tensor scale = at::rand({n}) * 0.01 + 1e-3;
+      const at::Tensor wq = random_int8({n, k}, device());
+      const at::Tensor scale = at::rand({n}, options()) * 0.01 + 1e-3;
       const auto [packed, s, colsum] = fuseops::pack_int8_weight(wq, scale);
-      at::Tensor x = at::randn({m, k}).to(dtype);
+      at::Tensor x = at::randn({m, k}, options()).to(dtype);
       x[0].zero_();  // an all-zero row: scale 1, y = bias
-      const at::Tensor bias = at::randn({n}).to(dtype);
+      const at::Tensor bias = at::randn({n}, options()).to(dtype);
       const at::Tensor want = dynamic_composite(x, wq, scale, bias);
       const double tol = dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : tolerance(dtype);
       std::optional<at::Tensor> first;

@@ -25,6 +25,9 @@ using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 using fuseops::testing::reduction_tolerance;
 
+class LayerNorm : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(LayerNorm);
+
 
 // Rows shorter than a vector, tails after full vectors, zero rows, several
 // parallel chunks, and a row longer than a task's grain.
@@ -65,16 +68,17 @@ Composite composite_forward(const at::Tensor& x, const at::Tensor& w, const at::
 std::vector<at::Tensor> composite_backward(const at::Tensor& dy, const at::Tensor& x,
                                            const at::Tensor& w, double eps) {
   const at::Tensor xd = x.to(at::kDouble).requires_grad_();
-  const at::Tensor wd = w.defined() ? w.to(at::kDouble) : at::ones({x.size(-1)}, at::kDouble);
-  const at::Tensor bd = at::zeros({x.size(-1)}, at::kDouble);
+  const auto f64 = x.options().dtype(at::kDouble);
+  const at::Tensor wd = w.defined() ? w.to(at::kDouble) : at::ones({x.size(-1)}, f64);
+  const at::Tensor bd = at::zeros({x.size(-1)}, f64);
   wd.requires_grad_();
   bd.requires_grad_();
   const at::Tensor out = composite_forward(xd, wd, bd, eps).out;
   return torch::autograd::grad({out}, {xd, wd, bd}, {dy.to(at::kDouble)});
 }
 
-at::Tensor maybe(bool present, at::IntArrayRef shape, at::ScalarType dtype) {
-  return present ? at::randn(shape, at::TensorOptions().dtype(dtype)) : at::Tensor();
+at::Tensor maybe(bool present, at::IntArrayRef shape, const at::TensorOptions& options) {
+  return present ? at::randn(shape, options) : at::Tensor();
 }
 
 std::optional<at::Tensor> opt(const at::Tensor& t) {
@@ -84,8 +88,8 @@ std::optional<at::Tensor> opt(const at::Tensor& t) {
 void check_forward_and_backward(const at::Tensor& x, at::ScalarType dtype, bool with_weight,
                                 bool with_bias) {
   const int64_t hidden = x.size(-1);
-  const at::Tensor w = maybe(with_weight, {hidden}, dtype);
-  const at::Tensor b = maybe(with_bias, {hidden}, dtype);
+  const at::Tensor w = maybe(with_weight, {hidden}, x.options().dtype(dtype));
+  const at::Tensor b = maybe(with_bias, {hidden}, x.options().dtype(dtype));
   const double eps = 1e-5;
   const Composite expected = composite_forward(x, w, b, eps);
   expect_close(fuseops::layer_norm(x, opt(w), opt(b), eps), expected.out, dtype);
@@ -104,7 +108,7 @@ void check_forward_and_backward(const at::Tensor& x, at::ScalarType dtype, bool 
   EXPECT_TRUE(at::allclose(db.to(at::kDouble), grads[2], tol, tol));
 }
 
-TEST(LayerNorm, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
+TEST_P(LayerNorm, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
@@ -114,7 +118,7 @@ TEST(LayerNorm, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
                        << fuseops::cpu::capability_name(capability) << " " << dtype << " "
                        << at::IntArrayRef(shape) << " weight=" << (affine & 1)
                        << " bias=" << (affine >> 1));
-          const at::Tensor x = at::randn(shape, at::TensorOptions().dtype(dtype)) * 3 + 1;
+          const at::Tensor x = at::randn(shape, options(dtype)) * 3 + 1;
           check_forward_and_backward(x, dtype, affine & 1, affine >> 1);
         }
       }
@@ -122,10 +126,10 @@ TEST(LayerNorm, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
   }
 }
 
-TEST(LayerNorm, NonContiguousInputs) {
+TEST_P(LayerNorm, NonContiguousInputs) {
   for (auto dtype : kDtypes) {
     SCOPED_TRACE(testing::Message() << dtype);
-    const at::Tensor base = at::randn({40, 70}, at::TensorOptions().dtype(dtype));
+    const at::Tensor base = at::randn({40, 70}, options(dtype));
     for (const auto& x : {base.t(), base.slice(1, 1, 70, 3), base.select(0, 0).expand({5, 70})}) {
       ASSERT_FALSE(x.is_contiguous());
       check_forward_and_backward(x, dtype, true, true);
@@ -133,8 +137,8 @@ TEST(LayerNorm, NonContiguousInputs) {
   }
 }
 
-TEST(LayerNorm, StatisticsAreFloat32MeanAndRstd) {
-  const at::Tensor x = at::randn({6, 50}, at::kBFloat16);
+TEST_P(LayerNorm, StatisticsAreFloat32MeanAndRstd) {
+  const at::Tensor x = at::randn({6, 50}, options(at::kBFloat16));
   const auto [out, mean, rstd] = fuseops::layer_norm_forward(x);
   EXPECT_EQ(mean.scalar_type(), at::kFloat);
   EXPECT_EQ(mean.sizes(), at::IntArrayRef({6}));
@@ -146,20 +150,19 @@ TEST(LayerNorm, StatisticsAreFloat32MeanAndRstd) {
 
 // What code with its own autograd does: keep (mean, rstd) from
 // layer_norm_forward and hand them to layer_norm_backward.
-TEST(LayerNorm, ForwardStatisticsFeedBackwardLikeAutograd) {
+TEST_P(LayerNorm, ForwardStatisticsFeedBackwardLikeAutograd) {
   for (auto dtype : kDtypes) {
     SCOPED_TRACE(testing::Message() << dtype);
-    const auto options = at::TensorOptions().dtype(dtype);
-    const at::Tensor x = (at::randn({5, 3, 70}, options) * 3 + 1).requires_grad_();
-    const at::Tensor w = at::randn({70}, options).requires_grad_();
-    const at::Tensor b = at::randn({70}, options).requires_grad_();
+    const at::Tensor x = (at::randn({5, 3, 70}, options(dtype)) * 3 + 1).requires_grad_();
+    const at::Tensor w = at::randn({70}, options(dtype)).requires_grad_();
+    const at::Tensor b = at::randn({70}, options(dtype)).requires_grad_();
     const auto [out, mean, rstd] = fuseops::layer_norm_forward(x, w, b, 1e-5);
     EXPECT_TRUE(out.requires_grad());
     EXPECT_FALSE(mean.requires_grad());
     EXPECT_FALSE(rstd.requires_grad());
     EXPECT_EQ(mean.sizes(), at::IntArrayRef({5, 3}));
     EXPECT_TRUE(at::equal(out, fuseops::layer_norm(x, w, b, 1e-5)));
-    const at::Tensor upstream = at::randn({5, 3, 70}, options);
+    const at::Tensor upstream = at::randn({5, 3, 70}, options(dtype));
     out.backward(upstream);
 
     const auto [dx, dw, db] =
@@ -177,16 +180,15 @@ TEST(LayerNorm, ForwardStatisticsFeedBackwardLikeAutograd) {
 
 // at::native_layer_norm keeps a trailing 1 in the statistics' shape and, on
 // CPU, input's dtype; its own backward is the reference for them.
-TEST(LayerNorm, BackwardTakesNativeLayerNormStatistics) {
+TEST_P(LayerNorm, BackwardTakesNativeLayerNormStatistics) {
   for (auto dtype : kDtypes) {
     SCOPED_TRACE(testing::Message() << dtype);
-    const auto options = at::TensorOptions().dtype(dtype);
-    const at::Tensor x = at::randn({4, 6, 40}, options) * 3 + 1;
-    const at::Tensor w = at::randn({40}, options);
-    const at::Tensor b = at::randn({40}, options);
+    const at::Tensor x = at::randn({4, 6, 40}, options(dtype)) * 3 + 1;
+    const at::Tensor w = at::randn({40}, options(dtype));
+    const at::Tensor b = at::randn({40}, options(dtype));
     const auto [out, mean, rstd] = at::native_layer_norm(x, {40}, w, b, 1e-5);
     ASSERT_EQ(mean.sizes(), at::IntArrayRef({4, 6, 1}));
-    const at::Tensor dy = at::randn({4, 6, 40}, options);
+    const at::Tensor dy = at::randn({4, 6, 40}, options(dtype));
     const auto [dx, dw, db] = fuseops::layer_norm_backward(dy, x, w, mean, rstd);
     const auto [ex, ew, eb] =
         at::native_layer_norm_backward(dy, x, {40}, mean, rstd, w, b, {true, true, true});
@@ -198,10 +200,10 @@ TEST(LayerNorm, BackwardTakesNativeLayerNormStatistics) {
   }
 }
 
-TEST(LayerNorm, NanAndInfPropagateAsInATen) {
+TEST_P(LayerNorm, NanAndInfPropagateAsInATen) {
   for (auto dtype : kDtypes) {
     SCOPED_TRACE(testing::Message() << dtype);
-    at::Tensor x = at::randn({4, 40}, at::TensorOptions().dtype(dtype));
+    at::Tensor x = at::randn({4, 40}, options(dtype));
     x[0][3] = std::numeric_limits<double>::quiet_NaN();
     x[1][5] = std::numeric_limits<double>::infinity();
     x[2][7] = -std::numeric_limits<double>::infinity();
@@ -213,12 +215,14 @@ TEST(LayerNorm, NanAndInfPropagateAsInATen) {
   }
 }
 
-TEST(LayerNorm, AutogradInCpp) {
+TEST_P(LayerNorm, AutogradInCpp) {
   for (int affine = 0; affine < 4; ++affine) {
     SCOPED_TRACE(affine);
-    const at::Tensor x = at::randn({13, 29}, at::kDouble).requires_grad_();
-    const at::Tensor w = (affine & 1) ? at::randn({29}, at::kDouble).requires_grad_() : at::Tensor();
-    const at::Tensor b = (affine >> 1) ? at::randn({29}, at::kDouble).requires_grad_() : at::Tensor();
+    const at::Tensor x = at::randn({13, 29}, options(at::kDouble)).requires_grad_();
+    const at::Tensor w =
+        (affine & 1) ? at::randn({29}, options(at::kDouble)).requires_grad_() : at::Tensor();
+    const at::Tensor b =
+        (affine >> 1) ? at::randn({29}, options(at::kDouble)).requires_grad_() : at::Tensor();
     const at::Tensor y = fuseops::layer_norm(x, opt(w), opt(b), 1e-5);
     ASSERT_TRUE(y.requires_grad());
     const at::Tensor upstream = at::randn_like(y);
@@ -243,23 +247,23 @@ TEST(LayerNorm, NoGradientsRecordedWithoutRequiresGrad) {
   EXPECT_FALSE(y.requires_grad());
 }
 
-TEST(LayerNorm, OutVariant) {
-  const at::Tensor x = at::randn({6, 10});
-  const at::Tensor w = at::randn({10});
-  const at::Tensor b = at::randn({10});
+TEST_P(LayerNorm, OutVariant) {
+  const at::Tensor x = at::randn({6, 10}, options());
+  const at::Tensor w = at::randn({10}, options());
+  const at::Tensor b = at::randn({10}, options());
   const at::Tensor expected = fuseops::layer_norm(x, w, b, 1e-5);
 
-  at::Tensor out = at::empty({6, 10});
+  at::Tensor out = at::empty({6, 10}, options());
   at::Tensor& returned = fuseops::layer_norm_out(x, w, b, 1e-5, out);
   EXPECT_EQ(returned.data_ptr(), out.data_ptr());
   EXPECT_TRUE(at::equal(out, expected));
 
-  at::Tensor out_t = at::empty({10, 6}).t();
+  at::Tensor out_t = at::empty({10, 6}, options()).t();
   fuseops::layer_norm_out(x, w, b, 1e-5, out_t);
   EXPECT_FALSE(out_t.is_contiguous());
   EXPECT_TRUE(at::equal(out_t, expected));
 
-  at::Tensor small = at::empty({0});
+  at::Tensor small = at::empty({0}, options());
   fuseops::layer_norm_out(x, w, b, 1e-5, small);
   EXPECT_TRUE(at::equal(small, expected));
 
@@ -269,20 +273,21 @@ TEST(LayerNorm, OutVariant) {
   EXPECT_TRUE(at::equal(y, expected));
 
   // Partial overlap: out starts one row after input in the same buffer.
-  at::Tensor buffer = at::randn({7, 10});
+  at::Tensor buffer = at::randn({7, 10}, options());
   const at::Tensor shifted_expected = fuseops::layer_norm(buffer.slice(0, 0, 6), w, b, 1e-5);
   at::Tensor shifted_out = buffer.slice(0, 1, 7);
   fuseops::layer_norm_out(buffer.slice(0, 0, 6), w, b, 1e-5, shifted_out);
   EXPECT_TRUE(at::equal(shifted_out, shifted_expected));
 }
 
-TEST(LayerNorm, ZeroRowsGiveZeroParameterGradients) {
-  const at::Tensor x = at::randn({0, 12});
+TEST_P(LayerNorm, ZeroRowsGiveZeroParameterGradients) {
+  const at::Tensor x = at::randn({0, 12}, options());
   const auto [dx, dw, db] = fuseops::layer_norm_backward(
-      at::randn({0, 12}), x, at::randn({12}), at::empty({0}), at::empty({0}));
+      at::randn({0, 12}, options()), x, at::randn({12}, options()), at::empty({0}, options()),
+      at::empty({0}, options()));
   EXPECT_EQ(dx.sizes(), x.sizes());
-  EXPECT_TRUE(at::equal(dw, at::zeros({12})));
-  EXPECT_TRUE(at::equal(db, at::zeros({12})));
+  EXPECT_TRUE(at::equal(dw, at::zeros({12}, options())));
+  EXPECT_TRUE(at::equal(db, at::zeros({12}, options())));
 }
 
 TEST(LayerNorm, BadInputErrorsNameOpAndArgument) {
@@ -357,11 +362,11 @@ TEST(LayerNorm, MetaTensorsGiveShapesOnly) {
 // squared deviations overflow float32 (|x| ~ 1e30). Expected: the float64
 // composite, within the module's tolerances; constant rows give exactly the
 // bias.
-TEST(LayerNorm, NumericallyHardRowsOnEveryBuild) {
+TEST_P(LayerNorm, NumericallyHardRowsOnEveryBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
-      const auto options = at::TensorOptions().dtype(dtype);
+      const auto options = this->options(dtype);
       for (int64_t hidden : {1, 7, 4096, 100003}) {
         SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
                                         << dtype << " hidden " << hidden);

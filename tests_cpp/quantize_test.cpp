@@ -16,10 +16,13 @@ namespace {
 using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 
+class Quantize : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Quantize);
+
 std::tuple<at::Tensor, at::Tensor> composite_quantize(const at::Tensor& x) {
   const at::Tensor xf = x.to(at::kFloat);
   // An empty row's absmax is 0 (max() refuses empty rows).
-  at::Tensor scale = xf.size(-1) == 0 ? at::zeros(xf.sizes().slice(0, xf.dim() - 1))
+  at::Tensor scale = xf.size(-1) == 0 ? at::zeros(xf.sizes().slice(0, xf.dim() - 1), xf.options())
                                       : std::get<0>(xf.abs().max(-1)) / 127.0f;
   scale = at::where(scale == 0, at::ones_like(scale), scale);
   const at::Tensor q = at::round(xf / scale.unsqueeze(-1)).clamp(-127, 127).to(at::kChar);
@@ -34,14 +37,14 @@ void expect_equal(const at::Tensor& actual, const at::Tensor& expected) {
 
 const std::vector<std::vector<int64_t>> kShapes = {{1, 1}, {3, 17}, {5, 0}, {0, 4}, {64, 301}, {2, 3, 40}};
 
-TEST(Quantize, MatchesCompositeInEveryBuildAndDtype) {
+TEST_P(Quantize, MatchesCompositeInEveryBuildAndDtype) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride forced(capability);
     for (auto dtype : kDtypes) {
       for (const auto& shape : kShapes) {
         SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
                                         << dtype << " " << at::IntArrayRef(shape));
-        at::Tensor x = at::randn(shape, at::TensorOptions().dtype(dtype)) * 3;
+        at::Tensor x = at::randn(shape, options(dtype)) * 3;
         if (x.size(0) > 1 && x.size(-1) > 0) {
           x.select(0, 1).zero_();  // an all-zero row gets scale 1
         }
@@ -58,14 +61,14 @@ TEST(Quantize, MatchesCompositeInEveryBuildAndDtype) {
   }
 }
 
-TEST(Quantize, DequantizeMatchesComposite) {
+TEST_P(Quantize, DequantizeMatchesComposite) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride forced(capability);
-    const at::Tensor q = at::randint(-127, 128, {4, 37, 5}, at::TensorOptions().dtype(at::kChar));
+    const at::Tensor q = at::randint(-127, 128, {4, 37, 5}, options(at::kChar));
     for (int64_t dim : {0, 1, 2, -1}) {
       std::vector<int64_t> shape = {4, 37, 5};
       shape.erase(shape.begin() + (dim < 0 ? dim + 3 : dim));
-      const at::Tensor scale = at::rand(shape) + 0.1;
+      const at::Tensor scale = at::rand(shape, options()) + 0.1;
       for (auto dtype : kDtypes) {
         SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " dim "
                                         << dim << " " << dtype);
@@ -80,22 +83,22 @@ TEST(Quantize, DequantizeMatchesComposite) {
   }
 }
 
-TEST(Quantize, BadInputsNameOpAndArgument) {
-  expect_error_mentions([] { fuseops::quantize_per_channel_int8(at::randn({2, 3, 4})); },
+TEST_P(Quantize, BadInputsNameOpAndArgument) {
+  expect_error_mentions([&] { fuseops::quantize_per_channel_int8(at::randn({2, 3, 4}, options())); },
                         {"fuseops::quantize_per_channel_int8", "'weight'", "2-D"});
   expect_error_mentions(
-      [] { fuseops::quantize_per_channel_int8(at::ones({2, 3}, at::TensorOptions().dtype(at::kInt))); },
+      [&] { fuseops::quantize_per_channel_int8(at::ones({2, 3}, options(at::kInt))); },
       {"fuseops::quantize_per_channel_int8", "'weight'", "dtype"});
-  at::Tensor x = at::randn({3, 8});
+  at::Tensor x = at::randn({3, 8}, options());
   x[2][5] = std::numeric_limits<float>::infinity();
   expect_error_mentions([&] { fuseops::quantize_per_token_int8(x); },
                         {"fuseops::quantize_per_token_int8", "'input'", "row 2", "Inf or NaN"});
-  const at::Tensor q = at::zeros({3, 8}, at::TensorOptions().dtype(at::kChar));
-  expect_error_mentions([&] { fuseops::dequantize_int8(q.to(at::kFloat), at::ones({3})); },
+  const at::Tensor q = at::zeros({3, 8}, options(at::kChar));
+  expect_error_mentions([&] { fuseops::dequantize_int8(q.to(at::kFloat), at::ones({3}, options())); },
                         {"fuseops::dequantize_int8", "'q'", "int8"});
-  expect_error_mentions([&] { fuseops::dequantize_int8(q, at::ones({8})); },
+  expect_error_mentions([&] { fuseops::dequantize_int8(q, at::ones({8}, options())); },
                         {"fuseops::dequantize_int8", "'scale'", "shape"});
-  expect_error_mentions([&] { fuseops::dequantize_int8(q, at::ones({3}, at::TensorOptions().dtype(at::kDouble))); },
+  expect_error_mentions([&] { fuseops::dequantize_int8(q, at::ones({3}, options(at::kDouble))); },
                         {"fuseops::dequantize_int8", "'scale'", "float32"});
 }
 

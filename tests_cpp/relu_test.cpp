@@ -16,14 +16,16 @@ namespace {
 using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 
+class Relu : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Relu);
 
 // Sizes that exercise: empty, a scalar, partial vectors, several parallel
 // chunks with a tail.
 const std::vector<std::vector<int64_t>> kShapes = {
     {0}, {}, {1}, {7}, {3, 17}, {5, 0, 3}, {2, 3, 4, 5}, {300001}};
 
-at::Tensor random_with_special_values(at::IntArrayRef shape, at::ScalarType dtype) {
-  at::Tensor t = at::randn(shape, at::TensorOptions().dtype(dtype));
+at::Tensor random_with_special_values(at::IntArrayRef shape, const at::TensorOptions& options) {
+  at::Tensor t = at::randn(shape, options);
   if (t.numel() >= 4) {
     auto flat = t.view({-1});
     flat[0] = 0.0;
@@ -42,11 +44,11 @@ void expect_identical(const at::Tensor& actual, const at::Tensor& expected) {
       << "max abs diff " << (actual - expected).abs().nan_to_num(0).max().item<double>();
 }
 
-TEST(Relu, ForwardMatchesATenForAllDtypesAndShapes) {
+TEST_P(Relu, ForwardMatchesATenForAllDtypesAndShapes) {
   for (auto dtype : kDtypes) {
     for (const auto& shape : kShapes) {
       SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape));
-      const at::Tensor x = random_with_special_values(shape, dtype);
+      const at::Tensor x = random_with_special_values(shape, options(dtype));
       const at::Tensor y = fuseops::relu(x);
       expect_identical(y, at::relu(x));
       EXPECT_TRUE(y.is_contiguous());
@@ -54,22 +56,22 @@ TEST(Relu, ForwardMatchesATenForAllDtypesAndShapes) {
   }
 }
 
-TEST(Relu, BackwardMatchesThresholdBackward) {
+TEST_P(Relu, BackwardMatchesThresholdBackward) {
   for (auto dtype : kDtypes) {
     for (const auto& shape : kShapes) {
       SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape));
-      const at::Tensor result = at::relu(random_with_special_values(shape, dtype));
-      const at::Tensor grad = at::randn(shape, at::TensorOptions().dtype(dtype));
+      const at::Tensor result = at::relu(random_with_special_values(shape, options(dtype)));
+      const at::Tensor grad = at::randn(shape, options(dtype));
       expect_identical(fuseops::relu_backward(grad, result),
                        at::threshold_backward(grad, result, 0));
     }
   }
 }
 
-TEST(Relu, NonContiguousInputs) {
+TEST_P(Relu, NonContiguousInputs) {
   for (auto dtype : kDtypes) {
     SCOPED_TRACE(testing::Message() << dtype);
-    const at::Tensor base = at::randn({40, 70}, at::TensorOptions().dtype(dtype));
+    const at::Tensor base = at::randn({40, 70}, options(dtype));
     const at::Tensor transposed = base.t();
     const at::Tensor strided = base.slice(1, 1, 70, 3);
     const at::Tensor expanded = base.select(0, 0).expand({5, 70});
@@ -84,9 +86,9 @@ TEST(Relu, NonContiguousInputs) {
   }
 }
 
-TEST(Relu, AutogradInCpp) {
+TEST_P(Relu, AutogradInCpp) {
   for (auto dtype : {at::kFloat, at::kDouble}) {
-    const at::Tensor x = at::randn({13, 29}, at::TensorOptions().dtype(dtype)).requires_grad_();
+    const at::Tensor x = at::randn({13, 29}, options(dtype)).requires_grad_();
     const at::Tensor y = fuseops::relu(x);
     ASSERT_TRUE(y.requires_grad());
     const at::Tensor upstream = at::randn_like(y);
@@ -95,38 +97,38 @@ TEST(Relu, AutogradInCpp) {
   }
 }
 
-TEST(Relu, DoubleBackward) {
-  const at::Tensor x = at::randn({9, 11}, at::kDouble).requires_grad_();
-  const at::Tensor upstream = at::randn({9, 11}, at::kDouble).requires_grad_();
+TEST_P(Relu, DoubleBackward) {
+  const at::Tensor x = at::randn({9, 11}, options(at::kDouble)).requires_grad_();
+  const at::Tensor upstream = at::randn({9, 11}, options(at::kDouble)).requires_grad_();
   const at::Tensor y = fuseops::relu(x);
   const auto grads = torch::autograd::grad({y}, {x}, {upstream}, /*retain_graph=*/true,
                                         /*create_graph=*/true);
   // d(grad_x)/d(upstream) is the relu mask.
-  const at::Tensor w = at::randn({9, 11}, at::kDouble);
+  const at::Tensor w = at::randn({9, 11}, options(at::kDouble));
   const auto second = torch::autograd::grad({grads[0]}, {upstream}, {w});
   expect_identical(second[0], w * (x.detach() > 0).to(at::kDouble));
 }
 
-TEST(Relu, OutVariant) {
-  const at::Tensor x = at::randn({6, 10});
-  at::Tensor out = at::empty({6, 10});
+TEST_P(Relu, OutVariant) {
+  const at::Tensor x = at::randn({6, 10}, options());
+  at::Tensor out = at::empty({6, 10}, options());
   at::Tensor& returned = fuseops::relu_out(x, out);
   EXPECT_EQ(returned.data_ptr(), out.data_ptr());
   expect_identical(out, at::relu(x));
 
   // A non-contiguous out keeps its strides.
-  at::Tensor out_t = at::empty({10, 6}).t();
+  at::Tensor out_t = at::empty({10, 6}, options()).t();
   fuseops::relu_out(x, out_t);
   EXPECT_FALSE(out_t.is_contiguous());
   expect_identical(out_t, at::relu(x));
 
   // A wrongly shaped out is resized.
-  at::Tensor small = at::empty({0});
+  at::Tensor small = at::empty({0}, options());
   fuseops::relu_out(x, small);
   expect_identical(small, at::relu(x));
 
   // Partial overlap: out starts one element after input in the same buffer.
-  at::Tensor buffer = at::randn({9});
+  at::Tensor buffer = at::randn({9}, options());
   const at::Tensor expected = at::relu(buffer.slice(0, 0, 8));
   at::Tensor shifted_out = buffer.slice(0, 1, 9);
   fuseops::relu_out(buffer.slice(0, 0, 8), shifted_out);

@@ -25,6 +25,11 @@ namespace {
 using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 
+class RmsNorm : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(RmsNorm);
+class FusedAddRmsNorm : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(FusedAddRmsNorm);
+
 
 // Rows of widths that cover: a single element, tails shorter than any vector,
 // exact multiples of 8/16/32 lanes, several row blocks per thread, empty
@@ -79,16 +84,14 @@ at::Tensor as_double_leaf(const at::Tensor& t) {
   return t.defined() ? t.detach().to(at::kDouble).requires_grad_() : t;
 }
 
-at::TensorOptions opts(at::ScalarType dtype) { return at::TensorOptions().dtype(dtype); }
-
-TEST(RmsNorm, ForwardMatchesFloat64Composite) {
+TEST_P(RmsNorm, ForwardMatchesFloat64Composite) {
   for (auto dtype : kDtypes) {
     for (const auto& shape : kShapes) {
       for (bool with_weight : {true, false}) {
         SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape)
                                         << " weight=" << with_weight);
-        const at::Tensor x = at::randn(shape, opts(dtype));
-        const at::Tensor w = with_weight ? at::randn({shape.back()}, opts(dtype)) : at::Tensor();
+        const at::Tensor x = at::randn(shape, options(dtype));
+        const at::Tensor w = with_weight ? at::randn({shape.back()}, options(dtype)) : at::Tensor();
         const at::Tensor y = fuseops::rms_norm(x, w, 1e-6);
         EXPECT_EQ(y.scalar_type(), dtype);
         EXPECT_TRUE(y.is_contiguous());
@@ -107,15 +110,15 @@ TEST(RmsNorm, ForwardMatchesFloat64Composite) {
   }
 }
 
-TEST(RmsNorm, BackwardMatchesFloat64Autograd) {
+TEST_P(RmsNorm, BackwardMatchesFloat64Autograd) {
   for (auto dtype : kDtypes) {
     for (const auto& shape : kShapes) {
       for (bool with_weight : {true, false}) {
         SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape)
                                         << " weight=" << with_weight);
-        const at::Tensor x = at::randn(shape, opts(dtype));
-        const at::Tensor w = with_weight ? at::randn({shape.back()}, opts(dtype)) : at::Tensor();
-        const at::Tensor grad = at::randn(shape, opts(dtype));
+        const at::Tensor x = at::randn(shape, options(dtype));
+        const at::Tensor w = with_weight ? at::randn({shape.back()}, options(dtype)) : at::Tensor();
+        const at::Tensor grad = at::randn(shape, options(dtype));
         auto [y, rstd] = fuseops::rms_norm_forward(x, w, 1e-5);
         EXPECT_EQ(rstd.scalar_type(), dtype == at::kDouble ? at::kDouble : at::kFloat);
         EXPECT_EQ(rstd.sizes(), x.sizes().slice(0, x.dim() - 1));
@@ -155,21 +158,21 @@ TEST(RmsNorm, BackwardMatchesFloat64Autograd) {
   }
 }
 
-TEST(FusedAddRmsNorm, ForwardAndBackwardMatchUnfusedComposite) {
+TEST_P(FusedAddRmsNorm, ForwardAndBackwardMatchUnfusedComposite) {
   for (auto dtype : kDtypes) {
     for (const auto& shape : kShapes) {
       SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape));
-      const at::Tensor x = at::randn(shape, opts(dtype));
-      const at::Tensor residual = at::randn(shape, opts(dtype));
-      const at::Tensor w = at::randn({shape.back()}, opts(dtype));
+      const at::Tensor x = at::randn(shape, options(dtype));
+      const at::Tensor residual = at::randn(shape, options(dtype));
+      const at::Tensor w = at::randn({shape.back()}, options(dtype));
       auto [out, new_residual] = fuseops::fused_add_rms_norm(x, residual, w, 1e-6);
       // The sum is rounded to the dtype exactly as ATen's add rounds it.
       EXPECT_TRUE(at::equal(new_residual, x + residual));
       expect_close(out, composite((x + residual).to(at::kDouble), w.to(at::kDouble), 1e-6).to(dtype),
                    dtype);
 
-      const at::Tensor grad_out = at::randn(shape, opts(dtype));
-      const at::Tensor grad_res = at::randn(shape, opts(dtype));
+      const at::Tensor grad_out = at::randn(shape, options(dtype));
+      const at::Tensor grad_res = at::randn(shape, options(dtype));
       auto [out2, new_res2, rstd] = fuseops::fused_add_rms_norm_forward(x, residual, w, 1e-6);
       EXPECT_TRUE(at::equal(out2, out));
       EXPECT_TRUE(at::equal(new_res2, new_residual));
@@ -190,23 +193,23 @@ TEST(FusedAddRmsNorm, ForwardAndBackwardMatchUnfusedComposite) {
   }
 }
 
-TEST(RmsNorm, NonContiguousInputs) {
+TEST_P(RmsNorm, NonContiguousInputs) {
   for (auto dtype : kDtypes) {
     SCOPED_TRACE(testing::Message() << dtype);
-    const at::Tensor base = at::randn({40, 70}, opts(dtype));
-    const at::Tensor w_base = at::randn({80}, opts(dtype));
+    const at::Tensor base = at::randn({40, 70}, options(dtype));
+    const at::Tensor w_base = at::randn({80}, options(dtype));
     const at::Tensor w = w_base.slice(0, 0, 80, 2);  // strided, 40 elements
     const at::Tensor x = base.t();                   // (70, 40), strided
     ASSERT_FALSE(x.is_contiguous());
     expect_close(fuseops::rms_norm(x, w, 1e-6),
                  fuseops::rms_norm(x.contiguous(), w.contiguous(), 1e-6), dtype);
-    const at::Tensor residual = at::randn({70, 80}, opts(dtype)).slice(1, 0, 80, 2);
+    const at::Tensor residual = at::randn({70, 80}, options(dtype)).slice(1, 0, 80, 2);
     auto [out, new_residual] = fuseops::fused_add_rms_norm(x, residual, w, 1e-6);
     auto [out_c, new_residual_c] =
         fuseops::fused_add_rms_norm(x.contiguous(), residual.contiguous(), w.contiguous(), 1e-6);
     EXPECT_TRUE(at::equal(out, out_c));
     EXPECT_TRUE(at::equal(new_residual, new_residual_c));
-    const at::Tensor grad = at::randn({40, 70}, opts(dtype)).t();
+    const at::Tensor grad = at::randn({40, 70}, options(dtype)).t();
     auto [_, rstd] = fuseops::rms_norm_forward(x, w, 1e-6);
     auto [gx, gw] = fuseops::rms_norm_backward(grad, x, w, rstd);
     auto [gx_c, gw_c] =
@@ -216,11 +219,11 @@ TEST(RmsNorm, NonContiguousInputs) {
   }
 }
 
-TEST(RmsNorm, WeightOfAnotherDtype) {
+TEST_P(RmsNorm, WeightOfAnotherDtype) {
   // As F.rms_norm: the weight may be float32 for a bfloat16 input; the result
   // has input's dtype and the weight gradient has weight's.
-  const at::Tensor x = at::randn({6, 24}, opts(at::kBFloat16)).requires_grad_();
-  const at::Tensor w = at::randn({24}).requires_grad_();
+  const at::Tensor x = at::randn({6, 24}, options(at::kBFloat16)).requires_grad_();
+  const at::Tensor w = at::randn({24}, options()).requires_grad_();
   const at::Tensor y = fuseops::rms_norm(x, w, 1e-6);
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
   expect_close(y, composite(x.detach().to(at::kDouble), w.detach().to(at::kDouble), 1e-6)
@@ -231,11 +234,11 @@ TEST(RmsNorm, WeightOfAnotherDtype) {
   EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
 }
 
-TEST(RmsNorm, NanAndInfPropagateAsInPyTorch) {
-  at::Tensor x = at::randn({3, 20});
+TEST_P(RmsNorm, NanAndInfPropagateAsInPyTorch) {
+  at::Tensor x = at::randn({3, 20}, options());
   x[0][3] = std::numeric_limits<float>::quiet_NaN();
   x[1][5] = std::numeric_limits<float>::infinity();
-  const at::Tensor w = at::randn({20});
+  const at::Tensor w = at::randn({20}, options());
   const at::Tensor y = fuseops::rms_norm(x, w, 1e-6);
   const at::Tensor expected = at::rms_norm(x, {20}, w, 1e-6);
   EXPECT_TRUE(at::equal(y.isnan(), expected.isnan()));
@@ -244,11 +247,11 @@ TEST(RmsNorm, NanAndInfPropagateAsInPyTorch) {
   EXPECT_TRUE(at::allclose(y[2], expected[2], 1e-5, 1e-6));
 }
 
-TEST(RmsNorm, AutogradInCpp) {
+TEST_P(RmsNorm, AutogradInCpp) {
   for (auto dtype : {at::kFloat, at::kDouble}) {
     SCOPED_TRACE(testing::Message() << dtype);
-    const at::Tensor x = at::randn({13, 29}, opts(dtype)).requires_grad_();
-    const at::Tensor w = at::randn({29}, opts(dtype)).requires_grad_();
+    const at::Tensor x = at::randn({13, 29}, options(dtype)).requires_grad_();
+    const at::Tensor w = at::randn({29}, options(dtype)).requires_grad_();
     const at::Tensor y = fuseops::rms_norm(x, w, 1e-5);
     ASSERT_TRUE(y.requires_grad());
     const at::Tensor upstream = at::randn_like(y);
@@ -261,13 +264,13 @@ TEST(RmsNorm, AutogradInCpp) {
   }
 }
 
-TEST(FusedAddRmsNorm, AutogradInCpp) {
-  const at::Tensor x = at::randn({9, 40}).requires_grad_();
-  const at::Tensor r = at::randn({9, 40}).requires_grad_();
-  const at::Tensor w = at::randn({40}).requires_grad_();
+TEST_P(FusedAddRmsNorm, AutogradInCpp) {
+  const at::Tensor x = at::randn({9, 40}, options()).requires_grad_();
+  const at::Tensor r = at::randn({9, 40}, options()).requires_grad_();
+  const at::Tensor w = at::randn({40}, options()).requires_grad_();
   auto [out, new_residual] = fuseops::fused_add_rms_norm(x, r, w, 1e-5);
-  const at::Tensor g_out = at::randn({9, 40});
-  const at::Tensor g_res = at::randn({9, 40});
+  const at::Tensor g_out = at::randn({9, 40}, options());
+  const at::Tensor g_res = at::randn({9, 40}, options());
   torch::autograd::backward({out, new_residual}, {g_out, g_res});
 
   const at::Tensor xd = as_double_leaf(x);
@@ -283,10 +286,10 @@ TEST(FusedAddRmsNorm, AutogradInCpp) {
   EXPECT_NE(x.grad().data_ptr(), r.grad().data_ptr());
 }
 
-TEST(RmsNorm, DoubleBackward) {
-  const at::Tensor x = at::randn({5, 12}, at::kDouble).requires_grad_();
-  const at::Tensor w = at::randn({12}, at::kDouble).requires_grad_();
-  const at::Tensor upstream = at::randn({5, 12}, at::kDouble);
+TEST_P(RmsNorm, DoubleBackward) {
+  const at::Tensor x = at::randn({5, 12}, options(at::kDouble)).requires_grad_();
+  const at::Tensor w = at::randn({12}, options(at::kDouble)).requires_grad_();
+  const at::Tensor upstream = at::randn({5, 12}, options(at::kDouble));
   const auto first = torch::autograd::grad({fuseops::rms_norm(x, w, 1e-5)}, {x, w}, {upstream},
                                            /*retain_graph=*/true, /*create_graph=*/true);
   const auto second = torch::autograd::grad({first[0].sum() + first[1].sum()}, {x, w});
@@ -300,21 +303,21 @@ TEST(RmsNorm, DoubleBackward) {
   expect_close(second[1], second_ref[1], at::kDouble);
 }
 
-TEST(RmsNorm, OutVariants) {
-  const at::Tensor x = at::randn({6, 10});
-  const at::Tensor w = at::randn({10});
+TEST_P(RmsNorm, OutVariants) {
+  const at::Tensor x = at::randn({6, 10}, options());
+  const at::Tensor w = at::randn({10}, options());
   const at::Tensor expected = fuseops::rms_norm(x, w, 1e-6);
-  at::Tensor out = at::empty({6, 10});
+  at::Tensor out = at::empty({6, 10}, options());
   at::Tensor& returned = fuseops::rms_norm_out(x, w, 1e-6, out);
   EXPECT_EQ(returned.data_ptr(), out.data_ptr());
   EXPECT_TRUE(at::equal(out, expected));
 
-  at::Tensor strided_out = at::empty({10, 6}).t();
+  at::Tensor strided_out = at::empty({10, 6}, options()).t();
   fuseops::rms_norm_out(x, w, 1e-6, strided_out);
   EXPECT_FALSE(strided_out.is_contiguous());
   EXPECT_TRUE(at::equal(strided_out, expected));
 
-  at::Tensor small = at::empty({0});
+  at::Tensor small = at::empty({0}, options());
   fuseops::rms_norm_out(x, w, 1e-6, small);
   EXPECT_TRUE(at::equal(small, expected));
 
@@ -323,23 +326,23 @@ TEST(RmsNorm, OutVariants) {
   EXPECT_TRUE(at::equal(in_place, expected));
 
   // Partial overlap: out starts one row after input in the same buffer.
-  at::Tensor buffer = at::randn({7, 10});
+  at::Tensor buffer = at::randn({7, 10}, options());
   const at::Tensor shifted_expected = fuseops::rms_norm(buffer.slice(0, 0, 6), w, 1e-6);
   at::Tensor shifted_out = buffer.slice(0, 1, 7);
   fuseops::rms_norm_out(buffer.slice(0, 0, 6), w, 1e-6, shifted_out);
   EXPECT_TRUE(at::equal(shifted_out, shifted_expected));
 }
 
-TEST(FusedAddRmsNorm, OutVariantsIncludingInPlace) {
+TEST_P(FusedAddRmsNorm, OutVariantsIncludingInPlace) {
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     SCOPED_TRACE(testing::Message() << dtype);
-    const at::Tensor x = at::randn({6, 50}, opts(dtype));
-    const at::Tensor r = at::randn({6, 50}, opts(dtype));
-    const at::Tensor w = at::randn({50}, opts(dtype));
+    const at::Tensor x = at::randn({6, 50}, options(dtype));
+    const at::Tensor r = at::randn({6, 50}, options(dtype));
+    const at::Tensor w = at::randn({50}, options(dtype));
     auto [expected_out, expected_res] = fuseops::fused_add_rms_norm(x, r, w, 1e-6);
 
-    at::Tensor out = at::empty({6, 50}, opts(dtype));
-    at::Tensor res_out = at::empty({0}, opts(dtype));
+    at::Tensor out = at::empty({6, 50}, options(dtype));
+    at::Tensor res_out = at::empty({0}, options(dtype));
     fuseops::fused_add_rms_norm_out(x, r, w, 1e-6, out, res_out);
     EXPECT_TRUE(at::equal(out, expected_out));
     EXPECT_TRUE(at::equal(res_out, expected_res));
@@ -359,8 +362,8 @@ TEST(FusedAddRmsNorm, OutVariantsIncludingInPlace) {
     EXPECT_TRUE(at::equal(r_buf, expected_out));
     EXPECT_TRUE(at::equal(x_buf, expected_res));
 
-    at::Tensor strided_out = at::empty({50, 6}, opts(dtype)).t();
-    at::Tensor strided_res = at::empty({50, 6}, opts(dtype)).t();
+    at::Tensor strided_out = at::empty({50, 6}, options(dtype)).t();
+    at::Tensor strided_res = at::empty({50, 6}, options(dtype)).t();
     fuseops::fused_add_rms_norm_out(x, r, w, 1e-6, strided_out, strided_res);
     EXPECT_TRUE(at::equal(strided_out, expected_out));
     EXPECT_TRUE(at::equal(strided_res, expected_res));
@@ -436,16 +439,16 @@ TEST(RmsNorm, MetaTensorsGiveShapesOnly) {
   EXPECT_EQ(new_residual.sizes(), x.sizes());
 }
 
-TEST(RmsNorm, EveryCpuBuildMatches) {
+TEST_P(RmsNorm, EveryCpuBuildMatches) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
                                       << dtype);
       // 1000 rows of 1027: several tasks per thread, a tail in every row.
-      const at::Tensor x = at::randn({1000, 1027}, opts(dtype));
-      const at::Tensor r = at::randn({1000, 1027}, opts(dtype));
-      const at::Tensor w = at::randn({1027}, opts(dtype));
+      const at::Tensor x = at::randn({1000, 1027}, options(dtype));
+      const at::Tensor r = at::randn({1000, 1027}, options(dtype));
+      const at::Tensor w = at::randn({1027}, options(dtype));
       auto [out, new_residual, rstd] = fuseops::fused_add_rms_norm_forward(x, r, w, 1e-6);
       EXPECT_TRUE(at::equal(new_residual, x + r));
       expect_close(out, composite(new_residual.to(at::kDouble), w.to(at::kDouble), 1e-6).to(dtype),
@@ -469,21 +472,21 @@ TEST(RmsNorm, EveryCpuBuildMatches) {
 }
 
 // The out= rule of ops/common/checks.h, through the C++ API.
-TEST(RmsNorm, OutSharingAWeightOrAnotherOutput) {
-  const at::Tensor x = at::randn({4, 8}, at::kDouble);
-  const at::Tensor r = at::randn({4, 8}, at::kDouble);
-  at::Tensor w = at::randn({8}, at::kDouble);
+TEST_P(RmsNorm, OutSharingAWeightOrAnotherOutput) {
+  const at::Tensor x = at::randn({4, 8}, options(at::kDouble));
+  const at::Tensor r = at::randn({4, 8}, options(at::kDouble));
+  at::Tensor w = at::randn({8}, options(at::kDouble));
   const at::Tensor w_before = w.clone();
   // Resizing `w` into the output would change the weight before it is read.
   expect_error_mentions([&] { fuseops::rms_norm_out(x, w, 1e-6, w); },
                         {"fuseops::rms_norm.out", "'out'", "'weight'"});
   EXPECT_TRUE(at::equal(w, w_before));
-  at::Tensor o = at::empty({4, 8}, at::kDouble);
+  at::Tensor o = at::empty({4, 8}, options(at::kDouble));
   expect_error_mentions([&] { fuseops::fused_add_rms_norm_out(x, r, w, 1e-6, o, o); },
                         {"fuseops::fused_add_rms_norm.out", "'out'", "'residual_out'"});
   // Rows 1..4 of a buffer whose row 0 is the weight: computed as if the
   // weight had been copied first.
-  at::Tensor buffer = at::randn({5, 8}, at::kDouble);
+  at::Tensor buffer = at::randn({5, 8}, options(at::kDouble));
   const at::Tensor weight_row = buffer[0];
   const at::Tensor expected = composite(x, weight_row.clone(), 1e-6);
   at::Tensor out = buffer.slice(0, 0, 4);

@@ -16,6 +16,9 @@ namespace {
 using fuseops::testing::expect_error_mentions;
 using fuseops::testing::kDtypes;
 
+class Rope : public fuseops::testing::DeviceTest {};
+FUSEOPS_TEST_ON_DEVICES(Rope);
+
 at::Tensor rotate_half(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -40,8 +43,9 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 
 // A cache in the layout Hugging Face builds: NeoX cat(freqs, freqs), GPT-J
 // each frequency twice in a row.
-std::pair<at::Tensor, at::Tensor> cache(int64_t max_pos, int64_t rd, bool interleaved) {
-  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+std::pair<at::Tensor, at::Tensor> cache(int64_t max_pos, int64_t rd, bool interleaved,
+                                        at::Device device = at::kCPU) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
   const at::Tensor inv = at::pow(10000.0, -at::arange(0, rd, 2, f64) / rd);
   const at::Tensor freqs = at::outer(at::arange(max_pos, f64), inv);
   const at::Tensor full =
@@ -85,27 +89,27 @@ const std::vector<Case> kCases = {
     {{33}, 2, 2, 130, 130, false},   {{1}, 1, 1, 6, 2, true},
 };
 
-TEST(Rope, ForwardAndBackwardMatchTheComposite) {
+TEST_P(Rope, ForwardAndBackwardMatchTheComposite) {
   for (auto dtype : kDtypes) {
     for (const Case& c : kCases) {
       SCOPED_TRACE(testing::Message() << dtype << " heads " << c.heads << "/" << c.kv_heads
                                       << " d " << c.head_dim << " rd " << c.rotary_dim
                                       << " interleaved " << c.interleaved);
-      auto [cos, sin] = cache(100, c.rotary_dim, c.interleaved);
+      auto [cos, sin] = cache(100, c.rotary_dim, c.interleaved, device());
       std::vector<int64_t> q_shape = c.lead, k_shape = c.lead;
       q_shape.insert(q_shape.end(), {c.heads, c.head_dim});
       k_shape.insert(k_shape.end(), {c.kv_heads, c.head_dim});
-      const at::Tensor positions = at::randint(0, 100, c.lead, at::kLong);
-      const at::Tensor q = at::randn(q_shape).to(dtype).requires_grad_();
-      const at::Tensor k = at::randn(k_shape).to(dtype).requires_grad_();
+      const at::Tensor positions = at::randint(0, 100, c.lead, options(at::kLong));
+      const at::Tensor q = at::randn(q_shape, options()).to(dtype).requires_grad_();
+      const at::Tensor k = at::randn(k_shape, options()).to(dtype).requires_grad_();
       auto [q_out, k_out] = fuseops::rope(q, k, cos, sin, positions, c.interleaved);
       expect_close(q_out, reference(q, cos, sin, positions, c.interleaved), dtype);
       expect_close(k_out, reference(k, cos, sin, positions, c.interleaved), dtype);
 
       // Gradients through the C++ autograd vs float64 autograd of the
       // composite.
-      const at::Tensor gq = at::randn(q_shape).to(dtype);
-      const at::Tensor gk = at::randn(k_shape).to(dtype);
+      const at::Tensor gq = at::randn(q_shape, options()).to(dtype);
+      const at::Tensor gk = at::randn(k_shape, options()).to(dtype);
       const auto grads = torch::autograd::grad({q_out, k_out}, {q, k}, {gq, gk});
       const at::Tensor qd = q.detach().to(at::kDouble).requires_grad_();
       const at::Tensor kd = k.detach().to(at::kDouble).requires_grad_();
@@ -123,12 +127,12 @@ TEST(Rope, ForwardAndBackwardMatchTheComposite) {
   }
 }
 
-TEST(Rope, StridedViewsOfAFusedQkvAndInPlace) {
+TEST_P(Rope, StridedViewsOfAFusedQkvAndInPlace) {
   // q and k as views of one [tokens, (H + 2 Hk) * D] projection output.
   const int64_t tokens = 9, heads = 4, kv = 2, d = 32;
-  auto [cos, sin] = cache(64, d, false);
-  const at::Tensor positions = at::arange(tokens, at::kLong) * 3;
-  const at::Tensor qkv = at::randn({tokens, (heads + 2 * kv) * d});
+  auto [cos, sin] = cache(64, d, false, device());
+  const at::Tensor positions = at::arange(tokens, options(at::kLong)) * 3;
+  const at::Tensor qkv = at::randn({tokens, (heads + 2 * kv) * d}, options());
   const at::Tensor q = qkv.narrow(1, 0, heads * d).view({tokens, heads, d});
   const at::Tensor k = qkv.narrow(1, heads * d, kv * d).view({tokens, kv, d});
   const at::Tensor v_before = qkv.narrow(1, (heads + kv) * d, kv * d).clone();

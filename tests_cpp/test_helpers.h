@@ -9,6 +9,9 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
+
+#include <fuseops/build_info.h>
 
 namespace fuseops::testing {
 
@@ -71,4 +74,46 @@ inline void expect_error_mentions(const std::function<void()>& call,
   }
 }
 
+// Why the CUDA runs of the op tests cannot run here; empty where they can.
+inline std::string cuda_unavailable_reason() {
+  if (!fuseops::build_info().cuda) {
+    return "this libfuseops was built without CUDA kernels";
+  }
+  if (!torch::cuda::is_available()) {
+    return "torch sees no CUDA device";
+  }
+  return "";
+}
+
+// The fixture of an op's tests that run on every device: write them as
+// TEST_P(Suite, Name) with `class Suite : public DeviceTest {};` and
+// FUSEOPS_TEST_ON_DEVICES(Suite), and make their tensors with options().
+// Each runs as OnDevice/Suite.Name/cpu and OnDevice/Suite.Name/cuda; a CUDA
+// run that cannot run here is reported as skipped, with the reason.
+class DeviceTest : public ::testing::TestWithParam<at::DeviceType> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == at::kCUDA) {
+      const std::string reason = cuda_unavailable_reason();
+      if (!reason.empty()) {
+        GTEST_SKIP() << "CUDA run skipped: " << reason;
+      }
+    }
+  }
+
+  at::Device device() const { return at::Device(GetParam()); }
+
+  at::TensorOptions options(at::ScalarType dtype = at::kFloat) const {
+    return at::TensorOptions().dtype(dtype).device(device());
+  }
+};
+
+inline std::string device_name(const ::testing::TestParamInfo<at::DeviceType>& info) {
+  return info.param == at::kCUDA ? "cuda" : "cpu";
+}
+
 }  // namespace fuseops::testing
+
+#define FUSEOPS_TEST_ON_DEVICES(Suite)                                              \
+  INSTANTIATE_TEST_SUITE_P(OnDevice, Suite, ::testing::Values(at::kCPU, at::kCUDA), \
+                           ::fuseops::testing::device_name)

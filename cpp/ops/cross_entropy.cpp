@@ -141,6 +141,23 @@ at::Tensor reduce_loss(const at::Tensor& loss_rows, const at::Tensor& total_weig
   return (loss_rows.sum() / total_weight).to(dtype);
 }
 
+// The checks of the ops taking (logits, target, weight, reduction,
+// options): the reduction parsed and the weight (undefined when absent).
+std::pair<Reduction, at::Tensor> check_logits_call(const char* op, const at::Tensor& logits,
+                                                   const at::Tensor& target,
+                                                   const std::optional<at::Tensor>& weight_opt,
+                                                   std::string_view reduction_name,
+                                                   double label_smoothing, double z_loss,
+                                                   std::optional<double> softcap) {
+  const Reduction reduction = parse_reduction(op, reduction_name);
+  check_logits(op, logits);
+  check_target(op, target, logits);
+  at::Tensor weight = undefined_if_none(weight_opt);
+  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
+                softcap);
+  return {reduction, weight};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
@@ -148,12 +165,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
     const std::optional<at::Tensor>& weight_opt, std::string_view reduction_name,
     int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
-  const Reduction reduction = parse_reduction(op, reduction_name);
-  check_logits(op, logits);
-  check_target(op, target, logits);
-  const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
-                softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
+                                                     reduction_name, label_smoothing, z_loss,
+                                                     softcap);
   const auto opmath_options = logits.options().dtype(opmath_of(logits));
   at::Tensor lse = empty_output(target.sizes(), opmath_options);
   if (rows_kernel == nullptr) {
@@ -178,12 +192,9 @@ at::Tensor cross_entropy_backward_with(
     double label_smoothing, double z_loss, std::optional<double> softcap,
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
   constexpr const char* op = "fuseops::cross_entropy_backward";
-  const Reduction reduction = parse_reduction(op, reduction_name);
-  check_logits(op, logits);
-  check_target(op, target, logits);
-  const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
-                softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
+                                                     reduction_name, label_smoothing, z_loss,
+                                                     softcap);
   check_floating_input(op, "grad_output", grad_output);
   check_same_device(op, "grad_output", grad_output, "logits", logits);
   const at::IntArrayRef loss_shape =
@@ -226,12 +237,9 @@ at::Tensor cross_entropy_inplace_with(
     double z_loss, std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
     CrossEntropyRowsKernel rows_kernel) {
   constexpr const char* op = "fuseops::cross_entropy_inplace";
-  const Reduction reduction = parse_reduction(op, reduction_name);
-  check_logits(op, logits);
-  check_target(op, target, logits);
-  const at::Tensor weight = undefined_if_none(weight_opt);
-  check_options(op, logits.size(-1), "logits", logits, "last", weight, label_smoothing, z_loss,
-                softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
+                                                     reduction_name, label_smoothing, z_loss,
+                                                     softcap);
   TORCH_CHECK(at::has_internal_overlap(logits) != at::MemOverlap::Yes, op,
               ": argument 'logits' must not have elements that overlap each other (it "
               "receives the gradient), got strides ",
@@ -438,30 +446,48 @@ void check_defined(const char* op, const char* arg, const at::Tensor& t) {
               "' must be a defined tensor, got an undefined tensor");
 }
 
+// The entry points taking (logits, target, weight, ...): their checks, then
+// the call; the arguments after `weight` pass through.
+template <typename Op, typename Logits, typename... Rest>
+auto call_with_logits(const Op& op, Logits& logits, const at::Tensor& target,
+                      const std::optional<at::Tensor>& weight, const Rest&... rest) {
+  const char* name = op.operator_name().name.c_str();
+  check_floating_input(name, "logits", logits);
+  check_defined(name, "target", target);
+  return op.call(logits, target, none_if_undefined(weight), rest...);
+}
+
+// The same for (input, weight, bias, target, class_weight, ...).
+template <typename Op, typename... Rest>
+auto call_with_input(const Op& op, const at::Tensor& input, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                     const std::optional<at::Tensor>& class_weight, const Rest&... rest) {
+  const char* name = op.operator_name().name.c_str();
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "weight", weight);
+  check_defined(name, "target", target);
+  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
+                 rest...);
+}
+
 }  // namespace
 
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                          const std::optional<at::Tensor>& weight, std::string_view reduction,
                          int64_t ignore_index, double label_smoothing, double z_loss,
                          std::optional<double> softcap) {
-  constexpr const char* name = "fuseops::cross_entropy";
-  check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(cross_entropy)>(name);
-  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
-                 label_smoothing, z_loss, softcap);
+  static auto op = find_op<decltype(cross_entropy)>("fuseops::cross_entropy");
+  return call_with_logits(op, logits, target, weight, reduction, ignore_index, label_smoothing,
+                          z_loss, softcap);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
     const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap) {
-  constexpr const char* name = "fuseops::cross_entropy_forward";
-  check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(cross_entropy_forward)>(name);
-  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
-                 label_smoothing, z_loss, softcap);
+  static auto op = find_op<decltype(cross_entropy_forward)>("fuseops::cross_entropy_forward");
+  return call_with_logits(op, logits, target, weight, reduction, ignore_index, label_smoothing,
+                          z_loss, softcap);
 }
 
 at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& logits,
@@ -483,16 +509,13 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tenso
 }
 
 at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
-                                          const std::optional<at::Tensor>& weight,
-                                          std::string_view reduction, int64_t ignore_index,
-                                          double label_smoothing, double z_loss,
-                                          std::optional<double> softcap) {
-  constexpr const char* name = "fuseops::cross_entropy_inplace";
-  check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(cross_entropy_inplace)>(name);
-  return op.call(logits, target, none_if_undefined(weight), reduction, ignore_index,
-                 label_smoothing, z_loss, softcap);
+                                 const std::optional<at::Tensor>& weight,
+                                 std::string_view reduction, int64_t ignore_index,
+                                 double label_smoothing, double z_loss,
+                                 std::optional<double> softcap) {
+  static auto op = find_op<decltype(cross_entropy_inplace)>("fuseops::cross_entropy_inplace");
+  return call_with_logits(op, logits, target, weight, reduction, ignore_index, label_smoothing,
+                          z_loss, softcap);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,
@@ -501,13 +524,9 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
                                 std::string_view reduction, int64_t ignore_index,
                                 double label_smoothing, double z_loss,
                                 std::optional<double> softcap, std::optional<double> normalizer) {
-  constexpr const char* name = "fuseops::linear_cross_entropy";
-  check_floating_input(name, "input", input);
-  check_floating_input(name, "weight", weight);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(linear_cross_entropy)>(name);
-  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
-                 reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer);
+  static auto op = find_op<decltype(linear_cross_entropy)>("fuseops::linear_cross_entropy");
+  return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
+                         label_smoothing, z_loss, softcap, normalizer);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_forward(
@@ -515,13 +534,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap, std::optional<double> normalizer) {
-  constexpr const char* name = "fuseops::linear_cross_entropy_forward";
-  check_floating_input(name, "input", input);
-  check_floating_input(name, "weight", weight);
-  check_defined(name, "target", target);
-  static auto op = find_op<decltype(linear_cross_entropy_forward)>(name);
-  return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
-                 reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer);
+  static auto op =
+      find_op<decltype(linear_cross_entropy_forward)>("fuseops::linear_cross_entropy_forward");
+  return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
+                         label_smoothing, z_loss, softcap, normalizer);
 }
 
 namespace {

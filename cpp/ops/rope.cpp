@@ -105,16 +105,6 @@ bool kernel_writable(const at::Tensor& t, int64_t tokens) {
   return at::detail::computeStride(t.sizes(), t.strides(), rows).has_value();
 }
 
-// The byte range [begin, end) of its storage that `t` can address.
-std::pair<int64_t, int64_t> byte_span(const at::Tensor& t) {
-  int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    last += (t.size(d) - 1) * t.stride(d);
-  }
-  const int64_t item = static_cast<int64_t>(t.itemsize());
-  return {t.storage_offset() * item, (last + 1) * item};
-}
-
 // A [tokens, heads, head_dim] view whose rows of one token are adjacent in
 // memory: runs of `width` elements starting `stride` apart.
 struct RowRuns {
@@ -139,18 +129,12 @@ std::optional<RowRuns> row_runs(const at::Tensor& t) {
 
 int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 
-// Whether two [tokens, heads, head_dim] views may share an element.
-// Exact for views made of runs with one stride (slices of one fused qkv
-// projection: q, k and v each take a column range of every row); otherwise
-// conservative (any overlap of the byte ranges counts).
+// Whether two [tokens, heads, head_dim] views may share an element:
+// share_memory() (checks.h), refined to be exact for views made of runs
+// with one stride (slices of one fused qkv projection: q, k and v each take
+// a column range of every row, so their byte ranges interleave).
 bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0 || !a.has_storage() ||
-      !b.has_storage() || !a.storage().is_alias_of(b.storage())) {
-    return false;
-  }
-  const auto [a_begin, a_end] = byte_span(a);
-  const auto [b_begin, b_end] = byte_span(b);
-  if (a_end <= b_begin || b_end <= a_begin) {
+  if (!share_memory(a, b)) {
     return false;
   }
   if (a.dim() != 3 || b.dim() != 3 || a.itemsize() != b.itemsize()) {

@@ -28,6 +28,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include "ops/causal_conv1d_dispatch.h"
 #include "ops/cpu/activation_math.h"
 #include "ops/cpu/causal_conv1d.h"
 #include "ops/cpu/elementwise.h"
@@ -37,6 +38,7 @@ inline namespace CPU_CAPABILITY {
 namespace {
 
 using detail::ConvLayout;
+using detail::dispatch_width_silu;
 
 // Channel-last tasks: time steps and channels per task. Fixed (not derived
 // from the thread count), so the order of the weight-gradient sums is too.
@@ -81,29 +83,6 @@ S lane_sum(const at::vec::Vectorized<S>& v) {
     sum += lane;
   }
   return sum;
-}
-
-// Calls fn(width constant) and fn(silu constant) for the runtime values.
-template <typename Fn>
-void dispatch_width_silu(int64_t width, bool silu, const Fn& fn) {
-  auto with_silu = [&](auto w) {
-    if (silu) {
-      fn(w, std::true_type{});
-    } else {
-      fn(w, std::false_type{});
-    }
-  };
-  switch (width) {
-    case 2:
-      with_silu(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      with_silu(std::integral_constant<int, 3>{});
-      break;
-    default:
-      with_silu(std::integral_constant<int, 4>{});
-      break;
-  }
 }
 
 // ---------------------------------------------------------------------------

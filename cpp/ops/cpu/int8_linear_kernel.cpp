@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include <ATen/Dispatch.h>
@@ -41,6 +40,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int8_linear.h"
 #include "ops/cpu/int8_vec.h"
+#include "ops/cpu/quantize_row.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -570,69 +570,20 @@ void dot_tile_rows(int rows, int blocks, const int8_t* x, int64_t x_stride, cons
   }
 }
 
-// Quantizes one row of k float32/bfloat16/float16 values like
-// quantize_per_token_int8 (scale absmax / 127, 1 for an all-zero row;
-// q = round(x / scale), ties to even) into q, XOR 0x80 when `shift` (the
-// unsigned form xq + 128); returns the scale, NaN when the row holds Inf
-// or NaN (its q are then 0).
+// Quantizes one row like quantize_per_token_int8 (quantize_row.h) into q,
+// XOR 0x80 when `shift` (the unsigned form xq + 128); returns the scale,
+// NaN when the row holds Inf or NaN (its q are then 0, or 0x80 shifted).
 template <typename scalar_t>
-float quantize_row_for_dot(const scalar_t* x, int64_t k, int8_t* q, bool shift) {
-  using Block = OpmathBlock<scalar_t>;
-  FloatVec amax_vec(0.0f);
-  for_each_block<Block::kSize>(k, [&](int64_t i, int64_t count) {
-    const auto regs = Block::load(x + i, count);
-    for (int r = 0; r < Block::kRegisters; ++r) {
-      amax_vec = at::vec::maximum(amax_vec, regs[r].abs());
-    }
-  });
-  float lanes[W];
-  amax_vec.store(lanes);
-  float amax = 0.0f;
-  for (int64_t j = 0; j < W; ++j) {
-    // Written so that NaN makes it false: maximum() kept any NaN lane.
-    if (!(lanes[j] <= std::numeric_limits<float>::max())) {
-      std::memset(q, shift ? 0x80 : 0, static_cast<size_t>(k));
-      return std::numeric_limits<float>::quiet_NaN();
-    }
-    amax = std::max(amax, lanes[j]);
-  }
-  float scale = amax / 127.0f;
-  if (scale == 0.0f) {
-    scale = 1.0f;
-  }
-  const FloatVec s(scale);
-  const FloatVec lo(-127.0f);
-  const FloatVec hi(127.0f);
-  for_each_block<Block::kSize>(k, [&](int64_t i, int64_t count) {
-    const auto regs = Block::load(x + i, count);
-    for (int r = 0; r < Block::kRegisters && r * W < count; ++r) {
-      // Division, as quantize_per_token_int8 does, so q is round(x / scale).
-      store_float_as_int8(q + i + r * W, at::vec::clamp((regs[r] / s).round(), lo, hi),
-                          std::min(W, count - r * W));
-    }
-  });
+float quantize_row_for_dot(const scalar_t* x, int64_t k, int8_t* q, bool shift,
+                           std::vector<float>& buffer) {
+  float scale;
+  quantize_row_int8<NonFiniteRow::kNanScale>(x, k, q, &scale, buffer);
   if (shift) {
     for (int64_t i = 0; i < k; ++i) {
       q[i] = static_cast<int8_t>(static_cast<uint8_t>(q[i]) ^ 0x80u);
     }
   }
   return scale;
-}
-
-// float64 rows are rounded to float32 into `buffer` first.
-float quantize_row_for_dot(const double* x, int64_t k, int8_t* q, bool shift,
-                           std::vector<float>& buffer) {
-  buffer.resize(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) {
-    buffer[i] = static_cast<float>(x[i]);
-  }
-  return quantize_row_for_dot(buffer.data(), k, q, shift);
-}
-
-template <typename scalar_t>
-float quantize_row_for_dot(const scalar_t* x, int64_t k, int8_t* q, bool shift,
-                           std::vector<float>& /*buffer*/) {
-  return quantize_row_for_dot(x, k, q, shift);
 }
 
 template <typename scalar_t>

@@ -1,12 +1,9 @@
 // int8 quantization CPU kernels; compiled once per CPU capability.
 //
-// quantize: one task owns whole rows; each row is read from memory once
-// (absmax) and a second time from cache (divide, round, store int8), so
-// the op streams its input once and its output once.
+// quantize: one task owns whole rows (quantize_row.h), so the op streams
+// its input once and its output once.
 
-#include <array>
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -18,82 +15,13 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int8_vec.h"
 #include "ops/cpu/quantize.h"
+#include "ops/cpu/quantize_row.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
 namespace {
 
 constexpr int64_t W = FloatVec::size();
-
-// Quantizes one row of float32, bfloat16 or float16 (widened to float32 as
-// it is loaded, in both passes: the second pass reads the row from cache);
-// false when the row holds Inf or NaN.
-template <typename scalar_t>
-bool quantize_row(const scalar_t* x, int64_t k, int8_t* q, float* scale_out) {
-  using Block = OpmathBlock<scalar_t>;
-  static_assert(std::is_same_v<typename Block::opmath_t, float>);
-  // One accumulator per register of a block (two for bfloat16/float16).
-  std::array<FloatVec, Block::kRegisters> amax_vec;
-  amax_vec.fill(FloatVec(0.0f));
-  for_each_block<Block::kSize>(k, [&](int64_t i, int64_t count) {
-    const auto regs = Block::load(x + i, count);
-    for (int r = 0; r < Block::kRegisters; ++r) {
-      amax_vec[r] = at::vec::maximum(amax_vec[r], regs[r].abs());
-    }
-  });
-  float lanes[W];
-  FloatVec all = amax_vec[0];
-  for (int r = 1; r < Block::kRegisters; ++r) {
-    all = at::vec::maximum(all, amax_vec[r]);
-  }
-  all.store(lanes);
-  float amax = 0.0f;
-  for (int64_t j = 0; j < W; ++j) {
-    // Written so that NaN makes it false: maximum() kept any NaN lane.
-    if (!(lanes[j] <= std::numeric_limits<float>::max())) {
-      return false;
-    }
-    amax = std::max(amax, lanes[j]);
-  }
-  float scale = amax / 127.0f;
-  // All zeros (or values so small that absmax/127 underflows): any scale
-  // gives q = 0; 1 keeps dequantization finite.
-  if (scale == 0.0f) {
-    scale = 1.0f;
-  }
-  *scale_out = scale;
-  const FloatVec s(scale);
-  const FloatVec lo(-127.0f);
-  const FloatVec hi(127.0f);
-  for_each_block<Block::kSize>(k, [&](int64_t i, int64_t count) {
-    const auto regs = Block::load(x + i, count);
-    for (int r = 0; r < Block::kRegisters && r * W < count; ++r) {
-      // Division (not a reciprocal multiply) so that q is exactly
-      // round(x / scale) as the reference computes it; round() is to
-      // nearest, ties to even. |x| <= absmax keeps the quotient within
-      // 127 * (1 + 2^-23).
-      const FloatVec rounded = at::vec::clamp((regs[r] / s).round(), lo, hi);
-      store_float_as_int8(q + i + r * W, rounded, std::min(W, count - r * W));
-    }
-  });
-  return true;
-}
-
-// float64 rows are rounded to float32 into `buffer` first.
-bool quantize_row(const double* x, int64_t k, int8_t* q, float* scale_out,
-                  std::vector<float>& buffer) {
-  buffer.resize(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) {
-    buffer[i] = static_cast<float>(x[i]);
-  }
-  return quantize_row(buffer.data(), k, q, scale_out);
-}
-
-template <typename scalar_t>
-bool quantize_row(const scalar_t* x, int64_t k, int8_t* q, float* scale_out,
-                  std::vector<float>& /*buffer*/) {
-  return quantize_row(x, k, q, scale_out);
-}
 
 int64_t quantize_rows_kernel_impl(const at::Tensor& q, const at::Tensor& scale,
                                   const at::Tensor& input) {
@@ -108,7 +36,8 @@ int64_t quantize_rows_kernel_impl(const at::Tensor& q, const at::Tensor& scale,
         at::parallel_for(0, rows, row_grain(k), [&](int64_t begin, int64_t end) {
           std::vector<float> buffer;
           for (int64_t r = begin; r < end; ++r) {
-            if (!quantize_row(in + r * k, k, q_data + r * k, scale_data + r, buffer)) {
+            if (!quantize_row_int8<NonFiniteRow::kRefuse>(in + r * k, k, q_data + r * k,
+                                                           scale_data + r, buffer)) {
               int64_t seen = first_bad.load();
               while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {
               }

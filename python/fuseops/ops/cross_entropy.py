@@ -41,13 +41,9 @@ def cross_entropy(
     the call; nothing else may use them) and the backward scales it there by
     grad_output; that backward runs at most once. Differentiable in
     ``logits`` (not in ``weight``)."""
-    if inplace_backward:
-        return cross_entropy_inplace(
-            logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap
-        )
-    return torch.ops.fuseops.cross_entropy(
-        logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap
-    )
+    ops = torch.ops.fuseops
+    op = ops.cross_entropy_inplace if inplace_backward else ops.cross_entropy
+    return op(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
 
 
 def cross_entropy_inplace(

@@ -50,16 +50,21 @@ def rope(
     if key is None:
         if key_out is not None:
             raise TypeError("fuseops.rope: key_out= needs a key")
-        if out is not None:
-            torch.ops.fuseops.rope.single_out(query, cos, sin, positions, interleaved, out=out)
-            return out
-        return torch.ops.fuseops.rope.single(query, cos, sin, positions, interleaved)
-    if (out is None) != (key_out is None):
+    elif (out is None) != (key_out is None):
         raise TypeError("fuseops.rope: pass both out= and key_out=, or neither")
-    if out is not None:
-        torch.ops.fuseops.rope.out(query, key, cos, sin, positions, interleaved, out=out, key_out=key_out)
-        return out, key_out
-    return torch.ops.fuseops.rope(query, key, cos, sin, positions, interleaved)
+    rest = (cos, sin, positions, interleaved)
+    if out is None:
+        return _with_optional_key(torch.ops.fuseops.rope, query, key, rest)
+    if key is None:
+        torch.ops.fuseops.rope.single_out(query, *rest, out=out)
+        return out
+    torch.ops.fuseops.rope.out(query, key, *rest, out=out, key_out=key_out)
+    return out, key_out
+
+
+def _with_optional_key(op, x, key, rest):
+    # Without a key, the op's `single` overload.
+    return op.single(x, *rest) if key is None else op(x, key, *rest)
 
 
 def rope_(
@@ -74,8 +79,6 @@ def rope_(
     (strided views included, e.g. of one fused qkv tensor) and returns them
     (``query`` alone when ``key`` is None). ``query`` and ``key`` must not
     share elements (refused with an error)."""
-    if key is None:
-        return rope(query, None, cos, sin, positions, interleaved, out=query)
     return rope(query, key, cos, sin, positions, interleaved, out=query, key_out=key)
 
 
@@ -91,9 +94,8 @@ def rope_backward(
     transposed rotation ``g * cos + rotate^T(g * sin)`` (the rotation by
     -theta for the usual caches); the query's alone when ``grad_key`` is
     None. Differentiable (its derivative is :func:`rope`)."""
-    if grad_key is None:
-        return torch.ops.fuseops.rope_backward.single(grad_query, cos, sin, positions, interleaved)
-    return torch.ops.fuseops.rope_backward(grad_query, grad_key, cos, sin, positions, interleaved)
+    return _with_optional_key(torch.ops.fuseops.rope_backward, grad_query, grad_key,
+                              (cos, sin, positions, interleaved))
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
@@ -184,20 +186,19 @@ def _apply(x, cos, sin, positions, interleaved, transposed):
     return torch.cat((rotated, rest), dim=-1)
 
 
+def _apply_with_optional_key(query, key, cos, sin, positions, interleaved, transposed):
+    outs = [_apply(x, cos, sin, positions, interleaved, transposed) for x in (query, key) if x is not None]
+    return outs[0] if key is None else tuple(outs)
+
+
 def rope_reference(query, key, cos, sin, positions=None, interleaved=False):
     # As Hugging Face writes it: q * cos + rotate_half(q) * sin, with the
     # cache rows gathered by position and cast to q's dtype.
-    q_out = _apply(query, cos, sin, positions, interleaved, False)
-    if key is None:
-        return q_out
-    return q_out, _apply(key, cos, sin, positions, interleaved, False)
+    return _apply_with_optional_key(query, key, cos, sin, positions, interleaved, False)
 
 
 def rope_backward_reference(grad_query, grad_key, cos, sin, positions=None, interleaved=False):
-    g_q = _apply(grad_query, cos, sin, positions, interleaved, True)
-    if grad_key is None:
-        return g_q
-    return g_q, _apply(grad_key, cos, sin, positions, interleaved, True)
+    return _apply_with_optional_key(grad_query, grad_key, cos, sin, positions, interleaved, True)
 
 
 def rope_cache_reference(rotary_dim, max_pos, base=10000.0, scaling=None, factor=1.0, *, interleaved=False):

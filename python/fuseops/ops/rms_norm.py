@@ -273,6 +273,22 @@ def samples(device) -> list[Sample]:
     return result
 
 
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, eps = torch.ops.fuseops, d.choice((None, 1e-6, 1e-5, 0.5))
+    x = d.tensor(d.shape(min_dims=1), grad=True)
+    # A weight of another floating dtype than the input is allowed.
+    w = d.maybe(lambda: d.tensor(x.shape[-1:], d.choice((x.dtype, d.dtype())), grad=True))
+    kind = d.int(0, 2)
+    if kind == 0:
+        return Sample(ops.rms_norm.default, (x, w, eps), rms_norm)
+    if kind == 1:
+        residual = d.tensor(x.shape, x.dtype, grad=True)
+        return Sample(ops.fused_add_rms_norm.default, (x, residual, w, eps), fused_add_rms_norm)
+    rstd = rms_norm_forward(x.detach(), None if w is None else w.detach(), eps)[1]
+    return Sample(ops.rms_norm_backward.default, (d.tensor(x.shape, x.dtype), x, w, rstd), rms_norm_backward)
+
+
 __all__ = [
     "fused_add_rms_norm",
     "fused_add_rms_norm_backward",

@@ -38,7 +38,7 @@ TEST(Threads, ConcurrentCallsGiveTheSingleThreadedResults) {
     const std::vector<at::Tensor> expected = calls(x, w, g, target);
 
     constexpr int kThreads = 8;
-    constexpr int kRepeats = 10;
+    constexpr int kRepeats = 4;
     std::vector<std::vector<std::vector<at::Tensor>>> results(kThreads);
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {

@@ -191,6 +191,10 @@ def check_valid(sample, d):
     COUNTS[f"valid {regime}"] += 1
     if not check_grads or not leaves:
         return
+    if any(want[i].isnan().any() for i in differentiable):
+        # An undefined result (a mean over no target): its gradient is a
+        # convention (fuseops and torch give 0, the reference's masks NaN).
+        return
     generator = torch.Generator().manual_seed(0)
     upstream = [torch.randn(got[i].shape, generator=generator, dtype=torch.float64) for i in differentiable]
     grads = torch.autograd.grad([got[i] for i in differentiable], leaves, upstream, allow_unused=True)
@@ -273,11 +277,18 @@ def check_invalid(sample, d):
         assert names_op(str(error), sample), f"{context}: an error not naming the op: {error}"
         COUNTS["invalid refused"] += 1
         return
+    got = sample_run.as_tuple(result)
+    if any(t.device.type == "meta" for t in got):
+        # Every tensor argument was on meta: the op's Meta kernel ran, as
+        # PyTorch's own ops do there (test_conformance checks its shapes).
+        assert all(t.device.type == "meta" for t in got), context
+        COUNTS["invalid accepted, meta kernel"] += 1
+        return
     try:
         want = sample_run.as_tuple(reference_of(sample)(*widened(originals)))
     except Exception as error:  # noqa: BLE001 (any refusal by the reference)
         raise AssertionError(f"{context}: accepted where the reference refuses ({error})") from None
-    assert_matches(sample_run.as_tuple(result), want, context, tol=tolerance(d))
+    assert_matches(got, want, context, tol=tolerance(d))
     COUNTS["invalid accepted, correct"] += 1
 
 
@@ -434,7 +445,7 @@ def check_out_aliasing(sample, d) -> bool:
     return True
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES], ids=module_id)
+@pytest.mark.parametrize("module", MODULES, ids=module_id)
 def test_fuzz_out_aliasing(module):
     found = []
 

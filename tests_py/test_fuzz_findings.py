@@ -296,3 +296,19 @@ def test_layer_norm_backward_reference_takes_native_statistics():
     got = reference.layer_norm_backward(g, x, None, mean[:, None], rstd[:, None])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (5,), (2, 3, 4)])
+def test_references_sum_weight_gradients_over_rows_of_any_shape(shape):
+    # reshape(-1, 0) is ambiguous, and sum over no dimensions sums them all:
+    # the references' bias/weight gradients got hidden size 0 and 1-D input wrong.
+    x, g = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+    w = torch.randn(shape[-1:], dtype=torch.float64)
+    _, grad_bias = reference.bias_gelu_backward(g, x, w)
+    got, want = fuseops.bias_gelu_backward(g, x, w)[1], grad_bias
+    assert got.shape == want.shape == w.shape
+    torch.testing.assert_close(got, want)
+    rstd = fuseops.rms_norm_forward(x, w, 1e-6)[1]
+    got, want = fuseops.rms_norm_backward(g, x, w, rstd)[1], reference.rms_norm_backward(g, x, w, rstd)[1]
+    assert got.shape == want.shape == w.shape
+    torch.testing.assert_close(got, want)

@@ -116,8 +116,8 @@ def bias_gelu_backward_reference(
     grad_output: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     grad_input = gelu_backward_reference(grad_output, x + bias, approximate)
-    # Summed over every leading dimension (reshape(-1, 0) is ambiguous for hidden size 0).
-    return grad_input, grad_input.sum(tuple(range(x.dim() - 1)))
+    # The rows counted explicitly: reshape(-1, 0) is ambiguous for hidden size 0.
+    return grad_input, grad_input.reshape(math.prod(x.shape[:-1]), x.shape[-1]).sum(0)
 
 
 def _gelu_out(x, *, approximate, out):

@@ -275,10 +275,9 @@ def fuzz(d) -> Sample:
     rotary, max_pos, dtype = 2 * d.int(1, head_dim // 2), d.int(1, 40), d.dtype()
     q = d.tensor(tokens + (d.int(1, 4), head_dim), dtype, grad=True)
     k = d.maybe(lambda: d.tensor(tokens + (d.int(1, 3), head_dim), dtype, grad=True))
-    table = (max_pos,) if d.flag() else tokens  # a cache and positions, or one row per token
-    table_dtype = d.choice((torch.float32, dtype))
-    cos, sin = (d.tensor(table + (rotary,), table_dtype) for _ in "cs")
-    positions = d.integers(tokens, 0, max_pos, d.choice((torch.int64, torch.int32))) if table != tokens else None
+    cached, table_dtype = d.flag(), d.choice((torch.float32, dtype))  # a cache and positions, or one row per token
+    cos, sin = (d.tensor(((max_pos,) if cached else tokens) + (rotary,), table_dtype) for _ in "cs")
+    positions = d.integers(tokens, 0, max_pos, d.choice((torch.int64, torch.int32))) if cached else None
     rest = (cos, sin, positions, interleaved)
     forward, wrapper = (ops.rope, rope) if d.flag() else (ops.rope_backward, rope_backward)
     if k is None:

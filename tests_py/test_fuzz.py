@@ -42,7 +42,8 @@ reference's). Gradients in float64: 1e-7 times sqrt(terms summed), as sums
 over rows.
 
 The run is derandomized: FUSEOPS_FUZZ_EXAMPLES calls per op module and test
-(default 40, about 30 s in all on two busy cores). For deeper fuzzing set it
+(default 100: about 2500 cases, 25 s on two busy cores; the counts are
+printed in the terminal summary). For deeper fuzzing set it
 higher and FUSEOPS_FUZZ_RANDOM=1, which draws new calls on every run, e.g.
 ``FUSEOPS_FUZZ_EXAMPLES=2000 FUSEOPS_FUZZ_RANDOM=1 pytest tests_py/test_fuzz.py``.
 A failure prints the shrunk call and the draws that made it.
@@ -64,7 +65,7 @@ import fuseops
 import sample_run
 from fuseops.ops._fuzz import Draw
 
-EXAMPLES = int(os.environ.get("FUSEOPS_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("FUSEOPS_FUZZ_EXAMPLES", "100"))
 SETTINGS = settings(
     max_examples=EXAMPLES,
     derandomize=os.environ.get("FUSEOPS_FUZZ_RANDOM", "0") != "1",
@@ -86,16 +87,21 @@ def module_id(module) -> str:
     return module.__name__.rsplit(".", 1)[1]
 
 
+class _CountsReport:
+    """Prints the number of cases run in pytest's terminal summary (output
+    of the tests themselves is captured)."""
+
+    @staticmethod
+    def pytest_terminal_summary(terminalreporter):
+        if COUNTS:
+            line = "fuzz cases run: " + ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items()))
+            terminalreporter.write_line(line + f" ({sum(COUNTS.values())} in all)")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _report_counts(request):
-    yield
-    if COUNTS:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        line = "fuzz cases run: " + ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items()))
-        line += f" ({sum(COUNTS.values())} in all)"
-        if reporter is not None:
-            reporter.write_line("")
-            reporter.write_line(line)
+    if not request.config.pluginmanager.is_registered(_CountsReport):
+        request.config.pluginmanager.register(_CountsReport, "fuseops_fuzz_counts")
 
 
 def test_every_op_module_declares_fuzz():
@@ -456,6 +462,7 @@ def test_fuzz_out_aliasing(module):
         found.append(check_out_aliasing(module.fuzz(d), d))
 
     run()
-    # A module whose ops have out= overloads must have drawn some.
+    # A module whose ops have out= overloads must have drawn some (in a run
+    # long enough to).
     has_out = any(out_overload(s.op) is not None for s in module.samples("cpu"))
-    assert any(found) or not has_out
+    assert any(found) or not has_out or EXAMPLES < 20

@@ -38,7 +38,9 @@ float64 (float64 math throughout); 1e-5 in float32 (a few float32 roundings
 per element, row sums included); 2**-7 in bfloat16 and 2**-9 in float16 (one
 rounding of the result, 2**-9 and 2**-11, times 4 for the float32 math
 before it); integer results exactly (quantization's float32 math is the
-reference's). Gradients in float64: 1e-7 times sqrt(terms summed), as sums
+reference's); float64 results of an op documented to compute in float32
+(the int8 linear layers: the declaration sets ``d.math_dtype``) get
+float32's. Gradients in float64: 1e-7 times sqrt(terms summed), as sums
 over rows.
 
 The run is derandomized: FUSEOPS_FUZZ_EXAMPLES calls per op module and test

@@ -259,3 +259,56 @@ def test_fused_gelu_backwards_and_silu_with_infinite_gradient():
             torch.testing.assert_close(fuseops.silu_backward(g, grid),
                                        torch.ops.aten.silu_backward(g, grid),
                                        equal_nan=True, rtol=0, atol=0)
+
+
+# --- found by the property-based fuzzer (test_fuzz.py) ---------------------
+
+
+def test_causal_conv1d_forward_without_x_names_the_op_and_argument():
+    # Was "tensor does not have a device" from autograd's input handling.
+    expect_error_mentions(lambda: fuseops.causal_conv1d_forward(None, torch.randn(4, 3)),
+                          ["fuseops::causal_conv1d_forward", "'x'"])
+
+
+def test_rope_refuses_sin_on_another_device():
+    # Only cos was checked: sin on the meta device was read as CPU memory.
+    q, cos = torch.randn(2, 1, 4), torch.randn(2, 4)
+    for call in (lambda: fuseops.rope(q, None, cos, cos.to("meta")),
+                 lambda: fuseops.rope_backward(q, None, cos, cos.to("meta"))):
+        expect_error_mentions(call, ["fuseops::rope", "'sin'", "device"])
+
+
+@pytest.mark.parametrize("option", ["softcap", "z_loss"])
+def test_cross_entropy_refuses_options_beyond_float32(option):
+    # softcap=1e300 became inf in the float32 math: a NaN loss where the
+    # exact one is finite.
+    logits, target = torch.randn(3, 5), torch.tensor([0, 1, 4])
+    kwargs = {option: 1e300}
+    expect_error_mentions(lambda: fuseops.cross_entropy(logits, target, **kwargs),
+                          ["fuseops::cross_entropy", f"'{option}'", "float32"])
+
+
+def test_layer_norm_backward_reference_takes_native_statistics():
+    # The reference missed the statistics' trailing 1 (native_layer_norm's form).
+    x, g = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    _, mean, rstd = fuseops.layer_norm_forward(x, None, None, 1e-5)
+    want = reference.layer_norm_backward(g, x, None, mean, rstd)
+    got = reference.layer_norm_backward(g, x, None, mean[:, None], rstd[:, None])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (5,), (2, 3, 4)])
+def test_references_sum_weight_gradients_over_rows_of_any_shape(shape):
+    # reshape(-1, 0) is ambiguous, and sum over no dimensions sums them all:
+    # the references' bias/weight gradients got hidden size 0 and 1-D input wrong.
+    x, g = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+    w = torch.randn(shape[-1:], dtype=torch.float64)
+    _, grad_bias = reference.bias_gelu_backward(g, x, w)
+    got, want = fuseops.bias_gelu_backward(g, x, w)[1], grad_bias
+    assert got.shape == want.shape == w.shape
+    torch.testing.assert_close(got, want)
+    rstd = fuseops.rms_norm_forward(x, w, 1e-6)[1]
+    got, want = fuseops.rms_norm_backward(g, x, w, rstd)[1], reference.rms_norm_backward(g, x, w, rstd)[1]
+    assert got.shape == want.shape == w.shape
+    torch.testing.assert_close(got, want)

@@ -39,9 +39,10 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
 fi
 # matplotlib and tqdm: the bench extra, which the bench and demo tests exercise;
 # transformers: the transformers extra, which tests_py/test_transformers.py
-# exercises (the version pyproject.toml pins).
+# exercises (the version pyproject.toml pins); hypothesis pinned: the fuzzer's
+# derandomized cases depend on its version.
 "$py" -m pip install -q "scikit-build-core>=0.10" "cmake>=3.26" ninja pytest numpy expecttest \
-  matplotlib tqdm "transformers==5.23.0"
+  hypothesis==6.170.15 matplotlib tqdm "transformers==5.23.0"
 
 echo "== building and installing fuseops (build dir: $build_dir)"
 # A venv's bin/ must come first so CMake finds its python (and its torch).

@@ -74,10 +74,13 @@ void check_options(const char* op, int64_t vocab, const char* logits_name,
   }
   TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
               ": argument 'label_smoothing' must be in [0, 1], got ", label_smoothing);
-  TORCH_CHECK(std::isfinite(z_loss) && z_loss >= 0.0, op,
-              ": argument 'z_loss' must be a finite number >= 0, got ", z_loss);
-  TORCH_CHECK(!softcap.has_value() || (std::isfinite(*softcap) && *softcap > 0.0), op,
-              ": argument 'softcap' must be None or a finite number > 0, got ",
+  // Finite in float32, the kernels' math for all but float64 logits: a larger
+  // value would become inf there (NaN for a softcap, inf * 0 for z_loss).
+  TORCH_CHECK(std::isfinite(static_cast<float>(z_loss)) && z_loss >= 0.0, op,
+              ": argument 'z_loss' must be a number >= 0 and finite in float32, got ", z_loss);
+  TORCH_CHECK(!softcap.has_value() ||
+                  (std::isfinite(static_cast<float>(*softcap)) && *softcap > 0.0),
+              op, ": argument 'softcap' must be None or a number > 0 and finite in float32, got ",
               softcap.value_or(0.0));
 }
 

@@ -74,6 +74,7 @@ int64_t check_cache(const Names& n, const at::Tensor& input, const at::Tensor& c
   check_floating_input(n.op, "cos", cos);
   check_floating_input(n.op, "sin", sin);
   check_same_device(n.op, "cos", cos, n.input, input);
+  check_same_device(n.op, "sin", sin, n.input, input);
   check_same_dtype(n.op, "sin", sin, "cos", cos);
   check_same_shape(n.op, "sin", sin, "cos", cos);
   TORCH_CHECK(cos.dim() >= 1, n.op,

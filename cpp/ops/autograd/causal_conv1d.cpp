@@ -88,6 +88,12 @@ at::Tensor causal_conv1d_autograd(const at::Tensor& x, const at::Tensor& weight,
 std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward_autograd(
     const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& initial_states, Activation activation) {
+  // Without a gradient to record, the op's own checks name it and the
+  // argument (autograd's input handling fails on an undefined x first).
+  if (!autograd_detail::records_grad({x, weight, bias, initial_states})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::causal_conv1d_forward(x, weight, bias, initial_states, activation);
+  }
   const variable_list result =
       CausalConv1dFunction::apply(x, weight, bias, initial_states, activation, true);
   return {result[0], result[1]};

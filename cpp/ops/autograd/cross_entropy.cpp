@@ -125,7 +125,7 @@ class CrossEntropyInplaceFunction
                 "gradient lives in the logits buffer and is scaled there in place)");
     check_not_recording("fuseops::cross_entropy_inplace");
     ctx->saved_data["used"] = true;
-    RECORD_FUNCTION("fuseops::cross_entropy_inplace_backward", std::vector<c10::IValue>());
+    RECORD_FUNCTION("fuseops::cross_entropy_inplace_backward", std::vector<c10::IValue>({grads[0]}));
     at::Tensor grad = ctx->saved_data["grad"].toTensor();
     const at::Tensor& g = grads[0];
     grad.mul_(ctx->saved_data["per_row"].toBool() ? g.unsqueeze(-1) : g);
@@ -159,8 +159,9 @@ class LinearCrossEntropyFunction
                 "are computed in the forward and scaled by grad_output in place)");
     check_not_recording("fuseops::linear_cross_entropy");
     ctx->saved_data["used"] = true;
-    // Named like the backward ops of the other fuseops ops in profiles.
-    RECORD_FUNCTION("fuseops::linear_cross_entropy_backward", std::vector<c10::IValue>());
+    // Named like the backward ops of the other fuseops ops in profiles, with
+    // grad_output's shape recorded as theirs is.
+    RECORD_FUNCTION("fuseops::linear_cross_entropy_backward", std::vector<c10::IValue>({grads[0]}));
     variable_list result(7);
     const at::Tensor& g = grads[0];
     result[0] = ctx->saved_data["grad_input"].toTensor().mul_(g);

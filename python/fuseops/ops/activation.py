@@ -126,7 +126,8 @@ def bias_gelu_backward_reference(
     grad_output: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     grad_input = gelu_backward_reference(grad_output, x + bias, approximate)
-    return grad_input, grad_input.reshape(-1, x.shape[-1]).sum(0)
+    # The rows counted explicitly: reshape(-1, 0) is ambiguous for hidden size 0.
+    return grad_input, grad_input.reshape(math.prod(x.shape[:-1]), x.shape[-1]).sum(0)
 
 
 def _gelu_out(x, *, approximate, out):
@@ -237,6 +238,21 @@ def samples(device) -> list[Sample]:
             ]
         result.append(Sample(ops.silu.default, (t((301, 67), dtype, grad=True),), silu, large=True))
     return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, approximate, kind = torch.ops.fuseops, d.choice(("none", "tanh")), d.int(0, 5)
+    x = d.tensor(d.shape(min_dims=1 if kind >= 4 else 0), scale=3.0, grad=True)
+    g, b = d.tensor(x.shape, x.dtype, grad=True), d.tensor(x.shape[-1:], x.dtype, 3.0, grad=True)
+    return [
+        lambda: Sample(ops.gelu.default, (x, approximate), gelu),
+        lambda: Sample(ops.gelu_backward.default, (g, x, approximate), gelu_backward),
+        lambda: Sample(ops.silu.default, (x,), silu),
+        lambda: Sample(ops.silu_backward.default, (g, x), silu_backward),
+        lambda: Sample(ops.bias_gelu.default, (x, b, approximate), bias_gelu),
+        lambda: Sample(ops.bias_gelu_backward.default, (g, x, b, approximate), bias_gelu_backward),
+    ][kind]()
 
 
 __all__ = ["bias_gelu", "bias_gelu_backward", "gelu", "gelu_backward", "silu", "silu_backward"]

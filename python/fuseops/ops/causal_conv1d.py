@@ -267,4 +267,23 @@ def samples(device) -> list[Sample]:
     return result
 
 
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    # dim and seqlen >= 1: the reference's F.conv1d takes no zero groups
+    # and no input shorter than the kernel.
+    ops, activation = torch.ops.fuseops, d.choice((None, "silu", "swish"))
+    batch, dim, width = d.size(4), d.int(1, 9), d.int(2, 4)
+    x = d.tensor((batch, dim, d.int(1, 9)), grad=True)
+    param = d.choice((x.dtype, torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype))
+    w, b = d.tensor((dim, width), param, 0.5, grad=True), d.maybe(lambda: d.tensor((dim,), param, grad=True))
+    if d.flag():
+        state = d.tensor((batch, dim, width - 1 + d.int(0, 2)), x.dtype, writable=True)
+        step = d.tensor((batch, dim) + ((d.int(1, 3),) if d.flag() else ()), x.dtype)
+        w, b = w.detach(), b if b is None else b.detach()  # an inference step
+        return Sample(ops.causal_conv1d_update.default, (step, state, w, b, activation), causal_conv1d_update)
+    init = d.maybe(lambda: d.tensor((batch, dim, width - 1), x.dtype, grad=True))
+    if d.flag():
+        return Sample(ops.causal_conv1d_forward.default, (x, w, b, init, activation), causal_conv1d_forward)
+    return Sample(ops.causal_conv1d.default, (x, w, b, init, activation), causal_conv1d)
+
 __all__ = ["causal_conv1d", "causal_conv1d_backward", "causal_conv1d_forward", "causal_conv1d_update"]

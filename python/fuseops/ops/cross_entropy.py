@@ -190,6 +190,11 @@ def cross_entropy_reference(
     return loss.reshape(target.shape) if reduction == "none" else loss
 
 
+def cross_entropy_inplace_reference(*args) -> torch.Tensor:
+    # The loss; the gradient the op leaves in the logits is test_cross_entropy's.
+    return cross_entropy_reference(*args)
+
+
 def linear_cross_entropy_reference(
     input: torch.Tensor,
     linear_weight: torch.Tensor,
@@ -321,6 +326,28 @@ def samples(device) -> list[Sample]:
                     )
                 )
     return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, vocab, reduction = torch.ops.fuseops, d.int(1, 12), d.choice(("mean", "sum", "none"))
+    options = (d.choice((-100, 0)), d.choice((0.0, 0.1)), d.choice((0.0, 1e-3)), d.choice((None, 4.0)))
+    if d.flag():
+        rows = d.size()
+        x = d.tensor((rows, d.int(1, 9)), grad=True)
+        w = d.tensor((vocab, x.shape[1]), x.dtype, 0.5, grad=True)
+        bias, weight = d.maybe(lambda: d.tensor((vocab,), x.dtype, grad=True)), d.maybe(lambda: d.tensor((vocab,), x.dtype).abs())
+        args = (x, w, d.integers((rows,), 0, vocab), bias, weight, d.choice(("mean", "sum"))) + options
+        normalizer = d.choice((None, 3.0)) if args[5] == "sum" else None
+        return Sample(ops.linear_cross_entropy.default, (x, w, bias, args[2], weight) + args[5:] + (normalizer,),
+                      linear_cross_entropy, wrapper_args=args + (normalizer,))
+    logits = d.tensor(d.shape(0, 2, hi=6) + (vocab,), scale=2.0, grad=True, writable=True)
+    target = d.integers(logits.shape[:-1], 0, vocab, d.choice((torch.int64, torch.int32)))
+    weight = d.maybe(lambda: d.tensor((vocab,), logits.dtype).abs())
+    if d.flag():
+        return Sample(ops.cross_entropy.default, (logits, target, weight, reduction) + options, cross_entropy)
+    inputs = (logits.detach(), target, weight, reduction) + options
+    return Sample(ops.cross_entropy_inplace.default, inputs, cross_entropy_inplace)
 
 
 __all__ = [

@@ -205,4 +205,17 @@ def samples(device) -> list[Sample]:
     return result
 
 
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, approximate, shape = torch.ops.fuseops, d.choice(("none", "tanh")), d.shape(min_dims=1)
+    gate = d.tensor(shape, scale=3.0, grad=True)
+    up = d.tensor(shape, gate.dtype, grad=True)
+    packed = d.tensor(shape[:-1] + (2 * shape[-1],), gate.dtype, 3.0, grad=True)
+    return [
+        lambda: Sample(ops.swiglu.default, (gate, up), swiglu),
+        lambda: Sample(ops.swiglu.packed, (packed,), swiglu),
+        lambda: Sample(ops.geglu.default, (gate, up, approximate), geglu),
+        lambda: Sample(ops.geglu.packed, (packed, approximate), geglu, wrapper_args=(packed, None, approximate)),
+    ][d.int(0, 3)]()
+
 __all__ = ["geglu", "geglu_backward", "swiglu", "swiglu_backward"]

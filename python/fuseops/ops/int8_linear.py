@@ -341,4 +341,20 @@ def samples(device) -> list[Sample]:
     return result
 
 
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, n, k = torch.ops.fuseops, d.size(40), d.size(40)
+    wq, scale = d.integers((n, k), -127, 128, torch.int8), d.tensor((n,), torch.float32, 0.02)
+    kind = d.int(0, 2)
+    if kind == 0:
+        return Sample(ops.pack_int8_weight.default, (wq, scale), pack_int8_weight)
+    x = d.tensor(d.shape(0, 2) + (k,))
+    bias = d.maybe(lambda: d.tensor((n,), x.dtype))
+    packed, scale, colsum = pack_int8_weight(wq, scale)
+    d.math_dtype = torch.float32  # float64 x is summed in float32
+    if kind == 1:
+        return Sample(ops.int8_weight_only_linear.default, (x, packed, scale, bias), int8_weight_only_linear)
+    return Sample(ops.int8_dynamic_linear.default, (x, packed, scale, colsum, bias), int8_dynamic_linear)
+
+
 __all__ = ["int8_dynamic_linear", "int8_weight_only_linear", "pack_int8_weight", "quantize_", "unpack_int8_weight"]

@@ -88,6 +88,8 @@ def layer_norm_backward_reference(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # With x_hat = (x - mean) * rstd and g = grad_output * weight:
     # grad_input = rstd * (g - mean(g) - x_hat * mean(g * x_hat)).
+    # Statistics of shape x.shape[:-1], or with native_layer_norm's trailing 1.
+    mean, rstd = mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
     x_hat = (x - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
     g = grad_output * weight if weight is not None else grad_output
     grad_input = rstd.unsqueeze(-1) * (
@@ -168,6 +170,18 @@ def samples(device) -> list[Sample]:
                 )
             )
     return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, eps = torch.ops.fuseops, d.choice((1e-6, 1e-5, 0.5))
+    x = d.tensor(d.shape(min_dims=1), grad=True)
+    w, b = (d.maybe(lambda: d.tensor(x.shape[-1:], x.dtype, grad=True)) for _ in "wb")
+    if d.flag():
+        return Sample(ops.layer_norm.default, (x, w, b, eps), layer_norm)
+    _, mean, rstd = layer_norm_forward(x.detach(), None if w is None else w.detach(), None, eps)
+    return Sample(ops.layer_norm_backward.default, (d.tensor(x.shape, x.dtype), x, w, mean, rstd),
+                  layer_norm_backward)
 
 
 __all__ = ["layer_norm", "layer_norm_backward", "layer_norm_forward"]

@@ -118,4 +118,18 @@ def samples(device) -> list[Sample]:
     return result
 
 
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, kind = torch.ops.fuseops, d.int(0, 2)
+    if kind == 0:
+        return Sample(ops.quantize_per_channel_int8.default, (d.tensor(d.shape(2, 2), scale=3.0),), quantize_per_channel_int8)
+    if kind == 1:
+        return Sample(ops.quantize_per_token_int8.default, (d.tensor(d.shape(1, 3), scale=3.0),), quantize_per_token_int8)
+    q = d.integers(d.shape(1, 3), -127, 128, torch.int8)
+    dim = d.int(-q.dim(), q.dim() - 1)
+    scale = d.tensor(q.shape[:dim % q.dim()] + q.shape[dim % q.dim() + 1:], torch.float32)
+    dtype = d.choice((None,) + DTYPES)
+    return Sample(ops.dequantize_int8.default, (q, scale, dim, dtype), dequantize_int8)
+
+
 __all__ = ["dequantize_int8", "quantize_per_channel_int8", "quantize_per_token_int8"]

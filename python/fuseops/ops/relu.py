@@ -95,4 +95,13 @@ def samples(device) -> list[Sample]:
     return result
 
 
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    x = d.tensor(d.shape(), grad=True)
+    if d.flag():
+        return Sample(torch.ops.fuseops.relu.default, (x,), relu)
+    return Sample(torch.ops.fuseops.relu_backward.default,
+                  (d.tensor(x.shape, x.dtype, grad=True), relu(x.detach())), relu_backward)
+
+
 __all__ = ["relu", "relu_backward"]

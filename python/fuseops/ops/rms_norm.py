@@ -3,6 +3,8 @@ forward ops that also return what backward needs and the backward ops."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Optional
 
 import torch
@@ -145,7 +147,9 @@ def rms_norm_backward_reference(
     if weight is None:
         grad_weight = x.new_empty(0)
     else:
-        grad_weight = (g * x_hat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        # The rows counted explicitly: reshape(-1, 0) is ambiguous for hidden size 0.
+        rows = math.prod(x.shape[:-1])
+        grad_weight = (g * x_hat).reshape(rows, x.shape[-1]).sum(0).to(weight.dtype)
     return grad_input.to(x.dtype), grad_weight
 
 
@@ -271,6 +275,23 @@ def samples(device) -> list[Sample]:
             Sample(ops.rms_norm.default, (t((1027,), dtype), None, 1e-6), rms_norm, large=True),
         ]
     return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, x = torch.ops.fuseops, d.tensor(d.shape(min_dims=1), grad=True)
+    # eps=None is the dtype's epsilon: float64's for the float64 reference.
+    eps = d.choice((None, 1e-6, 1e-5, 0.5) if x.dtype == torch.float64 else (1e-6, 1e-5, 0.5))
+    # A weight of another floating dtype than the input is allowed.
+    w = d.maybe(lambda: d.tensor(x.shape[-1:], d.choice((x.dtype, d.dtype())), grad=True))
+    kind = d.int(0, 2)
+    if kind == 0:
+        return Sample(ops.rms_norm.default, (x, w, eps), rms_norm)
+    if kind == 1:
+        residual = d.tensor(x.shape, x.dtype, grad=True)
+        return Sample(ops.fused_add_rms_norm.default, (x, residual, w, eps), fused_add_rms_norm)
+    rstd = rms_norm_forward(x.detach(), None if w is None else w.detach(), eps)[1]
+    return Sample(ops.rms_norm_backward.default, (d.tensor(x.shape, x.dtype), x, w, rstd), rms_norm_backward)
 
 
 __all__ = [

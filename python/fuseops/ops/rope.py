@@ -269,6 +269,23 @@ def bench_cases():
     ]
 
 
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, tokens, interleaved = torch.ops.fuseops, d.shape(1, 2, hi=5), d.flag()
+    head_dim = 2 * d.int(1, 8)
+    rotary, max_pos, dtype = 2 * d.int(1, head_dim // 2), d.int(1, 40), d.dtype()
+    q = d.tensor(tokens + (d.int(1, 4), head_dim), dtype, grad=True)
+    k = d.maybe(lambda: d.tensor(tokens + (d.int(1, 3), head_dim), dtype, grad=True))
+    cached, table_dtype = d.flag(), d.choice((torch.float32, dtype))  # a cache and positions, or one row per token
+    cos, sin = (d.tensor(((max_pos,) if cached else tokens) + (rotary,), table_dtype) for _ in "cs")
+    positions = d.integers(tokens, 0, max_pos, d.choice((torch.int64, torch.int32))) if cached else None
+    rest = (cos, sin, positions, interleaved)
+    forward, wrapper = (ops.rope, rope) if d.flag() else (ops.rope_backward, rope_backward)
+    if k is None:
+        return Sample(forward.single, (q, *rest), wrapper, wrapper_args=(q, None, *rest))
+    return Sample(forward.default, (q, k, *rest), wrapper)
+
+
 # --- conformance samples -----------------------------------------------------
 
 

@@ -1,0 +1,144 @@
+"""Threads and determinism: many Python threads calling every op at once get
+the single-threaded results bit for bit; every op's results (forward and
+gradients) are bitwise identical run to run at a fixed thread count; and
+the ops the README lists as deterministic across thread counts give the
+same bits with torch.set_num_threads(1), 2 and 3. Every op's conformance
+samples feed it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+import torch
+
+import fuseops
+import sample_run
+from test_conformance import SAMPLES, fresh
+
+CPU = SAMPLES["cpu"]
+SMALL = [s for s in CPU if not s.large]
+LARGE = [s for s in CPU if s.large]
+
+#: Ops with results that depend on the number of threads (README, "Threads
+#: and determinism"): their CPU kernels split the rows into one block per
+#: thread for the weight (and bias) gradient, each block summed on its own.
+#: Every other result of every op is the same bits whatever the count.
+THREAD_COUNT_DEPENDENT = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
+
+
+def run(sample, grad_outputs=None):
+    args, kwargs, _ = fresh(sample)
+    return sample_run.run(sample.op, args, kwargs, grad_outputs)
+
+
+def grad_outputs_of(samples):
+    torch.manual_seed(0)
+    return [run(s)[1] for s in samples]
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_bitwise(got, want, context):
+    assert len(got) == len(want), context
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(raw(g), raw(w)), context
+
+
+def test_concurrent_python_threads_get_the_single_threaded_results():
+    grads = grad_outputs_of(SMALL)
+    expected = [run(s, g)[0] for s, g in zip(SMALL, grads)]
+    jobs = [i for _ in range(4) for i in range(len(SMALL))]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda i: run(SMALL[i], grads[i])[0], jobs))
+    for i, got in zip(jobs, results):
+        assert_bitwise(got, expected[i], SMALL[i])
+
+
+def test_results_are_bitwise_identical_run_to_run():
+    grads = grad_outputs_of(LARGE)
+    first = [run(s, g)[0] for s, g in zip(LARGE, grads)]
+    for sample, g, want in zip(LARGE, grads, first):
+        assert_bitwise(run(sample, g)[0], want, sample)
+
+
+def differing_across_thread_counts(samples, counts=(1, 2, 3)):
+    grads = grad_outputs_of(samples)
+    before = torch.get_num_threads()
+    results = {}
+    try:
+        for n in counts:
+            torch.set_num_threads(n)
+            results[n] = [run(s, g)[0] for s, g in zip(samples, grads)]
+    finally:
+        torch.set_num_threads(before)
+    differing = set()
+    for i, sample in enumerate(samples):
+        for n in counts[1:]:
+            try:
+                assert_bitwise(results[n][i], results[counts[0]][i], sample)
+            except AssertionError:
+                differing.add(sample.name)
+    return differing
+
+
+def test_thread_count_determinism_is_as_documented():
+    differing = differing_across_thread_counts(LARGE)
+    assert differing <= THREAD_COUNT_DEPENDENT, sorted(differing - THREAD_COUNT_DEPENDENT)
+
+
+def row_reductions():
+    """(op, call, leaves, results that may depend on the thread count) with
+    enough rows for every thread to get several blocks: the ops whose
+    gradients or losses sum over rows."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).requires_grad_()
+
+    x, b = r(4096, 256), r(256)
+    yield "bias_gelu", lambda: fuseops.bias_gelu(x, b), (x, b), ()
+    cx, cw, cb = r(4, 512, 2048), r(512, 4), r(512)
+    yield "causal_conv1d", lambda: fuseops.causal_conv1d(cx, cw, cb, None, False, "silu"), (cx, cw, cb), ()
+    logits, target = r(4096, 1000), torch.randint(0, 1000, (4096,), generator=g)
+    yield "cross_entropy", lambda: fuseops.cross_entropy(logits, target), (logits,), ()
+    li, lw = r(4096, 256), r(1000, 256)
+    yield "linear_cross_entropy", lambda: fuseops.linear_cross_entropy(li, lw, target), (li, lw), ()
+    nx, nw, nb = r(4096, 1024), r(1024), r(1024)
+    # Results: the output, then the gradients of x, weight (and bias).
+    yield "rms_norm", lambda: fuseops.rms_norm(nx, nw, 1e-6), (nx, nw), (2,)
+    yield "layer_norm", lambda: fuseops.layer_norm(nx, nw, nb, 1e-5), (nx, nw, nb), (2, 3)
+
+
+def reduction_results(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = {}
+        for name, call, leaves, _ in row_reductions():
+            y = call()
+            results[name] = [y.detach(), *torch.autograd.grad(y, leaves, torch.ones_like(y))]
+        return results
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_row_reductions_across_thread_counts():
+    """Bitwise identical with 1, 2 and 3 threads, except the norms' weight
+    and bias gradients (THREAD_COUNT_DEPENDENT), which are identical run to
+    run at one count."""
+    one = reduction_results(1)
+    dependent = {name: may_differ for name, _, _, may_differ in row_reductions()}
+    for threads in (2, 3):
+        other = reduction_results(threads)
+        for name, results in one.items():
+            for i, (a, b) in enumerate(zip(results, other[name])):
+                if i not in dependent[name]:
+                    assert torch.equal(raw(a), raw(b)), f"{name} result {i}, {threads} threads"
+    assert {name for name, may_differ in dependent.items() if may_differ} <= THREAD_COUNT_DEPENDENT
+    again = reduction_results(2)
+    for name, results in reduction_results(2).items():
+        for i, (a, b) in enumerate(zip(results, again[name])):
+            assert torch.equal(raw(a), raw(b)), f"{name} result {i} run to run"

@@ -12,13 +12,14 @@
 #
 # LibTorch is not instrumented: ASan checks fuseops' own reads and writes,
 # on every heap block of the process (its runtime replaces malloc), UBSan
-# fuseops' own arithmetic, shifts, casts and bounds. tools/sanitize/ holds the
-# suppressions, each with the evidence that the report is torch's.
+# fuseops' own arithmetic, shifts, casts and bounds. tools/sanitize/lsan.supp
+# holds the leak suppressions (none needed with torch 2.13.0), each with the
+# evidence that the report is torch's.
 #
 # Needs tools/setup.sh's virtualenv (created if missing). Environment:
 # FUSEOPS_VENV (default .venv), FUSEOPS_SANITIZE_BUILD_DIR (default
-# build/sanitize); arguments are passed to the gtest program (e.g.
-# --gtest_filter=RmsNorm*).
+# build/sanitize), FUSEOPS_SANITIZE_JOBS (parallel compiles, default 2);
+# arguments are passed to the gtest program (e.g. --gtest_filter=RmsNorm*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -15,10 +15,25 @@
 # AVX512 copy kept there would crash a CPU without AVX-512.
 
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
-  set(FUSEOPS_CPU_CAPABILITIES DEFAULT AVX2 AVX512)
+  set(_fuseops_known_capabilities DEFAULT AVX2 AVX512)
 else()
-  set(FUSEOPS_CPU_CAPABILITIES DEFAULT)
+  set(_fuseops_known_capabilities DEFAULT)
 endif()
+# All of them unless told: a build for one machine (the sanitizer build,
+# tools/sanitize.sh) may keep DEFAULT and the one that machine runs.
+set(FUSEOPS_CPU_CAPABILITIES "${_fuseops_known_capabilities}" CACHE STRING
+    "CPU capability builds of the kernels, DEFAULT first (default: all of ${_fuseops_known_capabilities})")
+list(GET FUSEOPS_CPU_CAPABILITIES 0 _fuseops_first_capability)
+if(NOT _fuseops_first_capability STREQUAL "DEFAULT")
+  message(FATAL_ERROR "fuseops: FUSEOPS_CPU_CAPABILITIES must start with DEFAULT "
+                      "(the fallback every CPU runs), got \"${FUSEOPS_CPU_CAPABILITIES}\"")
+endif()
+foreach(_cap IN LISTS FUSEOPS_CPU_CAPABILITIES)
+  if(NOT _cap IN_LIST _fuseops_known_capabilities)
+    message(FATAL_ERROR "fuseops: FUSEOPS_CPU_CAPABILITIES: unknown capability \"${_cap}\" "
+                        "(known here: ${_fuseops_known_capabilities})")
+  endif()
+endforeach()
 
 set(FUSEOPS_CPU_FLAGS_DEFAULT "")
 # -mf16c: at::vec converts float16 with the F16C instructions on AVX2.

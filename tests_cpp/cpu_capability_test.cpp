@@ -2,7 +2,9 @@
 // override forces each build in turn inside this process; the kernel call
 // counters prove which build ran.
 
+#include <algorithm>
 #include <limits>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -45,6 +47,36 @@ TEST(CpuCapability, EveryRunnableBuildRunsWhenForced) {
     for (int cap = 0; cap < fuseops::cpu::kNumCpuCapabilities; ++cap) {
       EXPECT_EQ(after[cap] - before[cap], cap == static_cast<int>(capability) ? 1u : 0u);
     }
+  }
+}
+
+TEST(CpuCapability, ForcingABuildThatCannotRunIsRefused) {
+  const auto runnable = fuseops::cpu::runnable_capabilities();
+  const auto before = fuseops::cpu::selected_capability();
+  int refused = 0;
+  for (auto capability : {CpuCapability::DEFAULT, CpuCapability::AVX2, CpuCapability::AVX512}) {
+    if (std::find(runnable.begin(), runnable.end(), capability) != runnable.end()) {
+      continue;
+    }
+    SCOPED_TRACE(fuseops::cpu::capability_name(capability));
+    try {
+      fuseops::cpu::ScopedCapabilityOverride force(capability);
+      ADD_FAILURE() << "forcing a build that cannot run was accepted";
+    } catch (const c10::Error& e) {
+      const std::string message = e.what_without_backtrace();
+      EXPECT_NE(message.find(std::string("cannot force the ") +
+                             fuseops::cpu::capability_name(capability) + " CPU kernels"),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find("Force one of fuseops::cpu::runnable_capabilities() (here: DEFAULT"),
+                std::string::npos)
+          << message;
+    }
+    EXPECT_EQ(fuseops::cpu::selected_capability(), before);
+    ++refused;
+  }
+  if (refused == 0) {
+    GTEST_SKIP() << "this CPU runs every build and this library has all of them";
   }
 }
 

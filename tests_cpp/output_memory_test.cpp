@@ -13,6 +13,8 @@
 
 #include <fuseops/fuseops.h>
 
+#include <sanitizer/asan_interface.h>
+
 namespace {
 
 constexpr std::int64_t kMiB = std::int64_t{1} << 20;
@@ -88,6 +90,37 @@ TEST_F(OutputMemory, CacheReusesFreedBlocksWithinItsLimit) {
   fuseops::release_cached_output_memory();
   EXPECT_EQ(fuseops::output_memory_stats().bytes_cached, 0);
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+// ASan does not see the mappings this allocator hands out; the allocator
+// marks what an output does not own (the rest of its 2 MiB-rounded block,
+// and cached blocks, which are freed memory) so that ASan catches a kernel
+// writing past its output or a use after free.
+TEST_F(OutputMemory, AddressSanitizerSeesPastTheOutputAndIntoCachedBlocks) {
+  fuseops::set_output_cache_limit(8 * kMiB);
+  // 3 MiB + 4 bytes in a 4 MiB block.
+  const at::Tensor x = at::randn({3 * kMiB / 4 + 1});
+  char* start = nullptr;
+  {
+    const at::Tensor y = fuseops::relu(x);
+    start = static_cast<char*>(y.data_ptr());
+    EXPECT_EQ(__asan_region_is_poisoned(start, y.nbytes()), nullptr);
+    EXPECT_TRUE(__asan_address_is_poisoned(start + y.nbytes()));
+    EXPECT_TRUE(__asan_address_is_poisoned(start + 4 * kMiB - 1));
+  }
+  EXPECT_EQ(fuseops::output_memory_stats().bytes_cached, 4 * kMiB);
+  EXPECT_TRUE(__asan_address_is_poisoned(start));
+  EXPECT_TRUE(__asan_address_is_poisoned(start + 2 * kMiB));
+  {
+    // Handed out again: addressable up to its new size only.
+    const at::Tensor y = fuseops::relu(at::randn({kMiB / 2 + 3}));
+    EXPECT_EQ(static_cast<char*>(y.data_ptr()), start);
+    EXPECT_EQ(__asan_region_is_poisoned(start, y.nbytes()), nullptr);
+    EXPECT_TRUE(__asan_address_is_poisoned(start + y.nbytes()));
+  }
+  fuseops::release_cached_output_memory();
+}
+#endif
 
 TEST_F(OutputMemory, NegativeCacheLimitIsRefused) {
   try {

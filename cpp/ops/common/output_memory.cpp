@@ -18,6 +18,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
+// ASAN_(UN)POISON_MEMORY_REGION: no-ops unless compiled with ASan.
+#include <sanitizer/asan_interface.h>
 
 namespace fuseops {
 namespace {
@@ -46,6 +48,11 @@ class OutputAllocator final : public c10::Allocator {
     if (ptr == nullptr) {
       ptr = map_block(bytes);
     }
+    // ASan knows nothing of memory mapped here: mark what lies past the n
+    // bytes asked for (up to 2 MiB) unaddressable, as malloc's redzones
+    // would be, so that a kernel writing past its output is caught.
+    ASAN_UNPOISON_MEMORY_REGION(ptr, n);
+    ASAN_POISON_MEMORY_REGION(static_cast<char*>(ptr) + n, bytes - n);
     // Reported like PyTorch's own CPU allocator reports, so torch.profiler's
     // memory view sees fuseops outputs.
     c10::profiledCPUMemoryReporter().New(ptr, n);
@@ -164,6 +171,9 @@ class OutputAllocator final : public c10::Allocator {
       stats_.bytes_in_use -= static_cast<std::int64_t>(block.bytes);
       if (static_cast<std::int64_t>(block.bytes) <= stats_.cache_limit) {
         evict_above(stats_.cache_limit - static_cast<std::int64_t>(block.bytes), evicted);
+        // A cached block is freed memory: any use of it before it is handed
+        // out again is a use after free.
+        ASAN_POISON_MEMORY_REGION(block.ptr, block.bytes);
         cache_.push_front(block);
         stats_.bytes_cached += static_cast<std::int64_t>(block.bytes);
       } else {
@@ -183,6 +193,8 @@ class OutputAllocator final : public c10::Allocator {
 
   static void unmap_all(const std::list<Block>& blocks) {
     for (const Block& block : blocks) {
+      // The address range may be mapped again by anyone: no stale marks.
+      ASAN_UNPOISON_MEMORY_REGION(block.ptr, block.bytes);
       munmap(block.ptr, block.bytes);
     }
   }

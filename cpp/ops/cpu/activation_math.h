@@ -62,8 +62,20 @@ C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
 #else
     const V max_x(88.72283935546875f);  // ln(FLT_MAX)
     const V min_x(-87.0f);
-    const V n = (x * V(1.44269504088896341f)).round();
-    V r = at::vec::fmadd(n, V(-0.693359375f), x);  // n * 0.693359375 is exact
+#if defined(CPU_CAPABILITY_DEFAULT)
+    // Plain C++ lanes: out of range (or NaN), the float-to-int conversion
+    // and the int addition below would be undefined behaviour, not merely
+    // a value replaced afterwards. Those lanes compute e^0 instead; NaN is
+    // put back at the end.
+    const V is_nan = x.isnan();
+    const V in = V::blendv(x, V(0.0f), (x > max_x) | (x < min_x) | is_nan);
+#else
+    // AVX2: the vector conversion saturates and the vector addition wraps,
+    // so out-of-range lanes are computed and replaced below.
+    const V& in = x;
+#endif
+    const V n = (in * V(1.44269504088896341f)).round();
+    V r = at::vec::fmadd(n, V(-0.693359375f), in);  // n * 0.693359375 is exact
 #endif
     r = at::vec::fmadd(n, V(2.12194440e-4f), r);
     V p(1.9875691500e-4f);
@@ -81,8 +93,13 @@ C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
     // e^r <= 1); outside it the lanes are replaced below.
     const V y = at::vec::cast<float>(at::vec::cast<int32_t>(exp_r) +
                                      at::vec::convert<int32_t>(n * V(8388608.0f)));
-    return V::blendv(V::blendv(y, V(std::numeric_limits<float>::infinity()), x > max_x),
-                     V(0.0f), x < min_x);
+    const V result = V::blendv(
+        V::blendv(y, V(std::numeric_limits<float>::infinity()), x > max_x), V(0.0f), x < min_x);
+#if defined(CPU_CAPABILITY_DEFAULT)
+    return V::blendv(result, x, is_nan);
+#else
+    return result;
+#endif
 #endif
   }
 }

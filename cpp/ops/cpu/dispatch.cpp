@@ -1,5 +1,7 @@
 #include "ops/cpu/dispatch.h"
 
+#include <algorithm>
+
 #include <ATen/Version.h>
 
 namespace fuseops::cpu {
@@ -98,13 +100,33 @@ CpuCapability selected_capability() {
       lowest(aten_capability(), hardware_capability()), best_compiled());
   const int forced = capability_override.load(std::memory_order_relaxed);
   if (forced >= 0) {
-    return lowest(static_cast<CpuCapability>(forced),
-                  lowest(hardware_capability(), best_compiled()));
+    return static_cast<CpuCapability>(forced);
   }
   return normal_choice;
 }
 
 void set_capability_override(std::optional<CpuCapability> capability) {
+  if (capability) {
+    // Lowering it silently would let a test that means one build run
+    // another and pass.
+    const auto runnable = runnable_capabilities();
+    if (std::find(runnable.begin(), runnable.end(), *capability) == runnable.end()) {
+      const auto compiled = compiled_capabilities();
+      const bool is_compiled =
+          std::find(compiled.begin(), compiled.end(), *capability) != compiled.end();
+      std::string names;
+      for (auto cap : runnable) {
+        names += names.empty() ? "" : ", ";
+        names += capability_name(cap);
+      }
+      TORCH_CHECK(false, "fuseops: cannot force the ", capability_name(*capability),
+                  " CPU kernels: ",
+                  is_compiled ? "this CPU cannot execute them"
+                              : "this build of fuseops does not include them "
+                                "(FUSEOPS_CPU_CAPABILITIES)",
+                  ". Force one of fuseops::cpu::runnable_capabilities() (here: ", names, ").");
+    }
+  }
   capability_override.store(capability ? static_cast<int>(*capability) : -1,
                             std::memory_order_relaxed);
 }

@@ -48,9 +48,9 @@ std::array<uint64_t, kNumCpuCapabilities> kernel_calls();
 // what was compiled, unless a test override is active.
 CpuCapability selected_capability();
 
-// Forces kernels to run a given build (lowered to what the CPU supports);
-// std::nullopt restores the normal choice. For tests that exercise every
-// build inside one process.
+// Forces kernels to run a given build, one of runnable_capabilities()
+// (anything else throws, naming those); std::nullopt restores the normal
+// choice. For tests that exercise every build inside one process.
 void set_capability_override(std::optional<CpuCapability> capability);
 
 class ScopedCapabilityOverride {

@@ -20,13 +20,6 @@ CPU = SAMPLES["cpu"]
 SMALL = [s for s in CPU if not s.large]
 LARGE = [s for s in CPU if s.large]
 
-#: Ops with results that depend on the number of threads (README, "Threads
-#: and determinism"): their CPU kernels split the rows into one block per
-#: thread for the weight (and bias) gradient, each block summed on its own.
-#: Every other result of every op is the same bits whatever the count.
-THREAD_COUNT_DEPENDENT = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
-
-
 def run(sample, grad_outputs=None):
     args, kwargs, _ = fresh(sample)
     return sample_run.run(sample.op, args, kwargs, grad_outputs)
@@ -85,31 +78,30 @@ def differing_across_thread_counts(samples, counts=(1, 2, 3)):
 
 
 def test_thread_count_determinism_is_as_documented():
-    differing = differing_across_thread_counts(LARGE)
-    assert differing <= THREAD_COUNT_DEPENDENT, sorted(differing - THREAD_COUNT_DEPENDENT)
+    # Every result of every op has the same bits whatever the thread count
+    # (README, "Threads and determinism").
+    assert differing_across_thread_counts(LARGE) == set()
 
 
 def row_reductions():
-    """(op, call, leaves, results that may depend on the thread count) with
-    enough rows for every thread to get several blocks: the ops whose
-    gradients or losses sum over rows."""
+    """(op, call, leaves) with enough rows for every thread to get several
+    blocks: the ops whose gradients or losses sum over rows."""
     g = torch.Generator().manual_seed(0)
 
     def r(*shape):
         return torch.randn(*shape, generator=g).requires_grad_()
 
     x, b = r(4096, 256), r(256)
-    yield "bias_gelu", lambda: fuseops.bias_gelu(x, b), (x, b), ()
+    yield "bias_gelu", lambda: fuseops.bias_gelu(x, b), (x, b)
     cx, cw, cb = r(4, 512, 2048), r(512, 4), r(512)
-    yield "causal_conv1d", lambda: fuseops.causal_conv1d(cx, cw, cb, None, False, "silu"), (cx, cw, cb), ()
+    yield "causal_conv1d", lambda: fuseops.causal_conv1d(cx, cw, cb, None, False, "silu"), (cx, cw, cb)
     logits, target = r(4096, 1000), torch.randint(0, 1000, (4096,), generator=g)
-    yield "cross_entropy", lambda: fuseops.cross_entropy(logits, target), (logits,), ()
+    yield "cross_entropy", lambda: fuseops.cross_entropy(logits, target), (logits,)
     li, lw = r(4096, 256), r(1000, 256)
-    yield "linear_cross_entropy", lambda: fuseops.linear_cross_entropy(li, lw, target), (li, lw), ()
+    yield "linear_cross_entropy", lambda: fuseops.linear_cross_entropy(li, lw, target), (li, lw)
     nx, nw, nb = r(4096, 1024), r(1024), r(1024)
-    # Results: the output, then the gradients of x, weight (and bias).
-    yield "rms_norm", lambda: fuseops.rms_norm(nx, nw, 1e-6), (nx, nw), (2,)
-    yield "layer_norm", lambda: fuseops.layer_norm(nx, nw, nb, 1e-5), (nx, nw, nb), (2, 3)
+    yield "rms_norm", lambda: fuseops.rms_norm(nx, nw, 1e-6), (nx, nw)
+    yield "layer_norm", lambda: fuseops.layer_norm(nx, nw, nb, 1e-5), (nx, nw, nb)
 
 
 def reduction_results(threads):
@@ -117,7 +109,7 @@ def reduction_results(threads):
     torch.set_num_threads(threads)
     try:
         results = {}
-        for name, call, leaves, _ in row_reductions():
+        for name, call, leaves in row_reductions():
             y = call()
             results[name] = [y.detach(), *torch.autograd.grad(y, leaves, torch.ones_like(y))]
         return results
@@ -126,18 +118,14 @@ def reduction_results(threads):
 
 
 def test_row_reductions_across_thread_counts():
-    """Bitwise identical with 1, 2 and 3 threads, except the norms' weight
-    and bias gradients (THREAD_COUNT_DEPENDENT), which are identical run to
-    run at one count."""
+    """Bitwise identical with 1, 2 and 3 threads (the sums over rows are
+    split by the rows alone), and run to run."""
     one = reduction_results(1)
-    dependent = {name: may_differ for name, _, _, may_differ in row_reductions()}
     for threads in (2, 3):
         other = reduction_results(threads)
         for name, results in one.items():
             for i, (a, b) in enumerate(zip(results, other[name])):
-                if i not in dependent[name]:
-                    assert torch.equal(raw(a), raw(b)), f"{name} result {i}, {threads} threads"
-    assert {name for name, may_differ in dependent.items() if may_differ} <= THREAD_COUNT_DEPENDENT
+                assert torch.equal(raw(a), raw(b)), f"{name} result {i}, {threads} threads"
     again = reduction_results(2)
     for name, results in reduction_results(2).items():
         for i, (a, b) in enumerate(zip(results, again[name])):

@@ -34,6 +34,20 @@ inline int64_t row_grain(int64_t row_elements) {
   return std::max<int64_t>(1, kRowGrain / std::max<int64_t>(row_elements, 1));
 }
 
+// Blocks of rows for a row-wise kernel that also sums over the rows (the
+// norms' weight gradients): each block sums its rows on its own, then the
+// blocks' partial sums are added in block order. The count depends on the
+// rows alone, never on the thread count, so the sums have the same bits
+// whatever torch.set_num_threads says. A block holds at least four tasks'
+// worth of rows, so adding the partials costs at most a quarter of a row per
+// row summed; 64 blocks keep up to 64 threads busy for a partial-sum buffer
+// of 64 rows.
+inline int64_t row_sum_blocks(int64_t rows, int64_t row_elements) {
+  constexpr int64_t kMaxBlocks = 64;
+  const int64_t rows_per_block = 4 * row_grain(row_elements);
+  return std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, kMaxBlocks);
+}
+
 #if defined(CPU_CAPABILITY_AVX512)
 // AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) rounds 32
 // floats to bfloat16 in one instruction; ATen's portable conversion takes

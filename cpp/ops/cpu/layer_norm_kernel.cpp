@@ -325,9 +325,7 @@ void layer_norm_backward_impl(const at::Tensor& grad_input, const at::Tensor& gr
   const acc_t* mean_data = mean.const_data_ptr<acc_t>();
   const acc_t* rstd_data = rstd.const_data_ptr<acc_t>();
 
-  const int64_t rows_per_task = row_grain(hidden);
-  const int64_t blocks = std::max<int64_t>(
-      1, std::min<int64_t>(at::get_num_threads(), (rows + rows_per_task - 1) / rows_per_task));
+  const int64_t blocks = row_sum_blocks(rows, hidden);
   std::vector<acc_t> partials(static_cast<size_t>(blocks) * 2 * hidden);
 
   at::parallel_for(0, blocks, 1, [&](int64_t block_begin, int64_t block_end) {

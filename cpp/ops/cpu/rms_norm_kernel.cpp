@@ -310,14 +310,12 @@ void backward_impl(const detail::RmsNormBackwardArgs& args) {
   const opmath_t* rstd = args.rstd.const_data_ptr<opmath_t>();
   scalar_t* grad_x = args.grad_input.mutable_data_ptr<scalar_t>();
 
-  // The weight gradient sums over every row. Rows are split into one block
-  // per thread; each block accumulates its own partial sum in opmath (a
-  // (hidden,) vector that stays in cache next to the rows), and the partials
-  // are added at the end. The split depends only on the thread count, so the
-  // result is reproducible.
-  const int64_t blocks = std::max<int64_t>(
-      1, std::min<int64_t>(at::get_num_threads(), rows / std::max<int64_t>(
-                                                              row_grain(hidden), 1)));
+  // The weight gradient sums over every row. Rows are split into blocks
+  // (row_sum_blocks: their count depends on the rows alone, so the result
+  // has the same bits for any thread count); each block accumulates its own
+  // partial sum in opmath (a (hidden,) vector that stays in cache next to
+  // the rows), and the partials are added at the end in block order.
+  const int64_t blocks = row_sum_blocks(rows, hidden);
   // One block accumulates straight into grad_weight (zeroed by the caller).
   at::Tensor partials;
   opmath_t* partial_base = nullptr;

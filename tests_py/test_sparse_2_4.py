@@ -240,3 +240,78 @@ def test_bad_inputs(device):
     expect_error_mentions(lambda: f(x, values, meta, scale, torch.randn(20, device=device).half()), [op, "'bias'", "dtype"])
     expect_error_mentions(lambda: f(x.int(), values, meta, scale), [op, "'input'", "dtype"])
     expect_error_mentions(lambda: f(torch.tensor(1.0, device=device), values, meta, scale), [op, "'input'", "0-d"])
+
+
+# --- fuseops.nn.Sparse24Linear and fuseops.quantize_ ------------------------------
+
+
+@pytest.mark.parametrize("mode", ["2:4", "2:4+w8a16"])
+def test_module_from_float_and_state_dict(mode, device):
+    linear = torch.nn.Linear(72, 33, device=device)
+    module = fuseops.nn.Sparse24Linear.from_float(linear, mode=mode)
+    assert module.mode == mode and f"mode={mode!r}" in repr(module)
+    x = torch.randn(4, 72, device=device)
+    with torch.no_grad():
+        y = module(x)
+        pruned = fuseops.prune_2_4(linear.weight)
+        if mode == "2:4":
+            assert module.values.dtype == torch.float32
+            want = x.double() @ pruned.double().T + linear.bias.double()
+        else:
+            wq, scale = fuseops.quantize_per_channel_int8(pruned)
+            assert module.values.dtype == torch.int8
+            want = (x.double() @ wq.double().T) * scale.double() + linear.bias.double()
+        assert_matches(y, want, 72)
+    assert set(module.state_dict()) == {"values", "meta", "scale", "bias"}
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    buffer.seek(0)
+    restored = fuseops.nn.Sparse24Linear(72, 33, device=device, mode=mode)
+    restored.load_state_dict(torch.load(buffer))
+    with torch.no_grad():
+        assert torch.equal(restored(x), y)
+        assert torch.equal(module(x.bfloat16()), restored(x.bfloat16()))
+    module.to(torch.bfloat16)
+    assert module.scale.dtype == torch.float32 and module.bias.dtype == torch.bfloat16
+    assert module.meta.dtype == torch.uint8
+    assert module.values.dtype == (torch.int8 if mode == "2:4+w8a16" else torch.bfloat16)
+    with torch.no_grad():
+        assert module(x.bfloat16()).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown mode '2:4\\+w4'"):
+        fuseops.nn.Sparse24Linear(8, 8, mode="2:4+w4")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        fuseops.nn.Sparse24Linear(6, 8)
+    with torch.no_grad():  # a fresh module (zero weights, a valid mask): the bias alone
+        fresh = fuseops.nn.Sparse24Linear(8, 3, device=device, mode=mode)
+        assert torch.equal(fresh(torch.randn(2, 8, device=device)), fresh.bias.expand(2, 3))
+
+
+@pytest.mark.parametrize("mode", ["2:4", "2:4+w8a16"])
+def test_quantize_2_4_modes(mode, device):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 6),
+        torch.nn.Linear(6, 8),
+    ).to(device)
+    x = torch.randn(5, 32, device=device)
+    changed = fuseops.quantize_(model, mode=mode, skip=["3"])
+    # "4" has 6 input features: not a multiple of 4, left alone.
+    assert [(c.name, c.mode) for c in changed] == [("0", mode), ("2", mode)]
+    assert isinstance(model[0], fuseops.nn.Sparse24Linear) and isinstance(model[2], fuseops.nn.Sparse24Linear)
+    assert type(model[3]) is torch.nn.Linear and type(model[4]) is torch.nn.Linear
+    with torch.no_grad():
+        assert model(x).shape == (5, 8)
+
+
+def test_sparse_model_compiles_and_exports():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    fuseops.quantize_(model, mode="2:4+w8a16")
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(compiled, eager)
+    exported = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert "fuseops.sparse_2_4_linear.default" in targets
+    with torch.no_grad():
+        assert torch.equal(exported.module()(x), eager)

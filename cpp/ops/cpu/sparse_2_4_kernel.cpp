@@ -13,7 +13,8 @@
 //    and lane masks (16 KiB, in L1);
 //  - DEFAULT: lane by lane.
 // The expanded vector is multiplied by the activations (float32, rows
-// zero-padded to whole vectors) with fused multiply-adds; a register tile
+// zero-padded to whole vectors) with multiply-adds (fused in the AVX
+// builds); a register tile
 // of 4 channels x kTileRows rows shares each expanded weight vector across
 // its rows and each activation vector across its channels, and each lane
 // sums its own features over K before the lanes are added and the
@@ -31,7 +32,6 @@
 // for speed).
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>

@@ -115,6 +115,8 @@ _PEER_WEIGHTS: dict = {}
 
 
 def _dense_peer(values, meta, scale, k, form):
+    # form: "int8" (the dense int8 kernel's packed weight) or a float dtype
+    # (the dequantized dense weight in it).
     key = (values.data_ptr(), tuple(values.shape), values.dtype, form)
     if key not in _PEER_WEIGHTS:
         dense = unpack_2_4(values, meta, k)
@@ -122,13 +124,15 @@ def _dense_peer(values, meta, scale, k, form):
             from .int8_linear import pack_int8_weight
 
             _PEER_WEIGHTS[key] = pack_int8_weight(dense, scale)[:2]
+        elif dense.dtype == torch.int8:
+            _PEER_WEIGHTS[key] = ((dense.float() * scale[:, None]).to(form),)
         else:
-            _PEER_WEIGHTS[key] = (dense,)
+            _PEER_WEIGHTS[key] = (dense.to(form),)
     return _PEER_WEIGHTS[key]
 
 
 def _f_linear(x, values, meta, scale):
-    (w,) = _dense_peer(values, meta, scale, x.shape[-1], "float")
+    (w,) = _dense_peer(values, meta, scale, x.shape[-1], x.dtype)
     return torch.nn.functional.linear(x, w)
 
 

@@ -23,6 +23,7 @@ from .ops.layer_norm import layer_norm
 from .ops.quantize import quantize_per_channel_int8
 from .ops.rms_norm import rms_norm
 from .ops.rope import rope, rope_cache, rope_reference
+from .ops.sparse_2_4 import pack_2_4, prune_2_4, sparse_2_4_linear
 
 # Replaced class (torch.nn's, or SwiGLUMLP) -> (fuseops class, predicate
 # saying whether an instance's configuration is supported; None means always).
@@ -460,6 +461,91 @@ class Int8Linear(torch.nn.Module):
                 f"bias={self.bias is not None}, mode={self.mode!r}")
 
 
+class Sparse24Linear(torch.nn.Module):
+    """A linear layer with a 2:4 semi-structured sparse weight for inference:
+    in every group of 4 input features of an output channel at most 2
+    weights are nonzero, and only those are stored. ``y = x @ (W *
+    scale[:, None]).T + bias`` by ``fuseops.sparse_2_4_linear``. Modes (set
+    at construction, they decide the values' dtype): ``"2:4"`` keeps the
+    kept values in the layer's float dtype (``scale`` is ones);
+    ``"2:4+w8a16"`` quantizes them to int8 with one float32 scale per
+    output channel (int8 weights, float activations). Build it from a
+    trained layer with ``Sparse24Linear.from_float(linear, mode)`` (which
+    prunes with ``fuseops.prune_2_4``: the 2 largest magnitudes of each
+    group) or let ``fuseops.quantize_(model, mode="2:4")`` swap a model's
+    ``nn.Linear`` layers. ``in_features`` must be a multiple of 4.
+
+    The weight lives in buffers, the form ``fuseops.pack_2_4`` returns:
+    ``values`` (``[N, K/2]``, the float dtype or int8), ``meta`` (uint8
+    ``[N, ceil(K/8)]``) and ``scale`` (float32 ``[N]``), plus ``bias``, so
+    ``state_dict()`` saves and ``load_state_dict()`` restores them like any
+    buffers. Float values follow ``module.to(dtype)``; activations of
+    another dtype are met by converting the values on each call, so cast
+    the module to the activations' dtype. No gradients: run it under
+    ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+
+    MODES = ("2:4", "2:4+w8a16")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype: torch.dtype = torch.float32, mode: str = "2:4") -> None:
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"Sparse24Linear: unknown mode {mode!r}; supported: " + ", ".join(map(repr, self.MODES)))
+        if in_features % 4:
+            raise ValueError(f"Sparse24Linear: in_features must be a multiple of 4 (groups of 4), got {in_features}")
+        self.in_features = in_features
+        self.out_features = out_features
+        values_dtype = torch.int8 if mode == "2:4+w8a16" else dtype
+        self.register_buffer("values", torch.zeros(out_features, in_features // 2, dtype=values_dtype, device=device))
+        # Positions 0 and 1 of every group: a valid mask for the zero values.
+        self.register_buffer("meta", torch.full((out_features, -(-in_features // 8)), 0x33, dtype=torch.uint8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @property
+    def mode(self) -> str:
+        return "2:4+w8a16" if self.values.dtype == torch.int8 else "2:4"
+
+    @classmethod
+    def from_float(cls, linear: torch.nn.Linear, mode: str = "2:4") -> "Sparse24Linear":
+        """The layer's weight pruned to 2:4 (``fuseops.prune_2_4``), quantized
+        per output channel for ``"2:4+w8a16"``, and packed; its bias kept."""
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"Sparse24Linear.from_float: expected a torch.nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight.detach()
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                     device=weight.device, dtype=weight.dtype, mode=mode)
+        with torch.no_grad():
+            pruned = prune_2_4(weight)
+            if mode == "2:4+w8a16":
+                packed = pack_2_4(*quantize_per_channel_int8(pruned))
+            else:
+                packed = pack_2_4(pruned)
+            for name, tensor in zip(("values", "meta", "scale"), packed):
+                getattr(module, name).copy_(tensor)
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias.detach())
+        return module
+
+    def _apply(self, fn, recurse=True):
+        # module.to(dtype) casts floating buffers; the scales stay float32
+        # (what the kernels take) and only follow device moves.
+        scale = self.scale
+        super()._apply(fn, recurse)
+        self._buffers["scale"] = scale.to(device=self.scale.device)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        values = self.values if self.values.dtype == torch.int8 else self.values.to(x.dtype)
+        return sparse_2_4_linear(x, values, self.meta, self.scale, bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, mode={self.mode!r}")
+
+
 __all__ = [
     "CausalConv1d",
 
@@ -473,6 +559,7 @@ __all__ = [
     "Replacement",
     "RotaryEmbedding",
     "SiLU",
+    "Sparse24Linear",
     "SwiGLU",
     "SwiGLUMLP",
     "TorchLinearCrossEntropyLoss",

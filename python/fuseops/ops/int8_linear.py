@@ -28,8 +28,8 @@ import torch
 from ._sample import Sample, tensor
 
 #: The modes ``quantize_`` has, and those it is designed to grow into.
-QUANTIZE_MODES = ("w8a16", "w8a8")
-PLANNED_QUANTIZE_MODES = ("2:4", "2:4+w8a8")
+QUANTIZE_MODES = ("w8a16", "w8a8", "2:4", "2:4+w8a16")
+PLANNED_QUANTIZE_MODES = ("2:4+w8a8",)
 
 
 def pack_int8_weight(wq: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,15 +122,19 @@ def quantize_(
     `model` itself is replaced only through its parent, so pass the model
     that holds the layers. Modes: ``"w8a16"`` (int8 weights per channel,
     float activations) and ``"w8a8"`` (the same weights, activations
-    quantized per token on the fly: ``int8_dynamic_linear``); ``"2:4"`` and
-    ``"2:4+w8a8"`` are planned and raise ValueError, as does any other name."""
+    quantized per token on the fly: ``int8_dynamic_linear``) give
+    ``fuseops.nn.Int8Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
+    kept values in the layer's dtype) and ``"2:4+w8a16"`` (pruned, then
+    int8 per channel) give ``fuseops.nn.Sparse24Linear``, and leave layers
+    whose ``in_features`` is not a multiple of 4 alone. ``"2:4+w8a8"`` is
+    planned and raises ValueError, as does any other name."""
     if mode not in QUANTIZE_MODES:
         planned = f" ({mode!r} is planned, not built yet)" if mode in PLANNED_QUANTIZE_MODES else ""
         raise ValueError(
             f"fuseops.quantize_: unknown mode {mode!r}{planned}; supported: "
             + ", ".join(repr(m) for m in QUANTIZE_MODES)
         )
-    from ..nn import Int8Linear
+    from ..nn import Int8Linear, Sparse24Linear
 
     if skip is None:
         skipped = lambda name, module: False  # noqa: E731
@@ -147,7 +151,12 @@ def quantize_(
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if skipped(name, child):
                 continue
-            setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))
+            if mode.startswith("2:4"):
+                if child.in_features % 4:
+                    continue
+                setattr(parent, child_name, Sparse24Linear.from_float(child, mode=mode))
+            else:
+                setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))
             replaced.append(Quantized(name, child.in_features, child.out_features, mode))
     return replaced
 

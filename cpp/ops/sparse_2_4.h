@@ -1,0 +1,43 @@
+#pragma once
+// The 2:4 sparse linear family's contract between its shared entry point
+// and its kernels (CPU, CUDA, Meta). The packed layout is documented in
+// cpp/include/fuseops/sparse_2_4.h.
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/CompileTimeFunctionPointer.h>
+
+namespace fuseops::detail {
+
+// K values per group, of which at most 2 are kept.
+inline constexpr int64_t kSparseGroupK = 4;
+
+// out [M, N] (contiguous, input's dtype) = input [M, K] (contiguous) times
+// the packed weight (values [N, K/2], meta [N, ceil(K/8)], contiguous),
+// scaled per channel (scale: contiguous float32 [N]), plus bias
+// (contiguous [N], input's dtype, or undefined). M, N, K > 0.
+using Sparse24LinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
+                                      const at::Tensor& values, const at::Tensor& meta,
+                                      const at::Tensor& scale, const at::Tensor& bias);
+
+at::Tensor sparse_2_4_linear_with(const at::Tensor& input, const at::Tensor& values,
+                                  const at::Tensor& meta, const at::Tensor& scale,
+                                  const std::optional<at::Tensor>& bias,
+                                  Sparse24LinearKernel kernel);
+
+template <typename Kernels>
+struct Sparse24Registrations {
+  static at::Tensor sparse_2_4_linear(const at::Tensor& input, const at::Tensor& values,
+                                      const at::Tensor& meta, const at::Tensor& scale,
+                                      const std::optional<at::Tensor>& bias) {
+    return sparse_2_4_linear_with(input, values, meta, scale, bias, Kernels::linear());
+  }
+
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("sparse_2_4_linear", TORCH_FN(sparse_2_4_linear));
+  }
+};
+
+}  // namespace fuseops::detail

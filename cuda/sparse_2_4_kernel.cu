@@ -1,0 +1,113 @@
+// 2:4 sparse linear CUDA kernel and its registration; checks and
+// allocation are shared with the CPU and Meta backends
+// (cpp/ops/sparse_2_4.cpp). prune_2_4 and pack_2_4 are ATen ops and run on
+// CUDA as they are.
+//
+// State: a simple, correct kernel, not a tuned one (no sparse tensor cores,
+// no shared-memory tiling). One thread per output element (row m, channel
+// n): it walks the channel's mask a byte (8 input features) at a time and
+// multiplies each kept value by its activation, summing in float32
+// (float64 for float64 activations); the scale and bias are
+// applied once at the end, as on the CPU.
+
+#include <cstdint>
+#include <type_traits>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <torch/library.h>
+
+#include "elementwise.cuh"
+#include "ops/sparse_2_4.h"
+
+namespace fuseops::cuda {
+namespace {
+
+template <typename scalar_t, typename value_t>
+__global__ void sparse_linear_cuda(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
+                                   const value_t* __restrict__ values,
+                                   const uint8_t* __restrict__ meta,
+                                   const float* __restrict__ scale,
+                                   const scalar_t* __restrict__ bias, int64_t m_total, int64_t n,
+                                   int64_t k) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  // float64 sums for float64 activations, as on the CPU.
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  const int64_t total = m_total * n;
+  const int64_t v_stride = k / 2;
+  const int64_t meta_stride = (k + 7) / 8;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n;
+    const int64_t ch = i % n;
+    const scalar_t* row = x + m * k;
+    const value_t* v = values + ch * v_stride;
+    const uint8_t* mb = meta + ch * meta_stride;
+    acc_t acc = 0;
+    int64_t next = 0;
+    for (int64_t byte = 0; byte < meta_stride; ++byte) {
+      const unsigned bits = mb[byte];
+      for (int j = 0; j < 8; ++j) {
+        const int64_t col = 8 * byte + j;
+        if (((bits >> j) & 1u) && col < k && next < v_stride) {
+          acc += static_cast<acc_t>(row[col]) * static_cast<acc_t>(v[next++]);
+        }
+      }
+    }
+    opmath_t value = static_cast<opmath_t>(acc) * static_cast<opmath_t>(scale[ch]);
+    if (bias != nullptr) {
+      value += static_cast<opmath_t>(bias[ch]);
+    }
+    out[i] = static_cast<scalar_t>(value);
+  }
+}
+
+template <typename scalar_t, typename value_t>
+void launch(const at::Tensor& out, const at::Tensor& input, const at::Tensor& values,
+            const at::Tensor& meta, const at::Tensor& scale, const at::Tensor& bias) {
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = values.size(0);
+  const int64_t total = m_total * n;
+  const int64_t blocks =
+      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  sparse_linear_cuda<scalar_t, value_t>
+      <<<blocks, kThreadsPerBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+          values.const_data_ptr<value_t>(), meta.const_data_ptr<uint8_t>(),
+          scale.const_data_ptr<float>(),
+          bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void sparse_linear_kernel(const at::Tensor& out, const at::Tensor& input,
+                          const at::Tensor& values, const at::Tensor& meta,
+                          const at::Tensor& scale, const at::Tensor& bias) {
+  c10::cuda::CUDAGuard device_guard(input.device());
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_linear", [&] {
+        if (values.scalar_type() == at::kChar) {
+          launch<scalar_t, int8_t>(out, input, values, meta, scale, bias);
+        } else {
+          launch<scalar_t, scalar_t>(out, input, values, meta, scale, bias);
+        }
+      });
+}
+
+struct Kernels {
+  static detail::Sparse24LinearKernel linear() { return &sparse_linear_kernel; }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
+  detail::Sparse24Registrations<Kernels>::register_all(m);
+}
+
+}  // namespace fuseops::cuda

@@ -1,0 +1,251 @@
+"""2:4 semi-structured sparse linear layers: ``prune_2_4`` (keep the 2
+largest magnitudes of every group of 4 input features), ``pack_2_4`` (kept
+values + bitmask) and ``sparse_2_4_linear``, for float weights (float32,
+float64, bfloat16, float16) and int8 weights with per-channel scales
+(W8A16: float activations, int8 weights dequantized on the fly).
+
+A packed weight is three plain tensors (a module keeps them as buffers,
+``state_dict`` round-trips them, ``torch.compile``/``torch.export`` see
+ordinary tensors):
+
+- ``values`` ``[N, K/2]``, the weight's dtype: the 2 kept values of each
+  group of 4 along K, in K order;
+- ``meta`` uint8 ``[N, ceil(K/8)]``: bit ``4*(g%2) + j`` of ``meta[n,
+  g//2]`` is set when ``weight[n, 4g + j]`` is kept (bit ``k % 8`` of byte
+  ``k // 8`` for input feature k); 16 consecutive features' mask is a
+  little-endian 16-bit word, the AVX-512 kernels' expand mask;
+- ``scale`` float32 ``[N]``: the int8 weight's per-channel scales, or ones
+  for a float weight (unless one is given).
+
+The values are half the dense weight's bytes; the mask adds 1/8 byte per
+weight. K must be a multiple of 4.
+
+These are inference ops: they have no derivative, and called on tensors that
+require grad with grad mode on they raise (use ``torch.no_grad()`` or
+``torch.inference_mode()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ._sample import Sample, tensor
+
+
+def prune_2_4(weight: torch.Tensor) -> torch.Tensor:
+    """The weight ``[N, K]`` (float, K a multiple of 4) with the 2 values of
+    largest magnitude of each group of 4 along K kept and the others set to
+    0; NaN counts as the largest, and among equal magnitudes the lower index
+    is kept."""
+    return torch.ops.fuseops.prune_2_4(weight)
+
+
+def pack_2_4(
+    weight: torch.Tensor, scale: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(values, meta, scale)`` of a 2:4 weight ``[N, K]`` (module docstring
+    for the layout): a float weight (``scale`` optional, ones by default) or
+    an int8 one with its float32 per-channel ``scale`` (required). A group
+    with more than 2 nonzeros is refused (``prune_2_4`` first)."""
+    return torch.ops.fuseops.pack_2_4(weight, scale)
+
+
+def sparse_2_4_linear(
+    x: torch.Tensor,
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    scale: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``x @ (W * scale[:, None]).T + bias`` with the packed 2:4 weight W:
+    ``x [..., K]`` float32, float64, bfloat16 or float16, result ``[...,
+    N]`` in x's dtype. Float values must have x's dtype; int8 values take
+    any of them. Products are summed in float32 (in float64 for float64 x,
+    whatever the values) and each channel's scale is applied once: ``y[m, n] = scale[n] * sum_k x[m, k] *
+    W[n, k] + bias[n]``."""
+    return torch.ops.fuseops.sparse_2_4_linear(x, values, meta, scale, bias)
+
+
+def unpack_2_4(values: torch.Tensor, meta: torch.Tensor, k: int) -> torch.Tensor:
+    """The dense ``[N, k]`` weight (in values' dtype) a packed one holds."""
+    n = values.shape[0]
+    shifts = torch.arange(8, device=meta.device)
+    kept = ((meta.to(torch.int64).unsqueeze(-1) >> shifts) & 1).bool().reshape(n, -1)[:, :k]
+    dense = torch.zeros(n, k, dtype=values.dtype, device=values.device)
+    dense[kept] = values.reshape(-1)
+    return dense
+
+
+def prune_2_4_reference(weight):
+    n, k = weight.shape
+    a = weight.abs().nan_to_num(nan=float("inf")).reshape(n, k // 4, 4)
+    index = torch.arange(4, device=weight.device)
+    # rank i: the group's values larger than i, or equal at a lower index.
+    beats = (a.unsqueeze(-1) > a.unsqueeze(-2)) | ((a.unsqueeze(-1) == a.unsqueeze(-2)) & (index[:, None] < index[None, :]))
+    rank = beats.sum(-2)
+    return torch.where(rank.reshape(n, k) < 2, weight, torch.zeros_like(weight))
+
+
+def pack_2_4_reference(weight, scale=None):
+    n, k = weight.shape
+    nonzero = (weight != 0).reshape(n, k // 4, 4)
+    zero_rank = (~nonzero).cumsum(-1)
+    keep = nonzero | (~nonzero & (zero_rank <= (2 - nonzero.sum(-1, keepdim=True))))
+    values = weight[keep.reshape(n, k)].reshape(n, k // 2)
+    bits = torch.nn.functional.pad(keep.reshape(n, k), (0, 8 * (-(-k // 8)) - k)).reshape(n, -1, 8)
+    meta = (bits.to(torch.int64) << torch.arange(8, device=weight.device)).sum(-1).to(torch.uint8)
+    scale = torch.ones(n, device=weight.device) if scale is None else scale.float().clone()
+    return values, meta, scale
+
+
+def sparse_2_4_linear_reference(x, values, meta, scale, bias=None):
+    # In x's dtype, which the conformance suite and the bench make float64
+    # (float32 for reduced-precision rows): the dense weight, exactly.
+    w = unpack_2_4(values, meta, x.shape[-1]).to(x.dtype)
+    y = (x @ w.T) * scale.to(x.dtype)
+    return y if bias is None else y + bias.to(x.dtype)
+
+
+# The peers' dense forms of a bench weight, made on their first (untimed,
+# correctness-checking) call and reused: (values' address, form) -> tensors.
+_PEER_WEIGHTS: dict = {}
+
+
+def _dense_peer(values, meta, scale, k, form):
+    # form: "int8" (the dense int8 kernel's packed weight) or a float dtype
+    # (the dequantized dense weight in it).
+    key = (values.data_ptr(), tuple(values.shape), values.dtype, form)
+    if key not in _PEER_WEIGHTS:
+        dense = unpack_2_4(values, meta, k)
+        if form == "int8":
+            from .int8_linear import pack_int8_weight
+
+            _PEER_WEIGHTS[key] = pack_int8_weight(dense, scale)[:2]
+        elif dense.dtype == torch.int8:
+            _PEER_WEIGHTS[key] = ((dense.float() * scale[:, None]).to(form),)
+        else:
+            _PEER_WEIGHTS[key] = (dense.to(form),)
+    return _PEER_WEIGHTS[key]
+
+
+def _f_linear(x, values, meta, scale):
+    (w,) = _dense_peer(values, meta, scale, x.shape[-1], x.dtype)
+    return torch.nn.functional.linear(x, w)
+
+
+def _dense_int8(x, values, meta, scale):
+    packed, s = _dense_peer(values, meta, scale, x.shape[-1], "int8")
+    return torch.ops.fuseops.int8_weight_only_linear(x, packed, s, None)
+
+
+def _x_and_float_weight(rows, hidden, dtype, device, gen):
+    x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
+    w = (torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02).to(dtype)
+    return (x, *pack_2_4(prune_2_4(w)))
+
+
+def _x_and_int8_weight(rows, hidden, dtype, device, gen):
+    x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
+    w = prune_2_4(torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02)
+    return (x, *pack_2_4(*torch.ops.fuseops.quantize_per_channel_int8(w)))
+
+
+def bench_cases():
+    from ..bench.cases import Case, Traffic
+
+    @dataclass(frozen=True)
+    class FloatWeightTraffic(Traffic):
+        # x read and y written in the dtype, the kept half of the weight in
+        # the dtype, its mask (1/8 byte per weight) and the float32 scales.
+        def bytes(self, rows, hidden, element_size):
+            return element_size * (2 * rows * hidden + hidden * hidden // 2) + hidden * hidden // 8 + 4 * hidden
+
+    # rows = tokens (M), hidden = in = out features (K = N), as the int8
+    # rows: decode (1, 8), a short prefill (32) and a batch (256).
+    shapes = {
+        "quick": [(m, 1024) for m in (1, 8, 32, 256)],
+        "full": [(m, 8192) for m in (1, 8, 32, 256)],
+    }
+    common = dict(
+        fuseops="sparse_2_4_linear", reference="sparse_2_4_linear", backward_traffic=Traffic(rows=0),
+        has_out=False, differentiable=(), shapes=shapes,
+    )
+    # int8 values: half the int8 weight, the mask and the scales.
+    int8 = dict(common, make_inputs=_x_and_int8_weight,
+                forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 4 * hidden))
+    return [
+        Case("sparse_2_4_linear", make_inputs=_x_and_float_weight, forward_traffic=FloatWeightTraffic(rows=2),
+             native=_f_linear, native_label="F.linear (dense pruned weight)",
+             description="2:4 sparse float weight: kept values + bitmask", **common),
+        Case("sparse_2_4_linear_int8", native=_dense_int8,
+             native_label="fuseops.int8_weight_only_linear (dense int8 weight)",
+             description="2:4 sparse int8 weight (W8A16) against the dense int8 kernel", **int8),
+        Case("sparse_2_4_linear_int8_f_linear", native=_f_linear, native_label="F.linear (dequantized weight)",
+             description="2:4 sparse int8 weight (W8A16) against F.linear", variant=True, **int8),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+    gen = torch.Generator(device="cpu").manual_seed(2)
+
+    def t(shape, dtype=torch.float32, layout="contiguous"):
+        return tensor(shape, dtype, device, layout)
+
+    def float_weight(n, k, dtype=torch.float32):
+        return prune_2_4(t((n, k), dtype))
+
+    def int8_weight(n, k):
+        wq = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+        keep = prune_2_4(torch.randn(n, k, generator=gen)) != 0
+        scale = torch.rand(n, generator=gen) * 0.02 + 1e-3
+        return (wq * keep).to(device), scale.to(device)
+
+    sparse_rows = float_weight(6, 12)
+    sparse_rows[1] = 0  # groups with fewer than 2 nonzeros keep zeros
+    result = [
+        Sample(ops.prune_2_4.default, (t((6, 12)),), prune_2_4),
+        Sample(ops.prune_2_4.default, (t((5, 8), torch.bfloat16, "transposed"),), prune_2_4),
+        Sample(ops.prune_2_4.default, (t((3, 16), torch.float16, "sliced"),), prune_2_4),
+        Sample(ops.prune_2_4.default, (t((0, 8), torch.float64),), prune_2_4),
+        Sample(ops.pack_2_4.default, (float_weight(6, 12), None), pack_2_4),
+        Sample(ops.pack_2_4.default, (sparse_rows, t((6,)).abs()), pack_2_4),
+        Sample(ops.pack_2_4.default, (float_weight(4, 16, torch.bfloat16), None), pack_2_4),
+        Sample(ops.pack_2_4.default, (*int8_weight(5, 20),), pack_2_4),
+        Sample(ops.pack_2_4.default, (float_weight(0, 8, torch.float16), None), pack_2_4),
+    ]
+    w37 = pack_2_4(float_weight(37, 12))
+    w37_bf16 = pack_2_4(float_weight(37, 12, torch.bfloat16))
+    w37_f16 = pack_2_4(float_weight(37, 12, torch.float16))
+    w37_f64 = pack_2_4(float_weight(37, 12, torch.float64))
+    q37 = pack_2_4(*int8_weight(37, 12))
+    result += [
+        Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *w37, None), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *w37, t((37,))), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((2, 4, 12), torch.bfloat16, "transposed"), *w37_bf16, t((37,), torch.bfloat16)), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((5, 12), torch.float16, "sliced"), *w37_f16, None), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((12,), torch.float64), *w37_f64, None), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((0, 12)), *w37, None), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((3, 0)), *pack_2_4(t((5, 0))), t((5,))), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *q37, t((37,))), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((4, 12), torch.bfloat16), *q37, None), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((2, 12), torch.float64), *q37, None), sparse_2_4_linear),
+    ]
+    # Every CPU build: more rows than a register tile and a task's chunk,
+    # partial tiles and blocks of channels, a tail of features shorter than
+    # a vector (K = 140: 8 x 16 + 12).
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        wf = pack_2_4(float_weight(37, 140, dtype))
+        wq = pack_2_4(*int8_weight(37, 140))
+        for m in (1, 5, 61):
+            result.append(Sample(ops.sparse_2_4_linear.default, (t((m, 140), dtype), *wf, t((37,), dtype)),
+                                 sparse_2_4_linear, large=True))
+            result.append(Sample(ops.sparse_2_4_linear.default, (t((m, 140), dtype), *wq, t((37,), dtype)),
+                                 sparse_2_4_linear, large=True))
+    return result
+
+
+__all__ = ["pack_2_4", "prune_2_4", "sparse_2_4_linear", "unpack_2_4"]

@@ -73,7 +73,7 @@ def unpack_2_4(values: torch.Tensor, meta: torch.Tensor, k: int) -> torch.Tensor
     """The dense ``[N, k]`` weight (in values' dtype) a packed one holds."""
     n = values.shape[0]
     shifts = torch.arange(8, device=meta.device)
-    kept = ((meta.to(torch.int64).unsqueeze(-1) >> shifts) & 1).bool().reshape(n, -1)[:, :k]
+    kept = ((meta.to(torch.int64).unsqueeze(-1) >> shifts) & 1).bool().reshape(n, 8 * meta.shape[1])[:, :k]
     dense = torch.zeros(n, k, dtype=values.dtype, device=values.device)
     dense[kept] = values.reshape(-1)
     return dense
@@ -95,7 +95,8 @@ def pack_2_4_reference(weight, scale=None):
     zero_rank = (~nonzero).cumsum(-1)
     keep = nonzero | (~nonzero & (zero_rank <= (2 - nonzero.sum(-1, keepdim=True))))
     values = weight[keep.reshape(n, k)].reshape(n, k // 2)
-    bits = torch.nn.functional.pad(keep.reshape(n, k), (0, 8 * (-(-k // 8)) - k)).reshape(n, -1, 8)
+    # Sizes spelled out: -1 is ambiguous when there are no rows.
+    bits = torch.nn.functional.pad(keep.reshape(n, k), (0, 8 * (-(-k // 8)) - k)).reshape(n, -(-k // 8), 8)
     meta = (bits.to(torch.int64) << torch.arange(8, device=weight.device)).sum(-1).to(torch.uint8)
     scale = torch.ones(n, device=weight.device) if scale is None else scale.float().clone()
     return values, meta, scale
@@ -246,6 +247,25 @@ def samples(device) -> list[Sample]:
             result.append(Sample(ops.sparse_2_4_linear.default, (t((m, 140), dtype), *wq, t((37,), dtype)),
                                  sparse_2_4_linear, large=True))
     return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, n, k, kind = torch.ops.fuseops, d.size(20), 4 * d.size(10), d.int(0, 2)
+    if kind == 0:
+        return Sample(ops.prune_2_4.default, (d.tensor((n, k)),), prune_2_4)
+    if d.flag():  # int8 values, 2 of every 4 kept, with their scale
+        keep = prune_2_4(d.tensor((n, k), torch.float32)) != 0
+        weight, scale = d.integers((n, k), -127, 128, torch.int8) * keep, d.tensor((n,), torch.float32, 0.02)
+        x_dtype = None
+    else:
+        weight, scale = prune_2_4(d.tensor((n, k))), d.maybe(lambda: d.tensor((n,), torch.float32))
+        x_dtype = weight.dtype
+    if kind == 1:
+        return Sample(ops.pack_2_4.default, (weight, scale), pack_2_4)
+    x = d.tensor(d.shape(0, 2) + (k,), x_dtype)
+    bias = d.maybe(lambda: d.tensor((n,), x.dtype))
+    return Sample(ops.sparse_2_4_linear.default, (x, *pack_2_4(weight, scale), bias), sparse_2_4_linear)
 
 
 __all__ = ["pack_2_4", "prune_2_4", "sparse_2_4_linear", "unpack_2_4"]

@@ -43,6 +43,7 @@ OPS = {
     "silu": (fuseops.silu,
              lambda x, g: fuseops.silu_backward(g, x, out=torch.empty_like(x))),
     # Gated: the gate's gradient reuses the buffer (up = a fixed function of x).
+    # rms_norm: the input's gradient does (the weight's is a new tensor).
     "swiglu": (lambda x: fuseops.swiglu(x, UP_SCALE * x.detach()),
                lambda x, g: fuseops.swiglu_backward(g, x, UP_SCALE * x,
                                                     grad_gate=torch.empty_like(x),
@@ -51,7 +52,16 @@ OPS = {
               lambda x, g: fuseops.geglu_backward(g, x, UP_SCALE * x, "tanh",
                                                   grad_gate=torch.empty_like(x),
                                                   grad_up=torch.empty_like(x))[0]),
+    "rms_norm": (lambda x: fuseops.rms_norm(x, norm_weight(x), 1e-6),
+                 lambda x, g: fuseops.rms_norm_backward(
+                     g, x, norm_weight(x), fuseops.rms_norm_forward(x, norm_weight(x), 1e-6)[1],
+                     grad_input=torch.empty_like(x),
+                     grad_weight=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
 }
+
+
+def norm_weight(x):
+    return torch.linspace(0.5, 1.5, x.shape[-1], dtype=x.dtype)
 
 
 def inputs(dtype):

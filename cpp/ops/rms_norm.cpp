@@ -129,10 +129,14 @@ struct BackwardResult {
   at::Tensor grad_weight;
 };
 
-BackwardResult backward(const char* op, const at::Tensor& grad_output,
-                        const at::Tensor& grad_residual, const char* input_name,
-                        const at::Tensor& input, const std::optional<at::Tensor>& weight_opt,
-                        const at::Tensor& rstd, RmsNormBackwardKernel kernel) {
+// `grad_input_target`, when defined, is where grad_input goes (contiguous,
+// input's shape; it may be exactly grad_output or input: the kernel reads a
+// row's element before writing it); otherwise grad_input is allocated.
+// The checks of a backward call; returns the weight (undefined for none).
+at::Tensor check_backward(const char* op, const at::Tensor& grad_output,
+                          const at::Tensor& grad_residual, const char* input_name,
+                          const at::Tensor& input, const std::optional<at::Tensor>& weight_opt,
+                          const at::Tensor& rstd) {
   check_floating_input(op, "grad_output", grad_output);
   check_floating_input(op, input_name, input);
   TORCH_CHECK(input.dim() >= 1, op, ": argument '", input_name,
@@ -148,9 +152,19 @@ BackwardResult backward(const char* op, const at::Tensor& grad_output,
   }
   const at::Tensor weight = checked_weight(op, input, weight_opt);
   check_rstd(op, input, rstd);
+  return weight;
+}
 
+BackwardResult backward(const char* op, const at::Tensor& grad_output,
+                        const at::Tensor& grad_residual, const char* input_name,
+                        const at::Tensor& input, const std::optional<at::Tensor>& weight_opt,
+                        const at::Tensor& rstd, RmsNormBackwardKernel kernel,
+                        const at::Tensor& grad_input_target = at::Tensor()) {
+  const at::Tensor weight =
+      check_backward(op, grad_output, grad_residual, input_name, input, weight_opt, rstd);
   BackwardResult result;
-  result.grad_input = empty_contiguous_like(input);
+  result.grad_input =
+      grad_input_target.defined() ? grad_input_target : empty_contiguous_like(input);
   if (!weight.defined()) {
     result.grad_weight = detail::empty_output({0}, input.options());
   }
@@ -226,6 +240,41 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(
   BackwardResult r = backward("fuseops::rms_norm_backward", grad_output, at::Tensor(),
                               "input", input, weight, rstd, kernel);
   return {r.grad_input, r.grad_weight};
+}
+
+void rms_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
+                                const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+                                at::Tensor& grad_input, at::Tensor& grad_weight,
+                                RmsNormBackwardKernel kernel) {
+  constexpr const char* op = "fuseops::rms_norm_backward.out";
+  const at::Tensor weight_or_undefined =
+      check_backward(op, grad_output, at::Tensor(), "input", input, weight, rstd);
+  const bool has_weight = weight_or_undefined.defined();
+  check_out(op, grad_input, "input", input, "grad_input");
+  check_out(op, grad_weight, has_weight ? "weight" : "input",
+            has_weight ? weight_or_undefined : input, "grad_weight");
+  TORCH_CHECK(!share_memory(grad_input, grad_weight), op,
+              ": arguments 'grad_input' and 'grad_weight' share memory; each result needs its "
+              "own tensor");
+  prepare_outputs(op, {{"grad_input", grad_input}}, input.sizes(),
+                  {{"grad_output", grad_output}, {"input", input}, {"rstd", rstd},
+                   {"weight", weight_or_undefined}, {"grad_weight", grad_weight}});
+  prepare_outputs(op, {{"grad_weight", grad_weight}},
+                  {has_weight ? input.size(-1) : 0},
+                  {{"grad_output", grad_output}, {"input", input}, {"rstd", rstd},
+                   {"weight", weight_or_undefined}, {"grad_input", grad_input}});
+  // Row-wise: grad_input may be exactly grad_output or input.
+  const bool direct = kernel == nullptr ||
+                      writes_directly(grad_input, {grad_output, input},
+                                      {rstd, weight_or_undefined, grad_weight});
+  BackwardResult r = backward(op, grad_output, at::Tensor(), "input", input, weight, rstd,
+                              kernel, direct ? grad_input : at::Tensor());
+  if (!direct) {
+    grad_input.copy_(r.grad_input);
+  }
+  if (has_weight && kernel != nullptr) {
+    grad_weight.copy_(r.grad_weight);
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(
@@ -346,6 +395,21 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_outp
   return op.call(grad_output, input, none_if_undefined(weight), rstd);
 }
 
+void rms_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                           const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+                           at::Tensor& grad_input, at::Tensor& grad_weight) {
+  constexpr const char* name = "fuseops::rms_norm_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  TORCH_CHECK(rstd.defined(), name,
+              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(grad_input.defined(), name, ": argument 'grad_input' must be a defined tensor");
+  TORCH_CHECK(grad_weight.defined(), name, ": argument 'grad_weight' must be a defined tensor");
+  static auto op =
+      find_op<decltype(rms_norm_backward_out)>("fuseops::rms_norm_backward", "out");
+  op.call(grad_output, input, none_if_undefined(weight), rstd, grad_input, grad_weight);
+}
+
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& input,
                                                       const at::Tensor& residual,
                                                       const std::optional<at::Tensor>& weight,
@@ -422,6 +486,10 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def(
       "rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd) "
       "-> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "rms_norm_backward.out(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd, *, "
+      "Tensor(a!) grad_input, Tensor(b!) grad_weight) -> ()",
       tags);
   m.def(
       "fused_add_rms_norm(Tensor input, Tensor residual, Tensor? weight=None, "

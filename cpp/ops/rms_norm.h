@@ -55,6 +55,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(
     const at::Tensor& grad_output, const at::Tensor& input,
     const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
     RmsNormBackwardKernel kernel);
+void rms_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
+                                const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+                                at::Tensor& grad_input, at::Tensor& grad_weight,
+                                RmsNormBackwardKernel kernel);
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(
     const at::Tensor& input, const at::Tensor& residual,
@@ -95,6 +99,13 @@ struct RmsNormRegistrations {
       const std::optional<at::Tensor>& weight, const at::Tensor& rstd) {
     return rms_norm_backward_with(grad_output, input, weight, rstd, Kernels::backward());
   }
+  static void rms_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                                    const std::optional<at::Tensor>& weight,
+                                    const at::Tensor& rstd, at::Tensor& grad_input,
+                                    at::Tensor& grad_weight) {
+    rms_norm_backward_out_with(grad_output, input, weight, rstd, grad_input, grad_weight,
+                               Kernels::backward());
+  }
   static std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(
       const at::Tensor& input, const at::Tensor& residual,
       const std::optional<at::Tensor>& weight, std::optional<double> eps) {
@@ -126,6 +137,7 @@ struct RmsNormRegistrations {
     m.impl("rms_norm.out", TORCH_FN(rms_norm_out));
     m.impl("rms_norm_forward", TORCH_FN(rms_norm_forward));
     m.impl("rms_norm_backward", TORCH_FN(rms_norm_backward));
+    m.impl("rms_norm_backward.out", TORCH_FN(rms_norm_backward_out));
     m.impl("fused_add_rms_norm", TORCH_FN(fused_add_rms_norm));
     m.impl("fused_add_rms_norm.out", TORCH_FN(fused_add_rms_norm_out));
     m.impl("fused_add_rms_norm_forward", TORCH_FN(fused_add_rms_norm_forward));

@@ -18,6 +18,9 @@ FUSEOPS_PYTHON_BINDINGS(rms_norm) {
         py::arg("weight") = py::none(), py::arg("eps") = py::none());
   m.def("rms_norm_backward", &fuseops::rms_norm_backward, py::arg("grad_output"),
         py::arg("input"), py::arg("weight"), py::arg("rstd"));
+  m.def("rms_norm_backward_out", &fuseops::rms_norm_backward_out, py::arg("grad_output"),
+        py::arg("input"), py::arg("weight"), py::arg("rstd"), py::arg("grad_input"),
+        py::arg("grad_weight"));
   m.def("fused_add_rms_norm", &fuseops::fused_add_rms_norm, py::arg("input"),
         py::arg("residual"), py::arg("weight") = py::none(), py::arg("eps") = py::none());
   m.def(

@@ -38,6 +38,13 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
     const at::Tensor& grad_output, const at::Tensor& input,
     const std::optional<at::Tensor>& weight, const at::Tensor& rstd);
 
+// rms_norm_backward into preallocated tensors (grad_weight resized to
+// [hidden], or [0] without weight); grad_input may be grad_output or input
+// itself (computed in place). Not differentiable, like every out= op.
+void rms_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                           const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+                           at::Tensor& grad_input, at::Tensor& grad_weight);
+
 // Residual add + RMSNorm in one pass over memory (the pre-norm transformer
 // block): new_residual = input + residual (computed in float32, stored in the
 // dtype), out = rms_norm(new_residual, weight, eps). Returns

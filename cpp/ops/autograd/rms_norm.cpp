@@ -9,6 +9,7 @@
 
 #include <initializer_list>
 #include <optional>
+#include <utility>
 
 #include <ATen/OpMathType.h>
 #include <ATen/TensorOperators.h>
@@ -19,6 +20,7 @@
 #include <fuseops/rms_norm.h>
 
 #include "ops/autograd/no_derivative.h"
+#include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 #include "ops/common/tensors.h"
 #include "ops/rms_norm.h"
@@ -71,21 +73,30 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     return {out, rstd};
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` by reference: the gradient is moved out, so that a sole owner
+  // can be overwritten with the input's gradient (autograd/reusable_gradient.h).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor& rstd = saved[2];
-    if (!grads[0].defined()) {
+    at::Tensor grad = std::move(grads[0]);
+    if (!grad.defined()) {
       return {at::Tensor(), at::Tensor(), at::Tensor()};
     }
     at::Tensor grad_input, grad_weight;
     if (at::GradMode::is_enabled()) {
       std::tie(grad_input, grad_weight) =
-          composite_backward(grads[0], input, weight, ctx->saved_data["eps"].toDouble());
+          composite_backward(grad, input, weight, ctx->saved_data["eps"].toDouble());
+    } else if (autograd_detail::reusable_gradient(grad, input)) {
+      grad_weight = detail::empty_output({weight.defined() ? input.size(-1) : 0},
+                                         weight.defined() ? weight.options() : input.options());
+      fuseops::rms_norm_backward_out(grad, input, none_if_undefined(weight), rstd, grad,
+                                     grad_weight);
+      grad_input = std::move(grad);
     } else {
       std::tie(grad_input, grad_weight) =
-          fuseops::rms_norm_backward(grads[0], input, none_if_undefined(weight), rstd);
+          fuseops::rms_norm_backward(grad, input, none_if_undefined(weight), rstd);
     }
     return {grad_input, weight.defined() ? grad_weight : at::Tensor(), at::Tensor()};
   }

@@ -51,10 +51,22 @@ def rms_norm_backward(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
     rstd: torch.Tensor,
+    *,
+    grad_input: Optional[torch.Tensor] = None,
+    grad_weight: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(grad_input, grad_weight)`` of rms_norm in one pass over the rows;
     grad_weight (weight's dtype, accumulated in float32) is an empty tensor
-    when ``weight`` is None."""
+    when ``weight`` is None. ``grad_input=``/``grad_weight=`` (together) take
+    preallocated tensors; grad_input may be ``grad_output`` itself (computed
+    in place), as rms_norm's autograd does with a gradient nothing else
+    refers to."""
+    if grad_input is not None or grad_weight is not None:
+        if grad_input is None or grad_weight is None:
+            raise TypeError("fuseops.rms_norm_backward: grad_input= and grad_weight= go together")
+        torch.ops.fuseops.rms_norm_backward.out(grad_output, x, weight, rstd,
+                                                grad_input=grad_input, grad_weight=grad_weight)
+        return grad_input, grad_weight
     return torch.ops.fuseops.rms_norm_backward(grad_output, x, weight, rstd)
 
 
@@ -227,6 +239,12 @@ def samples(device) -> list[Sample]:
         Sample(ops.rms_norm_forward.default, (t((5, 24), grad=True), t((24,), grad=True), 1e-6), rms_norm_forward),
         Sample(ops.rms_norm_backward.default, (t((5, 24)), x, w, rstd), rms_norm_backward),
         Sample(ops.rms_norm_backward.default, (t((5, 24)), x, None, rstd), rms_norm_backward),
+        Sample(ops.rms_norm_backward.out, (t((5, 24)), x, w, rstd), rms_norm_backward,
+               {"grad_input": torch.empty(5, 24, device=device),
+                "grad_weight": torch.empty(24, device=device)}),
+        Sample(ops.rms_norm_backward.out, (t((5, 24)), x, None, rstd), rms_norm_backward,
+               {"grad_input": torch.empty(5, 24, device=device),
+                "grad_weight": torch.empty(0, device=device)}),
         Sample(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), fused_add_rms_norm),
         Sample(
             ops.fused_add_rms_norm.default,

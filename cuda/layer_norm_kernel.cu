@@ -146,11 +146,13 @@ __global__ void layer_norm_forward_kernel(T* __restrict__ out, at::opmath_type<T
 // out vector-index-major so that a warp's accesses hit distinct banks, or
 // this block's slice of `partials` in column order when `in_shared` is false).
 // The block's sums end up in partials[blockIdx.x] = [grad_weight | grad_bias].
+// No __restrict__ on grad_input, grad_output and input:
+// layer_norm_backward.out may write grad_input over either (each element is
+// read before the same thread writes it).
 template <typename T, int kVec>
-__global__ void layer_norm_backward_kernel(T* __restrict__ grad_input,
+__global__ void layer_norm_backward_kernel(T* grad_input,
                                            at::opmath_type<T>* __restrict__ partials,
-                                           const T* __restrict__ grad_output,
-                                           const T* __restrict__ input,
+                                           const T* grad_output, const T* input,
                                            const T* __restrict__ weight,
                                            const at::opmath_type<T>* __restrict__ mean,
                                            const at::opmath_type<T>* __restrict__ rstd,

@@ -43,7 +43,7 @@ OPS = {
     "silu": (fuseops.silu,
              lambda x, g: fuseops.silu_backward(g, x, out=torch.empty_like(x))),
     # Gated: the gate's gradient reuses the buffer (up = a fixed function of x).
-    # rms_norm: the input's gradient does (the weight's is a new tensor).
+    # The norms: the input's gradient does (the weight's is a new tensor).
     "swiglu": (lambda x: fuseops.swiglu(x, UP_SCALE * x.detach()),
                lambda x, g: fuseops.swiglu_backward(g, x, UP_SCALE * x,
                                                     grad_gate=torch.empty_like(x),
@@ -57,6 +57,13 @@ OPS = {
                      g, x, norm_weight(x), fuseops.rms_norm_forward(x, norm_weight(x), 1e-6)[1],
                      grad_input=torch.empty_like(x),
                      grad_weight=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
+    "layer_norm": (lambda x: fuseops.layer_norm(x, norm_weight(x), norm_weight(x), 1e-5),
+                   lambda x, g: fuseops.layer_norm_backward(
+                       g, x, norm_weight(x), *fuseops.layer_norm_forward(x, norm_weight(x),
+                                                                          norm_weight(x), 1e-5)[1:],
+                       grad_input=torch.empty_like(x),
+                       grad_weight=torch.empty(x.shape[-1], dtype=x.dtype),
+                       grad_bias=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
 }
 
 

@@ -148,11 +148,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_with(
   return {out, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd, LayerNormBackwardKernel kernel) {
-  constexpr const char* op = "fuseops::layer_norm_backward";
+namespace {
+
+// The checks of a backward call; returns the weight (undefined for none).
+at::Tensor check_backward(const char* op, const at::Tensor& grad_output,
+                          const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                          const at::Tensor& mean, const at::Tensor& rstd) {
   const at::Tensor w = undefined_if_none(weight);
   check_input(op, input);
   check_floating_input(op, "grad_output", grad_output);
@@ -162,23 +163,83 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
   check_affine(op, "weight", w, input);
   check_stats(op, "mean", mean, input);
   check_stats(op, "rstd", rstd, input);
+  return w;
+}
 
-  const int64_t hidden = input.size(-1);
-  at::Tensor grad_input = empty_contiguous_like(input);
-  at::Tensor grad_weight = detail::empty_output({hidden}, input.options());
-  at::Tensor grad_bias = detail::empty_output({hidden}, input.options());
+// Fills the three gradients (contiguous, allocated); grad_input may be
+// exactly grad_output or input (the kernels read a row's element before
+// writing it).
+void run_backward(LayerNormBackwardKernel kernel, const at::Tensor& grad_input,
+                  const at::Tensor& grad_weight, const at::Tensor& grad_bias,
+                  const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& w,
+                  const at::Tensor& mean, const at::Tensor& rstd) {
   if (kernel == nullptr) {
-    return {grad_input, grad_weight, grad_bias};
+    return;
   }
   if (input.numel() == 0) {
     // No rows: the sums over rows are empty.
     grad_weight.zero_();
     grad_bias.zero_();
-    return {grad_input, grad_weight, grad_bias};
+    return;
   }
   kernel(grad_input, grad_weight, grad_bias, grad_output.contiguous(), input.contiguous(),
          contiguous_if_defined(w), kernel_stats(mean, input), kernel_stats(rstd, input));
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+    const at::Tensor& rstd, LayerNormBackwardKernel kernel) {
+  const at::Tensor w =
+      check_backward("fuseops::layer_norm_backward", grad_output, input, weight, mean, rstd);
+  const int64_t hidden = input.size(-1);
+  at::Tensor grad_input = empty_contiguous_like(input);
+  at::Tensor grad_weight = detail::empty_output({hidden}, input.options());
+  at::Tensor grad_bias = detail::empty_output({hidden}, input.options());
+  run_backward(kernel, grad_input, grad_weight, grad_bias, grad_output, input, w, mean, rstd);
   return {grad_input, grad_weight, grad_bias};
+}
+
+void layer_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
+                                  const std::optional<at::Tensor>& weight,
+                                  const at::Tensor& mean, const at::Tensor& rstd,
+                                  at::Tensor& grad_input, at::Tensor& grad_weight,
+                                  at::Tensor& grad_bias, LayerNormBackwardKernel kernel) {
+  constexpr const char* op = "fuseops::layer_norm_backward.out";
+  const at::Tensor w = check_backward(op, grad_output, input, weight, mean, rstd);
+  check_out(op, grad_input, "input", input, "grad_input");
+  check_out(op, grad_weight, "input", input, "grad_weight");
+  check_out(op, grad_bias, "input", input, "grad_bias");
+  for (const at::Tensor* row_sum : {&grad_weight, &grad_bias}) {
+    TORCH_CHECK(!share_memory(grad_input, *row_sum), op, ": arguments 'grad_input' and '",
+                row_sum == &grad_weight ? "grad_weight" : "grad_bias",
+                "' share memory; each result needs its own tensor");
+  }
+  const std::initializer_list<NamedTensor> inputs = {
+      {"grad_output", grad_output}, {"input", input}, {"weight", w}, {"mean", mean},
+      {"rstd", rstd}};
+  prepare_outputs(op, {{"grad_input", grad_input}}, input.sizes(), inputs);
+  prepare_outputs(op, {{"grad_weight", grad_weight}, {"grad_bias", grad_bias}},
+                  {input.size(-1)}, inputs);
+  if (kernel == nullptr) {
+    return;
+  }
+  // Row-wise: grad_input may be exactly grad_output or input. The row sums
+  // ([hidden] each) go through temporaries.
+  const bool direct = writes_directly(grad_input, {grad_output.contiguous(), input.contiguous()},
+                                      {w, mean, rstd, grad_weight, grad_bias});
+  const at::Tensor input_target = direct ? grad_input : empty_contiguous_like(input);
+  const at::Tensor weight_target = detail::empty_output({input.size(-1)}, input.options());
+  const at::Tensor bias_target = detail::empty_output({input.size(-1)}, input.options());
+  run_backward(kernel, input_target, weight_target, bias_target, grad_output, input, w, mean,
+               rstd);
+  if (!direct) {
+    grad_input.copy_(input_target);
+  }
+  grad_weight.copy_(weight_target);
+  grad_bias.copy_(bias_target);
 }
 
 }  // namespace detail
@@ -226,6 +287,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
   return op.call(grad_output, input, weight, mean, rstd);
 }
 
+void layer_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                             const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+                             const at::Tensor& rstd, at::Tensor& grad_input,
+                             at::Tensor& grad_weight, at::Tensor& grad_bias) {
+  constexpr const char* name = "fuseops::layer_norm_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  TORCH_CHECK(mean.defined(), name, ": argument 'mean' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(rstd.defined(), name, ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  check_out(name, grad_input, "input", input, "grad_input");
+  check_out(name, grad_weight, "input", input, "grad_weight");
+  check_out(name, grad_bias, "input", input, "grad_bias");
+  static auto op =
+      detail::find_op<decltype(layer_norm_backward_out)>("fuseops::layer_norm_backward", "out");
+  op.call(grad_output, input, weight, mean, rstd, grad_input, grad_weight, grad_bias);
+}
+
 namespace {
 
 struct MetaKernels {
@@ -249,6 +327,10 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
         {at::Tag::pt2_compliant_tag});
   m.def("layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
         "Tensor rstd) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("layer_norm_backward.out(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
+        "Tensor rstd, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) grad_bias) "
+        "-> ()",
         {at::Tag::pt2_compliant_tag});
 }
 

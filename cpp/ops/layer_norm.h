@@ -44,6 +44,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
     const at::Tensor& grad_output, const at::Tensor& input,
     const std::optional<at::Tensor>& weight, const at::Tensor& mean,
     const at::Tensor& rstd, LayerNormBackwardKernel kernel);
+void layer_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
+                                  const std::optional<at::Tensor>& weight,
+                                  const at::Tensor& mean, const at::Tensor& rstd,
+                                  at::Tensor& grad_input, at::Tensor& grad_weight,
+                                  at::Tensor& grad_bias, LayerNormBackwardKernel kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::forward()` and
 // `Kernels::backward()` return its kernels.
@@ -72,6 +77,14 @@ struct LayerNormRegistrations {
     return layer_norm_backward_with(grad_output, input, weight, mean, rstd,
                                     Kernels::backward());
   }
+  static void layer_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                                      const std::optional<at::Tensor>& weight,
+                                      const at::Tensor& mean, const at::Tensor& rstd,
+                                      at::Tensor& grad_input, at::Tensor& grad_weight,
+                                      at::Tensor& grad_bias) {
+    layer_norm_backward_out_with(grad_output, input, weight, mean, rstd, grad_input,
+                                 grad_weight, grad_bias, Kernels::backward());
+  }
 
   template <typename Library>
   static void register_all(Library& m) {
@@ -79,6 +92,7 @@ struct LayerNormRegistrations {
     m.impl("layer_norm.out", TORCH_FN(layer_norm_out));
     m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward));
     m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward));
+    m.impl("layer_norm_backward.out", TORCH_FN(layer_norm_backward_out));
   }
 };
 

@@ -17,4 +17,7 @@ FUSEOPS_PYTHON_BINDINGS(layer_norm) {
         py::arg("eps") = 1e-5);
   m.def("layer_norm_backward", &fuseops::layer_norm_backward, py::arg("grad_output"),
         py::arg("input"), py::arg("weight"), py::arg("mean"), py::arg("rstd"));
+  m.def("layer_norm_backward_out", &fuseops::layer_norm_backward_out, py::arg("grad_output"),
+        py::arg("input"), py::arg("weight"), py::arg("mean"), py::arg("rstd"),
+        py::arg("grad_input"), py::arg("grad_weight"), py::arg("grad_bias"));
 }

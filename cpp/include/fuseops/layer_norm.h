@@ -50,4 +50,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     const std::optional<at::Tensor>& weight, const at::Tensor& mean,
     const at::Tensor& rstd);
 
+// layer_norm_backward into preallocated tensors (grad_weight and grad_bias
+// resized to {H}); grad_input may be grad_output or input itself (computed
+// in place). Not differentiable, like every out= op.
+void layer_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                             const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+                             const at::Tensor& rstd, at::Tensor& grad_input,
+                             at::Tensor& grad_weight, at::Tensor& grad_bias);
+
 }  // namespace fuseops

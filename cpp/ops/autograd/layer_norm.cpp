@@ -4,12 +4,16 @@
 // layer_norm_backward has no derivative of its own (see
 // autograd/no_derivative.h).
 
+#include <tuple>
+#include <utility>
+
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/layer_norm.h>
 
 #include "ops/autograd/no_derivative.h"
+#include "ops/autograd/reusable_gradient.h"
 #include "ops/common/tensors.h"
 
 namespace fuseops {
@@ -35,8 +39,11 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     return {out, mean, rstd};
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) {
+  // `grads` by reference: the gradient is moved out, so that a sole owner
+  // can be overwritten with the input's gradient (autograd/reusable_gradient.h).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
+    at::Tensor grad = std::move(grads[0]);
+    if (!grad.defined()) {
       return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     const auto saved = ctx->get_saved_variables();
@@ -44,8 +51,17 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const std::optional<at::Tensor> weight =
         ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[1])
                                                : std::nullopt;
-    auto [grad_input, grad_weight, grad_bias] =
-        fuseops::layer_norm_backward(grads[0], input, weight, saved[2], saved[3]);
+    at::Tensor grad_input, grad_weight, grad_bias;
+    if (autograd_detail::reusable_gradient(grad, input)) {
+      grad_weight = detail::empty_output({input.size(-1)}, input.options());
+      grad_bias = detail::empty_output({input.size(-1)}, input.options());
+      fuseops::layer_norm_backward_out(grad, input, weight, saved[2], saved[3], grad,
+                                       grad_weight, grad_bias);
+      grad_input = std::move(grad);
+    } else {
+      std::tie(grad_input, grad_weight, grad_bias) =
+          fuseops::layer_norm_backward(grad, input, weight, saved[2], saved[3]);
+    }
     return {grad_input, weight.has_value() ? grad_weight : at::Tensor(),
             ctx->saved_data["has_bias"].toBool() ? grad_bias : at::Tensor(), at::Tensor()};
   }

@@ -52,6 +52,10 @@ def layer_norm_backward(
     weight: Optional[torch.Tensor],
     mean: torch.Tensor,
     rstd: torch.Tensor,
+    *,
+    grad_input: Optional[torch.Tensor] = None,
+    grad_weight: Optional[torch.Tensor] = None,
+    grad_bias: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of layer_norm: ``(grad_input, grad_weight, grad_bias)`` from
     the per-row ``mean`` and ``rstd = 1 / sqrt(var + eps)`` of ``x``, as
@@ -59,7 +63,20 @@ def layer_norm_backward(
     ``torch.native_layer_norm`` does (shape ``x.shape[:-1] + (1,)``, on CPU
     in x's dtype); used in float32 (float64 for float64 ``x``). grad_weight
     and grad_bias are the row sums of ``grad_output * x_hat`` and
-    ``grad_output``, returned whether or not the forward had a weight or bias."""
+    ``grad_output``, returned whether or not the forward had a weight or bias.
+    ``grad_input=``, ``grad_weight=``, ``grad_bias=`` (all three) take
+    preallocated tensors; grad_input may be ``grad_output`` itself (computed
+    in place), as layer_norm's autograd does with a gradient nothing else
+    refers to."""
+    outs = (grad_input, grad_weight, grad_bias)
+    if any(o is not None for o in outs):
+        if any(o is None for o in outs):
+            raise TypeError("fuseops.layer_norm_backward: grad_input=, grad_weight= and "
+                            "grad_bias= go together")
+        torch.ops.fuseops.layer_norm_backward.out(grad_output, x, weight, mean, rstd,
+                                                  grad_input=grad_input, grad_weight=grad_weight,
+                                                  grad_bias=grad_bias)
+        return outs
     return torch.ops.fuseops.layer_norm_backward(grad_output, x, weight, mean, rstd)
 
 
@@ -158,6 +175,10 @@ def samples(device) -> list[Sample]:
         Sample(ops.layer_norm_backward.default, (t((5, 24)), x, w, mean[:, None], rstd[:, None]), layer_norm_backward),
         Sample(ops.layer_norm_backward.default, (t((5, 24)), x, w, mean, rstd), layer_norm_backward),
         Sample(ops.layer_norm_backward.default, (t((5, 24)), x, None, mean, rstd), layer_norm_backward),
+        Sample(ops.layer_norm_backward.out, (t((5, 24)), x, w, mean, rstd), layer_norm_backward,
+               {"grad_input": torch.empty(5, 24, device=device),
+                "grad_weight": torch.empty(24, device=device),
+                "grad_bias": torch.empty(24, device=device)}),
     ]
     for dtype in DTYPES:
         for shape in [(3, 7), (37, 1000), (5, 4099)]:

@@ -218,14 +218,22 @@ C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const value_t* con
         for (int c = 0; c < kTileCh; ++c) {
           bytes[c] = expand_bytes(v[c] + i * kWideLanes / 2, mb[c] + i * kWideLanes / 8);
         }
-        for (int q = 0; q < kWideLanes / W; ++q) {
+        // The quarter index is an instruction immediate: a template
+        // argument, so that it is a constant without optimisation too.
+        static_assert(kWideLanes / W == 4);
+        const auto quarter = [&](auto q) {
+          constexpr int kQuarter = decltype(q)::value;
           FloatVec w[kTileCh];
           for (int c = 0; c < kTileCh; ++c) {
             w[c] = _mm512_cvtepi32_ps(
-                _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(bytes[c], q)));
+                _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(bytes[c], kQuarter)));
           }
-          step(w, i * kWideLanes + q * W);
-        }
+          step(w, i * kWideLanes + kQuarter * W);
+        };
+        quarter(std::integral_constant<int, 0>{});
+        quarter(std::integral_constant<int, 1>{});
+        quarter(std::integral_constant<int, 2>{});
+        quarter(std::integral_constant<int, 3>{});
       }
       first = chunks * (kWideLanes / W);
     }

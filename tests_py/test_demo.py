@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -163,3 +164,43 @@ def test_cli_compare_tune_memory_reports_four_runs(tmp_path):
 def test_cli_rejects_tune_memory_with_compare(tmp_path, capsys):
     assert main(["demo", "--tune-memory", "--compare-tune-memory", "--out", str(tmp_path)]) == 2
     assert "--compare-tune-memory" in capsys.readouterr().err
+
+
+def test_quantized_inference_of_the_trained_model_in_every_mode():
+    from fuseops.ops.int8_linear import QUANTIZE_MODES
+
+    summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}, quantized_eval_batches=2))
+    rows = {row["mode"]: row for row in summary["quantized_inference"]}
+    assert list(rows) == ["as trained", *QUANTIZE_MODES]
+    trained = rows["as trained"]
+    assert trained["layers_quantized"] == 0
+    d, hidden = TINY["d_model"], demo.ModelConfig(vocab_size=1, d_model=TINY["d_model"]).ffn_hidden
+    # One block: qkv [3d, d], out [d, d], gate and up [hidden, d], down [d, hidden], float32.
+    dense_weights = 3 * d * d + d * d + 3 * hidden * d
+    assert trained["linear_weight_bytes"] == 4 * dense_weights
+    for mode, row in rows.items():
+        if mode == "as trained":
+            continue
+        assert row["layers_quantized"] == 5, mode
+        assert row["perplexity"] == pytest.approx(math.exp(row["loss"]))
+        assert row["forward_seconds"] > 0
+        if mode in ("w8a16", "w8a8"):
+            # One int8 byte per weight plus a float32 scale and an int32
+            # column sum per output channel (and the packing's padding of
+            # channels to 16, none at these sizes).
+            assert row["linear_weight_bytes"] == dense_weights + 8 * (5 * d + 2 * hidden), mode
+            # Per-channel int8 weights are off by at most half a step
+            # (absmax / 254) each: on a barely trained model (loss near
+            # log(vocab) ~ 4.4) that moves the mean loss by far less than 0.02.
+            assert row["loss"] == pytest.approx(trained["loss"], abs=0.02), mode
+        else:
+            # Half the values and a 1-bit mask per weight, plus a scale (and
+            # for int8 activations a column sum) per channel: float32 values
+            # 2.125 bytes per weight, int8 ones 0.625, plus at most 8/K
+            # (K >= 32 here).
+            per_weight = 2.125 if mode == "2:4" else 0.625
+            assert row["linear_weight_bytes"] <= (per_weight + 0.25) * dense_weights, mode
+            assert row["linear_weight_bytes"] > per_weight * dense_weights, mode
+    report = demo.report(summary)
+    assert "after fuseops.quantize_(model, mode)" in report
+    assert all(f"\n{mode:<12}" in report for mode in QUANTIZE_MODES)

@@ -228,6 +228,57 @@ def train(trainers: list[Trainer], batches: Batches, progress: bool) -> None:
         bar.close()
 
 
+# ---------------------------------------------------------------------------
+# Quantized inference
+
+
+def _linear_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the weights of the model's linear layers as stored: a float
+    nn.Linear's weight, or the int8/2:4 buffers (values, mask, scales, column
+    sums; biases excluded) of the fuseops layers that replace it."""
+    total = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            total += module.weight.numel() * module.weight.element_size()
+        elif isinstance(module, (fuseops.nn.Int8Linear, fuseops.nn.Sparse24Linear)):
+            total += sum(b.numel() * b.element_size()
+                         for name, b in module.named_buffers(recurse=False)
+                         if name != "bias" and b is not None)
+    return total
+
+
+def _evaluate(model: nn.Module, tokens: torch.Tensor) -> tuple[float, float]:
+    """(mean next-token loss over the batches, seconds per batch's forward)."""
+    losses, seconds = [], []
+    with torch.inference_mode():
+        model(tokens[0][:, :-1], tokens[0][:, 1:])  # warm-up: first-call allocations
+        for batch in tokens:
+            start = time.perf_counter()
+            losses.append(model(batch[:, :-1], batch[:, 1:]).item())
+            seconds.append(time.perf_counter() - start)
+    seconds.sort()
+    return sum(losses) / len(losses), seconds[len(seconds) // 2]
+
+
+def quantized_inference(model: nn.Module, tokens: torch.Tensor) -> list[dict]:
+    """The trained model's held-out loss and perplexity, the bytes of its
+    linear layers' weights and its forward time, as trained and after
+    ``fuseops.quantize_`` in each mode (on a copy). The embedding, which is
+    also the tied output projection, stays as trained in every mode."""
+    from .ops.int8_linear import QUANTIZE_MODES
+
+    rows = []
+    for mode in (None, *QUANTIZE_MODES):
+        candidate = copy.deepcopy(model)
+        changed = [] if mode is None else fuseops.quantize_(candidate, mode=mode)
+        loss, seconds = _evaluate(candidate, tokens)
+        rows.append({"mode": mode or "as trained", "layers_quantized": len(changed),
+                     "loss": loss, "perplexity": math.exp(loss),
+                     "linear_weight_bytes": _linear_weight_bytes(candidate),
+                     "forward_seconds": seconds})
+    return rows
+
+
 @dataclass
 class DemoSettings:
     steps: int = 150
@@ -243,6 +294,9 @@ class DemoSettings:
     progress: bool = True
     #: fuseops.cpu.tune_memory() applied before training (every run shares it).
     tune_memory: bool = False
+    #: Held-out batches on which the trained model is evaluated as trained
+    #: and after fuseops.quantize_ in each mode (0: no such evaluation).
+    quantized_eval_batches: int = 4
 
 
 def lm_head_peak_bytes(config: ModelConfig, settings: DemoSettings, dtype: torch.dtype) -> dict:
@@ -291,6 +345,12 @@ def run_demo(settings: DemoSettings) -> dict:
         runs.append(Trainer("torch.compile", torch.compile(copy.deepcopy(initial)), settings.lr))
     train(runs, batches, settings.progress)
 
+    quantized = []
+    if settings.quantized_eval_batches:
+        held_out = make_batches(text, settings.quantized_eval_batches, settings.batch_size,
+                                settings.seq_len, settings.seed + 1).tokens
+        quantized = quantized_inference(with_fuseops, held_out)
+
     base = runs[0]
     diffs = [abs(a - b) for a, b in zip(base.losses, runs[1].losses)]
     first = min(10, len(diffs))
@@ -314,6 +374,7 @@ def run_demo(settings: DemoSettings) -> dict:
                                 TorchLinearCrossEntropyLoss)
         ],
         "lm_head": lm_head_peak_bytes(config, settings, dtype),
+        "quantized_inference": quantized,
         "loss_max_abs_diff": max(diffs) if diffs else 0.0,
         "loss_max_abs_diff_first_steps": max(diffs[:first]) if diffs else 0.0,
         "first_steps": first,
@@ -397,6 +458,24 @@ def report(summary: dict) -> str:
                  f"x {head['vocab_size']} classes; logits {head['logits_bytes'] / 2**20:.2f} MiB): "
                  f"peak {head['peak_bytes']['torch.nn'] / 2**20:.2f} MiB torch.nn, "
                  f"{head['peak_bytes']['fuseops'] / 2**20:.2f} MiB fuseops")
+    quantized = summary.get("quantized_inference")
+    if quantized:
+        trained = quantized[0]
+        lines.append("")
+        lines.append(f"the trained fuseops model on {summary['settings']['quantized_eval_batches']} "
+                     "held-out batches, as trained and after fuseops.quantize_(model, mode) "
+                     "(linear layers only; the tied embedding stays as trained):")
+        lines.append(f"{'mode':<12}  {'layers':>6}  {'loss':>7}  {'perplexity':>10}  "
+                     f"{'linear weights MiB':>18}  {'forward ms':>10}  {'vs trained':>10}")
+        for row in quantized:
+            lines.append(
+                f"{row['mode']:<12}  {row['layers_quantized']:>6}  {row['loss']:>7.4f}  "
+                f"{row['perplexity']:>10.3f}  {row['linear_weight_bytes'] / 2**20:>18.3f}  "
+                f"{row['forward_seconds'] * 1e3:>10.2f}  "
+                f"{trained['forward_seconds'] / row['forward_seconds']:>9.2f}x")
+        lines.append("forward ms: median of the batches' inference forward (loss included); "
+                     "2:4 prunes the trained weights without fine-tuning, so its loss shows "
+                     "what pruning alone costs")
     lines.append(f"steps/s excludes the first {summary['warmup_steps']} steps (warm-up, "
                  "compilation); peak MiB/step: most memory allocated during one training "
                  "step above what was allocated before it (torch.profiler memory events)")
@@ -445,12 +524,13 @@ def write_plot(path: str, summary: dict) -> bool:
 PRESETS = {
     "small": {},
     "large": {"d_model": 1024, "n_layers": 3, "n_heads": 8, "seq_len": 512, "batch_size": 4,
-              "steps": 16, "dtype": "bfloat16"},
+              "steps": 16, "dtype": "bfloat16", "quantized_eval_batches": 2},
 }
 
 # Command-line flag -> DemoSettings field, for the settings a preset sets.
 _SIZE_FLAGS = {"steps": "steps", "d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
-               "seq_len": "seq_len", "batch_size": "batch_size", "dtype": "dtype"}
+               "seq_len": "seq_len", "batch_size": "batch_size", "dtype": "dtype",
+               "quantized_eval_batches": "quantized_eval_batches"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -490,6 +570,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models again in a child process under fuseops.cpu.tune_memory() "
                              "and report all four (the setting is process-wide, so the tuned "
                              "pair is timed in its own process)")
+    parser.add_argument("--quantized-eval-batches", type=int, default=None,
+                        help="held-out batches on which the trained model is evaluated as "
+                             "trained and after fuseops.quantize_ in each mode (0: skip; "
+                             f"default {defaults.quantized_eval_batches})")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -512,7 +596,10 @@ def _child_arguments(settings: DemoSettings, args: argparse.Namespace, out: str)
             settings.n_layers, "--heads", settings.n_heads, "--seq-len", settings.seq_len,
             "--batch-size", settings.batch_size, "--lr", settings.lr, "--dtype",
             settings.dtype, "--seed", settings.seed, "--out", out, "--no-plot",
-            "--no-progress"]
+            "--no-progress",
+            # The quantized evaluation concerns the trained model, not the
+            # memory settings: the parent's run reports it.
+            "--quantized-eval-batches", 0]
     if args.threads is not None:
         argv += ["--threads", args.threads]
     if settings.compile:
@@ -562,6 +649,9 @@ def run(args: argparse.Namespace) -> int:
     args.steps, args.d_model, args.heads = sizes["steps"], sizes["d_model"], sizes["n_heads"]
     if args.steps < 3:
         print("fuseops demo: --steps must be at least 3 (two are warm-up)", file=sys.stderr)
+        return 2
+    if sizes["quantized_eval_batches"] < 0:
+        print("fuseops demo: --quantized-eval-batches must be at least 0", file=sys.stderr)
         return 2
     if args.d_model % args.heads or (args.d_model // args.heads) % 2:
         print("fuseops demo: --d-model must split into --heads heads of even size",

@@ -393,3 +393,17 @@ def test_a_consuming_call_is_timed_without_its_refill():
                                      torch.empty(1 << 20, dtype=torch.uint8)),
                             torch.device("cpu"))
     assert use.allocated >= 2 << 20 and use.peak >= 2 << 20
+
+
+def test_allocation_table_formats_savings_either_way():
+    def row(mode, fuseops_bytes, eager_bytes):
+        result = results.Row(op="op", dtype="float32", shape="4x4", mode=mode,
+                             allocated_bytes=fuseops_bytes)
+        result.peers["eager"] = results.PeerResult(label="eager", allocated_bytes=eager_bytes)
+        return result
+
+    lines = report.allocation_table([row("forward+backward", 300 << 20, 100 << 20),
+                                     row(FRESH, 200 << 20, 100 << 20)])
+    assert lines[4].split() == ["op", "float32", "4x4", "200", "300", "100", "-", "-",
+                                "100", "-100", "-"]
+    assert report.allocation_table([row("forward+backward", 1, 1)]) == []

@@ -74,7 +74,9 @@ def _aligned(columns: list[str], body: list[list], numeric: range) -> list[str]:
 
 
 def _saved(peer: Optional[int], fuseops: Optional[int]) -> str:
-    return "-" if peer is None or fuseops is None else _mib(peer - fuseops)
+    if peer is None or fuseops is None:
+        return "-"
+    return ("-" if peer < fuseops else "") + _mib(abs(peer - fuseops))
 
 
 def allocation_table(rows: Sequence[Row]) -> list[str]:

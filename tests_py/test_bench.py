@@ -15,7 +15,7 @@ import torch
 import fuseops
 from fuseops import bench
 from fuseops.__main__ import main
-from fuseops.bench import cases, correctness, environment, runner, timing
+from fuseops.bench import calls, cases, correctness, environment, report, results, runner, timing
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 QUICK = ["--shapes", "32x160", "--min-time", "0.005", "--no-progress"]
@@ -48,7 +48,8 @@ def test_relu_end_to_end_writes_table_json_csv_chart_and_trace(tmp_path, capsys)
     method = document["environment"]["method"]
     assert method["timing"] == timing.TIMING_METHOD
     assert method["peak_memory"] == timing.PEAK_MEMORY_METHOD
-    assert set(method) == {"timing", "peak_memory", "tolerance", "bytes_moved", "roofline"}
+    assert set(method) == {"timing", "peak_memory", "allocated_bytes", "fresh_grad",
+                           "tolerance", "bytes_moved", "roofline"}
     assert all(method.values())
     rows = document["rows"]
     assert {(r["dtype"], r["mode"]) for r in rows} == {
@@ -244,3 +245,165 @@ def test_default_memory_settings_are_reported(tmp_path, capsys):
     assert "memory: process defaults" in capsys.readouterr().out
     assert json.loads((tmp_path / "bench.json").read_text())["environment"][
         "memory_settings"] is None
+
+
+# --- fwd+bwd fresh grad: the upstream gradient handed over as training does ---
+
+FRESH = results.FRESH_GRAD
+
+
+def test_fresh_grad_mode_shows_the_gradient_reuse(tmp_path, capsys):
+    """relu's backward writes its gradient over a sole-owner upstream
+    gradient: in the fresh grad row fuseops allocates at least one gradient
+    fewer than in the fwd+bwd row, where the caller holds the gradient, and
+    fewer than its peers, which are handed the same gradient. torch.compile
+    is a peer here as well."""
+    assert _bench(tmp_path, "--ops", "relu", "--dtype", "float32",
+                  "--modes", "forward+backward,train", "--no-plot") == 0
+    printed = capsys.readouterr().out
+    rows = {r["mode"]: r for r in _rows(tmp_path)}
+    assert set(rows) == {"forward+backward", FRESH}
+    held, fresh = rows["forward+backward"], rows[FRESH]
+    gradient = 32 * 160 * 4
+    for row in (held, fresh):
+        assert row["status"] == "ok" and row["error_ratio"] <= 1, row
+        assert row["bytes_moved"] == held["bytes_moved"]
+        assert set(row["peers"]) == {"eager", "compiled", "native"}
+        for peer in row["peers"].values():
+            assert peer["error"] == "" and peer["allocated_bytes"] >= gradient, peer
+    # The fresh grad call also allocates the hand-over's scalar loss and
+    # its gradient: a few bytes.
+    scalars = 64
+    assert fresh["allocated_bytes"] <= held["allocated_bytes"] - gradient + scalars
+    for peer in fresh["peers"].values():
+        assert fresh["allocated_bytes"] <= peer["allocated_bytes"] - gradient, peer
+    # The forward's output is still allocated.
+    assert fresh["allocated_bytes"] >= gradient
+
+    lines = printed.splitlines()
+    start = lines.index("MiB allocated per call, fwd+bwd fresh grad:")
+    assert lines[start + 1].split()[3:5] == ["fuseops", "held"]
+    cells = lines[start + 3].split()
+    assert cells[:5] == ["relu", "float32", "32x160", report._mib(fresh["allocated_bytes"]),
+                         report._mib(held["allocated_bytes"])]
+    with open(tmp_path / "bench.csv", newline="") as f:
+        records = {r["mode"]: r for r in csv.DictReader(f)}
+    assert int(records[FRESH]["allocated_bytes"]) == fresh["allocated_bytes"]
+    assert int(records[FRESH]["eager_allocated_bytes"]) == (
+        fresh["peers"]["eager"]["allocated_bytes"])
+
+
+def test_fresh_grad_call_hands_over_a_gradient_nothing_else_holds():
+    """The call's upstream gradient is the set's waiting copy, which the
+    fuseops backward then writes its result into; the set's own gradient is
+    left as it was, and refill makes a new copy."""
+    case = cases.by_name(["relu"])[0]
+    [inputs] = calls.make_sets(case, torch.float32, (8, 32), torch.device("cpu"), 1, seed=0)
+    inputs.grad_outputs = (torch.randn(8, 32),)
+    kept = inputs.grad_outputs[0].clone()
+    inputs.refill_fresh_grads()
+    address = inputs.fresh_grads[0].data_ptr()
+    call = calls.fresh_grad_call(fuseops.relu, case, inputs)
+    output, grad = call()
+    assert inputs.fresh_grads is None
+    assert grad.data_ptr() == address
+    x = inputs.args[0]
+    torch.testing.assert_close(grad, kept * (x > 0), rtol=0, atol=0)
+    torch.testing.assert_close(output, torch.relu(x), rtol=0, atol=0)
+    assert torch.equal(inputs.grad_outputs[0], kept)
+    with pytest.raises(RuntimeError, match="handed over already"):
+        call()
+    call.refill()
+    assert torch.equal(inputs.fresh_grads[0], kept)
+    # The held-gradient call never takes the gradient over.
+    held = calls.backward_call(fuseops.relu, case, inputs)()[1]
+    assert held.data_ptr() != inputs.grad_outputs[0].data_ptr()
+
+
+def test_fresh_grad_rows_of_multi_output_and_inference_ops(tmp_path):
+    """Ops with several outputs (fused_add_rms_norm: out and new residual;
+    rope: q and k) or several differentiable inputs (swiglu), and a loss
+    (cross_entropy, a scalar output and integer targets), are checked
+    against the reference and timed; an inference op has no such row."""
+    ops = ["swiglu", "fused_add_rms_norm", "rope", "cross_entropy", "int8_weight_only_linear"]
+    assert _bench(tmp_path, "--ops", ",".join(ops), "--dtype", "float32", "--no-compile",
+                  "--modes", "fresh-grad", "--no-plot") == 0
+    rows = _rows(tmp_path)
+    assert [r["op"] for r in rows] == ops[:-1]
+    for row in rows:
+        assert row["mode"] == FRESH and row["status"] == "ok", row
+        assert row["error_ratio"] <= 1 and row["allocated_bytes"] is not None
+        assert row["peers"]["eager"]["allocated_bytes"] is not None
+
+
+def test_a_wrong_gradient_fails_the_fresh_grad_row(tmp_path, capsys):
+    class WrongBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.relu(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return grad * (x > 0) * 1.01
+
+    wrong = dataclasses.replace(cases.by_name(["relu"])[0], name="wrong_relu_grad",
+                                fuseops=lambda x: WrongBackward.apply(x))
+    assert _run_cases(tmp_path, [wrong], "--no-compile", "--dtype", "float32",
+                      "--modes", "fresh-grad") == 1
+    assert "!! FAILED: wrong_relu_grad float32 32x160 fwd+bwd fresh grad: MISMATCH" in (
+        capsys.readouterr().out)
+
+
+def test_modes_parse_and_default():
+    assert bench.parse_modes("train,forward") == ["forward", FRESH]
+    assert bench.parse_modes("fresh-grad") == bench.parse_modes(FRESH) == [FRESH]
+    with pytest.raises(argparse.ArgumentTypeError, match="fresh-grad"):
+        bench.parse_modes("sideways")
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert parser.parse_args([]).modes == list(results.DEFAULT_MODES)
+    assert FRESH not in results.DEFAULT_MODES
+
+
+def test_a_consuming_call_is_timed_without_its_refill():
+    """A call whose input is prepared again after it (refill) is timed call
+    by call, the refill outside the timed region, after every call."""
+    import time
+
+    counts = {"calls": 0, "refills": 0}
+
+    def call():
+        counts["calls"] += 1
+        assert counts["calls"] == counts["refills"] + 1, "called before its refill"
+
+    def refill():
+        counts["refills"] += 1
+        time.sleep(0.002)
+
+    call.refill = refill
+    settings = timing.TimerSettings(min_time=0.001, min_blocks=3, block_time=0.0005)
+    result = timing.measure(call, torch.device("cpu"), settings)
+    assert result.median_s < 0.001 and result.samples >= 3
+    assert counts["calls"] == counts["refills"] >= result.calls
+    use = timing.memory_use(call, torch.device("cpu"))
+    assert counts["calls"] == counts["refills"] and use.peak == use.allocated == 0
+    use = timing.memory_use(lambda: (torch.empty(1 << 20, dtype=torch.uint8),
+                                     torch.empty(1 << 20, dtype=torch.uint8)),
+                            torch.device("cpu"))
+    assert use.allocated >= 2 << 20 and use.peak >= 2 << 20
+
+
+def test_allocation_table_formats_savings_either_way():
+    def row(mode, fuseops_bytes, eager_bytes):
+        result = results.Row(op="op", dtype="float32", shape="4x4", mode=mode,
+                             allocated_bytes=fuseops_bytes)
+        result.peers["eager"] = results.PeerResult(label="eager", allocated_bytes=eager_bytes)
+        return result
+
+    lines = report.allocation_table([row("forward+backward", 300 << 20, 100 << 20),
+                                     row(FRESH, 200 << 20, 100 << 20)])
+    assert lines[4].split() == ["op", "float32", "4x4", "200", "300", "100", "-", "-",
+                                "100", "-100", "-"]
+    assert report.allocation_table([row("forward+backward", 1, 1)]) == []

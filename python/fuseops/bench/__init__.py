@@ -1,10 +1,11 @@
 """``python -m fuseops bench``: fuseops against its peers, measured side by side.
 
 For each op, dtype, shape and mode (forward, forward+backward, forward with
-``out=``) the result is first checked against a high-precision reference on
-the very inputs that are timed, then fuseops, the eager reference,
-``torch.compile`` of the reference, PyTorch's native op and a copy of the same
-bytes are timed in one run. The modules: ``cases``, the registry of ops;
+``out=``, and on request forward+backward with a fresh upstream gradient,
+which a backward may write its result over) the result is first checked
+against a high-precision reference on the very inputs that are timed, then
+fuseops, the eager reference, ``torch.compile`` of the reference, PyTorch's
+native op and a copy of the same bytes are timed in one run. The modules: ``cases``, the registry of ops;
 ``runner``, the loop over cases, dtypes, shapes and modes; ``calls``, how each
 mode calls an op and its peers; ``correctness``, the check against the
 reference; ``timing``, how time and memory are measured; ``environment``, the
@@ -40,7 +41,11 @@ MODE_ALIASES = {
     "forward+backward": "forward+backward", "fwd+bwd": "forward+backward",
     "backward": "forward+backward",
     "out": "out", "fwd-out": "out",
+    results.FRESH_GRAD: results.FRESH_GRAD, "fresh-grad": results.FRESH_GRAD,
+    "fwd+bwd-fresh": results.FRESH_GRAD, "train": results.FRESH_GRAD,
 }
+MODES_HELP = ("forward, forward+backward, out, fresh-grad (forward+backward with a fresh "
+              "upstream gradient handed over as in training; alias train)")
 
 
 def _split(text: str) -> list[str]:
@@ -86,7 +91,7 @@ def parse_modes(text: str) -> list[str]:
     for name in _split(text):
         if name not in MODE_ALIASES:
             raise argparse.ArgumentTypeError(
-                f"unknown mode {name!r}: use forward, forward+backward, out")
+                f"unknown mode {name!r}: use {MODES_HELP}")
         modes.append(MODE_ALIASES[name])
     return [mode for mode in results.MODES if mode in modes]
 
@@ -107,8 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the full sweep: --shapes full ("
                              f"{', '.join('x'.join(map(str, s)) for s in SHAPE_PRESETS['full'])})"
                              ", variants included; tens of minutes on 2 cores")
-    parser.add_argument("--modes", type=parse_modes, default="forward,forward+backward,out",
-                        help="comma-separated: forward, forward+backward, out (default: all)")
+    parser.add_argument("--modes", type=parse_modes, default=",".join(results.DEFAULT_MODES),
+                        help=f"comma-separated: {MODES_HELP} (default: "
+                             f"{', '.join(results.DEFAULT_MODES)})")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's default, "

@@ -12,6 +12,13 @@ import torch
 from .cases import Case
 
 ROOFLINE_METHOD = "a tensor copy moving the same number of bytes, timed in the same run"
+FRESH_GRAD_METHOD = (
+    "fwd+bwd fresh grad rows: each output's upstream gradient is a copy of the row's gradient "
+    "made before the call, outside the timed region, whose only reference a loss node moves "
+    "into the graph, as a model's next layer hands over the gradient it returned; every "
+    "implementation gets it the same way. fwd+bwd rows pass gradients the caller keeps "
+    "referring to, which no backward may write over."
+)
 
 
 def as_tuple(result) -> tuple:
@@ -42,6 +49,12 @@ class InputSet:
     grad_args: tuple  # the same values, as leaves that require grad
     grad_outputs: tuple = ()
     outs: tuple = ()
+    #: Copies of grad_outputs that only this set refers to, waiting to be
+    #: handed over to a fresh-gradient call (None once handed over).
+    fresh_grads: Optional[tuple] = None
+
+    def refill_fresh_grads(self) -> None:
+        self.fresh_grads = tuple(g.clone() for g in self.grad_outputs)
 
 
 def forward_call(fn: Callable, case: Case, inputs: InputSet) -> Callable[[], tuple]:
@@ -56,6 +69,54 @@ def backward_call(fn: Callable, case: Case, inputs: InputSet) -> Callable[[], tu
         grads = torch.autograd.grad(outputs, wrt, inputs.grad_outputs)
         return tuple(o.detach() for o in outputs) + tuple(grads)
 
+    return call
+
+
+class _HandOver(torch.autograd.Function):
+    """The loss of a fresh-gradient call: a scalar computed from the op's
+    outputs, whose backward hands each output the gradient waiting in the
+    input set, taking the set's reference with it."""
+
+    @staticmethod
+    def forward(ctx, inputs: InputSet, *outputs):
+        ctx.inputs = inputs
+        return outputs[0].new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        grads, ctx.inputs.fresh_grads = ctx.inputs.fresh_grads, None
+        if grads is None:
+            raise RuntimeError("the fresh gradient was handed over already: refill first")
+        # The returned tuple holds the only references once this frame is gone.
+        return (None, *grads)
+
+
+def fresh_grad_call(fn: Callable, case: Case, inputs: InputSet) -> Callable[[], tuple]:
+    """Forward and backward with the upstream gradient as training makes it:
+    a new tensor that autograd alone refers to (in a model, what the next
+    layer's backward returned), which a backward may write its result over
+    (README: "Gradients written over the incoming gradient").
+
+    backward_call hands autograd the input set's own grad_outputs, which the
+    set keeps referring to, so no backward may ever take it over. Here a
+    copy of them waits in the set and the loss node _HandOver moves it into
+    the graph. Every peer (fuseops, the eager reference, torch.compile of
+    the reference, the native op) is called through the same function and
+    gets the same tensors the same way; the copy is made by `refill` outside
+    the timed region (timing.refill), so no peer pays for producing its
+    upstream gradient, and each pays for whatever it allocates and frees
+    itself. Timing `(op(x) * u).sum()` instead would make the gradient fresh
+    too, but add a multiply to every call and let torch.compile fuse the
+    multiply's backward into the op's, skipping the upstream gradient a real
+    model's next layer (a matmul) does produce."""
+    wrt = tuple(inputs.grad_args[i] for i in case.differentiable)
+
+    def call():
+        outputs = as_tuple(fn(*inputs.grad_args, **case.options))
+        grads = torch.autograd.grad(_HandOver.apply(inputs, *outputs), wrt)
+        return tuple(o.detach() for o in outputs) + tuple(grads)
+
+    call.refill = inputs.refill_fresh_grads
     return call
 
 
@@ -75,11 +136,26 @@ def native_out_call(fn: Callable, case: Case, inputs: InputSet) -> Callable[[], 
     return call
 
 
-def rotating(make_call, fn: Callable, case: Case, sets: Sequence[InputSet]) -> Callable:
+class _Rotation:
     """One call per input set, in turn: with sets that together exceed twice
-    the cache, every call reads its inputs from memory."""
-    calls = itertools.cycle([make_call(fn, case, inputs) for inputs in sets])
-    return lambda: next(calls)()
+    the cache, every call reads its inputs from memory. When the calls
+    consume a prepared input, `refill` prepares again that of the set called
+    last; the next call of that set comes after all the others, so what was
+    prepared is out of the cache by then, as the rest of its inputs are."""
+
+    def __init__(self, calls: list[Callable]):
+        self.calls = calls
+        self.index = -1
+        if all(hasattr(call, "refill") for call in calls):
+            self.refill = lambda: self.calls[self.index].refill()
+
+    def __call__(self):
+        self.index = (self.index + 1) % len(self.calls)
+        return self.calls[self.index]()
+
+
+def rotating(make_call, fn: Callable, case: Case, sets: Sequence[InputSet]) -> Callable:
+    return _Rotation([make_call(fn, case, inputs) for inputs in sets])
 
 
 def make_sets(case: Case, dtype, shape, device, count: int, seed: int) -> list[InputSet]:

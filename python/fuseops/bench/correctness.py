@@ -10,6 +10,7 @@ import torch
 
 from .calls import InputSet, as_tuple
 from .cases import Case
+from .results import BACKWARD_MODES
 
 # Allowed error of fuseops against the reference, per dtype (rtol, atol):
 # |got - want| <= atol * max(1, max|want|) + rtol * |want| elementwise. atol
@@ -38,7 +39,7 @@ def expected(reference_fn: Callable, case: Case, inputs: InputSet, mode: str, dt
     inputs, float32 rounded to the dtype for bfloat16/float16."""
     compute = torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
     args = tuple(a.detach().to(compute) for a in inputs.args)
-    if mode == "forward+backward":
+    if mode in BACKWARD_MODES:
         args = tuple(a.requires_grad_() for a in args)
         outputs = as_tuple(reference_fn(*args, **case.options))
         grad_outputs = tuple(g.to(compute) for g in inputs.grad_outputs)

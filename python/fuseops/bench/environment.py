@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from . import timing
-from .calls import ROOFLINE_METHOD
+from .calls import FRESH_GRAD_METHOD, ROOFLINE_METHOD
 from .cases import TRAFFIC_METHOD
 from .correctness import TOLERANCE_METHOD
 
@@ -102,6 +102,8 @@ def environment(config: Config) -> dict:
         "method": {
             "timing": timing.TIMING_METHOD,
             "peak_memory": timing.PEAK_MEMORY_METHOD,
+            "allocated_bytes": timing.ALLOCATED_METHOD,
+            "fresh_grad": FRESH_GRAD_METHOD,
             "tolerance": TOLERANCE_METHOD,
             "bytes_moved": TRAFFIC_METHOD,
             "roofline": ROOFLINE_METHOD,

@@ -6,7 +6,7 @@ import csv
 import json
 from typing import Optional, Sequence
 
-from .results import MODE_LABELS, MODES, PEERS, Row
+from .results import FRESH_GRAD, MODE_LABELS, MODES, PEERS, Row
 
 PEER_COLUMNS = {"eager": "vs eager", "compiled": "vs compile", "native": "vs native"}
 
@@ -60,6 +60,53 @@ def header_lines(env: dict) -> list[str]:
     return lines
 
 
+def _aligned(columns: list[str], body: list[list], numeric: range) -> list[str]:
+    """Header, rule and body lines; the `numeric` columns right-aligned."""
+    widths = [max(len(str(c)) for c in column) for column in zip(columns, *body)]
+
+    def line(cells):
+        return "  ".join(
+            str(c).rjust(w) if i in numeric else str(c).ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    return [line(columns), line(["-" * w for w in widths])] + [line(r) for r in body]
+
+
+def _saved(peer: Optional[int], fuseops: Optional[int]) -> str:
+    if peer is None or fuseops is None:
+        return "-"
+    return ("-" if peer < fuseops else "") + _mib(abs(peer - fuseops))
+
+
+def allocation_table(rows: Sequence[Row]) -> list[str]:
+    """Bytes allocated per call in the fwd+bwd fresh grad rows, by fuseops
+    and by each peer, and by fuseops in the fwd+bwd row (gradient held by
+    the caller) of the same op, dtype and shape when the run has it: what
+    writing the gradient over the incoming one saves. Empty without such rows."""
+    fresh = [row for row in rows if row.mode == FRESH_GRAD and row.allocated_bytes is not None]
+    if not fresh:
+        return []
+    held = {(row.op, row.dtype, row.shape): row.allocated_bytes for row in rows
+            if row.mode == "forward+backward" and row.allocated_bytes is not None}
+    columns = ["op", "dtype", "shape", "fuseops", "held grad", "eager", "compile", "native",
+               "saved vs held", "vs eager", "vs compile"]
+    body = []
+    for row in fresh:
+        peer = {name: (row.peers[name].allocated_bytes if name in row.peers else None)
+                for name in PEERS}
+        kept = held.get((row.op, row.dtype, row.shape))
+        body.append([row.op, row.dtype, row.shape, _mib(row.allocated_bytes), _mib(kept),
+                     *[_mib(peer[name]) for name in PEERS],
+                     _saved(kept, row.allocated_bytes), _saved(peer["eager"], row.allocated_bytes),
+                     _saved(peer["compiled"], row.allocated_bytes)])
+    return ["", f"MiB allocated per call, {MODE_LABELS[FRESH_GRAD]}:"] + _aligned(
+        columns, body, numeric=range(3, len(columns))) + [
+        "fuseops / eager / compile / native: all the allocations of one call (however soon "
+        "freed); held grad: fuseops in the fwd+bwd row, whose upstream gradient the caller "
+        "keeps; saved: the difference to fuseops here"]
+
+
 def table(rows: Sequence[Row], env: dict) -> str:
     """The results as an aligned text table, with notes on failures, errors
     and ops that are not built."""
@@ -82,24 +129,16 @@ def table(rows: Sequence[Row], env: dict) -> str:
             "-" if row.max_abs_err is None else f"{row.max_abs_err:.1e}",
             row.status,
         ])
-    widths = [max(len(str(c)) for c in column) for column in zip(columns, *body)]
-    numeric = set(range(4, len(columns) - 1))
-
-    def line(cells):
-        return "  ".join(
-            str(c).rjust(w) if i in numeric else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths))
-        ).rstrip()
-
     out = header_lines(env) + [""]
     if body:
-        out += [line(columns), line(["-" * w for w in widths])] + [line(r) for r in body]
+        out += _aligned(columns, body, numeric=range(4, len(columns) - 1))
     out += ["", "time: median per call (+- interquartile range); vs X: X's time / fuseops' time "
             "(>1: fuseops faster); GB/s: least bytes the op must move / time; copy%: a copy of "
             "the same bytes, same run, as a fraction of whose time fuseops takes; peak MiB / "
             "cmp MiB: most memory allocated during one call by fuseops / by "
             "torch.compile(reference); fwd out= rows compare against the peers' allocating "
             "forward, except native ops that have out="]
+    out += allocation_table(rows)
     problems = [row for row in rows if row.status in ("FAILED", "ERROR")]
     for row in problems:
         out.append(f"!! {row.status}: {row.op} {row.dtype} {row.shape} "
@@ -142,7 +181,8 @@ def write_csv(path: str, rows: Sequence[Row], env: dict) -> None:
     for peer in PEERS:
         fields += [f"{peer}_time_s", f"{peer}_speedup", f"{peer}_peak_bytes",
                    f"{peer}_max_abs_err", f"{peer}_variant"]
-    fields += ["threads", "fuseops_cpu_capability", "device", "message"]
+    fields += ["threads", "fuseops_cpu_capability", "device", "message", "allocated_bytes"]
+    fields += [f"{peer}_allocated_bytes" for peer in PEERS]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
@@ -159,6 +199,7 @@ def write_csv(path: str, rows: Sequence[Row], env: dict) -> None:
                 "threads": env["threads"],
                 "fuseops_cpu_capability": env["fuseops_cpu_capability"],
                 "device": env["device"], "message": row.message,
+                "allocated_bytes": row.allocated_bytes,
             }
             for name, peer in row.peers.items():
                 record[f"{name}_time_s"] = peer.time.median_s if peer.time else None
@@ -166,6 +207,7 @@ def write_csv(path: str, rows: Sequence[Row], env: dict) -> None:
                 record[f"{name}_peak_bytes"] = peer.peak_bytes
                 record[f"{name}_max_abs_err"] = peer.max_abs_err
                 record[f"{name}_variant"] = peer.variant
+                record[f"{name}_allocated_bytes"] = peer.allocated_bytes
             writer.writerow({k: ("" if v is None else v) for k, v in record.items()})
 
 

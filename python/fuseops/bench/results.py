@@ -8,8 +8,16 @@ from typing import Optional
 
 from . import timing
 
-MODES = ("forward", "forward+backward", "out")
-MODE_LABELS = {"forward": "fwd", "forward+backward": "fwd+bwd", "out": "fwd out="}
+#: Forward and backward with the upstream gradient handed over as training
+#: hands it: a fresh tensor nothing else refers to (calls.fresh_grad_call).
+FRESH_GRAD = "forward+backward-fresh-grad"
+MODES = ("forward", "forward+backward", "out", FRESH_GRAD)
+#: What runs unless --modes says otherwise.
+DEFAULT_MODES = ("forward", "forward+backward", "out")
+#: Modes that run the backward (left out for inference cases).
+BACKWARD_MODES = ("forward+backward", FRESH_GRAD)
+MODE_LABELS = {"forward": "fwd", "forward+backward": "fwd+bwd", "out": "fwd out=",
+               FRESH_GRAD: "fwd+bwd fresh grad"}
 PEERS = ("eager", "compiled", "native")
 PEER_LABELS = {
     "eager": "eager reference",
@@ -23,6 +31,8 @@ class PeerResult:
     label: str
     time: Optional[timing.Timing] = None
     peak_bytes: Optional[int] = None
+    #: Bytes of all the allocations of one call, however soon freed.
+    allocated_bytes: Optional[int] = None
     max_abs_err: Optional[float] = None
     #: "allocating" when an `out=` row's peer can only allocate its output.
     variant: str = ""
@@ -39,6 +49,7 @@ class PeerResult:
             "time": self.time.as_dict() if self.time else None,
             "speedup": speedup,
             "peak_bytes": self.peak_bytes,
+            "allocated_bytes": self.allocated_bytes,
             "max_abs_err": self.max_abs_err,
             "variant": self.variant,
             "error": self.error,
@@ -56,6 +67,7 @@ class Row:
     message: str = ""
     time: Optional[timing.Timing] = None
     peak_bytes: Optional[int] = None
+    allocated_bytes: Optional[int] = None
     bytes_moved: Optional[int] = None
     copy_time: Optional[timing.Timing] = None
     max_abs_err: Optional[float] = None
@@ -101,6 +113,7 @@ class Row:
             "message": self.message,
             "time": self.time.as_dict() if self.time else None,
             "peak_bytes": self.peak_bytes,
+            "allocated_bytes": self.allocated_bytes,
             "bytes_moved": self.bytes_moved,
             "gbps": self.gbps,
             "copy_time": self.copy_time.as_dict() if self.copy_time else None,

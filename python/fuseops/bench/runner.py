@@ -13,12 +13,16 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from . import timing
-from .calls import (as_tuple, backward_call, copy_call, forward_call, make_sets,
-                    native_out_call, out_call, resolve, rotating)
+from .calls import (as_tuple, backward_call, copy_call, forward_call, fresh_grad_call,
+                    make_sets, native_out_call, out_call, resolve, rotating)
 from .cases import Case
 from .correctness import TOLERANCES, compare, expected
 from .environment import cache_bytes
-from .results import MODE_LABELS, MODES, PEER_LABELS, PeerResult, Row
+from .results import (BACKWARD_MODES, DEFAULT_MODES, FRESH_GRAD, MODE_LABELS, PEER_LABELS,
+                      PeerResult, Row)
+
+MAKE_CALL = {"forward": forward_call, "forward+backward": backward_call, "out": out_call,
+             FRESH_GRAD: fresh_grad_call}
 
 
 @dataclass
@@ -26,7 +30,7 @@ class Config:
     cases: Sequence[Case]
     dtypes: Sequence[torch.dtype]
     shapes: Sequence[tuple[int, int]]
-    modes: Sequence[str] = MODES
+    modes: Sequence[str] = DEFAULT_MODES
     device: torch.device = torch.device("cpu")
     compile_peer: bool = True
     timer: timing.TimerSettings = field(default_factory=timing.TimerSettings)
@@ -58,7 +62,7 @@ class Runner:
     def modes(self, case: Case) -> list[str]:
         return [m for m in self.config.modes
                 if (m != "out" or case.has_out)
-                and (m != "forward+backward" or case.differentiable)]
+                and (m not in BACKWARD_MODES or case.differentiable)]
 
     def row_count(self) -> int:
         total = 0
@@ -96,7 +100,7 @@ class Runner:
             self.progress(f"{case.name} {dtype_name} {shape_name} {MODE_LABELS[mode]}")
             row = Row(op=case.name, dtype=dtype_name, shape=shape_name, mode=mode)
             traffic = case.forward_traffic.bytes(*shape, element_size)
-            if mode == "forward+backward":
+            if mode in BACKWARD_MODES:
                 traffic += case.backward_traffic.bytes(*shape, element_size)
             row.bytes_moved = traffic
             row.tolerance = dict(zip(("rtol", "atol"), TOLERANCES[dtype]))
@@ -126,13 +130,14 @@ class Runner:
                 torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in first
             ) if case.differentiable else ()
             inputs.outs = tuple(torch.empty_like(o) for o in first)
+            if mode == FRESH_GRAD:
+                inputs.refill_fresh_grads()
 
-        make_call = {"forward": forward_call, "forward+backward": backward_call,
-                     "out": out_call}[mode]
+        make_call = MAKE_CALL[mode]
         want = expected(reference_fn, case, sets[0], mode, dtype)
 
         try:
-            got = make_call(fuseops_fn, case, sets[0])()
+            got = _once(make_call(fuseops_fn, case, sets[0]))
         except Exception as error:
             row.status = "ERROR"
             row.message = f"fuseops raised {type(error).__name__}: {error}".splitlines()[0][:300]
@@ -162,14 +167,17 @@ class Runner:
                 else:
                     peer_make_call, variant = forward_call, "allocating"
             peer = row.peers[name] = PeerResult(label=label, variant=variant)
+            call = peer_make_call(fn, case, sets[0])
             try:
                 start = time.perf_counter()
-                got = peer_make_call(fn, case, sets[0])()
+                got = call()
                 peer.first_call_s = time.perf_counter() - start
                 peer.max_abs_err = compare(got, want, dtype)[0]
             except Exception as error:  # a peer that cannot run is reported, not fatal
                 peer.error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 continue
+            finally:
+                timing.refill(call)  # also after a failure, for the peers after it
             peer_calls[name] = (peer_make_call, fn)
 
         if not row.error_ratio <= 1.0:
@@ -190,11 +198,13 @@ class Runner:
         timed["copy"] = copy_call(row.bytes_moved, row.input_sets, config.device)
         timings = timing.measure_many(timed, device, config.timer)
         row.time, row.copy_time = timings["fuseops"], timings["copy"]
-        row.peak_bytes = timing.peak_memory(make_call(fuseops_fn, case, sets[0]), device)
+        memory = timing.memory_use(make_call(fuseops_fn, case, sets[0]), device)
+        row.peak_bytes, row.allocated_bytes = memory.peak, memory.allocated
         for name, (peer_make_call, fn) in peer_calls.items():
             row.peers[name].time = timings[name]
-            row.peers[name].peak_bytes = timing.peak_memory(
-                peer_make_call(fn, case, sets[0]), device)
+            memory = timing.memory_use(peer_make_call(fn, case, sets[0]), device)
+            row.peers[name].peak_bytes = memory.peak
+            row.peers[name].allocated_bytes = memory.allocated
 
         if config.profile_dir:
             calls = {"fuseops": make_call(fuseops_fn, case, sets[0])}
@@ -216,6 +226,7 @@ class Runner:
                 for _ in range(3):
                     with record_function(f"{row.op} {row.mode} [{impl}]"):
                         call()
+                    timing.refill(call)
         finally:
             with timing.quiet_stderr():
                 prof.stop()
@@ -226,6 +237,13 @@ class Runner:
         with open(os.path.join(self.config.profile_dir, f"{name}.txt"), "w") as f:
             f.write(prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=25))
         return path
+
+
+def _once(call: Callable[[], tuple]) -> tuple:
+    """One call outside the timing, its consumed inputs prepared again."""
+    result = call()
+    timing.refill(call)
+    return result
 
 
 __all__ = ["Config", "Runner"]

@@ -19,7 +19,9 @@ TIMING_METHOD = (
     "until each has `min_blocks` blocks and `min_time` seconds. Each block's time divided by "
     "its call count is one sample; the median is the figure, the interquartile range its "
     "spread. CPU blocks are timed with `time.perf_counter`; CUDA blocks with CUDA events on "
-    "the current stream."
+    "the current stream. A call that consumes a prepared input (the fresh upstream gradient "
+    "of the fwd+bwd fresh grad rows) is timed call by call, its input prepared again after "
+    "each call outside the timed region; the block's time is the sum of its calls' times."
 )
 PEAK_MEMORY_METHOD = (
     "Peak memory: the most memory allocated at any moment during one call, above what was "
@@ -28,6 +30,13 @@ PEAK_MEMORY_METHOD = (
     "PyTorch keeps no such counter, one call runs under `torch.profiler` with "
     "`profile_memory=True` and the allocation and free events it records (every allocation "
     "through c10's CPU allocator, i.e. every tensor) are summed in time order."
+)
+ALLOCATED_METHOD = (
+    "Allocated bytes: the sum of the sizes of all allocations made during one call, however "
+    "soon freed (inputs, and a fresh upstream gradient handed over to the call, were allocated "
+    "before it and do not count). On CUDA the delta of `torch.cuda.memory_stats()`'s "
+    "`allocated_bytes.all.allocated`; on CPU the allocation events of the same profiler run "
+    "as the peak."
 )
 
 
@@ -61,9 +70,36 @@ class TimerSettings:
     warmup_calls: int = 1
 
 
+def refill(fn: Callable[[], object]) -> None:
+    """Prepares again what the last call of `fn` consumed, if anything
+    (`fn.refill`, outside any timed region)."""
+    prepare = getattr(fn, "refill", None)
+    if prepare is not None:
+        prepare()
+
+
+def call_untimed(fn: Callable[[], object]) -> None:
+    fn()
+    refill(fn)
+
+
 def _block_timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:
     if device.type == "cuda":
         def run_block(fn, number):
+            if hasattr(fn, "refill"):
+                # One pair of events per call; the refill is queued after
+                # the call's end event, outside what is timed.
+                events = []
+                for _ in range(number):
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fn()
+                    end.record()
+                    events.append((start, end))
+                    fn.refill()
+                torch.cuda.synchronize()
+                return sum(start.elapsed_time(end) for start, end in events) / 1e3
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -75,6 +111,14 @@ def _block_timer(device: torch.device) -> Callable[[Callable[[], object], int], 
         return run_block
 
     def run_block(fn, number):
+        if hasattr(fn, "refill"):
+            total = 0.0
+            for _ in range(number):
+                start = time.perf_counter()
+                fn()  # its result is dropped inside the timed region, as below
+                total += time.perf_counter() - start
+                fn.refill()
+            return total
         start = time.perf_counter()
         for _ in range(number):
             fn()
@@ -107,7 +151,7 @@ def measure_many(fns: dict[str, Callable[[], object]], device: torch.device,
     totals: dict[str, float] = {}
     for name, fn in fns.items():
         for _ in range(settings.warmup_calls):
-            fn()
+            call_untimed(fn)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         numbers[name], elapsed = _calibrate(run_block, fn, settings)
@@ -154,33 +198,55 @@ def quiet_stderr():
         os.close(saved)
 
 
+@dataclass(frozen=True)
+class MemoryUse:
+    #: The most bytes allocated at any moment of the call, above the level before it.
+    peak: int
+    #: The sum of all allocations during the call, however soon freed.
+    allocated: int
+
+
 def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
-    """Peak bytes allocated during one call of `fn` above the level before it.
+    """Peak bytes allocated during one call of `fn` above the level before it."""
+    return memory_use(fn, device).peak
+
+
+def memory_use(fn: Callable[[], object], device: torch.device) -> MemoryUse:
+    """Peak and total bytes allocated during one call of `fn`.
 
     Whatever `fn` returns is kept alive until the call is over, as a caller
-    holding the result would."""
+    holding the result would. What the call consumed is prepared again
+    afterwards (`refill`), outside the measurement."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
+        allocated_before = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
         torch.cuda.reset_peak_memory_stats(device)
         result = fn()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
+        allocated = torch.cuda.memory_stats(device).get(
+            "allocated_bytes.all.allocated", 0) - allocated_before
         del result
-        return max(peak, 0)
+        refill(fn)
+        return MemoryUse(peak=max(peak, 0), allocated=allocated)
 
     from torch._C._autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    # Quiet during the call too: freeing memory allocated before the
+    # profiler started (a fresh upstream gradient, which the call consumes)
+    # makes c10 warn that the profiler does not see that free. Neither the
+    # peak nor the allocations count it, as intended.
     with quiet_stderr():
         prof.start()
-    try:
-        result = fn()
-        del result
-    finally:
-        with quiet_stderr():
+        try:
+            result = fn()
+            del result
+        finally:
             prof.stop()
+    refill(fn)
     # Every allocation and free, in time order. (prof.events() would fold
     # allocations made inside an op into that op's totals.)
     events = sorted(
@@ -191,8 +257,9 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
         ),
         key=lambda event: event.start_ns(),
     )
-    level = peak = 0
+    level = peak = allocated = 0
     for event in events:
         level += event.nbytes()
         peak = max(peak, level)
-    return peak
+        allocated += max(event.nbytes(), 0)
+    return MemoryUse(peak=peak, allocated=allocated)

@@ -439,7 +439,8 @@ void sparse_2_4_linear_kernel_impl(const at::Tensor& out, const at::Tensor& inpu
 //    channel's 32 kept values of 64 input features (expand_bytes, above)
 //    and vpdpbusd multiplies them by the 64 activations of a row, stored
 //    shifted to unsigned (xq + 128, as xq ^ 0x80): one expand per channel
-//    and 64 features, one multiply-add per row and channel of a tile
+//    and 64 features, one multiply-add per row and channel of a tile of 4
+//    channels x up to 6 rows, the next tile's weight bytes prefetched
 //    (dot_tile_vnni). The sums carry 128 * colsum[n]
 //    extra, taken off at the end (modulo 2^32: the lanes wrap, and the true
 //    sum fits in int32, see kMaxDynamicK).
@@ -458,11 +459,8 @@ enum class DotPath { kVnni, kWords, kScalar };
 
 // Input features per vpexpandb/vpdpbusd step.
 constexpr int64_t kDotStep = 64;
-// Rows up to which the VNNI path takes one channel at a time.
-constexpr int64_t kFewRows = 2;
-// The VNNI path's tiles beyond that: 16 accumulators, 2 weight vectors, an
-// activation vector.
-constexpr int kVnniTileCh = 4;
+// Rows of the VNNI path's tiles (of kTileCh channels): 24 accumulators, 4
+// weight vectors, an activation vector.
 constexpr int kVnniTileRows = 6;
 
 // Quantized rows hold whole steps, and one step more: with power-of-two K
@@ -491,9 +489,41 @@ C10_ALWAYS_INLINE void for_rows(int rows, const F& f) {
 // expanded weight vector feeds R rows and each activation vector C
 // channels; with few of both, U accumulators per pair (consecutive steps)
 // hide vpdpbusd's latency.
+//
+// The tile's channels are adjacent rows of values and meta, but read side
+// by side they are 2C short streams (one 4 KiB page each at K = 8192),
+// which the hardware prefetchers follow badly: half the bandwidth of one
+// stream on the CPU measured. So each step also prefetches its share of
+// the next tile's values and meta (`next`, contiguous, `next_values` and
+// `next_meta` bytes; none when `next.values` is null), which turns the
+// reads of a block into one stream ahead of the multiply-adds.
+struct NextTile {
+  const int8_t* values = nullptr;
+  const uint8_t* meta = nullptr;
+  int64_t value_bytes = 0;
+  int64_t meta_bytes = 0;
+};
+
+template <int C>
+C10_ALWAYS_INLINE void prefetch_step(const NextTile& next, int64_t i) {
+  if (next.values == nullptr) {
+    return;
+  }
+  constexpr int64_t kValueShare = C * kDotStep / 2;
+  constexpr int64_t kMetaShare = C * kDotStep / 8;
+  for (int64_t off = i * kValueShare; off < std::min((i + 1) * kValueShare, next.value_bytes);
+       off += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(next.values + off), _MM_HINT_T0);
+  }
+  if (i * kMetaShare < next.meta_bytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(next.meta + i * kMetaShare), _MM_HINT_T0);
+  }
+}
+
 template <int C, int R>
 C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const int8_t* const* v,
-                                     const uint8_t* const* mb, int64_t k, int32_t* sums) {
+                                     const uint8_t* const* mb, int64_t k, const NextTile& next,
+                                     int32_t* sums) {
   constexpr int U = C * R >= 4 ? 1 : 4 / (C * R);
   __m512i acc[U][C][R];
   for (int u = 0; u < U; ++u) {
@@ -523,6 +553,7 @@ C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const in
   for (; i + U <= full; i += U) {
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
+      prefetch_step<C>(next, i + u);
       __m512i w[C];
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
@@ -760,25 +791,14 @@ void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input,
   };
 
   at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
-    int32_t sums[std::max<int64_t>(kTileCh * kTileRows, kVnniTileCh * kVnniTileRows)];
+    int32_t sums[kTileCh * std::max(kTileRows, kVnniTileRows)];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t ch_begin = (task / chunks) * kBlockN;
       const int64_t ch_end = std::min(n, ch_begin + kBlockN);
       const int64_t m_begin = (task % chunks) * kChunkRows;
       const int64_t m_end = std::min(m_total, m_begin + kChunkRows);
-      // The VNNI path with at most kFewRows rows: one channel at a time.
-      // A block's channels are adjacent rows of values and meta, so the
-      // task reads two contiguous streams, which the hardware prefetchers
-      // follow; a tile of 4 channels reads 8 short streams (a 4 KiB page
-      // each at K = 8192) and went at half the bandwidth on the CPU
-      // measured. With more rows the multiply-adds bound, and tiles of
-      // kVnniTileCh channels x kVnniTileRows rows share the weight and
-      // activation vectors.
-      const int tile_ch = path != DotPath::kVnni ? kTileCh
-                          : m_end - m_begin <= kFewRows ? 1
-                                                        : kVnniTileCh;
-      for (int64_t c0 = ch_begin; c0 < ch_end; c0 += tile_ch) {
-        const int channels = static_cast<int>(std::min<int64_t>(tile_ch, ch_end - c0));
+      for (int64_t c0 = ch_begin; c0 < ch_end; c0 += kTileCh) {
+        const int channels = static_cast<int>(std::min<int64_t>(kTileCh, ch_end - c0));
         // A partial tile repeats its last channel; those sums are dropped.
         const int8_t* v[kTileCh];
         const uint8_t* mb[kTileCh];
@@ -792,13 +812,16 @@ void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input,
           const int rows = static_cast<int>(std::min<int64_t>(tile_rows, m_end - m));
 #if defined(CPU_CAPABILITY_AVX512)
           if (path == DotPath::kVnni) {
+            // The next tile's bytes, on the first row tile's pass only.
+            NextTile next;
+            if (m == m_begin && c0 + kTileCh < n) {
+              const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
+              next = {vals + (c0 + kTileCh) * v_stride, masks + (c0 + kTileCh) * meta_stride,
+                      next_channels * v_stride, next_channels * meta_stride};
+            }
             for_rows<kVnniTileRows>(rows, [&](auto r) {
-              constexpr int R = decltype(r)::value;
-              if (tile_ch == 1) {
-                dot_tile_vnni<1, R>(xq + m * q_stride, q_stride, v, mb, k, sums);
-              } else {
-                dot_tile_vnni<kVnniTileCh, R>(xq + m * q_stride, q_stride, v, mb, k, sums);
-              }
+              dot_tile_vnni<kTileCh, decltype(r)::value>(xq + m * q_stride, q_stride, v, mb, k,
+                                                         next, sums);
             });
           }
 #endif

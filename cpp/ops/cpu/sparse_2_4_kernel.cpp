@@ -30,6 +30,9 @@
 // float64 activations (with float64 or int8 values) are summed in float64
 // by a plain loop, the same in every build (float64 is for checking, not
 // for speed).
+//
+// The W8A8 op (sparse_2_4_dynamic_linear, int8 activations) has its own
+// section below.
 
 #include <algorithm>
 #include <cstdint>
@@ -427,7 +430,6 @@ void sparse_2_4_linear_kernel_impl(const at::Tensor& out, const at::Tensor& inpu
       });
 }
 
-
 // ---------------------------------------------------------------------------
 // W8A8 dynamic (sparse_2_4_dynamic_linear): int8_dynamic_linear's math with
 // the packed 2:4 int8 weight. The rows of x are quantized first, by the
@@ -494,9 +496,9 @@ C10_ALWAYS_INLINE void for_rows(int rows, const F& f) {
 // by side they are 2C short streams (one 4 KiB page each at K = 8192),
 // which the hardware prefetchers follow badly: half the bandwidth of one
 // stream on the CPU measured. So each step also prefetches its share of
-// the next tile's values and meta (`next`, contiguous, `next_values` and
-// `next_meta` bytes; none when `next.values` is null), which turns the
-// reads of a block into one stream ahead of the multiply-adds.
+// the next tile's values and meta (`next`: contiguous, `value_bytes` and
+// `meta_bytes` long; none when `values` is null), which turns the reads of
+// a block into one stream ahead of the multiply-adds.
 struct NextTile {
   const int8_t* values = nullptr;
   const uint8_t* meta = nullptr;
@@ -570,6 +572,7 @@ C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const in
     }
   }
   for (; i < steps; ++i) {
+    prefetch_step<C>(next, i);
     __m512i w[C];
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {

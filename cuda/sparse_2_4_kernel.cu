@@ -9,6 +9,13 @@
 // multiplies each kept value by its activation, summing in float32
 // (float64 for float64 activations); the scale and bias are
 // applied once at the end, as on the CPU.
+//
+// W8A8 dynamic (sparse_2_4_dynamic_linear), as simple: one warp per row
+// quantizes it (quantize_row.cuh, as int8_dynamic_linear does), then one
+// thread per output element walks the channel's mask the same way and sums
+// the int8 products in int32 (signed x signed, exact: no column-sum
+// correction needed), with the CPU kernels' epilogue, so both devices give
+// the same bits.
 
 #include <cstdint>
 #include <type_traits>
@@ -16,6 +23,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -25,6 +33,7 @@
 
 #include "elementwise.cuh"
 #include "ops/sparse_2_4.h"
+#include "quantize_row.cuh"
 
 namespace fuseops::cuda {
 namespace {
@@ -100,8 +109,79 @@ void sparse_linear_kernel(const at::Tensor& out, const at::Tensor& input,
       });
 }
 
+template <typename scalar_t>
+__global__ void sparse_dynamic_linear_cuda(scalar_t* __restrict__ out,
+                                           const int8_t* __restrict__ xq,
+                                           const float* __restrict__ x_scale,
+                                           const int8_t* __restrict__ values,
+                                           const uint8_t* __restrict__ meta,
+                                           const float* __restrict__ scale,
+                                           const scalar_t* __restrict__ bias, int64_t m_total,
+                                           int64_t n, int64_t k) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t total = m_total * n;
+  const int64_t v_stride = k / 2;
+  const int64_t meta_stride = (k + 7) / 8;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n;
+    const int64_t ch = i % n;
+    const int8_t* row = xq + m * k;
+    const int8_t* v = values + ch * v_stride;
+    const uint8_t* mb = meta + ch * meta_stride;
+    int acc = 0;
+    int64_t next = 0;
+    for (int64_t byte = 0; byte < meta_stride; ++byte) {
+      const unsigned bits = mb[byte];
+      for (int j = 0; j < 8; ++j) {
+        const int64_t col = 8 * byte + j;
+        if (((bits >> j) & 1u) && col < k && next < v_stride) {
+          acc += static_cast<int>(row[col]) * static_cast<int>(v[next++]);
+        }
+      }
+    }
+    opmath_t value = (static_cast<opmath_t>(static_cast<float>(acc)) *
+                      static_cast<opmath_t>(x_scale[m])) *
+                     static_cast<opmath_t>(scale[ch]);
+    if (bias != nullptr) {
+      value += static_cast<opmath_t>(bias[ch]);
+    }
+    out[i] = static_cast<scalar_t>(value);
+  }
+}
+
+void sparse_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
+                                  const at::Tensor& values, const at::Tensor& meta,
+                                  const at::Tensor& scale,
+                                  const at::Tensor& /*colsum: signed products need none*/,
+                                  const at::Tensor& bias) {
+  c10::cuda::CUDAGuard device_guard(input.device());
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = values.size(0);
+  const at::Tensor xq = at::empty({m_total, k}, input.options().dtype(at::kChar));
+  const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
+  const int64_t total = m_total * n;
+  const int64_t blocks =
+      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_dynamic_linear", [&] {
+        quantize_rows_int8<NonFiniteRow::kNanScale>(
+            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(), k,
+            x_scale.mutable_data_ptr<float>(), nullptr, stream);
+        sparse_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+            out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
+            x_scale.const_data_ptr<float>(), values.const_data_ptr<int8_t>(),
+            meta.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
+            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+
 struct Kernels {
   static detail::Sparse24LinearKernel linear() { return &sparse_linear_kernel; }
+  static detail::Sparse24DynamicLinearKernel dynamic() { return &sparse_dynamic_linear_kernel; }
 };
 
 }  // namespace

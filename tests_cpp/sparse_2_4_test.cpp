@@ -1,7 +1,9 @@
 // fuseops 2:4 sparse ops through the dispatcher, against ATen composites:
 // prune_2_4 against its definition, the packed layout against its
 // definition, sparse_2_4_linear against x @ (W * scale).T + bias in float64
-// with the dense pruned weight, in every CPU build this CPU runs.
+// with the dense pruned weight, in every CPU build this CPU runs;
+// sparse_2_4_dynamic_linear against int8_dynamic_linear's math in float64
+// and, bit for bit, against int8_dynamic_linear on the dense weight.
 
 #include <gtest/gtest.h>
 
@@ -105,6 +107,73 @@ TEST(Sparse24, LinearMatchesCompositeInEveryBuild) {
       }
     }
   }
+}
+
+// int8_dynamic_linear's math with ATen ops in float64: the rows quantized
+// (float32, as quantize_per_token_int8), the int8 products summed exactly
+// (|sum| < 2^53), then x_scale * scale and the bias. The op sums exactly in
+// int32 too, so only its float32 epilogue rounds: float(acc), two products
+// and the bias add, under 4 * 2^-24 relative; 1e-6 of max|y| covers it.
+at::Tensor dynamic_composite(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& scale,
+                             const at::Tensor& bias) {
+  const at::Tensor xf = x.to(at::kFloat);
+  at::Tensor xs = xf.abs().amax({-1}, true) / 127;
+  xs = at::where(xs == 0, at::ones_like(xs), xs);
+  const at::Tensor xq = at::round(xf / xs).clamp(-127, 127);
+  return at::matmul(xq.to(at::kDouble), wq.to(at::kDouble).t()) * xs.to(at::kDouble) *
+             scale.to(at::kDouble) +
+         bias.to(at::kDouble);
+}
+
+TEST(Sparse24, DynamicMatchesCompositeAndTheDenseOpInEveryBuild) {
+  for (auto dtype : fuseops::testing::kDtypes) {
+    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 16, 4}, {3, 37, 12}, {2, 33, 200}, {7, 40, 132}, {61, 33, 64}}) {
+      const auto [wq, wscale] = fuseops::quantize_per_channel_int8(fuseops::prune_2_4(at::randn({n, k})));
+      const auto [values, meta, scale] = fuseops::pack_2_4(wq, wscale);
+      const at::Tensor colsum = values.sum(1, false, at::kInt);
+      const auto [packed, dense_scale, dense_colsum] = fuseops::pack_int8_weight(wq, wscale);
+      at::Tensor x = at::randn({m, k}).to(dtype);
+      x[0].zero_();  // an all-zero row: scale 1, y = bias
+      const at::Tensor bias = at::randn({n}).to(dtype);
+      const at::Tensor want = dynamic_composite(x, wq, wscale, bias);
+      const double tol = dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : tolerance(dtype);
+      for (auto capability : fuseops::cpu::runnable_capabilities()) {
+        fuseops::cpu::ScopedCapabilityOverride forced(capability);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                        << dtype << " m " << m << " n " << n << " k " << k);
+        const at::Tensor y = fuseops::sparse_2_4_dynamic_linear(x, values, meta, scale, colsum, bias);
+        ASSERT_EQ(y.scalar_type(), dtype);
+        ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
+        const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
+        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tol, tol * scale_of_y))
+            << (y.to(at::kDouble) - want).abs().max().item<double>();
+        // Exact int32 sums and the same epilogue: the dense op's bits.
+        EXPECT_TRUE(at::equal(
+            y, fuseops::int8_dynamic_linear(x, packed, dense_scale, dense_colsum, bias)));
+      }
+    }
+  }
+}
+
+TEST(Sparse24, DynamicBadInputsNameOpAndArgument) {
+  const auto [wq, wscale] = fuseops::quantize_per_channel_int8(fuseops::prune_2_4(at::randn({20, 16})));
+  const auto [values, meta, scale] = fuseops::pack_2_4(wq, wscale);
+  const at::Tensor colsum = values.sum(1, false, at::kInt);
+  const char* op = "fuseops::sparse_2_4_dynamic_linear";
+  const at::Tensor x = at::randn({2, 16});
+  expect_error_mentions(
+      [&] { fuseops::sparse_2_4_dynamic_linear(x, values.to(at::kFloat), meta, scale, colsum); },
+      {op, "'values'", "int8"});
+  expect_error_mentions(
+      [&] { fuseops::sparse_2_4_dynamic_linear(x, values, meta, scale, colsum.to(at::kLong)); },
+      {op, "'colsum'", "int32"});
+  expect_error_mentions(
+      [&] { fuseops::sparse_2_4_dynamic_linear(x, values, meta, scale, colsum.narrow(0, 0, 3)); },
+      {op, "'colsum'", "[20]"});
+  expect_error_mentions(
+      [&] { fuseops::sparse_2_4_dynamic_linear(at::randn({2, 12}), values, meta, scale, colsum); },
+      {op, "'input'", "K = 12"});
 }
 
 TEST(Sparse24, BadInputsNameOpAndArgument) {

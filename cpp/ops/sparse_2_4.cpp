@@ -5,6 +5,7 @@
 // (refusal): cpp/ops/autograd/sparse_2_4.cpp.
 
 #include "ops/sparse_2_4.h"
+#include "ops/int8_linear.h"
 
 #include <limits>
 #include <vector>
@@ -163,21 +164,23 @@ at::Tensor prune_2_4_meta(const at::Tensor& weight) {
   return empty_contiguous_like(weight);
 }
 
-}  // namespace
-
-at::Tensor sparse_2_4_linear_with(const at::Tensor& input, const at::Tensor& values,
-                                  const at::Tensor& meta, const at::Tensor& scale,
-                                  const std::optional<at::Tensor>& bias,
-                                  Sparse24LinearKernel kernel) {
-  constexpr const char* op = "fuseops::sparse_2_4_linear";
-  const at::Tensor b = undefined_if_none(bias);
+// The checks and the output both linear ops share; `int8_only`: values must
+// be int8 (the W8A8 op).
+at::Tensor prepare_linear(const char* op, const at::Tensor& input, const at::Tensor& values,
+                          const at::Tensor& meta, const at::Tensor& scale, const at::Tensor& b,
+                          bool int8_only) {
   check_floating_input(op, "input", input);
   TORCH_CHECK(input.dim() >= 1, op,
               ": argument 'input' must have at least one dimension [..., K], got a 0-d tensor");
   TORCH_CHECK(values.defined(), op, ": argument 'values' must be a defined tensor");
   TORCH_CHECK(meta.defined(), op, ": argument 'meta' must be a defined tensor");
   TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
-  if (values.scalar_type() != at::kChar) {
+  if (int8_only) {
+    TORCH_CHECK(values.scalar_type() == at::kChar, op,
+                ": argument 'values' must have dtype int8 (from fuseops.pack_2_4 of an int8 "
+                "weight), got ",
+                values.scalar_type());
+  } else if (values.scalar_type() != at::kChar) {
     TORCH_CHECK(values.scalar_type() == input.scalar_type(), op,
                 ": argument 'values' must have the input's dtype (", input.scalar_type(),
                 ") or int8 (from fuseops.pack_2_4), got ", values.scalar_type());
@@ -209,9 +212,13 @@ at::Tensor sparse_2_4_linear_with(const at::Tensor& input, const at::Tensor& val
   }
   std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
   out_shape.back() = n;
-  at::Tensor out = empty_output(out_shape, input.options());
-  if (kernel == nullptr || out.numel() == 0) {
-    return out;
+  return empty_output(out_shape, input.options());
+}
+
+// Whether `out` still needs the kernel; fills it when it does not.
+bool needs_kernel(const at::Tensor& out, const at::Tensor& b, int64_t k, bool has_kernel) {
+  if (!has_kernel || out.numel() == 0) {
+    return false;
   }
   if (k == 0) {
     // An empty sum: the bias alone.
@@ -220,10 +227,54 @@ at::Tensor sparse_2_4_linear_with(const at::Tensor& input, const at::Tensor& val
     } else {
       out.zero_();
     }
-    return out;
+    return false;
   }
-  kernel(out, input.reshape({-1, k}).contiguous(), values.contiguous(), meta.contiguous(),
-         scale.contiguous(), contiguous_if_defined(b));
+  return true;
+}
+
+}  // namespace
+
+at::Tensor sparse_2_4_linear_with(const at::Tensor& input, const at::Tensor& values,
+                                  const at::Tensor& meta, const at::Tensor& scale,
+                                  const std::optional<at::Tensor>& bias,
+                                  Sparse24LinearKernel kernel) {
+  const at::Tensor b = undefined_if_none(bias);
+  at::Tensor out =
+      prepare_linear("fuseops::sparse_2_4_linear", input, values, meta, scale, b, false);
+  const int64_t k = input.size(-1);
+  if (needs_kernel(out, b, k, kernel != nullptr)) {
+    kernel(out, input.reshape({-1, k}).contiguous(), values.contiguous(), meta.contiguous(),
+           scale.contiguous(), contiguous_if_defined(b));
+  }
+  return out;
+}
+
+at::Tensor sparse_2_4_dynamic_linear_with(const at::Tensor& input, const at::Tensor& values,
+                                          const at::Tensor& meta, const at::Tensor& scale,
+                                          const at::Tensor& colsum,
+                                          const std::optional<at::Tensor>& bias,
+                                          Sparse24DynamicLinearKernel kernel) {
+  constexpr const char* op = "fuseops::sparse_2_4_dynamic_linear";
+  const at::Tensor b = undefined_if_none(bias);
+  at::Tensor out = prepare_linear(op, input, values, meta, scale, b, true);
+  const int64_t n = values.size(0);
+  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  TORCH_CHECK(colsum.scalar_type() == at::kInt, op,
+              ": argument 'colsum' must have dtype int32 (values.sum(1, dtype=torch.int32)), "
+              "got ",
+              colsum.scalar_type());
+  TORCH_CHECK(colsum.dim() == 1 && colsum.size(0) == n, op,
+              ": argument 'colsum' must have shape [", n, "] (N, from 'values'), got ",
+              colsum.sizes());
+  check_same_device(op, "colsum", colsum, "input", input);
+  const int64_t k = input.size(-1);
+  TORCH_CHECK(k <= kMaxDynamicK, op, ": argument 'input' has K = ", k,
+              " input features; at most ", kMaxDynamicK,
+              " are supported (the int32 sums of int8 products could overflow)");
+  if (needs_kernel(out, b, k, kernel != nullptr)) {
+    kernel(out, input.reshape({-1, k}).contiguous(), values.contiguous(), meta.contiguous(),
+           scale.contiguous(), colsum.contiguous(), contiguous_if_defined(b));
+  }
   return out;
 }
 
@@ -254,10 +305,25 @@ at::Tensor sparse_2_4_linear(const at::Tensor& input, const at::Tensor& values,
   return handle.call(input, values, meta, scale, detail::none_if_undefined(bias));
 }
 
+at::Tensor sparse_2_4_dynamic_linear(const at::Tensor& input, const at::Tensor& values,
+                                     const at::Tensor& meta, const at::Tensor& scale,
+                                     const at::Tensor& colsum,
+                                     const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "fuseops::sparse_2_4_dynamic_linear";
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(values.defined(), op, ": argument 'values' must be a defined tensor");
+  TORCH_CHECK(meta.defined(), op, ": argument 'meta' must be a defined tensor");
+  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  static auto handle = detail::find_op<decltype(sparse_2_4_dynamic_linear)>(op);
+  return handle.call(input, values, meta, scale, colsum, detail::none_if_undefined(bias));
+}
+
 namespace {
 
 struct MetaKernels {
   static detail::Sparse24LinearKernel linear() { return nullptr; }
+  static detail::Sparse24DynamicLinearKernel dynamic() { return nullptr; }
 };
 
 }  // namespace
@@ -270,6 +336,9 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
         {at::Tag::pt2_compliant_tag});
   m.def("sparse_2_4_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
         "Tensor? bias=None) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("sparse_2_4_dynamic_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
+        "Tensor colsum, Tensor? bias=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
 }
 

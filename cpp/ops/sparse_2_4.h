@@ -21,10 +21,25 @@ using Sparse24LinearKernel = void (*)(const at::Tensor& out, const at::Tensor& i
                                       const at::Tensor& values, const at::Tensor& meta,
                                       const at::Tensor& scale, const at::Tensor& bias);
 
+// out [M, N] (contiguous, input's dtype) = input [M, K] (contiguous)
+// quantized per row, times the packed int8 weight (values, meta as above;
+// colsum: contiguous int32 [N], each channel's sum of values), scaled per
+// row and channel, plus bias as above. M, N, K > 0, K <= kMaxDynamicK.
+using Sparse24DynamicLinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
+                                             const at::Tensor& values, const at::Tensor& meta,
+                                             const at::Tensor& scale, const at::Tensor& colsum,
+                                             const at::Tensor& bias);
+
 at::Tensor sparse_2_4_linear_with(const at::Tensor& input, const at::Tensor& values,
                                   const at::Tensor& meta, const at::Tensor& scale,
                                   const std::optional<at::Tensor>& bias,
                                   Sparse24LinearKernel kernel);
+
+at::Tensor sparse_2_4_dynamic_linear_with(const at::Tensor& input, const at::Tensor& values,
+                                          const at::Tensor& meta, const at::Tensor& scale,
+                                          const at::Tensor& colsum,
+                                          const std::optional<at::Tensor>& bias,
+                                          Sparse24DynamicLinearKernel kernel);
 
 template <typename Kernels>
 struct Sparse24Registrations {
@@ -34,9 +49,18 @@ struct Sparse24Registrations {
     return sparse_2_4_linear_with(input, values, meta, scale, bias, Kernels::linear());
   }
 
+  static at::Tensor sparse_2_4_dynamic_linear(const at::Tensor& input, const at::Tensor& values,
+                                              const at::Tensor& meta, const at::Tensor& scale,
+                                              const at::Tensor& colsum,
+                                              const std::optional<at::Tensor>& bias) {
+    return sparse_2_4_dynamic_linear_with(input, values, meta, scale, colsum, bias,
+                                          Kernels::dynamic());
+  }
+
   template <typename Library>
   static void register_all(Library& m) {
     m.impl("sparse_2_4_linear", TORCH_FN(sparse_2_4_linear));
+    m.impl("sparse_2_4_dynamic_linear", TORCH_FN(sparse_2_4_dynamic_linear));
   }
 };
 

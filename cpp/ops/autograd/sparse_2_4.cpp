@@ -43,12 +43,23 @@ at::Tensor sparse_2_4_linear_autograd(const at::Tensor& input, const at::Tensor&
   return fuseops::sparse_2_4_linear(input, values, meta, scale, bias);
 }
 
+at::Tensor sparse_2_4_dynamic_linear_autograd(const at::Tensor& input, const at::Tensor& values,
+                                              const at::Tensor& meta, const at::Tensor& scale,
+                                              const at::Tensor& colsum,
+                                              const std::optional<at::Tensor>& bias) {
+  check_inference("fuseops::sparse_2_4_dynamic_linear",
+                  {input, values, meta, scale, colsum, bias});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::sparse_2_4_dynamic_linear(input, values, meta, scale, colsum, bias);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("prune_2_4", TORCH_FN(prune_2_4_autograd));
   m.impl("pack_2_4", TORCH_FN(pack_2_4_autograd));
   m.impl("sparse_2_4_linear", TORCH_FN(sparse_2_4_linear_autograd));
+  m.impl("sparse_2_4_dynamic_linear", TORCH_FN(sparse_2_4_dynamic_linear_autograd));
 }
 
 }  // namespace fuseops

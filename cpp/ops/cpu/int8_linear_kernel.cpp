@@ -374,9 +374,6 @@ void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor
 // float32 (float64 for float64 x).
 
 #if defined(CPU_CAPABILITY_AVX512)
-// Read once; the branch on it is always predicted.
-inline const bool kCpuHasAvx512Vnni =
-    (__builtin_cpu_init(), __builtin_cpu_supports("avx512vnni"));
 // 2 blocks x 12 rows: 24 accumulators, 2 weight vectors, 1 broadcast.
 constexpr int kDotTileRows = 12;
 #elif defined(CPU_CAPABILITY_AVX2)
@@ -400,13 +397,6 @@ C10_ALWAYS_INLINE int32_t load_four(const int8_t* p) {
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-C10_ALWAYS_INLINE __m512i dot_u8_s8(__m512i acc, __m512i u8, __m512i s8) {
-  // The compiler is not told about AVX512_VNNI (the build must run on
-  // AVX-512 CPUs without it), hence asm; AT&T order: acc += first * second.
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
-  return acc;
-}
-
 // Channel c of block j: its sum (shifted by 128 * colsum) in lane c of
 // row r at partial + j * block_stride + r * kDotLanes. B blocks (weights
 // `w_stride` bytes apart) share each broadcast of the activations: B weight
@@ -570,22 +560,6 @@ void dot_tile_rows(int rows, int blocks, const int8_t* x, int64_t x_stride, cons
   }
 }
 
-// Quantizes one row like quantize_per_token_int8 (quantize_row.h) into q,
-// XOR 0x80 when `shift` (the unsigned form xq + 128); returns the scale,
-// NaN when the row holds Inf or NaN (its q are then 0, or 0x80 shifted).
-template <typename scalar_t>
-float quantize_row_for_dot(const scalar_t* x, int64_t k, int8_t* q, bool shift,
-                           std::vector<float>& buffer) {
-  float scale;
-  quantize_row_int8<NonFiniteRow::kNanScale>(x, k, q, &scale, buffer);
-  if (shift) {
-    for (int64_t i = 0; i < k; ++i) {
-      q[i] = static_cast<int8_t>(static_cast<uint8_t>(q[i]) ^ 0x80u);
-    }
-  }
-  return scale;
-}
-
 template <typename scalar_t>
 void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& packed,
                     const at::Tensor& scale, const at::Tensor& colsum, const at::Tensor& bias) {
@@ -596,7 +570,7 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
   const int64_t groups = packed.size(1);
   const int64_t k_padded = groups * kGroupK;
 #if defined(CPU_CAPABILITY_AVX512)
-  const bool vnni = kCpuHasAvx512Vnni;
+  const bool vnni = kUseAvx512Vnni;
 #else
   const bool vnni = false;
 #endif

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include <ATen/cpu/vec/vec.h>
@@ -59,6 +60,28 @@ C10_ALWAYS_INLINE void store_float_as_int8(int8_t* p, const FloatVec& v,
   }
 #endif
 }
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Whether the int8 kernels use AVX512_VNNI (vpdpbusd): the CPU has it and
+// FUSEOPS_DISABLE_AVX512_VNNI is unset or "0" (a test switch, so that the
+// AVX-512 paths without it run on CPUs with it). Read once; the branch on it
+// is always predicted.
+inline const bool kUseAvx512Vnni = [] {
+  __builtin_cpu_init();
+  const char* disabled = std::getenv("FUSEOPS_DISABLE_AVX512_VNNI");
+  return __builtin_cpu_supports("avx512vnni") &&
+         (disabled == nullptr || std::strcmp(disabled, "") == 0 || std::strcmp(disabled, "0") == 0);
+}();
+
+// acc + the sums of each int32 lane's four products of unsigned bytes of
+// `u8` by signed bytes of `s8` (vpdpbusd, wrapping modulo 2^32).
+C10_ALWAYS_INLINE __m512i dot_u8_s8(__m512i acc, __m512i u8, __m512i s8) {
+  // The compiler is not told about AVX512_VNNI (the build must run on
+  // AVX-512 CPUs without it), hence asm; AT&T order: acc += first * second.
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+}
+#endif
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

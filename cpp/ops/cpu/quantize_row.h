@@ -105,5 +105,22 @@ bool quantize_row_int8(const scalar_t* x, int64_t k, int8_t* q, float* scale_out
   }
 }
 
+// The activations of the W8A8 kernels: one row quantized as above (Inf or
+// NaN: kNanScale) into q, XOR 0x80 when `shift` (the unsigned form xq + 128
+// that vpdpbusd takes); returns the scale, NaN when the row holds Inf or NaN
+// (its q are then 0, or 0x80 shifted).
+template <typename scalar_t>
+float quantize_row_for_dot(const scalar_t* x, int64_t k, int8_t* q, bool shift,
+                           std::vector<float>& buffer) {
+  float scale;
+  quantize_row_int8<NonFiniteRow::kNanScale>(x, k, q, &scale, buffer);
+  if (shift) {
+    for (int64_t i = 0; i < k; ++i) {
+      q[i] = static_cast<int8_t>(static_cast<uint8_t>(q[i]) ^ 0x80u);
+    }
+  }
+  return scale;
+}
+
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

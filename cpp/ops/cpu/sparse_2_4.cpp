@@ -7,11 +7,15 @@
 namespace fuseops::cpu {
 
 FUSEOPS_DEFINE_CPU_KERNEL(sparse_2_4_linear_kernel, detail::Sparse24LinearKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(sparse_2_4_dynamic_linear_kernel, detail::Sparse24DynamicLinearKernel);
 
 namespace {
 
 struct Kernels {
   static detail::Sparse24LinearKernel linear() { return sparse_2_4_linear_kernel.get(); }
+  static detail::Sparse24DynamicLinearKernel dynamic() {
+    return sparse_2_4_dynamic_linear_kernel.get();
+  }
 };
 
 }  // namespace

@@ -7,4 +7,5 @@
 
 namespace fuseops::cpu {
 FUSEOPS_DECLARE_CPU_KERNEL(sparse_2_4_linear_kernel, detail::Sparse24LinearKernel);
+FUSEOPS_DECLARE_CPU_KERNEL(sparse_2_4_dynamic_linear_kernel, detail::Sparse24DynamicLinearKernel);
 }  // namespace fuseops::cpu

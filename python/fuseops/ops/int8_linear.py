@@ -27,9 +27,8 @@ import torch
 
 from ._sample import Sample, tensor
 
-#: The modes ``quantize_`` has, and those it is designed to grow into.
-QUANTIZE_MODES = ("w8a16", "w8a8", "2:4", "2:4+w8a16")
-PLANNED_QUANTIZE_MODES = ("2:4+w8a8",)
+#: The modes ``quantize_`` has.
+QUANTIZE_MODES = ("w8a16", "w8a8", "2:4", "2:4+w8a16", "2:4+w8a8")
 
 
 def pack_int8_weight(wq: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,14 +123,14 @@ def quantize_(
     float activations) and ``"w8a8"`` (the same weights, activations
     quantized per token on the fly: ``int8_dynamic_linear``) give
     ``fuseops.nn.Int8Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
-    kept values in the layer's dtype) and ``"2:4+w8a16"`` (pruned, then
-    int8 per channel) give ``fuseops.nn.Sparse24Linear``, and leave layers
-    whose ``in_features`` is not a multiple of 4 alone. ``"2:4+w8a8"`` is
-    planned and raises ValueError, as does any other name."""
+    kept values in the layer's dtype), ``"2:4+w8a16"`` (pruned, then int8
+    per channel) and ``"2:4+w8a8"`` (the same int8 weights, activations
+    quantized per token on the fly: ``sparse_2_4_dynamic_linear``) give
+    ``fuseops.nn.Sparse24Linear``, and leave layers whose ``in_features``
+    is not a multiple of 4 alone. Any other name raises ValueError."""
     if mode not in QUANTIZE_MODES:
-        planned = f" ({mode!r} is planned, not built yet)" if mode in PLANNED_QUANTIZE_MODES else ""
         raise ValueError(
-            f"fuseops.quantize_: unknown mode {mode!r}{planned}; supported: "
+            f"fuseops.quantize_: unknown mode {mode!r}; supported: "
             + ", ".join(repr(m) for m in QUANTIZE_MODES)
         )
     from ..nn import Int8Linear, Sparse24Linear

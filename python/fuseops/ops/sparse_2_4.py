@@ -2,7 +2,9 @@
 largest magnitudes of every group of 4 input features), ``pack_2_4`` (kept
 values + bitmask) and ``sparse_2_4_linear``, for float weights (float32,
 float64, bfloat16, float16) and int8 weights with per-channel scales
-(W8A16: float activations, int8 weights dequantized on the fly).
+(W8A16: float activations, int8 weights dequantized on the fly), and
+``sparse_2_4_dynamic_linear`` for int8 weights with int8 activations
+quantized per token on the fly (W8A8, ``int8_dynamic_linear``'s math).
 
 A packed weight is three plain tensors (a module keeps them as buffers,
 ``state_dict`` round-trips them, ``torch.compile``/``torch.export`` see
@@ -69,6 +71,34 @@ def sparse_2_4_linear(
     return torch.ops.fuseops.sparse_2_4_linear(x, values, meta, scale, bias)
 
 
+def sparse_2_4_dynamic_linear(
+    x: torch.Tensor,
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    scale: torch.Tensor,
+    colsum: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """W8A8 dynamic with the packed 2:4 int8 weight, the math of
+    ``int8_dynamic_linear``: ``x [..., K]`` (float32, bfloat16, float16 or
+    float64) quantized per row on the fly exactly as
+    ``quantize_per_token_int8`` does (``x_scale = absmax / 127``, ``xq =
+    round(x / x_scale)``), the int8 products of the kept weights summed
+    exactly in int32, then ``y[m, n] = (acc[m, n] * x_scale[m]) * scale[n] +
+    bias[n]`` in float32 (float64 for float64 x), rounded to x's dtype.
+    ``(values, meta, scale)`` as ``pack_2_4`` returns them for an int8
+    weight, and ``colsum = values.sum(1, dtype=torch.int32)`` (the kernels'
+    correction for activations shifted to unsigned; ``colsum_2_4``). K at
+    most 132104 (int32 sums). A row holding Inf or NaN gives a row of NaN."""
+    return torch.ops.fuseops.sparse_2_4_dynamic_linear(x, values, meta, scale, colsum, bias)
+
+
+def colsum_2_4(values: torch.Tensor) -> torch.Tensor:
+    """The int32 per-channel sums of packed int8 values that
+    ``sparse_2_4_dynamic_linear`` takes."""
+    return values.sum(1, dtype=torch.int32)
+
+
 def unpack_2_4(values: torch.Tensor, meta: torch.Tensor, k: int) -> torch.Tensor:
     """The dense ``[N, k]`` weight (in values' dtype) a packed one holds."""
     n = values.shape[0]
@@ -110,21 +140,36 @@ def sparse_2_4_linear_reference(x, values, meta, scale, bias=None):
     return y if bias is None else y + bias.to(x.dtype)
 
 
+def sparse_2_4_dynamic_linear_reference(x, values, meta, scale, colsum, bias=None):
+    # The quantized math in float64: the rows quantized in float32 exactly as
+    # the op does (float64 inputs rounded to float32 first), the int8
+    # products summed exactly (|sum| < 2^53), the scales applied in float64.
+    from .quantize import quantize_per_token_int8_reference
+
+    xq, x_scale = quantize_per_token_int8_reference(x)
+    w = unpack_2_4(values, meta, x.shape[-1]).to(torch.float64)
+    y = (xq.to(torch.float64) @ w.T) * x_scale.to(torch.float64).unsqueeze(-1) * scale.to(torch.float64)
+    y = y if bias is None else y + bias.to(torch.float64)
+    return y.to(x.dtype)
+
+
 # The peers' dense forms of a bench weight, made on their first (untimed,
 # correctness-checking) call and reused: (values' address, form) -> tensors.
 _PEER_WEIGHTS: dict = {}
 
 
 def _dense_peer(values, meta, scale, k, form):
-    # form: "int8" (the dense int8 kernel's packed weight) or a float dtype
-    # (the dequantized dense weight in it).
+    # form: "int8" (the dense int8 kernel's packed weight and scales),
+    # "int8_dynamic" (those and the column sums) or a float dtype (the
+    # dequantized dense weight in it).
     key = (values.data_ptr(), tuple(values.shape), values.dtype, form)
     if key not in _PEER_WEIGHTS:
         dense = unpack_2_4(values, meta, k)
-        if form == "int8":
+        if form in ("int8", "int8_dynamic"):
             from .int8_linear import pack_int8_weight
 
-            _PEER_WEIGHTS[key] = pack_int8_weight(dense, scale)[:2]
+            packed = pack_int8_weight(dense, scale)
+            _PEER_WEIGHTS[key] = packed if form == "int8_dynamic" else packed[:2]
         elif dense.dtype == torch.int8:
             _PEER_WEIGHTS[key] = ((dense.float() * scale[:, None]).to(form),)
         else:
@@ -142,6 +187,24 @@ def _dense_int8(x, values, meta, scale):
     return torch.ops.fuseops.int8_weight_only_linear(x, packed, s, None)
 
 
+def _dense_int8_dynamic(x, values, meta, scale, colsum):
+    packed, s, cs = _dense_peer(values, meta, scale, x.shape[-1], "int8_dynamic")
+    return torch.ops.fuseops.int8_dynamic_linear(x, packed, s, cs, None)
+
+
+def _ao_dynamic_linear(engine):
+    # torch.ao's dynamic Linear with the dense pruned int8 weight (the dense
+    # W8A8 cases' peer, fuseops/ops/int8_linear.py).
+    from .int8_linear import _ao_dynamic_linear as dense_peer
+
+    peer = dense_peer(engine)
+
+    def call(x, values, meta, scale, colsum):
+        return peer(x, *_dense_peer(values, meta, scale, x.shape[-1], "int8_dynamic"))
+
+    return call
+
+
 def _x_and_float_weight(rows, hidden, dtype, device, gen):
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
     w = (torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02).to(dtype)
@@ -152,6 +215,11 @@ def _x_and_int8_weight(rows, hidden, dtype, device, gen):
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
     w = prune_2_4(torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02)
     return (x, *pack_2_4(*torch.ops.fuseops.quantize_per_channel_int8(w)))
+
+
+def _x_and_dynamic_weight(rows, hidden, dtype, device, gen):
+    x, values, meta, scale = _x_and_int8_weight(rows, hidden, dtype, device, gen)
+    return x, values, meta, scale, colsum_2_4(values)
 
 
 def bench_cases():
@@ -177,7 +245,22 @@ def bench_cases():
     # int8 values: half the int8 weight, the mask and the scales.
     int8 = dict(common, make_inputs=_x_and_int8_weight,
                 forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 4 * hidden))
+    # W8A8: the same weight bytes plus the int32 column sums.
+    dynamic = dict(common, fuseops="sparse_2_4_dynamic_linear", reference="sparse_2_4_dynamic_linear",
+                   make_inputs=_x_and_dynamic_weight,
+                   forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 8 * hidden))
     return [
+        Case("sparse_2_4_dynamic_linear", native=_dense_int8_dynamic,
+             native_label="fuseops.int8_dynamic_linear (dense int8 weight)",
+             description="2:4 sparse int8 weight, W8A8 dynamic, against the dense W8A8 kernel", **dynamic),
+        Case("sparse_2_4_dynamic_linear_ao_fbgemm", native=_ao_dynamic_linear("fbgemm"),
+             native_label="torch.ao dynamic Linear (fbgemm, dense weight)",
+             description="2:4 sparse W8A8 against torch.ao.nn.quantized.dynamic.Linear, fbgemm engine",
+             **dynamic),
+        Case("sparse_2_4_dynamic_linear_ao_onednn", native=_ao_dynamic_linear("onednn"),
+             native_label="torch.ao dynamic Linear (onednn, dense weight)",
+             description="2:4 sparse W8A8 against torch.ao.nn.quantized.dynamic.Linear, onednn engine",
+             **dynamic),
         Case("sparse_2_4_linear", make_inputs=_x_and_float_weight, forward_traffic=FloatWeightTraffic(rows=2),
              native=_f_linear, native_label="F.linear (dense pruned weight)",
              description="2:4 sparse float weight: kept values + bitmask", **common),
@@ -235,6 +318,20 @@ def samples(device) -> list[Sample]:
         Sample(ops.sparse_2_4_linear.default, (t((4, 12), torch.bfloat16), *q37, None), sparse_2_4_linear),
         Sample(ops.sparse_2_4_linear.default, (t((2, 12), torch.float64), *q37, None), sparse_2_4_linear),
     ]
+    d37 = (*q37, colsum_2_4(q37[0]))
+    zero_rows = t((4, 12))
+    zero_rows[1] = 0  # scale 1, the bias alone
+    result += [
+        Sample(ops.sparse_2_4_dynamic_linear.default, (t((3, 12)), *d37, None), sparse_2_4_dynamic_linear),
+        Sample(ops.sparse_2_4_dynamic_linear.default, (zero_rows, *d37, t((37,))), sparse_2_4_dynamic_linear),
+        Sample(ops.sparse_2_4_dynamic_linear.default, (t((2, 4, 12), torch.bfloat16, "transposed"), *d37, t((37,), torch.bfloat16)), sparse_2_4_dynamic_linear),
+        Sample(ops.sparse_2_4_dynamic_linear.default, (t((5, 12), torch.float16, "sliced"), *d37, None), sparse_2_4_dynamic_linear),
+        Sample(ops.sparse_2_4_dynamic_linear.default, (t((12,), torch.float64), *d37, None), sparse_2_4_dynamic_linear),
+        Sample(ops.sparse_2_4_dynamic_linear.default, (t((0, 12)), *d37, None), sparse_2_4_dynamic_linear),
+        Sample(ops.sparse_2_4_dynamic_linear.default,
+               (t((3, 0)), *pack_2_4(*int8_weight(5, 0)), torch.zeros(5, dtype=torch.int32, device=device), t((5,))),
+               sparse_2_4_dynamic_linear),
+    ]
     # Every CPU build: more rows than a register tile and a task's chunk,
     # partial tiles and blocks of channels, a tail of features shorter than
     # a vector (K = 140: 8 x 16 + 12).
@@ -246,15 +343,21 @@ def samples(device) -> list[Sample]:
                                  sparse_2_4_linear, large=True))
             result.append(Sample(ops.sparse_2_4_linear.default, (t((m, 140), dtype), *wq, t((37,), dtype)),
                                  sparse_2_4_linear, large=True))
+        # W8A8: K = 200 (3 steps of 64 features + 8; 12 vectors of 16 + 8).
+        wd = pack_2_4(*int8_weight(37, 200))
+        for m in (1, 5, 61):
+            result.append(Sample(ops.sparse_2_4_dynamic_linear.default,
+                                 (t((m, 200), dtype), *wd, colsum_2_4(wd[0]), t((37,), dtype)),
+                                 sparse_2_4_dynamic_linear, large=True))
     return result
 
 
 def fuzz(d) -> Sample:
     """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
-    ops, n, k, kind = torch.ops.fuseops, d.size(20), 4 * d.size(10), d.int(0, 2)
+    ops, n, k, kind = torch.ops.fuseops, d.size(20), 4 * d.size(10), d.int(0, 3)
     if kind == 0:
         return Sample(ops.prune_2_4.default, (d.tensor((n, k)),), prune_2_4)
-    if d.flag():  # int8 values, 2 of every 4 kept, with their scale
+    if kind == 3 or d.flag():  # int8 values, 2 of every 4 kept, with their scale
         keep = prune_2_4(d.tensor((n, k), torch.float32)) != 0
         weight, scale = d.integers((n, k), -127, 128, torch.int8) * keep, d.tensor((n,), torch.float32, 0.02)
         x_dtype = None
@@ -265,7 +368,12 @@ def fuzz(d) -> Sample:
         return Sample(ops.pack_2_4.default, (weight, scale), pack_2_4)
     x = d.tensor(d.shape(0, 2) + (k,), x_dtype)
     bias = d.maybe(lambda: d.tensor((n,), x.dtype))
+    if kind == 3:  # W8A8: float64 x is quantized from float32, summed exactly
+        values, meta, scale = pack_2_4(weight, scale)
+        d.math_dtype = torch.float32
+        return Sample(ops.sparse_2_4_dynamic_linear.default, (x, values, meta, scale, colsum_2_4(values), bias),
+                      sparse_2_4_dynamic_linear)
     return Sample(ops.sparse_2_4_linear.default, (x, *pack_2_4(weight, scale), bias), sparse_2_4_linear)
 
 
-__all__ = ["pack_2_4", "prune_2_4", "sparse_2_4_linear", "unpack_2_4"]
+__all__ = ["colsum_2_4", "pack_2_4", "prune_2_4", "sparse_2_4_dynamic_linear", "sparse_2_4_linear", "unpack_2_4"]

@@ -42,6 +42,11 @@ OPS = {
              lambda x, g: fuseops.gelu_backward(g, x, "tanh", out=torch.empty_like(x))),
     "silu": (fuseops.silu,
              lambda x, g: fuseops.silu_backward(g, x, out=torch.empty_like(x))),
+    # bias_gelu: the input's gradient reuses the buffer (the bias's is a row sum).
+    "bias_gelu": (lambda x: fuseops.bias_gelu(x, row_bias(x), "tanh"),
+                  lambda x, g: fuseops.bias_gelu_backward(
+                      g, x, row_bias(x), "tanh", grad_input=torch.empty_like(x),
+                      grad_bias=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
     # Gated: the gate's gradient reuses the buffer (up = a fixed function of x).
     # The norms: the input's gradient does (the weight's is a new tensor).
     "swiglu": (lambda x: fuseops.swiglu(x, UP_SCALE * x.detach()),
@@ -64,7 +69,26 @@ OPS = {
                        grad_input=torch.empty_like(x),
                        grad_weight=torch.empty(x.shape[-1], dtype=x.dtype),
                        grad_bias=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
+    # The gradient of the sum new_residual = x + residual (here a fixed
+    # function of x) reuses that of `out`; new_residual is unused.
+    "fused_add_rms_norm": (lambda x: fuseops.fused_add_rms_norm(
+                               x, RESIDUAL_SCALE * x.detach(), norm_weight(x), 1e-6)[0],
+                           lambda x, g: fused_add_rms_norm_expected(x, g, None)),
 }
+
+RESIDUAL_SCALE = -0.5
+
+
+def fused_add_rms_norm_expected(x, grad_out, grad_new_residual):
+    _, new_residual, rstd = fuseops.fused_add_rms_norm_forward(
+        x, RESIDUAL_SCALE * x, norm_weight(x), 1e-6)
+    return fuseops.fused_add_rms_norm_backward(
+        grad_out, grad_new_residual, new_residual, norm_weight(x), rstd,
+        grad_input=torch.empty_like(x), grad_weight=torch.empty(x.shape[-1], dtype=x.dtype))[0]
+
+
+def row_bias(x):
+    return torch.linspace(-1.0, 1.0, x.shape[-1], dtype=x.dtype)
 
 
 def norm_weight(x):
@@ -124,6 +148,69 @@ def test_no_reuse_when_the_gradient_is_recorded(name):
     assert grad.data_ptr() != Fresh.address
     assert grad.requires_grad
     assert torch.equal(grad.detach(), expected(x.detach(), upstream))
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm"])
+def test_norms_do_not_reuse_when_the_gradient_is_recorded(name):
+    # create_graph=True: their gradient comes from a differentiable composite,
+    # never written over the upstream gradient.
+    forward, expected = OPS[name]
+    x, upstream = inputs(torch.float64)
+    (grad,) = torch.autograd.grad((Fresh.apply(forward(x)) * upstream).sum(), x,
+                                  create_graph=True)
+    assert grad.data_ptr() != Fresh.address
+    assert grad.requires_grad
+    # The composite and the kernel round differently: float64, so 1e-12.
+    torch.testing.assert_close(grad.detach(), expected(x.detach(), upstream),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_bias_gelu_under_create_graph_is_refused_not_reused():
+    # bias_gelu has no double backward: create_graph=True raises before any
+    # kernel would write over the upstream gradient.
+    x, upstream = inputs(torch.float64)
+    kept = upstream.clone()
+    with pytest.raises(RuntimeError, match="bias_gelu_backward.*not differentiable"):
+        torch.autograd.grad(OPS["bias_gelu"][0](x), x, kept, create_graph=True)
+    assert torch.equal(kept, upstream)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_gelu_bias_gradient_with_reuse(dtype):
+    x, upstream = inputs(dtype)
+    bias = row_bias(x).requires_grad_()
+    grad_x, grad_bias = torch.autograd.grad(
+        (Fresh.apply(fuseops.bias_gelu(x, bias, "none")) * upstream).sum(), (x, bias))
+    assert grad_x.data_ptr() == Fresh.address
+    expected_x, expected_bias = fuseops.bias_gelu_backward(upstream, x.detach(), bias.detach())
+    assert torch.equal(grad_x, expected_x)
+    assert torch.equal(grad_bias, expected_bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_add_rms_norm_with_both_gradients(dtype):
+    # The output's gradient (a sole owner) takes the sum of both; the
+    # residual's gradient, which the caller holds here, is left alone. One
+    # tensor is the gradient of both x and residual.
+    x, upstream = inputs(dtype)
+    residual = (RESIDUAL_SCALE * x.detach()).requires_grad_()
+    grad_new_residual = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    kept = grad_new_residual.clone()
+    weight = norm_weight(x).requires_grad_()
+    out, new_residual = fuseops.fused_add_rms_norm(x, residual, weight, 1e-6)
+    grad_x, grad_residual, grad_weight = torch.autograd.grad(
+        [(Fresh.apply(out) * upstream).sum(), new_residual], (x, residual, weight),
+        [None, grad_new_residual])
+    assert grad_x.data_ptr() == Fresh.address
+    assert torch.equal(grad_new_residual, kept)
+    expected = fused_add_rms_norm_expected(x.detach(), upstream, kept)
+    assert torch.equal(grad_x, expected)
+    assert torch.equal(grad_residual, expected)
+    _, nr, rstd = fuseops.fused_add_rms_norm_forward(x.detach(), residual.detach(),
+                                                     weight.detach(), 1e-6)
+    _, expected_weight = fuseops.fused_add_rms_norm_backward(upstream, kept, nr, weight.detach(),
+                                                             rstd)
+    assert torch.equal(grad_weight, expected_weight)
 
 
 def test_backward_out_may_be_grad_output_itself():

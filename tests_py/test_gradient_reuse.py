@@ -20,6 +20,7 @@ class Fresh(torch.autograd.Function):
     """Identity whose backward hands on a new tensor, nothing else holding it."""
 
     address = None
+    addresses = []  # every call's, for ops with two gradients
 
     @staticmethod
     def forward(ctx, x):
@@ -29,6 +30,7 @@ class Fresh(torch.autograd.Function):
     def backward(ctx, grad):
         fresh = grad * 1.0
         Fresh.address = fresh.data_ptr()
+        Fresh.addresses.append(Fresh.address)
         return fresh
 
 
@@ -211,6 +213,82 @@ def test_fused_add_rms_norm_with_both_gradients(dtype):
     _, expected_weight = fuseops.fused_add_rms_norm_backward(upstream, kept, nr, weight.detach(),
                                                              rstd)
     assert torch.equal(grad_weight, expected_weight)
+
+
+ROPE_TABLES = fuseops.rope_cache(48, 64)  # partial rotary of a head_dim of 64
+
+
+def rope_inputs(dtype):
+    gen = torch.Generator().manual_seed(2)
+    positions = torch.randint(0, 64, (37,), generator=gen)
+    q = torch.randn(37, 4, 64, generator=gen).to(dtype).requires_grad_()
+    k = torch.randn(37, 2, 64, generator=gen).to(dtype).requires_grad_()
+    gq = torch.randn(37, 4, 64, generator=gen).to(dtype)
+    gk = torch.randn(37, 2, 64, generator=gen).to(dtype)
+    return q, k, gq, gk, positions
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_gradients_are_reused(dtype, interleaved):
+    q, k, gq, gk, positions = rope_inputs(dtype)
+    cos, sin = ROPE_TABLES
+    expected_q, expected_k = fuseops.rope_backward(gq, gk, cos, sin, positions, interleaved)
+    # Both gradients sole owners: both rotated in place, in one call.
+    Fresh.addresses = []
+    out_q, out_k = fuseops.rope(q, k, cos, sin, positions, interleaved)
+    loss = (Fresh.apply(out_q) * gq).sum() + (Fresh.apply(out_k) * gk).sum()
+    grad_q, grad_k = torch.autograd.grad(loss, (q, k))
+    assert sorted(Fresh.addresses) == sorted([grad_q.data_ptr(), grad_k.data_ptr()])
+    assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
+    # The key's gradient held by a hook: the query's alone is reused.
+    Fresh.addresses = []
+    stored = []
+    out_q, out_k = fuseops.rope(q, k, cos, sin, positions, interleaved)
+    out_k.register_hook(stored.append)
+    grad_q, grad_k = torch.autograd.grad((Fresh.apply(out_q) * gq).sum() + (out_k * gk).sum(),
+                                         (q, k))
+    assert Fresh.addresses == [grad_q.data_ptr()]
+    assert grad_k.data_ptr() != stored[0].data_ptr()
+    assert torch.equal(stored[0], gk)
+    assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
+    # One tensor (rope.single), and a pair whose key is unused.
+    for forward in (lambda: fuseops.rope(q, None, cos, sin, positions, interleaved),
+                    lambda: fuseops.rope(q, k, cos, sin, positions, interleaved)[0]):
+        (grad_q,) = torch.autograd.grad((Fresh.apply(forward()) * gq).sum(), q)
+        assert grad_q.data_ptr() == Fresh.address
+        assert torch.equal(grad_q, expected_q)
+
+
+def test_rope_gradient_someone_holds_is_left_alone():
+    q, k, gq, gk, positions = rope_inputs(torch.float32)
+    cos, sin = ROPE_TABLES
+    expected_q, expected_k = fuseops.rope_backward(gq, gk, cos, sin, positions)
+    kept_q, kept_k = gq.clone(), gk.clone()
+    grad_q, grad_k = torch.autograd.grad(fuseops.rope(q, k, cos, sin, positions), (q, k),
+                                         (kept_q, kept_k))
+    assert torch.equal(kept_q, gq) and torch.equal(kept_k, gk)
+    assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
+    y = fuseops.rope(q, None, cos, sin, positions)
+    y.retain_grad()
+    (y * gq).sum().backward()
+    assert torch.equal(y.grad, gq)
+    assert torch.equal(q.grad, expected_q)
+
+
+def test_rope_no_reuse_when_the_gradient_is_recorded():
+    q, k, gq, gk, positions = rope_inputs(torch.float64)
+    cos, sin = ROPE_TABLES
+    # rope's gradient is linear in the upstream one: recorded when that
+    # requires grad.
+    gq.requires_grad_()
+    (grad_q,) = torch.autograd.grad(
+        (Fresh.apply(fuseops.rope(q, None, cos, sin, positions)) * gq).sum(), q,
+        create_graph=True)
+    assert grad_q.data_ptr() != Fresh.address
+    assert grad_q.requires_grad
+    assert torch.equal(grad_q.detach(),
+                       fuseops.rope_backward(gq.detach(), None, cos, sin, positions))
 
 
 def test_backward_out_may_be_grad_output_itself():

@@ -37,7 +37,8 @@ namespace fuseops::autograd_detail {
 //    out= op where the graph has none), no inference tensor (not writable
 //    outside inference mode);
 //  - contiguous, with the result's dtype, device and shape, as the fresh
-//    output would have been.
+//    output would have been. An undefined `like` stands for a result
+//    shaped like `grad` itself (rope's backward, a rotation of it).
 inline bool reusable_gradient(const at::Tensor& grad, const at::Tensor& like) {
   // is_tensor_stealable: one reference, or two where the second is the
   // tensor's Python object and nothing in Python refers to that (AccumulateGrad's
@@ -62,6 +63,9 @@ inline bool reusable_gradient(const at::Tensor& grad, const at::Tensor& like) {
       at::caching::is_cached_tensor(grad) ||
       !(grad.device().is_cpu() || grad.device().is_cuda())) {
     return false;
+  }
+  if (!like.defined()) {
+    return grad.is_contiguous();
   }
   return grad.is_contiguous() && grad.scalar_type() == like.scalar_type() &&
          grad.device() == like.device() && grad.sizes() == like.sizes() &&

@@ -191,6 +191,25 @@ def fused_add_rms_norm_reference(
     return rms_norm_reference(new_residual, weight, eps), new_residual
 
 
+def fused_add_rms_norm_backward_reference(
+    grad_output: torch.Tensor,
+    grad_new_residual: Optional[torch.Tensor],
+    new_residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_input, grad_weight): rms_norm's backward of new_residual plus
+    grad_new_residual, added before rounding to the dtype."""
+    compute = rstd.dtype
+    grad_input, grad_weight = rms_norm_backward_reference(
+        grad_output, new_residual.to(compute), weight, rstd)
+    if grad_new_residual is not None:
+        grad_input = grad_input + grad_new_residual.to(compute)
+    if weight is None:
+        grad_weight = new_residual.new_empty(0)
+    return grad_input.to(new_residual.dtype), grad_weight
+
+
 def _native_fused_add_rms_norm(x, residual, weight, *, eps):
     new_residual = x + residual
     return F.rms_norm(new_residual, (x.shape[-1],), weight, eps), new_residual

@@ -114,11 +114,14 @@ constexpr int64_t kMaxRowSplits = 128;
 // slice of rows, while each thread sums its column in opmath; the block's
 // 8 row-threads are then added in shared memory and written to
 // partial[blockIdx.y, col]. The row splits' partials are summed afterwards.
+// No __restrict__ on grad_input, grad_output and x: bias_gelu_backward.out
+// may write grad_input over either (each element is read before the same
+// thread writes it).
 template <Activation kAct, typename scalar_t>
 __global__ void bias_gelu_backward_kernel_impl(
-    int64_t rows, int64_t cols, scalar_t* __restrict__ grad_input,
-    at::opmath_type<scalar_t>* __restrict__ partial, const scalar_t* __restrict__ grad_output,
-    const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias) {
+    int64_t rows, int64_t cols, scalar_t* grad_input,
+    at::opmath_type<scalar_t>* __restrict__ partial, const scalar_t* grad_output,
+    const scalar_t* x, const scalar_t* __restrict__ bias) {
   using opmath_t = at::opmath_type<scalar_t>;
   __shared__ opmath_t sums[kRowsPerBlock][kColumnsPerBlock + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;

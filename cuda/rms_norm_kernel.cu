@@ -137,10 +137,11 @@ __global__ void rms_norm_forward_kernel(int64_t rows, int64_t hidden,
 // partial[group] += g * x * rstd.
 template <typename scalar_t, int kVec, int kWarpsPerRow>
 __global__ void rms_norm_backward_kernel(
-    // No __restrict__ on grad, input and grad_input: rms_norm_backward.out may
-    // write grad_input over grad or input (each element is read first).
+    // No __restrict__ on grad, grad_residual, input and grad_input: the
+    // backward out= overloads may write grad_input over grad, grad_residual
+    // or input (each element is read first).
     int64_t rows, int64_t hidden, const scalar_t* grad,
-    const scalar_t* __restrict__ grad_residual, const scalar_t* input,
+    const scalar_t* grad_residual, const scalar_t* input,
     const at::opmath_type<scalar_t>* __restrict__ weight,
     const at::opmath_type<scalar_t>* __restrict__ rstd, scalar_t* grad_input,
     at::opmath_type<scalar_t>* __restrict__ weight_partials) {

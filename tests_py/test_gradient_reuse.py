@@ -20,6 +20,7 @@ class Fresh(torch.autograd.Function):
     """Identity whose backward hands on a new tensor, nothing else holding it."""
 
     address = None
+    addresses = []  # every call's, for ops with two gradients
 
     @staticmethod
     def forward(ctx, x):
@@ -29,6 +30,7 @@ class Fresh(torch.autograd.Function):
     def backward(ctx, grad):
         fresh = grad * 1.0
         Fresh.address = fresh.data_ptr()
+        Fresh.addresses.append(Fresh.address)
         return fresh
 
 
@@ -42,6 +44,11 @@ OPS = {
              lambda x, g: fuseops.gelu_backward(g, x, "tanh", out=torch.empty_like(x))),
     "silu": (fuseops.silu,
              lambda x, g: fuseops.silu_backward(g, x, out=torch.empty_like(x))),
+    # bias_gelu: the input's gradient reuses the buffer (the bias's is a row sum).
+    "bias_gelu": (lambda x: fuseops.bias_gelu(x, row_bias(x), "tanh"),
+                  lambda x, g: fuseops.bias_gelu_backward(
+                      g, x, row_bias(x), "tanh", grad_input=torch.empty_like(x),
+                      grad_bias=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
     # Gated: the gate's gradient reuses the buffer (up = a fixed function of x).
     # The norms: the input's gradient does (the weight's is a new tensor).
     "swiglu": (lambda x: fuseops.swiglu(x, UP_SCALE * x.detach()),
@@ -64,7 +71,26 @@ OPS = {
                        grad_input=torch.empty_like(x),
                        grad_weight=torch.empty(x.shape[-1], dtype=x.dtype),
                        grad_bias=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
+    # The gradient of the sum new_residual = x + residual (here a fixed
+    # function of x) reuses that of `out`; new_residual is unused.
+    "fused_add_rms_norm": (lambda x: fuseops.fused_add_rms_norm(
+                               x, RESIDUAL_SCALE * x.detach(), norm_weight(x), 1e-6)[0],
+                           lambda x, g: fused_add_rms_norm_expected(x, g, None)),
 }
+
+RESIDUAL_SCALE = -0.5
+
+
+def fused_add_rms_norm_expected(x, grad_out, grad_new_residual):
+    _, new_residual, rstd = fuseops.fused_add_rms_norm_forward(
+        x, RESIDUAL_SCALE * x, norm_weight(x), 1e-6)
+    return fuseops.fused_add_rms_norm_backward(
+        grad_out, grad_new_residual, new_residual, norm_weight(x), rstd,
+        grad_input=torch.empty_like(x), grad_weight=torch.empty(x.shape[-1], dtype=x.dtype))[0]
+
+
+def row_bias(x):
+    return torch.linspace(-1.0, 1.0, x.shape[-1], dtype=x.dtype)
 
 
 def norm_weight(x):
@@ -124,6 +150,145 @@ def test_no_reuse_when_the_gradient_is_recorded(name):
     assert grad.data_ptr() != Fresh.address
     assert grad.requires_grad
     assert torch.equal(grad.detach(), expected(x.detach(), upstream))
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm"])
+def test_norms_do_not_reuse_when_the_gradient_is_recorded(name):
+    # create_graph=True: their gradient comes from a differentiable composite,
+    # never written over the upstream gradient.
+    forward, expected = OPS[name]
+    x, upstream = inputs(torch.float64)
+    (grad,) = torch.autograd.grad((Fresh.apply(forward(x)) * upstream).sum(), x,
+                                  create_graph=True)
+    assert grad.data_ptr() != Fresh.address
+    assert grad.requires_grad
+    # The composite and the kernel round differently: float64, so 1e-12.
+    torch.testing.assert_close(grad.detach(), expected(x.detach(), upstream),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_bias_gelu_under_create_graph_is_refused_not_reused():
+    # bias_gelu has no double backward: create_graph=True raises before any
+    # kernel would write over the upstream gradient.
+    x, upstream = inputs(torch.float64)
+    kept = upstream.clone()
+    with pytest.raises(RuntimeError, match="bias_gelu_backward.*not differentiable"):
+        torch.autograd.grad(OPS["bias_gelu"][0](x), x, kept, create_graph=True)
+    assert torch.equal(kept, upstream)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_gelu_bias_gradient_with_reuse(dtype):
+    x, upstream = inputs(dtype)
+    bias = row_bias(x).requires_grad_()
+    grad_x, grad_bias = torch.autograd.grad(
+        (Fresh.apply(fuseops.bias_gelu(x, bias, "none")) * upstream).sum(), (x, bias))
+    assert grad_x.data_ptr() == Fresh.address
+    expected_x, expected_bias = fuseops.bias_gelu_backward(upstream, x.detach(), bias.detach())
+    assert torch.equal(grad_x, expected_x)
+    assert torch.equal(grad_bias, expected_bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_add_rms_norm_with_both_gradients(dtype):
+    # The output's gradient (a sole owner) takes the sum of both; the
+    # residual's gradient, which the caller holds here, is left alone. One
+    # tensor is the gradient of both x and residual.
+    x, upstream = inputs(dtype)
+    residual = (RESIDUAL_SCALE * x.detach()).requires_grad_()
+    grad_new_residual = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    kept = grad_new_residual.clone()
+    weight = norm_weight(x).requires_grad_()
+    out, new_residual = fuseops.fused_add_rms_norm(x, residual, weight, 1e-6)
+    grad_x, grad_residual, grad_weight = torch.autograd.grad(
+        [(Fresh.apply(out) * upstream).sum(), new_residual], (x, residual, weight),
+        [None, grad_new_residual])
+    assert grad_x.data_ptr() == Fresh.address
+    assert torch.equal(grad_new_residual, kept)
+    expected = fused_add_rms_norm_expected(x.detach(), upstream, kept)
+    assert torch.equal(grad_x, expected)
+    assert torch.equal(grad_residual, expected)
+    _, nr, rstd = fuseops.fused_add_rms_norm_forward(x.detach(), residual.detach(),
+                                                     weight.detach(), 1e-6)
+    _, expected_weight = fuseops.fused_add_rms_norm_backward(upstream, kept, nr, weight.detach(),
+                                                             rstd)
+    assert torch.equal(grad_weight, expected_weight)
+
+
+ROPE_TABLES = fuseops.rope_cache(48, 64)  # partial rotary of a head_dim of 64
+
+
+def rope_inputs(dtype):
+    gen = torch.Generator().manual_seed(2)
+    positions = torch.randint(0, 64, (37,), generator=gen)
+    q = torch.randn(37, 4, 64, generator=gen).to(dtype).requires_grad_()
+    k = torch.randn(37, 2, 64, generator=gen).to(dtype).requires_grad_()
+    gq = torch.randn(37, 4, 64, generator=gen).to(dtype)
+    gk = torch.randn(37, 2, 64, generator=gen).to(dtype)
+    return q, k, gq, gk, positions
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_gradients_are_reused(dtype, interleaved):
+    q, k, gq, gk, positions = rope_inputs(dtype)
+    cos, sin = ROPE_TABLES
+    expected_q, expected_k = fuseops.rope_backward(gq, gk, cos, sin, positions, interleaved)
+    # Both gradients sole owners: both rotated in place, in one call.
+    Fresh.addresses = []
+    out_q, out_k = fuseops.rope(q, k, cos, sin, positions, interleaved)
+    loss = (Fresh.apply(out_q) * gq).sum() + (Fresh.apply(out_k) * gk).sum()
+    grad_q, grad_k = torch.autograd.grad(loss, (q, k))
+    assert sorted(Fresh.addresses) == sorted([grad_q.data_ptr(), grad_k.data_ptr()])
+    assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
+    # The key's gradient held by a hook: the query's alone is reused.
+    Fresh.addresses = []
+    stored = []
+    out_q, out_k = fuseops.rope(q, k, cos, sin, positions, interleaved)
+    out_k.register_hook(stored.append)
+    grad_q, grad_k = torch.autograd.grad((Fresh.apply(out_q) * gq).sum() + (out_k * gk).sum(),
+                                         (q, k))
+    assert Fresh.addresses == [grad_q.data_ptr()]
+    assert grad_k.data_ptr() != stored[0].data_ptr()
+    assert torch.equal(stored[0], gk)
+    assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
+    # One tensor (rope.single), and a pair whose key is unused.
+    for forward in (lambda: fuseops.rope(q, None, cos, sin, positions, interleaved),
+                    lambda: fuseops.rope(q, k, cos, sin, positions, interleaved)[0]):
+        (grad_q,) = torch.autograd.grad((Fresh.apply(forward()) * gq).sum(), q)
+        assert grad_q.data_ptr() == Fresh.address
+        assert torch.equal(grad_q, expected_q)
+
+
+def test_rope_gradient_someone_holds_is_left_alone():
+    q, k, gq, gk, positions = rope_inputs(torch.float32)
+    cos, sin = ROPE_TABLES
+    expected_q, expected_k = fuseops.rope_backward(gq, gk, cos, sin, positions)
+    kept_q, kept_k = gq.clone(), gk.clone()
+    grad_q, grad_k = torch.autograd.grad(fuseops.rope(q, k, cos, sin, positions), (q, k),
+                                         (kept_q, kept_k))
+    assert torch.equal(kept_q, gq) and torch.equal(kept_k, gk)
+    assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
+    y = fuseops.rope(q, None, cos, sin, positions)
+    y.retain_grad()
+    (y * gq).sum().backward()
+    assert torch.equal(y.grad, gq)
+    assert torch.equal(q.grad, expected_q)
+
+
+def test_rope_no_reuse_when_the_gradient_is_recorded():
+    q, k, gq, gk, positions = rope_inputs(torch.float64)
+    cos, sin = ROPE_TABLES
+    # rope's gradient is linear in the upstream one: recorded when that
+    # requires grad.
+    gq.requires_grad_()
+    (grad_q,) = torch.autograd.grad(
+        (Fresh.apply(fuseops.rope(q, None, cos, sin, positions)) * gq).sum(), q,
+        create_graph=True)
+    assert grad_q.data_ptr() != Fresh.address
+    assert grad_q.requires_grad
+    assert torch.equal(grad_q.detach(),
+                       fuseops.rope_backward(gq.detach(), None, cos, sin, positions))
 
 
 def test_backward_out_may_be_grad_output_itself():

@@ -143,31 +143,81 @@ at::Tensor& bias_gelu_out_with(const at::Tensor& input, const at::Tensor& bias,
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& grad_output,
-                                                           const at::Tensor& input,
-                                                           const at::Tensor& bias,
-                                                           std::string_view approximate,
-                                                           BiasGeluBackwardKernel kernel) {
-  constexpr const char* op = "fuseops::bias_gelu_backward";
+namespace {
+
+Activation check_bias_gelu_backward(const char* op, const at::Tensor& grad_output,
+                                    const at::Tensor& input, const at::Tensor& bias,
+                                    std::string_view approximate) {
   check_floating_input(op, "grad_output", grad_output);
   check_bias_gelu_inputs(op, input, bias);
   check_same_dtype(op, "grad_output", grad_output, "input", input);
   check_same_device(op, "grad_output", grad_output, "input", input);
   check_same_shape(op, "grad_output", grad_output, "input", input);
-  const Activation activation = parse_gelu_approximate(op, approximate);
-  at::Tensor grad_input = empty_contiguous_like(input);
-  at::Tensor grad_bias = empty_contiguous_like(bias);
-  if (kernel == nullptr) {
-    return {grad_input, grad_bias};
-  }
+  return parse_gelu_approximate(op, approximate);
+}
+
+// Fills both gradients (contiguous, allocated); grad_input may be exactly
+// grad_output or input (the kernels read an element before writing it).
+void run_bias_gelu_backward(BiasGeluBackwardKernel kernel, const at::Tensor& grad_input,
+                            const at::Tensor& grad_bias, const at::Tensor& grad_output,
+                            const at::Tensor& input, const at::Tensor& bias,
+                            Activation activation) {
   if (input.numel() == 0) {
     // No rows: the bias gradient is an empty sum.
     grad_bias.zero_();
-    return {grad_input, grad_bias};
+    return;
   }
-  kernel(grad_input, grad_bias, grad_output.contiguous(), input.contiguous(),
-         bias.contiguous(), activation);
+  kernel(grad_input, grad_bias, grad_output, input, bias.contiguous(), activation);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& grad_output,
+                                                           const at::Tensor& input,
+                                                           const at::Tensor& bias,
+                                                           std::string_view approximate,
+                                                           BiasGeluBackwardKernel kernel) {
+  const Activation activation = check_bias_gelu_backward("fuseops::bias_gelu_backward",
+                                                         grad_output, input, bias, approximate);
+  at::Tensor grad_input = empty_contiguous_like(input);
+  at::Tensor grad_bias = empty_contiguous_like(bias);
+  if (kernel != nullptr) {
+    run_bias_gelu_backward(kernel, grad_input, grad_bias, grad_output.contiguous(),
+                           input.contiguous(), bias, activation);
+  }
   return {grad_input, grad_bias};
+}
+
+void bias_gelu_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
+                                 const at::Tensor& bias, std::string_view approximate,
+                                 at::Tensor& grad_input, at::Tensor& grad_bias,
+                                 BiasGeluBackwardKernel kernel) {
+  constexpr const char* op = "fuseops::bias_gelu_backward.out";
+  const Activation activation =
+      check_bias_gelu_backward(op, grad_output, input, bias, approximate);
+  check_out(op, grad_input, "input", input, "grad_input");
+  check_out(op, grad_bias, "bias", bias, "grad_bias");
+  const std::initializer_list<NamedTensor> inputs = {
+      {"grad_output", grad_output}, {"input", input}, {"bias", bias}};
+  TORCH_CHECK(!share_memory(grad_input, grad_bias), op,
+              ": arguments 'grad_input' and 'grad_bias' share memory; each result needs its "
+              "own tensor");
+  prepare_outputs(op, {{"grad_input", grad_input}}, input.sizes(), inputs);
+  prepare_outputs(op, {{"grad_bias", grad_bias}}, bias.sizes(), inputs);
+  if (kernel == nullptr) {
+    return;
+  }
+  // Elementwise: grad_input may be exactly grad_output or input. The bias
+  // gradient (a row sum) goes through a temporary.
+  const at::Tensor contiguous_grad = grad_output.contiguous();
+  const at::Tensor contiguous_input = input.contiguous();
+  const at::Tensor bias_target = empty_contiguous_like(bias);
+  fill_out(grad_input, {contiguous_grad, contiguous_input}, {bias, grad_bias},
+           [&](const at::Tensor& target) {
+             run_bias_gelu_backward(kernel, target, bias_target, contiguous_grad,
+                                    contiguous_input, bias, activation);
+           });
+  grad_bias.copy_(bias_target);
 }
 
 }  // namespace detail
@@ -272,6 +322,20 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_out
   return op.call(grad_output, input, bias, approximate);
 }
 
+void bias_gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                            const at::Tensor& bias, std::string_view approximate,
+                            at::Tensor& grad_input, at::Tensor& grad_bias) {
+  constexpr const char* name = "fuseops::bias_gelu_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "bias", bias);
+  check_out(name, grad_input, "input", input, "grad_input");
+  check_out(name, grad_bias, "bias", bias, "grad_bias");
+  static auto op = detail::find_op<decltype(bias_gelu_backward_out)>(
+      "fuseops::bias_gelu_backward", "out");
+  op.call(grad_output, input, bias, approximate, grad_input, grad_bias);
+}
+
 namespace {
 
 struct MetaKernels {
@@ -306,6 +370,10 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def(
       "bias_gelu_backward(Tensor grad_output, Tensor input, Tensor bias, "
       "str approximate='none') -> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "bias_gelu_backward.out(Tensor grad_output, Tensor input, Tensor bias, "
+      "str approximate='none', *, Tensor(a!) grad_input, Tensor(b!) grad_bias) -> ()",
       tags);
 }
 

@@ -89,6 +89,10 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& gra
                                                            const at::Tensor& bias,
                                                            std::string_view approximate,
                                                            BiasGeluBackwardKernel kernel);
+void bias_gelu_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
+                                 const at::Tensor& bias, std::string_view approximate,
+                                 at::Tensor& grad_input, at::Tensor& grad_bias,
+                                 BiasGeluBackwardKernel kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::forward()`,
 // `backward()`, `bias_gelu()` and `bias_gelu_backward()` return its kernels.
@@ -150,6 +154,12 @@ struct ActivationRegistrations {
     return bias_gelu_backward_with(grad_output, input, bias, approximate,
                                    Kernels::bias_gelu_backward());
   }
+  static void bias_gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                                     const at::Tensor& bias, std::string_view approximate,
+                                     at::Tensor& grad_input, at::Tensor& grad_bias) {
+    bias_gelu_backward_out_with(grad_output, input, bias, approximate, grad_input, grad_bias,
+                                Kernels::bias_gelu_backward());
+  }
 
   template <typename Library>
   static void register_all(Library& m) {
@@ -164,6 +174,7 @@ struct ActivationRegistrations {
     m.impl("bias_gelu", TORCH_FN(bias_gelu));
     m.impl("bias_gelu.out", TORCH_FN(bias_gelu_out));
     m.impl("bias_gelu_backward", TORCH_FN(bias_gelu_backward));
+    m.impl("bias_gelu_backward.out", TORCH_FN(bias_gelu_backward_out));
   }
 };
 

@@ -228,16 +228,13 @@ void layer_norm_backward_out_with(const at::Tensor& grad_output, const at::Tenso
   }
   // Row-wise: grad_input may be exactly grad_output or input. The row sums
   // ([hidden] each) go through temporaries.
-  const bool direct = writes_directly(grad_input, {grad_output.contiguous(), input.contiguous()},
-                                      {w, mean, rstd, grad_weight, grad_bias});
-  const at::Tensor input_target = direct ? grad_input : empty_contiguous_like(input);
   const at::Tensor weight_target = detail::empty_output({input.size(-1)}, input.options());
   const at::Tensor bias_target = detail::empty_output({input.size(-1)}, input.options());
-  run_backward(kernel, input_target, weight_target, bias_target, grad_output, input, w, mean,
-               rstd);
-  if (!direct) {
-    grad_input.copy_(input_target);
-  }
+  fill_out(grad_input, {grad_output.contiguous(), input.contiguous()},
+           {w, mean, rstd, grad_weight, grad_bias}, [&](const at::Tensor& target) {
+             run_backward(kernel, target, weight_target, bias_target, grad_output, input, w,
+                          mean, rstd);
+           });
   grad_weight.copy_(weight_target);
   grad_bias.copy_(bias_target);
 }

@@ -129,9 +129,6 @@ struct BackwardResult {
   at::Tensor grad_weight;
 };
 
-// `grad_input_target`, when defined, is where grad_input goes (contiguous,
-// input's shape; it may be exactly grad_output or input: the kernel reads a
-// row's element before writing it); otherwise grad_input is allocated.
 // The checks of a backward call; returns the weight (undefined for none).
 at::Tensor check_backward(const char* op, const at::Tensor& grad_output,
                           const at::Tensor& grad_residual, const char* input_name,
@@ -155,6 +152,10 @@ at::Tensor check_backward(const char* op, const at::Tensor& grad_output,
   return weight;
 }
 
+// `grad_input_target`, when defined, is where grad_input goes (contiguous,
+// input's shape; it may be exactly grad_output, grad_residual or input: the
+// kernel reads a row's element before writing it); otherwise grad_input is
+// allocated.
 BackwardResult backward(const char* op, const at::Tensor& grad_output,
                         const at::Tensor& grad_residual, const char* input_name,
                         const at::Tensor& input, const std::optional<at::Tensor>& weight_opt,
@@ -242,39 +243,55 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(
   return {r.grad_input, r.grad_weight};
 }
 
-void rms_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
-                                const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
-                                at::Tensor& grad_input, at::Tensor& grad_weight,
-                                RmsNormBackwardKernel kernel) {
-  constexpr const char* op = "fuseops::rms_norm_backward.out";
+namespace {
+
+// The out= backward of both ops; `grad_residual` is undefined for rms_norm.
+void backward_out(const char* op, const at::Tensor& grad_output,
+                  const at::Tensor& grad_residual, const char* input_name,
+                  const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                  const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight,
+                  RmsNormBackwardKernel kernel) {
   const at::Tensor weight_or_undefined =
-      check_backward(op, grad_output, at::Tensor(), "input", input, weight, rstd);
+      check_backward(op, grad_output, grad_residual, input_name, input, weight, rstd);
   const bool has_weight = weight_or_undefined.defined();
-  check_out(op, grad_input, "input", input, "grad_input");
-  check_out(op, grad_weight, has_weight ? "weight" : "input",
+  check_out(op, grad_input, input_name, input, "grad_input");
+  check_out(op, grad_weight, has_weight ? "weight" : input_name,
             has_weight ? weight_or_undefined : input, "grad_weight");
   TORCH_CHECK(!share_memory(grad_input, grad_weight), op,
               ": arguments 'grad_input' and 'grad_weight' share memory; each result needs its "
               "own tensor");
   prepare_outputs(op, {{"grad_input", grad_input}}, input.sizes(),
-                  {{"grad_output", grad_output}, {"input", input}, {"rstd", rstd},
-                   {"weight", weight_or_undefined}, {"grad_weight", grad_weight}});
+                  {{"grad_output", grad_output}, {"grad_new_residual", grad_residual},
+                   {input_name, input}, {"rstd", rstd}, {"weight", weight_or_undefined},
+                   {"grad_weight", grad_weight}});
   prepare_outputs(op, {{"grad_weight", grad_weight}},
                   {has_weight ? input.size(-1) : 0},
-                  {{"grad_output", grad_output}, {"input", input}, {"rstd", rstd},
-                   {"weight", weight_or_undefined}, {"grad_input", grad_input}});
-  // Row-wise: grad_input may be exactly grad_output or input.
-  const bool direct = kernel == nullptr ||
-                      writes_directly(grad_input, {grad_output, input},
-                                      {rstd, weight_or_undefined, grad_weight});
-  BackwardResult r = backward(op, grad_output, at::Tensor(), "input", input, weight, rstd,
-                              kernel, direct ? grad_input : at::Tensor());
-  if (!direct) {
-    grad_input.copy_(r.grad_input);
+                  {{"grad_output", grad_output}, {"grad_new_residual", grad_residual},
+                   {input_name, input}, {"rstd", rstd}, {"weight", weight_or_undefined},
+                   {"grad_input", grad_input}});
+  if (kernel == nullptr) {
+    return;
   }
-  if (has_weight && kernel != nullptr) {
+  // Row-wise: grad_input may be exactly grad_output, grad_residual or input.
+  BackwardResult r;
+  fill_out(grad_input, {grad_output, grad_residual, input},
+           {rstd, weight_or_undefined, grad_weight}, [&](const at::Tensor& target) {
+             r = backward(op, grad_output, grad_residual, input_name, input, weight, rstd,
+                          kernel, target);
+           });
+  if (has_weight) {
     grad_weight.copy_(r.grad_weight);
   }
+}
+
+}  // namespace
+
+void rms_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
+                                const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+                                at::Tensor& grad_input, at::Tensor& grad_weight,
+                                RmsNormBackwardKernel kernel) {
+  backward_out("fuseops::rms_norm_backward.out", grad_output, at::Tensor(), "input", input,
+               weight, rstd, grad_input, grad_weight, kernel);
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(
@@ -346,6 +363,16 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_with(
                               undefined_if_none(grad_new_residual), "new_residual",
                               new_residual, weight, rstd, kernel);
   return {r.grad_input, r.grad_weight};
+}
+
+void fused_add_rms_norm_backward_out_with(
+    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
+    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight,
+    RmsNormBackwardKernel kernel) {
+  backward_out("fuseops::fused_add_rms_norm_backward.out", grad_output,
+               undefined_if_none(grad_new_residual), "new_residual", new_residual, weight, rstd,
+               grad_input, grad_weight, kernel);
 }
 
 }  // namespace detail
@@ -461,6 +488,25 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
                  none_if_undefined(weight), rstd);
 }
 
+void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
+                                    const std::optional<at::Tensor>& grad_new_residual,
+                                    const at::Tensor& new_residual,
+                                    const std::optional<at::Tensor>& weight,
+                                    const at::Tensor& rstd, at::Tensor& grad_input,
+                                    at::Tensor& grad_weight) {
+  constexpr const char* name = "fuseops::fused_add_rms_norm_backward.out";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "new_residual", new_residual);
+  TORCH_CHECK(rstd.defined(), name,
+              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(grad_input.defined(), name, ": argument 'grad_input' must be a defined tensor");
+  TORCH_CHECK(grad_weight.defined(), name, ": argument 'grad_weight' must be a defined tensor");
+  static auto op = find_op<decltype(fused_add_rms_norm_backward_out)>(
+      "fuseops::fused_add_rms_norm_backward", "out");
+  op.call(grad_output, none_if_undefined(grad_new_residual), new_residual,
+          none_if_undefined(weight), rstd, grad_input, grad_weight);
+}
+
 namespace {
 
 struct MetaKernels {
@@ -506,6 +552,11 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def(
       "fused_add_rms_norm_backward(Tensor grad_output, Tensor? grad_new_residual, "
       "Tensor new_residual, Tensor? weight, Tensor rstd) -> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "fused_add_rms_norm_backward.out(Tensor grad_output, Tensor? grad_new_residual, "
+      "Tensor new_residual, Tensor? weight, Tensor rstd, *, Tensor(a!) grad_input, "
+      "Tensor(b!) grad_weight) -> ()",
       tags);
 }
 

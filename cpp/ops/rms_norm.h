@@ -76,6 +76,11 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_with(
     const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
     const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
     const at::Tensor& rstd, RmsNormBackwardKernel kernel);
+void fused_add_rms_norm_backward_out_with(
+    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
+    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight,
+    RmsNormBackwardKernel kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::forward()` and
 // `Kernels::backward()` return its kernels.
@@ -130,6 +135,13 @@ struct RmsNormRegistrations {
     return fused_add_rms_norm_backward_with(grad_output, grad_new_residual, new_residual,
                                             weight, rstd, Kernels::backward());
   }
+  static void fused_add_rms_norm_backward_out(
+      const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
+      const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
+      const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight) {
+    fused_add_rms_norm_backward_out_with(grad_output, grad_new_residual, new_residual, weight,
+                                         rstd, grad_input, grad_weight, Kernels::backward());
+  }
 
   template <typename Library>
   static void register_all(Library& m) {
@@ -142,6 +154,7 @@ struct RmsNormRegistrations {
     m.impl("fused_add_rms_norm.out", TORCH_FN(fused_add_rms_norm_out));
     m.impl("fused_add_rms_norm_forward", TORCH_FN(fused_add_rms_norm_forward));
     m.impl("fused_add_rms_norm_backward", TORCH_FN(fused_add_rms_norm_backward));
+    m.impl("fused_add_rms_norm_backward.out", TORCH_FN(fused_add_rms_norm_backward_out));
   }
 };
 

@@ -33,6 +33,10 @@ struct Names {
 };
 
 Names names(bool has_key, bool transpose, bool out) {
+  if (out && transpose) {
+    return has_key ? Names{"fuseops::rope_backward.out", "grad_query", "grad_key"}
+                   : Names{"fuseops::rope_backward.single_out", "grad_input", "grad_key"};
+  }
   if (out) {
     return has_key ? Names{"fuseops::rope.out", "query", "key"}
                    : Names{"fuseops::rope.single_out", "input", "key"};
@@ -274,19 +278,22 @@ std::tuple<at::Tensor, at::Tensor> rope_with(const at::Tensor& query, const at::
 
 void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
                    const at::Tensor& sin, const std::optional<at::Tensor>& positions_opt,
-                   bool interleaved, const at::Tensor& out, const at::Tensor& key_out,
-                   RopeKernel kernel) {
-  const Checked c = check_all(names(key.defined(), false, true), query, key, cos, sin);
+                   bool interleaved, bool transpose, const at::Tensor& out,
+                   const at::Tensor& key_out, RopeKernel kernel) {
+  const Checked c = check_all(names(key.defined(), transpose, true), query, key, cos, sin);
   const char* op = c.names.op;
   const at::Tensor positions = undefined_if_none(positions_opt);
   check_out(op, out, c.names.input, query);
   if (key.defined()) {
     TORCH_CHECK(key_out.defined(), op, ": argument 'key_out' must be a defined tensor");
-    check_same_dtype(op, "key_out", key_out, "key", key);
-    check_same_device(op, "key_out", key_out, "key", key);
+    check_same_dtype(op, "key_out", key_out, c.names.key, key);
+    check_same_device(op, "key_out", key_out, c.names.key, key);
   }
-  const std::initializer_list<NamedTensor> inputs = {
-      {c.names.input, query}, {"key", key}, {"cos", cos}, {"sin", sin}, {"positions", positions}};
+  const std::initializer_list<NamedTensor> inputs = {{c.names.input, query},
+                                                     {c.names.key, key},
+                                                     {"cos", cos},
+                                                     {"sin", sin},
+                                                     {"positions", positions}};
   prepare_outputs(op, {{"out", out}}, query.sizes(), inputs);
   if (key.defined()) {
     prepare_outputs(op, {{"key_out", key_out}}, key.sizes(), inputs);
@@ -335,7 +342,7 @@ void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Ten
     k_target = empty_output({c.tokens, key.size(-2), key.size(-1)}, key.options());
   }
   kernel({q_target, q_rows, k_target, k_rows, tables.cos, tables.sin, tables.positions,
-          interleaved, false});
+          interleaved, transpose});
   if (!q_direct) {
     out.copy_(q_target.view(query.sizes()));
   }
@@ -436,6 +443,34 @@ at::Tensor rope_single_backward(const at::Tensor& grad_input, const at::Tensor& 
   return op.call(grad_input, cos, sin, detail::none_if_undefined(positions), interleaved);
 }
 
+std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(
+    const at::Tensor& grad_query, const at::Tensor& grad_key, const at::Tensor& cos,
+    const at::Tensor& sin, const std::optional<at::Tensor>& positions, bool interleaved,
+    at::Tensor& out, at::Tensor& key_out) {
+  constexpr const char* name = "fuseops::rope_backward.out";
+  check_defined(name, {{"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos},
+                       {"sin", &sin}});
+  check_out(name, out, "grad_query", grad_query);
+  TORCH_CHECK(key_out.defined(), name, ": argument 'key_out' must be a defined tensor");
+  static auto op = find_out_op<decltype(rope_backward_out)>("fuseops::rope_backward", "out");
+  op.call(grad_query, grad_key, cos, sin, detail::none_if_undefined(positions), interleaved,
+          out, key_out);
+  return {out, key_out};
+}
+
+at::Tensor& rope_backward_single_out(const at::Tensor& grad_input, const at::Tensor& cos,
+                                     const at::Tensor& sin,
+                                     const std::optional<at::Tensor>& positions,
+                                     bool interleaved, at::Tensor& out) {
+  constexpr const char* name = "fuseops::rope_backward.single_out";
+  check_defined(name, {{"grad_input", &grad_input}, {"cos", &cos}, {"sin", &sin}});
+  check_out(name, out, "grad_input", grad_input);
+  static auto op =
+      find_out_op<decltype(rope_backward_single_out)>("fuseops::rope_backward", "single_out");
+  op.call(grad_input, cos, sin, detail::none_if_undefined(positions), interleaved, out);
+  return out;
+}
+
 namespace {
 
 struct MetaKernels {
@@ -471,6 +506,15 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def(
       "rope_backward.single(Tensor grad_input, Tensor cos, Tensor sin, "
       "Tensor? positions=None, bool interleaved=False) -> Tensor",
+      tags);
+  m.def(
+      "rope_backward.out(Tensor grad_query, Tensor grad_key, Tensor cos, Tensor sin, "
+      "Tensor? positions=None, bool interleaved=False, *, Tensor(a!) out, "
+      "Tensor(b!) key_out) -> ()",
+      tags);
+  m.def(
+      "rope_backward.single_out(Tensor grad_input, Tensor cos, Tensor sin, "
+      "Tensor? positions=None, bool interleaved=False, *, Tensor(a!) out) -> ()",
       tags);
 }
 

@@ -42,8 +42,8 @@ std::tuple<at::Tensor, at::Tensor> rope_with(const at::Tensor& query, const at::
                                              bool interleaved, bool transpose, RopeKernel kernel);
 void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
                    const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                   bool interleaved, const at::Tensor& out, const at::Tensor& key_out,
-                   RopeKernel kernel);
+                   bool interleaved, bool transpose, const at::Tensor& out,
+                   const at::Tensor& key_out, RopeKernel kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::rope()`
 // returns its kernel (forward and backward share it).
@@ -64,13 +64,14 @@ struct RopeRegistrations {
   static void rope_out(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
                        const at::Tensor& sin, const std::optional<at::Tensor>& positions,
                        bool interleaved, at::Tensor& out, at::Tensor& key_out) {
-    rope_out_with(query, key, cos, sin, positions, interleaved, out, key_out, Kernels::rope());
+    rope_out_with(query, key, cos, sin, positions, interleaved, false, out, key_out,
+                  Kernels::rope());
   }
   static void rope_single_out(const at::Tensor& input, const at::Tensor& cos,
                               const at::Tensor& sin, const std::optional<at::Tensor>& positions,
                               bool interleaved, at::Tensor& out) {
-    rope_out_with(input, at::Tensor(), cos, sin, positions, interleaved, out, at::Tensor(),
-                  Kernels::rope());
+    rope_out_with(input, at::Tensor(), cos, sin, positions, interleaved, false, out,
+                  at::Tensor(), Kernels::rope());
   }
   static std::tuple<at::Tensor, at::Tensor> rope_backward(
       const at::Tensor& grad_query, const at::Tensor& grad_key, const at::Tensor& cos,
@@ -85,6 +86,20 @@ struct RopeRegistrations {
     return std::get<0>(rope_with(grad_input, at::Tensor(), cos, sin, positions, interleaved,
                                  true, Kernels::rope()));
   }
+  static void rope_backward_out(const at::Tensor& grad_query, const at::Tensor& grad_key,
+                                const at::Tensor& cos, const at::Tensor& sin,
+                                const std::optional<at::Tensor>& positions, bool interleaved,
+                                at::Tensor& out, at::Tensor& key_out) {
+    rope_out_with(grad_query, grad_key, cos, sin, positions, interleaved, true, out, key_out,
+                  Kernels::rope());
+  }
+  static void rope_backward_single_out(const at::Tensor& grad_input, const at::Tensor& cos,
+                                       const at::Tensor& sin,
+                                       const std::optional<at::Tensor>& positions,
+                                       bool interleaved, at::Tensor& out) {
+    rope_out_with(grad_input, at::Tensor(), cos, sin, positions, interleaved, true, out,
+                  at::Tensor(), Kernels::rope());
+  }
 
   template <typename Library>
   static void register_all(Library& m) {
@@ -94,6 +109,8 @@ struct RopeRegistrations {
     m.impl("rope.single_out", TORCH_FN(rope_single_out));
     m.impl("rope_backward", TORCH_FN(rope_backward));
     m.impl("rope_backward.single", TORCH_FN(rope_single_backward));
+    m.impl("rope_backward.out", TORCH_FN(rope_backward_out));
+    m.impl("rope_backward.single_out", TORCH_FN(rope_backward_single_out));
   }
 };
 

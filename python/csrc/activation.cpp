@@ -25,4 +25,7 @@ FUSEOPS_PYTHON_BINDINGS(activation) {
         py::arg("approximate"), py::arg("out"));
   m.def("bias_gelu_backward", &fuseops::bias_gelu_backward, py::arg("grad_output"),
         py::arg("input"), py::arg("bias"), py::arg("approximate") = "none");
+  m.def("bias_gelu_backward_out", &fuseops::bias_gelu_backward_out, py::arg("grad_output"),
+        py::arg("input"), py::arg("bias"), py::arg("approximate"), py::arg("grad_input"),
+        py::arg("grad_bias"));
 }

@@ -38,4 +38,7 @@ FUSEOPS_PYTHON_BINDINGS(rms_norm) {
   m.def("fused_add_rms_norm_backward", &fuseops::fused_add_rms_norm_backward,
         py::arg("grad_output"), py::arg("grad_new_residual"), py::arg("new_residual"),
         py::arg("weight"), py::arg("rstd"));
+  m.def("fused_add_rms_norm_backward_out", &fuseops::fused_add_rms_norm_backward_out,
+        py::arg("grad_output"), py::arg("grad_new_residual"), py::arg("new_residual"),
+        py::arg("weight"), py::arg("rstd"), py::arg("grad_input"), py::arg("grad_weight"));
 }

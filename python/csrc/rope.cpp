@@ -40,4 +40,18 @@ FUSEOPS_PYTHON_BINDINGS(rope) {
   m.def("rope_single_backward", &fuseops::rope_single_backward, py::arg("grad_input"),
         py::arg("cos"), py::arg("sin"), py::arg("positions") = py::none(),
         py::arg("interleaved") = false);
+  m.def(
+      "rope_backward_out",
+      [](const at::Tensor& grad_query, const at::Tensor& grad_key, const at::Tensor& cos,
+         const at::Tensor& sin, const std::optional<at::Tensor>& positions, bool interleaved,
+         at::Tensor& out, at::Tensor& key_out) {
+        fuseops::rope_backward_out(grad_query, grad_key, cos, sin, positions, interleaved, out,
+                                   key_out);
+        return py::make_tuple(out, key_out);
+      },
+      py::arg("grad_query"), py::arg("grad_key"), py::arg("cos"), py::arg("sin"),
+      py::arg("positions"), py::arg("interleaved"), py::arg("out"), py::arg("key_out"));
+  m.def("rope_backward_single_out", &fuseops::rope_backward_single_out, py::arg("grad_input"),
+        py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("interleaved"),
+        py::arg("out"));
 }

@@ -49,4 +49,11 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_out
                                                       const at::Tensor& bias,
                                                       std::string_view approximate = "none");
 
+// bias_gelu_backward into preallocated tensors (resized to input's and
+// bias's shapes); grad_input may be grad_output or input itself (computed
+// in place). Not differentiable, like every out= op.
+void bias_gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
+                            const at::Tensor& bias, std::string_view approximate,
+                            at::Tensor& grad_input, at::Tensor& grad_bias);
+
 }  // namespace fuseops

@@ -77,4 +77,15 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
     const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
     const at::Tensor& rstd);
 
+// fused_add_rms_norm_backward into preallocated tensors (grad_weight resized
+// to {H}, or {0} without a weight); grad_input may be grad_output,
+// grad_new_residual or new_residual itself (computed in place). Not
+// differentiable, like every out= op.
+void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
+                                    const std::optional<at::Tensor>& grad_new_residual,
+                                    const at::Tensor& new_residual,
+                                    const std::optional<at::Tensor>& weight,
+                                    const at::Tensor& rstd, at::Tensor& grad_input,
+                                    at::Tensor& grad_weight);
+
 }  // namespace fuseops

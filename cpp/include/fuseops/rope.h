@@ -80,4 +80,17 @@ at::Tensor rope_single_backward(const at::Tensor& grad_input, const at::Tensor& 
                                 const std::optional<at::Tensor>& positions = std::nullopt,
                                 bool interleaved = false);
 
+// rope_backward into preallocated `out` and `key_out`, which may be
+// `grad_query` and `grad_key` themselves (in place, as rope's autograd does
+// with gradients nothing else refers to); as rope_out otherwise.
+std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(
+    const at::Tensor& grad_query, const at::Tensor& grad_key, const at::Tensor& cos,
+    const at::Tensor& sin, const std::optional<at::Tensor>& positions, bool interleaved,
+    at::Tensor& out, at::Tensor& key_out);
+
+at::Tensor& rope_backward_single_out(const at::Tensor& grad_input, const at::Tensor& cos,
+                                     const at::Tensor& sin,
+                                     const std::optional<at::Tensor>& positions,
+                                     bool interleaved, at::Tensor& out);
+
 }  // namespace fuseops

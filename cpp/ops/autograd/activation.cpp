@@ -6,7 +6,7 @@
 // nothing, so each kernel checks its tensors first.
 
 #include <string>
-#include <utility>
+#include <tuple>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/exp.h>
@@ -21,6 +21,7 @@
 #include "ops/autograd/no_derivative.h"
 #include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace {
@@ -109,11 +110,13 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    at::Tensor grad = std::move(grads[0]);
-    if (autograd_detail::reusable_gradient(grad, input)) {
-      return {fuseops::gelu_backward_out(grad, input, approximate, grad), at::Tensor()};
-    }
-    return {ActivationBackwardFunction::apply(grad, input, approximate, false), at::Tensor()};
+    return {autograd_detail::gradient_over(
+                grads[0], input,
+                [&](at::Tensor& grad) { fuseops::gelu_backward_out(grad, input, approximate, grad); },
+                [&](const at::Tensor& grad) {
+                  return ActivationBackwardFunction::apply(grad, input, approximate, false);
+                }),
+            at::Tensor()};
   }
 };
 
@@ -127,11 +130,11 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
-    at::Tensor grad = std::move(grads[0]);
-    if (autograd_detail::reusable_gradient(grad, input)) {
-      return {fuseops::silu_backward_out(grad, input, grad)};
-    }
-    return {ActivationBackwardFunction::apply(grad, input, std::string("none"), true)};
+    return {autograd_detail::gradient_over(
+        grads[0], input, [&](at::Tensor& grad) { fuseops::silu_backward_out(grad, input, grad); },
+        [&](const at::Tensor& grad) {
+          return ActivationBackwardFunction::apply(grad, input, std::string("none"), true);
+        })};
   }
 };
 
@@ -145,11 +148,26 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     return fuseops::bias_gelu(input, bias, approximate);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` by reference: the gradient is moved out, so that a sole owner
+  // can be overwritten with the input's gradient (autograd/reusable_gradient.h).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& bias = saved[1];
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    auto [grad_input, grad_bias] =
-        fuseops::bias_gelu_backward(grads[0], saved[0], saved[1], approximate);
+    at::Tensor grad_bias;
+    const at::Tensor grad_input = autograd_detail::gradient_over(
+        grads[0], input,
+        [&](at::Tensor& grad) {
+          grad_bias = detail::empty_contiguous_like(bias);
+          fuseops::bias_gelu_backward_out(grad, input, bias, approximate, grad, grad_bias);
+        },
+        [&](const at::Tensor& grad) {
+          at::Tensor grad_input;
+          std::tie(grad_input, grad_bias) =
+              fuseops::bias_gelu_backward(grad, input, bias, approximate);
+          return grad_input;
+        });
     return {grad_input, grad_bias, at::Tensor()};
   }
 };

@@ -5,7 +5,7 @@
 // kernel checks its tensors first.
 
 #include <string>
-#include <utility>
+#include <tuple>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -42,19 +42,24 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
     const at::Tensor& gate = saved[0];
     const at::Tensor& up = saved[1];
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    at::Tensor grad = std::move(grads[0]);
-    if (autograd_detail::reusable_gradient(grad, gate)) {
-      at::Tensor grad_up = detail::empty_contiguous_like(grad);
-      if (approximate.empty()) {
-        fuseops::swiglu_backward_out(grad, gate, up, grad, grad_up);
-      } else {
-        fuseops::geglu_backward_out(grad, gate, up, approximate, grad, grad_up);
-      }
-      return {grad, grad_up, at::Tensor()};
-    }
-    auto [grad_gate, grad_up] =
-        approximate.empty() ? fuseops::swiglu_backward(grad, gate, up)
-                            : fuseops::geglu_backward(grad, gate, up, approximate);
+    at::Tensor grad_up;
+    at::Tensor grad_gate = autograd_detail::gradient_over(
+        grads[0], gate,
+        [&](at::Tensor& grad) {
+          grad_up = detail::empty_contiguous_like(grad);
+          if (approximate.empty()) {
+            fuseops::swiglu_backward_out(grad, gate, up, grad, grad_up);
+          } else {
+            fuseops::geglu_backward_out(grad, gate, up, approximate, grad, grad_up);
+          }
+        },
+        [&](const at::Tensor& grad) {
+          at::Tensor grad_gate;
+          std::tie(grad_gate, grad_up) =
+              approximate.empty() ? fuseops::swiglu_backward(grad, gate, up)
+                                  : fuseops::geglu_backward(grad, gate, up, approximate);
+          return grad_gate;
+        });
     return {grad_gate, grad_up, at::Tensor()};
   }
 };

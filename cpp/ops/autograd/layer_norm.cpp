@@ -5,7 +5,6 @@
 // autograd/no_derivative.h).
 
 #include <tuple>
-#include <utility>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -42,8 +41,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   // `grads` by reference: the gradient is moved out, so that a sole owner
   // can be overwritten with the input's gradient (autograd/reusable_gradient.h).
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
-    at::Tensor grad = std::move(grads[0]);
-    if (!grad.defined()) {
+    if (!grads[0].defined()) {
       return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     const auto saved = ctx->get_saved_variables();
@@ -51,17 +49,21 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const std::optional<at::Tensor> weight =
         ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[1])
                                                : std::nullopt;
-    at::Tensor grad_input, grad_weight, grad_bias;
-    if (autograd_detail::reusable_gradient(grad, input)) {
-      grad_weight = detail::empty_output({input.size(-1)}, input.options());
-      grad_bias = detail::empty_output({input.size(-1)}, input.options());
-      fuseops::layer_norm_backward_out(grad, input, weight, saved[2], saved[3], grad,
-                                       grad_weight, grad_bias);
-      grad_input = std::move(grad);
-    } else {
-      std::tie(grad_input, grad_weight, grad_bias) =
-          fuseops::layer_norm_backward(grad, input, weight, saved[2], saved[3]);
-    }
+    at::Tensor grad_weight, grad_bias;
+    const at::Tensor grad_input = autograd_detail::gradient_over(
+        grads[0], input,
+        [&](at::Tensor& grad) {
+          grad_weight = detail::empty_output({input.size(-1)}, input.options());
+          grad_bias = detail::empty_output({input.size(-1)}, input.options());
+          fuseops::layer_norm_backward_out(grad, input, weight, saved[2], saved[3], grad,
+                                           grad_weight, grad_bias);
+        },
+        [&](const at::Tensor& grad) {
+          at::Tensor grad_input;
+          std::tie(grad_input, grad_weight, grad_bias) =
+              fuseops::layer_norm_backward(grad, input, weight, saved[2], saved[3]);
+          return grad_input;
+        });
     return {grad_input, weight.has_value() ? grad_weight : at::Tensor(),
             ctx->saved_data["has_bias"].toBool() ? grad_bias : at::Tensor(), at::Tensor()};
   }

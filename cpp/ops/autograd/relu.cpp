@@ -3,8 +3,6 @@
 // gradient w.r.t. grad_output is relu_backward again), so double backward
 // and gradgradcheck work.
 
-#include <utility>
-
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -50,11 +48,9 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
   // can be overwritten (autograd/reusable_gradient.h).
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor result = ctx->get_saved_variables()[0];
-    at::Tensor grad = std::move(grads[0]);
-    if (autograd_detail::reusable_gradient(grad, result)) {
-      return {fuseops::relu_backward_out(grad, result, grad)};
-    }
-    return {ReluBackwardFunction::apply(grad, result)};
+    return {autograd_detail::gradient_over(
+        grads[0], result, [&](at::Tensor& grad) { fuseops::relu_backward_out(grad, result, grad); },
+        [&](const at::Tensor& grad) { return ReluBackwardFunction::apply(grad, result); })};
   }
 };
 

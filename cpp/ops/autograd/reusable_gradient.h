@@ -13,6 +13,8 @@
 // allocation of the activation's size per op per step. AccumulateGrad
 // steals a uniquely owned gradient for `.grad` the same way.
 
+#include <utility>
+
 #include <ATen/CachedTensorUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -35,7 +37,8 @@ namespace fuseops::autograd_detail {
 //    out= op where the graph has none), no inference tensor (not writable
 //    outside inference mode);
 //  - contiguous, with the result's dtype, device and shape, as the fresh
-//    output would have been.
+//    output would have been. An undefined `like` stands for a result
+//    shaped like `grad` itself (rope's backward, a rotation of it).
 inline bool reusable_gradient(const at::Tensor& grad, const at::Tensor& like) {
   // is_tensor_stealable: one reference, or two where the second is the
   // tensor's Python object and nothing in Python refers to that (AccumulateGrad's
@@ -61,9 +64,30 @@ inline bool reusable_gradient(const at::Tensor& grad, const at::Tensor& like) {
       !(grad.device().is_cpu() || grad.device().is_cuda())) {
     return false;
   }
+  if (!like.defined()) {
+    return grad.is_contiguous();
+  }
   return grad.is_contiguous() && grad.scalar_type() == like.scalar_type() &&
          grad.device() == like.device() && grad.sizes() == like.sizes() &&
          !share_memory(grad, like);
+}
+
+// The input gradient of a backward that may write over its incoming
+// gradient. The gradient is moved out of autograd's `slot` (a backward
+// taking `grads` by reference), so that this reference is the caller's own;
+// when reusable_gradient(grad, like) allows it, `write(grad)` computes the
+// result over it through the op's out= overload (and any other gradient
+// into tensors it allocates) and `grad` is returned; otherwise
+// `allocate(grad)` returns the gradient in a new tensor.
+template <typename Write, typename Allocate>
+at::Tensor gradient_over(at::Tensor& slot, const at::Tensor& like, const Write& write,
+                         const Allocate& allocate) {
+  at::Tensor grad = std::move(slot);
+  if (reusable_gradient(grad, like)) {
+    write(grad);
+    return grad;
+  }
+  return allocate(grad);
 }
 
 }  // namespace fuseops::autograd_detail

@@ -9,7 +9,7 @@
 
 #include <initializer_list>
 #include <optional>
-#include <utility>
+#include <tuple>
 
 #include <ATen/OpMathType.h>
 #include <ATen/TensorOperators.h>
@@ -58,6 +58,13 @@ std::tuple<at::Tensor, at::Tensor> composite_backward(const at::Tensor& grad,
   return {grad_input.to(input.scalar_type()), grad_weight};
 }
 
+// grad_weight= of the backward out= overloads: the weight's gradient, or
+// empty without a weight.
+at::Tensor empty_grad_weight(const at::Tensor& input, const at::Tensor& weight) {
+  return detail::empty_output({weight.defined() ? input.size(-1) : 0},
+                              weight.defined() ? weight.options() : input.options());
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   // Returns (out, rstd); rstd is not differentiable.
@@ -80,24 +87,26 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor& input = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor& rstd = saved[2];
-    at::Tensor grad = std::move(grads[0]);
-    if (!grad.defined()) {
+    if (!grads[0].defined()) {
       return {at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    at::Tensor grad_input, grad_weight;
-    if (at::GradMode::is_enabled()) {
-      std::tie(grad_input, grad_weight) =
-          composite_backward(grad, input, weight, ctx->saved_data["eps"].toDouble());
-    } else if (autograd_detail::reusable_gradient(grad, input)) {
-      grad_weight = detail::empty_output({weight.defined() ? input.size(-1) : 0},
-                                         weight.defined() ? weight.options() : input.options());
-      fuseops::rms_norm_backward_out(grad, input, none_if_undefined(weight), rstd, grad,
-                                     grad_weight);
-      grad_input = std::move(grad);
-    } else {
-      std::tie(grad_input, grad_weight) =
-          fuseops::rms_norm_backward(grad, input, none_if_undefined(weight), rstd);
-    }
+    // Not reused under grad mode (reusable_gradient), where the composite runs.
+    at::Tensor grad_weight;
+    const at::Tensor grad_input = autograd_detail::gradient_over(
+        grads[0], input,
+        [&](at::Tensor& grad) {
+          grad_weight = empty_grad_weight(input, weight);
+          fuseops::rms_norm_backward_out(grad, input, none_if_undefined(weight), rstd, grad,
+                                         grad_weight);
+        },
+        [&](const at::Tensor& grad) {
+          at::Tensor grad_input;
+          std::tie(grad_input, grad_weight) =
+              at::GradMode::is_enabled()
+                  ? composite_backward(grad, input, weight, ctx->saved_data["eps"].toDouble())
+                  : fuseops::rms_norm_backward(grad, input, none_if_undefined(weight), rstd);
+          return grad_input;
+        });
     return {grad_input, weight.defined() ? grad_weight : at::Tensor(), at::Tensor()};
   }
 };
@@ -119,28 +128,44 @@ class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNorm
     return {out, new_residual, rstd};
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` by reference: the output's gradient is moved out, so that a sole
+  // owner can be overwritten with the gradient of the sum
+  // (autograd/reusable_gradient.h). That of new_residual is not: it is
+  // usually also the gradient of the next layer's input (this op hands one
+  // tensor to both its inputs), still referred to there.
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& new_residual = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor& rstd = saved[2];
-    const at::Tensor& grad_out = grads[0];
     const at::Tensor& grad_new_residual = grads[1];
     // new_residual = input + residual: both receive the gradient of
     // new_residual, which sums its two uses (the norm and the output).
     at::Tensor grad_sum, grad_weight;
-    if (!grad_out.defined()) {
+    if (!grads[0].defined()) {
       grad_sum = grad_new_residual;
-    } else if (at::GradMode::is_enabled()) {
-      std::tie(grad_sum, grad_weight) = composite_backward(
-          grad_out, new_residual, weight, ctx->saved_data["eps"].toDouble());
-      if (grad_new_residual.defined()) {
-        grad_sum = grad_sum + grad_new_residual;
-      }
     } else {
-      std::tie(grad_sum, grad_weight) = fuseops::fused_add_rms_norm_backward(
-          grad_out, none_if_undefined(grad_new_residual), new_residual,
-          none_if_undefined(weight), rstd);
+      // Not reused under grad mode (reusable_gradient), where the composite runs.
+      grad_sum = autograd_detail::gradient_over(
+          grads[0], new_residual,
+          [&](at::Tensor& grad) {
+            grad_weight = empty_grad_weight(new_residual, weight);
+            fuseops::fused_add_rms_norm_backward_out(
+                grad, none_if_undefined(grad_new_residual), new_residual,
+                none_if_undefined(weight), rstd, grad, grad_weight);
+          },
+          [&](const at::Tensor& grad) {
+            at::Tensor grad_sum;
+            if (at::GradMode::is_enabled()) {
+              std::tie(grad_sum, grad_weight) = composite_backward(
+                  grad, new_residual, weight, ctx->saved_data["eps"].toDouble());
+              return grad_new_residual.defined() ? grad_sum + grad_new_residual : grad_sum;
+            }
+            std::tie(grad_sum, grad_weight) = fuseops::fused_add_rms_norm_backward(
+                grad, none_if_undefined(grad_new_residual), new_residual,
+                none_if_undefined(weight), rstd);
+            return grad_sum;
+          });
     }
     return {grad_sum, grad_sum, weight.defined() ? grad_weight : at::Tensor(), at::Tensor()};
   }

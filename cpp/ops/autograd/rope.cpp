@@ -8,6 +8,8 @@
 // nothing, so each kernel checks its tensors first.
 
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -15,6 +17,7 @@
 #include <fuseops/rope.h>
 
 #include "ops/autograd/no_derivative.h"
+#include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 #include "ops/common/tensors.h"
 
@@ -73,6 +76,35 @@ std::tuple<at::Tensor, at::Tensor> apply(bool transpose, const at::Tensor& a, co
   return {single(a), single(b)};
 }
 
+// rope's backward of one gradient (undefined stays undefined), written over
+// it when nothing else refers to it.
+at::Tensor rotate_over(at::Tensor& slot, const Tables& t) {
+  return autograd_detail::gradient_over(
+      slot, at::Tensor(),
+      [&](at::Tensor& grad) {
+        fuseops::rope_backward_single_out(grad, t.cos, t.sin, t.positions, t.interleaved, grad);
+      },
+      [&](const at::Tensor& grad) { return std::get<0>(apply(true, grad, at::Tensor(), t)); });
+}
+
+// rope's backward of both gradients in one call, each written over its own
+// gradient when nothing else refers to it, else into a new tensor.
+std::tuple<at::Tensor, at::Tensor> rotate_pair_over(at::Tensor& query_slot,
+                                                    at::Tensor& key_slot, const Tables& t) {
+  at::Tensor grad_query = std::move(query_slot);
+  at::Tensor grad_key = std::move(key_slot);
+  const bool query_reused = autograd_detail::reusable_gradient(grad_query, at::Tensor());
+  const bool key_reused = autograd_detail::reusable_gradient(grad_key, at::Tensor());
+  if (!query_reused && !key_reused) {
+    return apply(true, grad_query, grad_key, t);
+  }
+  at::Tensor out = query_reused ? grad_query : detail::empty_contiguous_like(grad_query);
+  at::Tensor key_out = key_reused ? grad_key : detail::empty_contiguous_like(grad_key);
+  fuseops::rope_backward_out(grad_query, grad_key, t.cos, t.sin, t.positions, t.interleaved,
+                             out, key_out);
+  return {out, key_out};
+}
+
 // kTranspose=false: rope, whose backward is rope_backward; true:
 // rope_backward, whose backward is rope.
 template <bool kTranspose>
@@ -88,8 +120,21 @@ class RopePairFunction : public torch::autograd::Function<RopePairFunction<kTran
     return {x, y};
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto [ga, gb] = apply(!kTranspose, grads[0], grads[1], saved_tables(ctx));
+  // `grads` by reference: rope's backward moves the gradients out, so that
+  // a sole owner can be overwritten with its rotation
+  // (autograd/reusable_gradient.h). That of rope_backward (double backward)
+  // allocates.
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
+    const Tables t = saved_tables(ctx);
+    at::Tensor ga, gb;
+    if (kTranspose) {
+      std::tie(ga, gb) = apply(false, grads[0], grads[1], t);
+    } else if (grads[0].defined() && grads[1].defined()) {
+      std::tie(ga, gb) = rotate_pair_over(grads[0], grads[1], t);
+    } else {
+      ga = rotate_over(grads[0], t);
+      gb = rotate_over(grads[1], t);
+    }
     return {ga, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -106,8 +151,11 @@ class RopeSingleFunction : public torch::autograd::Function<RopeSingleFunction<k
                       : fuseops::rope_single(x, cos, sin, positions, interleaved);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto [g, unused] = apply(!kTranspose, grads[0], at::Tensor(), saved_tables(ctx));
+  // `grads` by reference, as RopePairFunction's.
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
+    const Tables t = saved_tables(ctx);
+    at::Tensor g = kTranspose ? std::get<0>(apply(false, grads[0], at::Tensor(), t))
+                              : rotate_over(grads[0], t);
     return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -78,10 +78,25 @@ def bias_gelu(
 
 
 def bias_gelu_backward(
-    grad_output: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    approximate: str = "none",
+    *,
+    grad_input: Optional[torch.Tensor] = None,
+    grad_bias: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(grad_input, grad_bias)`` of bias_gelu: ``grad_output * gelu'(x + bias)``
-    and its sum over all rows (float32 accumulation for bfloat16/float16)."""
+    and its sum over all rows (float32 accumulation for bfloat16/float16).
+    ``grad_input=``/``grad_bias=`` (together) take preallocated tensors;
+    grad_input may be ``grad_output`` itself (computed in place), as
+    bias_gelu's autograd does with a gradient nothing else refers to."""
+    if grad_input is not None or grad_bias is not None:
+        if grad_input is None or grad_bias is None:
+            raise TypeError("fuseops.bias_gelu_backward: grad_input= and grad_bias= go together")
+        torch.ops.fuseops.bias_gelu_backward.out(grad_output, x, bias, approximate,
+                                                 grad_input=grad_input, grad_bias=grad_bias)
+        return grad_input, grad_bias
     return torch.ops.fuseops.bias_gelu_backward(grad_output, x, bias, approximate)
 
 
@@ -217,6 +232,9 @@ def samples(device) -> list[Sample]:
             (t((4, 5), torch.float16), t((4, 5), torch.float16), t((5,), torch.float16), "tanh"),
             bias_gelu_backward,
         ),
+        Sample(ops.bias_gelu_backward.out, (t((5, 7)), x, b, "tanh"), bias_gelu_backward,
+               {"grad_input": torch.empty(5, 7, device=device),
+                "grad_bias": torch.empty(7, device=device)}),
     ]
     # Every CPU build on the special values, and on 301 rows of 67 (several
     # tasks per thread, a vector tail in every row).

@@ -116,10 +116,25 @@ def fused_add_rms_norm_backward(
     new_residual: torch.Tensor,
     weight: Optional[torch.Tensor],
     rstd: torch.Tensor,
+    *,
+    grad_input: Optional[torch.Tensor] = None,
+    grad_weight: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(grad_input, grad_weight)`` of fused_add_rms_norm. grad_input, the
     gradient of new_residual through the norm plus ``grad_new_residual``, is
-    the gradient of both ``x`` and ``residual``."""
+    the gradient of both ``x`` and ``residual``. ``grad_input=``/
+    ``grad_weight=`` (together) take preallocated tensors as in
+    :func:`rms_norm_backward`; grad_input may be ``grad_output`` or
+    ``grad_new_residual`` itself (computed in place), as fused_add_rms_norm's
+    autograd does with an output gradient nothing else refers to."""
+    if grad_input is not None or grad_weight is not None:
+        if grad_input is None or grad_weight is None:
+            raise TypeError("fuseops.fused_add_rms_norm_backward: grad_input= and grad_weight= "
+                            "go together")
+        torch.ops.fuseops.fused_add_rms_norm_backward.out(
+            grad_output, grad_new_residual, new_residual, weight, rstd,
+            grad_input=grad_input, grad_weight=grad_weight)
+        return grad_input, grad_weight
     return torch.ops.fuseops.fused_add_rms_norm_backward(
         grad_output, grad_new_residual, new_residual, weight, rstd
     )
@@ -174,6 +189,25 @@ def fused_add_rms_norm_reference(
     """(rms_norm(x + residual), x + residual)."""
     new_residual = x + residual
     return rms_norm_reference(new_residual, weight, eps), new_residual
+
+
+def fused_add_rms_norm_backward_reference(
+    grad_output: torch.Tensor,
+    grad_new_residual: Optional[torch.Tensor],
+    new_residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_input, grad_weight): rms_norm's backward of new_residual plus
+    grad_new_residual, added before rounding to the dtype."""
+    compute = rstd.dtype
+    grad_input, grad_weight = rms_norm_backward_reference(
+        grad_output, new_residual.to(compute), weight, rstd)
+    if grad_new_residual is not None:
+        grad_input = grad_input + grad_new_residual.to(compute)
+    if weight is None:
+        grad_weight = new_residual.new_empty(0)
+    return grad_input.to(new_residual.dtype), grad_weight
 
 
 def _native_fused_add_rms_norm(x, residual, weight, *, eps):
@@ -273,6 +307,20 @@ def samples(device) -> list[Sample]:
             (t((5, 24)), None, new_residual, w, rstd2),
             fused_add_rms_norm_backward,
         ),
+        Sample(
+            ops.fused_add_rms_norm_backward.out,
+            (t((5, 24)), t((5, 24)), new_residual, w, rstd2),
+            fused_add_rms_norm_backward,
+            {"grad_input": torch.empty(5, 24, device=device),
+             "grad_weight": torch.empty(24, device=device)},
+        ),
+        Sample(
+            ops.fused_add_rms_norm_backward.out,
+            (t((5, 24)), None, new_residual, None, rstd2),
+            fused_add_rms_norm_backward,
+            {"grad_input": torch.empty(5, 24, device=device),
+             "grad_weight": torch.empty(0, device=device)},
+        ),
     ]
     # 300 rows of 1027: several tasks per thread, a tail in every row.
     for dtype in DTYPES:
@@ -302,14 +350,19 @@ def fuzz(d) -> Sample:
     eps = d.choice((None, 1e-6, 1e-5, 0.5) if x.dtype == torch.float64 else (1e-6, 1e-5, 0.5))
     # A weight of another floating dtype than the input is allowed.
     w = d.maybe(lambda: d.tensor(x.shape[-1:], d.choice((x.dtype, d.dtype())), grad=True))
-    kind = d.int(0, 2)
+    kind = d.int(0, 3)
     if kind == 0:
         return Sample(ops.rms_norm.default, (x, w, eps), rms_norm)
     if kind == 1:
         residual = d.tensor(x.shape, x.dtype, grad=True)
         return Sample(ops.fused_add_rms_norm.default, (x, residual, w, eps), fused_add_rms_norm)
     rstd = rms_norm_forward(x.detach(), None if w is None else w.detach(), eps)[1]
-    return Sample(ops.rms_norm_backward.default, (d.tensor(x.shape, x.dtype), x, w, rstd), rms_norm_backward)
+    if kind == 2:
+        return Sample(ops.rms_norm_backward.default, (d.tensor(x.shape, x.dtype), x, w, rstd), rms_norm_backward)
+    # x as new_residual; the gradient of new_residual may be absent.
+    grad_new_residual = d.maybe(lambda: d.tensor(x.shape, x.dtype))
+    return Sample(ops.fused_add_rms_norm_backward.default,
+                  (d.tensor(x.shape, x.dtype), grad_new_residual, x, w, rstd), fused_add_rms_norm_backward)
 
 
 __all__ = [

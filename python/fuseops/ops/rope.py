@@ -89,13 +89,30 @@ def rope_backward(
     sin: torch.Tensor,
     positions: Optional[torch.Tensor] = None,
     interleaved: bool = False,
+    *,
+    out: Optional[torch.Tensor] = None,
+    key_out: Optional[torch.Tensor] = None,
 ):
     """Gradients of :func:`rope` with respect to query and key: the
     transposed rotation ``g * cos + rotate^T(g * sin)`` (the rotation by
     -theta for the usual caches); the query's alone when ``grad_key`` is
-    None. Differentiable (its derivative is :func:`rope`)."""
-    return _with_optional_key(torch.ops.fuseops.rope_backward, grad_query, grad_key,
-                              (cos, sin, positions, interleaved))
+    None. Differentiable (its derivative is :func:`rope`). ``out=`` and
+    ``key_out=`` as in :func:`rope`: they may be ``grad_query`` and
+    ``grad_key`` themselves (in place, as rope's autograd does with
+    gradients nothing else refers to); that form is not differentiable."""
+    if grad_key is None:
+        if key_out is not None:
+            raise TypeError("fuseops.rope_backward: key_out= needs a grad_key")
+    elif (out is None) != (key_out is None):
+        raise TypeError("fuseops.rope_backward: pass both out= and key_out=, or neither")
+    rest = (cos, sin, positions, interleaved)
+    if out is None:
+        return _with_optional_key(torch.ops.fuseops.rope_backward, grad_query, grad_key, rest)
+    if grad_key is None:
+        torch.ops.fuseops.rope_backward.single_out(grad_query, *rest, out=out)
+        return out
+    torch.ops.fuseops.rope_backward.out(grad_query, grad_key, *rest, out=out, key_out=key_out)
+    return out, key_out
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
@@ -326,6 +343,10 @@ def samples(device) -> list[Sample]:
         Sample(ops.rope_backward.default, (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False), rope_backward),
         Sample(ops.rope_backward.default, (t((5, 4, 16), grad=True), t((5, 2, 16)), cos_i, sin_i, positions, True), rope_backward),
         single(ops.rope_backward.single, (t((5, 2, 16), torch.float16),), (per_token_cos, per_token_sin, None, False)),
+        Sample(ops.rope_backward.out, (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False), rope_backward,
+               {"out": torch.empty(5, 4, 16, device=device), "key_out": torch.empty(5, 2, 16, device=device)}),
+        single(ops.rope_backward.single_out, (t((5, 2, 16)),), (cos_i, sin_i, positions, True),
+               {"out": torch.empty(5, 2, 16, device=device)}),
     ]
     # 301 tokens, 3 + 1 heads, head_dim 70 (several tasks per thread, a vector
     # tail in every half row) and a partial rotary of 40, both layouts. The

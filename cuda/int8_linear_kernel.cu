@@ -116,7 +116,7 @@ __global__ void dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __
     for (int64_t g = 0; g < groups; ++g) {
       acc = __dp4a(x[g], w[g * detail::kInt8BlockN], acc);
     }
-    opmath_t value = (static_cast<opmath_t>(static_cast<float>(acc)) *
+    opmath_t value = (static_cast<opmath_t>(acc) *
                       static_cast<opmath_t>(x_scale[m])) *
                      static_cast<opmath_t>(scale[ch]);
     if (bias != nullptr) {

@@ -140,7 +140,7 @@ __global__ void sparse_dynamic_linear_cuda(scalar_t* __restrict__ out,
         }
       }
     }
-    opmath_t value = (static_cast<opmath_t>(static_cast<float>(acc)) *
+    opmath_t value = (static_cast<opmath_t>(acc) *
                       static_cast<opmath_t>(x_scale[m])) *
                      static_cast<opmath_t>(scale[ch]);
     if (bias != nullptr) {

@@ -104,6 +104,21 @@ at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tenso
   return out;
 }
 
+void check_dynamic_linear_colsum_and_k(const char* op, const at::Tensor& input,
+                                       const at::Tensor& colsum, int64_t n, const char* from) {
+  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  TORCH_CHECK(colsum.scalar_type() == at::kInt, op,
+              ": argument 'colsum' must have dtype int32 (", from, "), got ",
+              colsum.scalar_type());
+  TORCH_CHECK(colsum.dim() == 1 && colsum.size(0) == n, op, ": argument 'colsum' must have shape [",
+              n, "] (", from, "), got ", colsum.sizes());
+  check_same_device(op, "colsum", colsum, "input", input);
+  const int64_t k = input.size(-1);
+  TORCH_CHECK(k <= kMaxDynamicK, op, ": argument 'input' has K = ", k,
+              " input features; at most ", kMaxDynamicK,
+              " are supported (the int32 sums of int8 products could overflow)");
+}
+
 at::Tensor int8_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
                                     const at::Tensor& scale, const at::Tensor& colsum,
                                     const std::optional<at::Tensor>& bias,
@@ -111,18 +126,9 @@ at::Tensor int8_dynamic_linear_with(const at::Tensor& input, const at::Tensor& p
   constexpr const char* op = "fuseops::int8_dynamic_linear";
   const at::Tensor b = undefined_if_none(bias);
   at::Tensor out = prepare_linear(op, input, packed, scale, b);
-  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
-  TORCH_CHECK(colsum.scalar_type() == at::kInt, op,
-              ": argument 'colsum' must have dtype int32 (from fuseops.pack_int8_weight), got ",
-              colsum.scalar_type());
-  TORCH_CHECK(colsum.dim() == 1 && colsum.size(0) == scale.size(0), op,
-              ": argument 'colsum' must have shape [", scale.size(0), "] (N, from 'scale'), got ",
-              colsum.sizes());
-  check_same_device(op, "colsum", colsum, "input", input);
+  check_dynamic_linear_colsum_and_k(op, input, colsum, scale.size(0),
+                                    "from fuseops.pack_int8_weight; N from 'scale'");
   const int64_t k = input.size(-1);
-  TORCH_CHECK(k <= kMaxDynamicK, op, ": argument 'input' has K = ", k,
-              " input features; at most ", kMaxDynamicK,
-              " are supported (the int32 sums of int8 products could overflow)");
   if (needs_kernel(out, b, k, kernel != nullptr)) {
     kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
            colsum.contiguous(), contiguous_if_defined(b));

@@ -25,6 +25,12 @@ using Int8WeightOnlyLinearKernel = void (*)(const at::Tensor& out, const at::Ten
 // sum of K products fits in int32 (the kernels' exact accumulator).
 inline constexpr int64_t kMaxDynamicK = (int64_t{1} << 31) / (127 * 128);
 
+// The checks every W8A8 op (dense or 2:4) makes of `colsum` (int32 [n], on
+// input's device; `from` says where it comes from, for the message) and of
+// input's K against kMaxDynamicK.
+void check_dynamic_linear_colsum_and_k(const char* op, const at::Tensor& input,
+                                       const at::Tensor& colsum, int64_t n, const char* from);
+
 // out [M, N] (contiguous, input's dtype) = input [M, K] (contiguous)
 // quantized per row, times the packed weight (colsum: contiguous int32
 // [N]), scaled per row and channel, plus bias as above. M, N, K > 0.

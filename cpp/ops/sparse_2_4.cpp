@@ -257,20 +257,9 @@ at::Tensor sparse_2_4_dynamic_linear_with(const at::Tensor& input, const at::Ten
   constexpr const char* op = "fuseops::sparse_2_4_dynamic_linear";
   const at::Tensor b = undefined_if_none(bias);
   at::Tensor out = prepare_linear(op, input, values, meta, scale, b, true);
-  const int64_t n = values.size(0);
-  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
-  TORCH_CHECK(colsum.scalar_type() == at::kInt, op,
-              ": argument 'colsum' must have dtype int32 (values.sum(1, dtype=torch.int32)), "
-              "got ",
-              colsum.scalar_type());
-  TORCH_CHECK(colsum.dim() == 1 && colsum.size(0) == n, op,
-              ": argument 'colsum' must have shape [", n, "] (N, from 'values'), got ",
-              colsum.sizes());
-  check_same_device(op, "colsum", colsum, "input", input);
+  check_dynamic_linear_colsum_and_k(op, input, colsum, values.size(0),
+                                    "values.sum(1, dtype=torch.int32); N from 'values'");
   const int64_t k = input.size(-1);
-  TORCH_CHECK(k <= kMaxDynamicK, op, ": argument 'input' has K = ", k,
-              " input features; at most ", kMaxDynamicK,
-              " are supported (the int32 sums of int8 products could overflow)");
   if (needs_kernel(out, b, k, kernel != nullptr)) {
     kernel(out, input.reshape({-1, k}).contiguous(), values.contiguous(), meta.contiguous(),
            scale.contiguous(), colsum.contiguous(), contiguous_if_defined(b));

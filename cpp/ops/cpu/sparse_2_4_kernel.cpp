@@ -286,6 +286,42 @@ void tile_rows(int rows, const float* x, int64_t x_stride, const value_t* const*
   tile<R>(x, x_stride, v, mb, k, sums, wide);
 }
 
+// The output in parallel tasks of kBlockN channels by kChunkRows rows, and
+// each task in register tiles of kTileCh channels by up to `tile_rows` rows:
+// `tile(v, mb, c0, channels, m, rows, first)` with the tile's channels'
+// values and mask rows, `first` on the task's first row tile (whose pass
+// over the weights may prefetch the next tile's). A partial tile repeats its
+// last channel; the caller drops those sums (c >= channels).
+template <typename value_t, typename Tile>
+void for_each_tile(const value_t* vals, int64_t v_stride, const uint8_t* masks,
+                   int64_t meta_stride, int64_t n, int64_t m_total, int64_t tile_rows,
+                   const Tile& tile) {
+  const int64_t blocks = (n + kBlockN - 1) / kBlockN;
+  const int64_t chunks = (m_total + kChunkRows - 1) / kChunkRows;
+  at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t ch_begin = (task / chunks) * kBlockN;
+      const int64_t ch_end = std::min(n, ch_begin + kBlockN);
+      const int64_t m_begin = (task % chunks) * kChunkRows;
+      const int64_t m_end = std::min(m_total, m_begin + kChunkRows);
+      for (int64_t c0 = ch_begin; c0 < ch_end; c0 += kTileCh) {
+        const int channels = static_cast<int>(std::min<int64_t>(kTileCh, ch_end - c0));
+        const value_t* v[kTileCh];
+        const uint8_t* mb[kTileCh];
+        for (int c = 0; c < kTileCh; ++c) {
+          const int64_t ch = c0 + std::min(c, channels - 1);
+          v[c] = vals + ch * v_stride;
+          mb[c] = masks + ch * meta_stride;
+        }
+        for (int64_t m = m_begin; m < m_end; m += tile_rows) {
+          const int rows = static_cast<int>(std::min<int64_t>(tile_rows, m_end - m));
+          tile(v, mb, c0, channels, m, rows, m == m_begin);
+        }
+      }
+    }
+  });
+}
+
 template <typename scalar_t, typename value_t>
 void sparse_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& values,
                    const at::Tensor& meta, const at::Tensor& scale, const at::Tensor& bias) {
@@ -324,8 +360,6 @@ void sparse_linear(const at::Tensor& out, const at::Tensor& input, const at::Ten
   const float* s = scale.const_data_ptr<float>();
   const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
-  const int64_t blocks = (n + kBlockN - 1) / kBlockN;
-  const int64_t chunks = (m_total + kChunkRows - 1) / kChunkRows;
   using opmath_t = at::opmath_type<scalar_t>;
 #if defined(CPU_CAPABILITY_AVX512)
   const bool wide = std::is_same_v<value_t, int8_t> && kCpuHasAvx512Vbmi2;
@@ -333,38 +367,19 @@ void sparse_linear(const at::Tensor& out, const at::Tensor& input, const at::Ten
   const bool wide = false;
 #endif
 
-  at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
+  for_each_tile(vals, v_stride, masks, meta_stride, n, m_total, kTileRows,
+                [&](const value_t* const* v, const uint8_t* const* mb, int64_t c0,
+                    int channels, int64_t m, int rows, bool /*first*/) {
     float sums[kTileCh * kTileRows];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t ch_begin = (task / chunks) * kBlockN;
-      const int64_t ch_end = std::min(n, ch_begin + kBlockN);
-      const int64_t m_begin = (task % chunks) * kChunkRows;
-      const int64_t m_end = std::min(m_total, m_begin + kChunkRows);
-      for (int64_t c0 = ch_begin; c0 < ch_end; c0 += kTileCh) {
-        const int channels = static_cast<int>(std::min<int64_t>(kTileCh, ch_end - c0));
-        // A partial tile repeats its last channel; those sums are dropped.
-        const value_t* v[kTileCh];
-        const uint8_t* mb[kTileCh];
-        for (int c = 0; c < kTileCh; ++c) {
-          const int64_t ch = c0 + std::min(c, channels - 1);
-          v[c] = vals + ch * v_stride;
-          mb[c] = masks + ch * meta_stride;
+    tile_rows<value_t>(rows, x + m * x_stride, x_stride, v, mb, k, sums, wide);
+    for (int c = 0; c < channels; ++c) {
+      const int64_t ch = c0 + c;
+      for (int r = 0; r < rows; ++r) {
+        opmath_t value = static_cast<opmath_t>(sums[c * rows + r]) * static_cast<opmath_t>(s[ch]);
+        if (b != nullptr) {
+          value += static_cast<opmath_t>(b[ch]);
         }
-        for (int64_t m = m_begin; m < m_end; m += kTileRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m_end - m));
-          tile_rows<value_t>(rows, x + m * x_stride, x_stride, v, mb, k, sums, wide);
-          for (int c = 0; c < channels; ++c) {
-            const int64_t ch = c0 + c;
-            for (int r = 0; r < rows; ++r) {
-              opmath_t value = static_cast<opmath_t>(sums[c * rows + r]) *
-                               static_cast<opmath_t>(s[ch]);
-              if (b != nullptr) {
-                value += static_cast<opmath_t>(b[ch]);
-              }
-              o[(m + r) * n + ch] = static_cast<scalar_t>(value);
-            }
-          }
-        }
+        o[(m + r) * n + ch] = static_cast<scalar_t>(value);
       }
     }
   });
@@ -775,8 +790,6 @@ void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input,
   const int32_t* cs = colsum.const_data_ptr<int32_t>();
   const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
-  const int64_t blocks = (n + kBlockN - 1) / kBlockN;
-  const int64_t chunks = (m_total + kChunkRows - 1) / kChunkRows;
   using opmath_t = at::opmath_type<scalar_t>;
 
   // Output (row m, channel ch) from its int32 sum.
@@ -793,57 +806,41 @@ void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input,
     o[m * n + ch] = static_cast<scalar_t>(value);
   };
 
-  at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t tile_rows = path == DotPath::kVnni ? kVnniTileRows : kTileRows;
+  for_each_tile(vals, v_stride, masks, meta_stride, n, m_total, tile_rows,
+                [&](const int8_t* const* v, const uint8_t* const* mb, int64_t c0,
+                    int channels, int64_t m, int rows, bool first) {
     int32_t sums[kTileCh * std::max(kTileRows, kVnniTileRows)];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t ch_begin = (task / chunks) * kBlockN;
-      const int64_t ch_end = std::min(n, ch_begin + kBlockN);
-      const int64_t m_begin = (task % chunks) * kChunkRows;
-      const int64_t m_end = std::min(m_total, m_begin + kChunkRows);
-      for (int64_t c0 = ch_begin; c0 < ch_end; c0 += kTileCh) {
-        const int channels = static_cast<int>(std::min<int64_t>(kTileCh, ch_end - c0));
-        // A partial tile repeats its last channel; those sums are dropped.
-        const int8_t* v[kTileCh];
-        const uint8_t* mb[kTileCh];
-        for (int c = 0; c < kTileCh; ++c) {
-          const int64_t ch = c0 + std::min(c, channels - 1);
-          v[c] = vals + ch * v_stride;
-          mb[c] = masks + ch * meta_stride;
-        }
-        const int64_t tile_rows = path == DotPath::kVnni ? kVnniTileRows : kTileRows;
-        for (int64_t m = m_begin; m < m_end; m += tile_rows) {
-          const int rows = static_cast<int>(std::min<int64_t>(tile_rows, m_end - m));
 #if defined(CPU_CAPABILITY_AVX512)
-          if (path == DotPath::kVnni) {
-            // The next tile's bytes, on the first row tile's pass only.
-            NextTile next;
-            if (m == m_begin && c0 + kTileCh < n) {
-              const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
-              next = {vals + (c0 + kTileCh) * v_stride, masks + (c0 + kTileCh) * meta_stride,
-                      next_channels * v_stride, next_channels * meta_stride};
-            }
-            for_rows<kVnniTileRows>(rows, [&](auto r) {
-              dot_tile_vnni<kTileCh, decltype(r)::value>(xq + m * q_stride, q_stride, v, mb, k,
-                                                         next, sums);
-            });
-          }
-#endif
-          if (path != DotPath::kVnni) {
-            for_rows(rows, [&](auto r) {
-              constexpr int R = decltype(r)::value;
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-              dot_tile_words<R>(xw.data() + m * q_stride, q_stride, v, mb, k, sums);
+    if (path == DotPath::kVnni) {
+      // The next tile's bytes, on the first row tile's pass only.
+      NextTile next;
+      if (first && c0 + kTileCh < n) {
+        const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
+        next = {vals + (c0 + kTileCh) * v_stride, masks + (c0 + kTileCh) * meta_stride,
+                next_channels * v_stride, next_channels * meta_stride};
+      }
+      for_rows<kVnniTileRows>(rows, [&](auto r) {
+        dot_tile_vnni<kTileCh, decltype(r)::value>(xq + m * q_stride, q_stride, v, mb, k, next,
+                                                   sums);
+      });
+    }
 #else
-              dot_tile_scalar<R>(xq + m * q_stride, q_stride, v, mb, k, v_stride, sums);
+    (void)first;
 #endif
-            });
-          }
-          for (int c = 0; c < channels; ++c) {
-            for (int r = 0; r < rows; ++r) {
-              emit(m + r, c0 + c, sums[c * rows + r]);
-            }
-          }
-        }
+    if (path != DotPath::kVnni) {
+      for_rows(rows, [&](auto r) {
+        constexpr int R = decltype(r)::value;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+        dot_tile_words<R>(xw.data() + m * q_stride, q_stride, v, mb, k, sums);
+#else
+        dot_tile_scalar<R>(xq + m * q_stride, q_stride, v, mb, k, v_stride, sums);
+#endif
+      });
+    }
+    for (int c = 0; c < channels; ++c) {
+      for (int r = 0; r < rows; ++r) {
+        emit(m + r, c0 + c, sums[c * rows + r]);
       }
     }
   });

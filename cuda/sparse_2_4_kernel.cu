@@ -38,6 +38,25 @@
 namespace fuseops::cuda {
 namespace {
 
+// The sum, in acc_t, of row[col] * the kept values in K order, over the
+// positions col the channel's mask bits keep.
+template <typename acc_t, typename x_t, typename value_t>
+__device__ acc_t kept_dot(const x_t* row, const value_t* v, const uint8_t* mb, int64_t k,
+                          int64_t v_stride, int64_t meta_stride) {
+  acc_t acc = 0;
+  int64_t next = 0;
+  for (int64_t byte = 0; byte < meta_stride; ++byte) {
+    const unsigned bits = mb[byte];
+    for (int j = 0; j < 8; ++j) {
+      const int64_t col = 8 * byte + j;
+      if (((bits >> j) & 1u) && col < k && next < v_stride) {
+        acc += static_cast<acc_t>(row[col]) * static_cast<acc_t>(v[next++]);
+      }
+    }
+  }
+  return acc;
+}
+
 template <typename scalar_t, typename value_t>
 __global__ void sparse_linear_cuda(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
                                    const value_t* __restrict__ values,
@@ -55,20 +74,8 @@ __global__ void sparse_linear_cuda(scalar_t* __restrict__ out, const scalar_t* _
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / n;
     const int64_t ch = i % n;
-    const scalar_t* row = x + m * k;
-    const value_t* v = values + ch * v_stride;
-    const uint8_t* mb = meta + ch * meta_stride;
-    acc_t acc = 0;
-    int64_t next = 0;
-    for (int64_t byte = 0; byte < meta_stride; ++byte) {
-      const unsigned bits = mb[byte];
-      for (int j = 0; j < 8; ++j) {
-        const int64_t col = 8 * byte + j;
-        if (((bits >> j) & 1u) && col < k && next < v_stride) {
-          acc += static_cast<acc_t>(row[col]) * static_cast<acc_t>(v[next++]);
-        }
-      }
-    }
+    const acc_t acc = kept_dot<acc_t>(x + m * k, values + ch * v_stride,
+                                      meta + ch * meta_stride, k, v_stride, meta_stride);
     opmath_t value = static_cast<opmath_t>(acc) * static_cast<opmath_t>(scale[ch]);
     if (bias != nullptr) {
       value += static_cast<opmath_t>(bias[ch]);
@@ -126,20 +133,8 @@ __global__ void sparse_dynamic_linear_cuda(scalar_t* __restrict__ out,
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / n;
     const int64_t ch = i % n;
-    const int8_t* row = xq + m * k;
-    const int8_t* v = values + ch * v_stride;
-    const uint8_t* mb = meta + ch * meta_stride;
-    int acc = 0;
-    int64_t next = 0;
-    for (int64_t byte = 0; byte < meta_stride; ++byte) {
-      const unsigned bits = mb[byte];
-      for (int j = 0; j < 8; ++j) {
-        const int64_t col = 8 * byte + j;
-        if (((bits >> j) & 1u) && col < k && next < v_stride) {
-          acc += static_cast<int>(row[col]) * static_cast<int>(v[next++]);
-        }
-      }
-    }
+    const int acc = kept_dot<int>(xq + m * k, values + ch * v_stride,
+                                  meta + ch * meta_stride, k, v_stride, meta_stride);
     opmath_t value = (static_cast<opmath_t>(acc) *
                       static_cast<opmath_t>(x_scale[m])) *
                      static_cast<opmath_t>(scale[ch]);

@@ -35,8 +35,7 @@ import fuseops
 from fuseops import reference
 
 from conftest import DTYPES, expect_error_mentions
-
-ROUNDING = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 2**-8, torch.float16: 2**-11}
+from int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
 
 
 def quantized_weight(n, k, device, gen_seed=0):
@@ -236,26 +235,6 @@ def test_quantized_model_compiles_and_exports():
 
 
 # --- int8_dynamic_linear (W8A8 dynamic) ----------------------------------------
-
-DYNAMIC_TOLERANCE = 1e-6
-
-
-def dynamic_reference(x, wq, scale, bias=None):
-    # Written out independently of fuseops.reference: quantize_per_token_int8's
-    # float32 math, then exact float64 products and sums.
-    xf = x.float()
-    xs = xf.abs().amax(-1, keepdim=True) / 127
-    xs = torch.where(xs == 0, torch.ones_like(xs), xs)
-    xq = torch.round(xf / xs).clamp(-127, 127)
-    y = (xq.double() @ wq.double().T) * xs.double() * scale.double()
-    return y if bias is None else y + bias.double()
-
-
-def assert_dynamic_matches(y, want):
-    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
-    torch.testing.assert_close(y.double(), want, rtol=ROUNDING[y.dtype],
-                               atol=(DYNAMIC_TOLERANCE + ROUNDING[y.dtype]) * scale)
-
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,n,k", [(1, 16, 4), (1, 37, 129), (3, 5, 1), (8, 64, 256), (33, 40, 67), (257, 48, 530)])

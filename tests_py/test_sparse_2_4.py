@@ -33,8 +33,7 @@ import fuseops
 from fuseops import reference
 
 from conftest import CAPABILITY_ORDER, DTYPES, cpu_runs, expect_error_mentions, run_python, run_under_cpu_capability
-
-ROUNDING = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 2**-8, torch.float16: 2**-11}
+from int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
 
 
 def assert_matches(y, want, k):
@@ -250,32 +249,12 @@ def test_bad_inputs(device):
 
 # --- sparse_2_4_dynamic_linear (W8A8 dynamic) ------------------------------------
 
-DYNAMIC_TOLERANCE = 1e-6
-
-
 def int8_2_4(n, k, device, seed=0):
     """A 2:4 int8 weight with scales, packed, with its colsum, and the dense
     int8 weight."""
     wq, scale = fuseops.quantize_per_channel_int8(dense_2_4(n, k, device, seed=seed))
     values, meta, s = fuseops.pack_2_4(wq, scale)
     return (values, meta, s, fuseops.colsum_2_4(values)), wq, scale
-
-
-def dynamic_reference(x, wq, scale, bias=None):
-    # Written out independently of fuseops.reference: quantize_per_token_int8's
-    # float32 math, then exact float64 products and sums.
-    xf = x.float()
-    xs = xf.abs().amax(-1, keepdim=True) / 127
-    xs = torch.where(xs == 0, torch.ones_like(xs), xs)
-    xq = torch.round(xf / xs).clamp(-127, 127)
-    y = (xq.double() @ wq.double().T) * xs.double() * scale.double()
-    return y if bias is None else y + bias.double()
-
-
-def assert_dynamic_matches(y, want):
-    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
-    torch.testing.assert_close(y.double(), want, rtol=ROUNDING[y.dtype],
-                               atol=(DYNAMIC_TOLERANCE + ROUNDING[y.dtype]) * scale)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -73,6 +73,8 @@ constexpr int kTileRows = 1;
 #endif
 constexpr int64_t kBlockN = 16;
 constexpr int64_t kChunkRows = 8 * kTileRows;
+// Input features per vpexpandb (and vpdpbusd) step of the int8 paths.
+constexpr int64_t kDotStep = 64;
 
 #if defined(CPU_CAPABILITY_AVX2)
 // For each meta byte (8 input features): lane l takes kept value idx[l]
@@ -191,13 +193,44 @@ C10_ALWAYS_INLINE __m512i expand_bytes(const int8_t* v, const uint8_t* mb) {
 }
 #endif
 
+// The next register tile's weight bytes, for the int8 paths that expand
+// kDotStep input features per step: its values and meta (contiguous,
+// `value_bytes` and `meta_bytes` long; none when `values` is null). See
+// dot_tile_vnni for why a step prefetches its share of them.
+struct NextTile {
+  const int8_t* values = nullptr;
+  const uint8_t* meta = nullptr;
+  int64_t value_bytes = 0;
+  int64_t meta_bytes = 0;
+};
+
+#if defined(CPU_CAPABILITY_AVX512)
+template <int C>
+C10_ALWAYS_INLINE void prefetch_step(const NextTile& next, int64_t i) {
+  if (next.values == nullptr) {
+    return;
+  }
+  constexpr int64_t kValueShare = C * kDotStep / 2;
+  constexpr int64_t kMetaShare = C * kDotStep / 8;
+  for (int64_t off = i * kValueShare; off < std::min((i + 1) * kValueShare, next.value_bytes);
+       off += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(next.values + off), _MM_HINT_T0);
+  }
+  if (i * kMetaShare < next.meta_bytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(next.meta + i * kMetaShare), _MM_HINT_T0);
+  }
+}
+#endif
+
 // sums[c * R + r] = sum_k x[r][k] * weight[c][k] for R rows (x rows
 // `x_stride` floats apart, zero-padded to whole vectors) and kTileCh
 // channels (values `v[c]`, meta `mb[c]`), over k input features; `wide`:
-// the vpexpandb path for int8 values (AVX-512 with VBMI2).
+// the vpexpandb path for int8 values (AVX-512 with VBMI2), which prefetches
+// `next` as dot_tile_vnni does (its reads are the same short streams).
 template <int R, typename value_t>
 C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const value_t* const* v,
-                            const uint8_t* const* mb, int64_t k, float* sums, bool wide) {
+                            const uint8_t* const* mb, int64_t k, float* sums, bool wide,
+                            const NextTile& next) {
   FloatVec acc[kTileCh][R];
   for (int c = 0; c < kTileCh; ++c) {
     for (int r = 0; r < R; ++r) {
@@ -216,8 +249,10 @@ C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const value_t* con
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<value_t, int8_t>) {
     if (wide) {
+      static_assert(kWideLanes == kDotStep);
       const int64_t chunks = k / kWideLanes;
       for (int64_t i = 0; i < chunks; ++i) {
+        prefetch_step<kTileCh>(next, i);
         __m512i bytes[kTileCh];
         for (int c = 0; c < kTileCh; ++c) {
           bytes[c] = expand_bytes(v[c] + i * kWideLanes / 2, mb[c] + i * kWideLanes / 8);
@@ -276,14 +311,15 @@ C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const value_t* con
 // tile<rows> for a run-time rows in [1, kTileRows].
 template <typename value_t, int R = kTileRows>
 void tile_rows(int rows, const float* x, int64_t x_stride, const value_t* const* v,
-               const uint8_t* const* mb, int64_t k, float* sums, bool wide) {
+               const uint8_t* const* mb, int64_t k, float* sums, bool wide,
+               const NextTile& next) {
   if constexpr (R > 1) {
     if (rows < R) {
-      tile_rows<value_t, R - 1>(rows, x, x_stride, v, mb, k, sums, wide);
+      tile_rows<value_t, R - 1>(rows, x, x_stride, v, mb, k, sums, wide, next);
       return;
     }
   }
-  tile<R>(x, x_stride, v, mb, k, sums, wide);
+  tile<R>(x, x_stride, v, mb, k, sums, wide, next);
 }
 
 // The output in parallel tasks of kBlockN channels by kChunkRows rows, and
@@ -369,9 +405,18 @@ void sparse_linear(const at::Tensor& out, const at::Tensor& input, const at::Ten
 
   for_each_tile(vals, v_stride, masks, meta_stride, n, m_total, kTileRows,
                 [&](const value_t* const* v, const uint8_t* const* mb, int64_t c0,
-                    int channels, int64_t m, int rows, bool /*first*/) {
+                    int channels, int64_t m, int rows, bool first) {
     float sums[kTileCh * kTileRows];
-    tile_rows<value_t>(rows, x + m * x_stride, x_stride, v, mb, k, sums, wide);
+    // The next tile's bytes, on the first row tile's pass only.
+    NextTile next;
+    if constexpr (std::is_same_v<value_t, int8_t>) {
+      if (wide && first && c0 + kTileCh < n) {
+        const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
+        next = {vals + (c0 + kTileCh) * v_stride, masks + (c0 + kTileCh) * meta_stride,
+                next_channels * v_stride, next_channels * meta_stride};
+      }
+    }
+    tile_rows<value_t>(rows, x + m * x_stride, x_stride, v, mb, k, sums, wide, next);
     for (int c = 0; c < channels; ++c) {
       const int64_t ch = c0 + c;
       for (int r = 0; r < rows; ++r) {
@@ -474,8 +519,6 @@ void sparse_2_4_linear_kernel_impl(const at::Tensor& out, const at::Tensor& inpu
 
 enum class DotPath { kVnni, kWords, kScalar };
 
-// Input features per vpexpandb/vpdpbusd step.
-constexpr int64_t kDotStep = 64;
 // Rows of the VNNI path's tiles (of kTileCh channels): 24 accumulators, 4
 // weight vectors, an activation vector.
 constexpr int kVnniTileRows = 6;
@@ -514,29 +557,6 @@ C10_ALWAYS_INLINE void for_rows(int rows, const F& f) {
 // the next tile's values and meta (`next`: contiguous, `value_bytes` and
 // `meta_bytes` long; none when `values` is null), which turns the reads of
 // a block into one stream ahead of the multiply-adds.
-struct NextTile {
-  const int8_t* values = nullptr;
-  const uint8_t* meta = nullptr;
-  int64_t value_bytes = 0;
-  int64_t meta_bytes = 0;
-};
-
-template <int C>
-C10_ALWAYS_INLINE void prefetch_step(const NextTile& next, int64_t i) {
-  if (next.values == nullptr) {
-    return;
-  }
-  constexpr int64_t kValueShare = C * kDotStep / 2;
-  constexpr int64_t kMetaShare = C * kDotStep / 8;
-  for (int64_t off = i * kValueShare; off < std::min((i + 1) * kValueShare, next.value_bytes);
-       off += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(next.values + off), _MM_HINT_T0);
-  }
-  if (i * kMetaShare < next.meta_bytes) {
-    _mm_prefetch(reinterpret_cast<const char*>(next.meta + i * kMetaShare), _MM_HINT_T0);
-  }
-}
-
 template <int C, int R>
 C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const int8_t* const* v,
                                      const uint8_t* const* mb, int64_t k, const NextTile& next,

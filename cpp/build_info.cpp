@@ -42,6 +42,9 @@ BuildInfo build_info() {
   info.cuda = true;
   info.cuda_version = FUSEOPS_CUDA_VERSION;
   info.cuda_architectures = split(FUSEOPS_CUDA_ARCHITECTURES, ';');
+  info.cuda_status =
+      "experimental: every op's CUDA kernel compiles and registers, but none has yet run on a "
+      "GPU in fuseops' checks; verify on your GPU with `bash tools/gpu_check.sh` (cuda/README.md)";
 #else
   info.cuda = false;
 #endif

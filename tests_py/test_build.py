@@ -26,6 +26,23 @@ def test_build_info_describes_this_build():
     assert info["cpu_capabilities"][0] == "DEFAULT"
     assert info["selected_cpu_capability"] in info["cpu_capabilities"]
     assert info["cuda"] == bool(info["cuda_architectures"])
+    # A CUDA build states that its kernels are unverified until the GPU check
+    # has passed, and how to run it; a CPU build has no CUDA status.
+    if info["cuda"]:
+        assert info["cuda_status"].startswith("experimental")
+        assert "tools/gpu_check.sh" in info["cuda_status"]
+    else:
+        assert info["cuda_status"] == ""
+
+
+def test_info_states_the_cuda_status_of_a_cuda_build():
+    result = run_python("import sys; from fuseops.__main__ import main; sys.exit(main(['info']))")
+    assert result.returncode == 0, result.stderr
+    status_lines = [line for line in result.stdout.splitlines() if line.startswith("CUDA status")]
+    if fuseops.build_info()["cuda"]:
+        assert status_lines and "tools/gpu_check.sh" in status_lines[0], result.stdout
+    else:
+        assert not status_lines, result.stdout
 
 
 def test_version_guard_accepts_the_same_version():

@@ -55,6 +55,7 @@ PYBIND11_MODULE(_C, m) {
     d["cuda"] = info.cuda;
     d["cuda_version"] = info.cuda_version;
     d["cuda_architectures"] = info.cuda_architectures;
+    d["cuda_status"] = info.cuda_status;
     return d;
   });
   m.def("output_memory_stats", [] {

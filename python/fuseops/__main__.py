@@ -21,6 +21,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         ("CPU build in use", info["selected_cpu_capability"]),
         ("CUDA kernels", f"yes (CUDA {info['cuda_version']}, architectures "
          f"{', '.join(info['cuda_architectures'])})" if info["cuda"] else "no"),
+        *([("CUDA status", info["cuda_status"])] if info["cuda"] else []),
         ("library", fuseops.library_path),
         ("CMake prefix path", fuseops.cmake_prefix_path),
         ("threads", str(torch.get_num_threads())),

@@ -18,6 +18,10 @@ struct BuildInfo {
   bool cuda;                                    // CUDA kernels compiled in
   std::string cuda_version;                     // CUDA toolkit, "" without CUDA
   std::vector<std::string> cuda_architectures;  // e.g. {"9.0"}
+  // What the CUDA kernels have been shown to do ("" without CUDA): until
+  // tools/gpu_check.sh has passed on a GPU they are compiled and registered
+  // but unverified, and this says so with the command that verifies them.
+  std::string cuda_status;
 };
 
 BuildInfo build_info();

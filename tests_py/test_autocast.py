@@ -87,6 +87,15 @@ CASES = {
         lambda x, w, b: causal_conv1d_torch(x, w, b, "silu"),
         [(rand(2, D, 10), rand(D, 4), rand(D)), (rand(2, D, 10, dtype=LOW), rand(D, 4), rand(D))],
     ),
+    # The composition it replaces, as Trainer(bf16=True) runs an LM head: a
+    # float32 head weight with bfloat16 or float32 hidden states.
+    "linear_cross_entropy": (
+        lambda x, w, b, t: fuseops.linear_cross_entropy(x, w, t, b, label_smoothing=0.1),
+        lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t, label_smoothing=0.1),
+        [(rand(8, D, dtype=LOW), rand(2 * D, D), None, torch.randint(0, 2 * D, (8,))),
+         (rand(8, D), rand(2 * D, D), rand(2 * D), torch.randint(0, 2 * D, (8,))),
+         (rand(8, D, dtype=LOW), rand(2 * D, D, dtype=LOW), None, torch.randint(0, 2 * D, (8,)))],
+    ),
     "cross_entropy": (
         lambda x, t: fuseops.cross_entropy(x, t, label_smoothing=0.1),
         lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
@@ -108,18 +117,58 @@ def test_autocast_cpu_matches_torch(name):
             # torch's rms_norm warns that it cannot fuse mixed dtypes.
             warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
             got, expected = outputs(ours(*args)), outputs(theirs(*args))
-        described = [f"{a.dtype}{list(a.shape)}" for a in args]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        described = [f"{a.dtype}{list(a.shape)}" for a in tensors]
         assert [g.dtype for g in got] == [e.dtype for e in expected], (name, described)
         for g, e in zip(got, expected):
             # Where a bfloat16 is involved, both round to it (2^-8 relative)
             # at different points (fuseops widens once; torch rounds its
-            # intermediates, e.g. silu(gate) before the float32 multiply):
-            # a few bfloat16 ulps. All-float32 calls agree to float32
-            # accumulation.
-            reduced = any(t.dtype == LOW for t in (*args, g, e))
+            # intermediates, e.g. silu(gate) before the float32 multiply,
+            # or the logits before the float32 loss): a few bfloat16 ulps.
+            # All-float32 calls agree to float32 accumulation.
+            reduced = (name == "linear_cross_entropy"
+                       or any(t.dtype == LOW for t in (*tensors, g, e)))
             tolerance = ({"rtol": 3e-2, "atol": 3e-2} if reduced
                          else {"rtol": 1e-5, "atol": 1e-5})
             torch.testing.assert_close(g, e, **tolerance, msg=f"{name} {described}")
+
+
+def test_autocast_linear_cross_entropy_gradients_match_the_composition():
+    """Under autocast the fused LM head's gradients are those of
+    cross_entropy(linear(...)): float32 parameters get float32 gradients,
+    bfloat16 hidden states a bfloat16 one, values within bfloat16 rounding
+    of the GEMM inputs (both compute the GEMMs in bfloat16)."""
+    torch.manual_seed(0)
+    hidden = rand(16, D, dtype=LOW)
+    head, bias = rand(4 * D, D), rand(4 * D)
+    target = torch.randint(0, 4 * D, (16,))
+    target[3] = -100
+    grads = []
+    for loss_fn in (lambda x, w, b: fuseops.linear_cross_entropy(x, w, target, b),
+                    lambda x, w, b: F.cross_entropy(F.linear(x, w, b), target)):
+        x, w, b = (t.clone().requires_grad_() for t in (hidden, head, bias))
+        with torch.autocast("cpu", dtype=LOW):
+            loss = loss_fn(x, w, b)
+        assert loss.dtype == torch.float32
+        loss.backward()
+        grads.append((loss.detach(), x.grad, w.grad, b.grad))
+    for got, expected, dtype in zip(*grads, (torch.float32, LOW, torch.float32, torch.float32)):
+        assert got.dtype == expected.dtype == dtype
+        torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-3)
+
+
+def test_autocast_fused_lm_head_module():
+    """fuseops.nn.LinearCrossEntropyLoss under autocast: a float32 head
+    weight with bfloat16 hidden states (the error before autocast support:
+    'weight' must have the input's dtype)."""
+    loss_fn = fuseops.nn.LinearCrossEntropyLoss()
+    hidden, head = rand(8, D, dtype=LOW), rand(2 * D, D)
+    target = torch.randint(0, 2 * D, (8,))
+    with torch.autocast("cpu", dtype=LOW):
+        got = loss_fn(hidden, head, target)
+        expected = F.cross_entropy(F.linear(hidden, head), target)
+    assert got.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-2)
 
 
 def test_autocast_leaves_rope_to_the_inputs():
@@ -184,7 +233,7 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
     # (rms_norm falls through on CPU, casting only on CUDA).
     assert cast == {f"fuseops::{name}" for name in
                     ("layer_norm", "fused_add_rms_norm", "bias_gelu", "swiglu", "geglu",
-                     "causal_conv1d", "cross_entropy")}, cast
+                     "causal_conv1d", "cross_entropy", "linear_cross_entropy")}, cast
     for sample in samples:
         def call():
             # Copies: some overloads write into their arguments

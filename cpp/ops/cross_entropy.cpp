@@ -593,8 +593,13 @@ TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
 }
 
 // Autocast as torch's cross_entropy: float32 logits (and a float32 loss) on
-// CPU and CUDA. linear_cross_entropy falls through: its GEMMs run in the
-// inputs' dtype and its row statistics in float32 either way.
+// CPU and CUDA. linear_cross_entropy as the composition it replaces,
+// cross_entropy(linear(input, weight, bias), ...): the GEMMs in the autocast
+// dtype (a float32 LM head under bfloat16 autocast, as Trainer(bf16=True)
+// has it) and a float32 loss. The loss is computed in float32 (the row
+// statistics are) but leaves the op in the GEMM dtype, then is widened: it
+// carries that dtype's rounding (2^-9 relative for bfloat16).
 FUSEOPS_AUTOCAST(cross_entropy, kFloat32, kFloat32)
+FUSEOPS_AUTOCAST(linear_cross_entropy, kLinearLoss, kLinearLoss)
 
 }  // namespace fuseops

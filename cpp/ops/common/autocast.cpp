@@ -39,13 +39,29 @@ class AutocastKernel final : public c10::OperatorKernel {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(
         at::autocast::get_autocast_dispatch_key_from_device_type(device_));
     op.callBoxed(stack);
+    if (cast_ == AutocastCast::kLinearLoss) {
+      const size_t num_returns = op.schema().returns().size();
+      for (auto ret = stack->end() - static_cast<std::ptrdiff_t>(num_returns);
+           ret != stack->end(); ++ret) {
+        if (ret->isTensor() && at::autocast::is_eligible(ret->toTensor(), device_)) {
+          *ret = ret->toTensor().to(at::kFloat);
+        }
+      }
+    }
   }
 
  private:
   bool skipped(const c10::OperatorHandle& op, torch::jit::Stack::iterator first,
                torch::jit::Stack::iterator arg) const {
-    return cast_ == AutocastCast::kPromote &&
-           op.schema().arguments()[arg - first].name() == "weight";
+    const std::string& name = op.schema().arguments()[arg - first].name();
+    switch (cast_) {
+      case AutocastCast::kPromote:
+        return name == "weight";
+      case AutocastCast::kLinearLoss:
+        return name != "input" && name != "weight" && name != "bias";
+      default:
+        return false;
+    }
   }
 
   at::ScalarType target_dtype(const c10::OperatorHandle& op, torch::jit::Stack::iterator first,
@@ -53,6 +69,7 @@ class AutocastKernel final : public c10::OperatorKernel {
     const at::ScalarType lower = at::autocast::get_autocast_dtype(device_);
     switch (cast_) {
       case AutocastCast::kLowerPrecision:
+      case AutocastCast::kLinearLoss:
         return lower;
       case AutocastCast::kFloat32:
         return at::kFloat;

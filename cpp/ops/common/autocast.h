@@ -27,6 +27,11 @@ enum class AutocastCast {
   kFirstInput,      // to the first tensor argument's dtype, as torch's CPU
                     // layer_norm computes a reduced input with float32
                     // parameters and returns the input's dtype
+  kLinearLoss,      // a linear layer followed by a loss, as
+                    // cross_entropy(linear(input, weight, bias), ...):
+                    // `input`, `weight` and `bias` to the autocast dtype (the
+                    // linear's policy), other tensors as given, and the
+                    // floating results returned in float32 (the loss's)
 };
 
 // Registers, in `m` (a TORCH_LIBRARY_IMPL block of AutocastCPU or

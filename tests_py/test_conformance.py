@@ -127,18 +127,6 @@ def test_every_registered_overload_has_samples_and_a_wrapper():
     assert {s.wrapper.__name__ for s in SAMPLES["cpu"]} <= set(fuseops.__all__)
 
 
-def test_a_name_from_two_op_modules_is_an_error(monkeypatch):
-    modules = []
-    for module_name in ("first", "second"):
-        module = types.ModuleType(f"fuseops.ops.{module_name}")
-        module.__all__ = ["shared"]
-        module.shared = lambda: None
-        modules.append(module)
-    monkeypatch.setattr(fuseops.ops, "MODULES", tuple(modules))
-    with pytest.raises(ImportError, match="'shared' is defined by two op modules"):
-        fuseops.ops.exported("ops")
-
-
 # --- opcheck -------------------------------------------------------------------
 
 

@@ -2,12 +2,13 @@
 
 Each public module here (a name without a leading underscore) holds, for its
 ops: the public wrappers over ``torch.ops.fuseops`` (named in its
-``__all__``; ``fuseops`` exports them), the plain-PyTorch references (the
-module's functions named ``<op>_reference``; ``fuseops.reference`` exports
-them as ``<op>``), ``bench_cases()`` (its rows of ``python -m fuseops
+``__all__``; ``fuseops`` imports them by name), the plain-PyTorch references
+(the module's functions named ``<op>_reference``; ``fuseops.reference``
+imports them as ``<op>``; both import lists are written by
+``tools/generate_exports.py``), ``bench_cases()`` (its rows of ``python -m fuseops
 bench``) and ``samples(device)`` (the calls the conformance suite puts
 through opcheck, the compilers, the Meta kernels, the pybind module, ``out=``
-and every CPU build). A new op is a new module; nothing else here changes.
+and every CPU build). A new op is a new module plus a run of ``tools/generate_exports.py``.
 
 Every ``out=`` may share memory with the inputs (the result is that of the
 inputs before the call); an ``out=`` whose elements overlap each other, two
@@ -35,35 +36,9 @@ def _discover() -> tuple[ModuleType, ...]:
 MODULES = _discover()
 
 
-def exported(kind: str) -> dict:
-    """Name -> object over every op module: the public wrappers
-    (``kind="ops"``, each module's ``__all__``) or the references
-    (``kind="references"``, functions named ``<op>_reference``, keyed by
-    ``<op>``). Two modules giving the same name is an error."""
-    found: dict = {}
-    for module in MODULES:
-        if kind == "ops":
-            items = [(name, getattr(module, name)) for name in module.__all__]
-        elif kind == "references":
-            items = [
-                (name[: -len("_reference")], obj)
-                for name, obj in vars(module).items()
-                if name.endswith("_reference")
-                and not name.startswith("_")
-                and getattr(obj, "__module__", None) == module.__name__
-            ]
-        else:
-            raise ValueError(f"kind must be 'ops' or 'references', got {kind!r}")
-        for name, obj in items:
-            if name in found:
-                raise ImportError(f"fuseops.ops: {name!r} is defined by two op modules")
-            found[name] = obj
-    return found
-
-
 def samples(device) -> list[Sample]:
     """Every op module's samples on `device`, module by module."""
     return [sample for module in MODULES for sample in module.samples(device)]
 
 
-__all__ = ["MODULES", "Sample", "exported", "samples"]
+__all__ = ["MODULES", "Sample", "samples"]

@@ -145,7 +145,7 @@ def assert_special_values(actual, expected):
 
 def test_special_values_follow_float64_math():
     """fuseops differs from torch here on purpose where torch's answer is
-    not the formula's (README, "Special values"): ATen's AVX-512 float32
+    not the formula's (python/README.md, "Special values"): ATen's AVX-512 float32
     gelu(+Inf) is NaN."""
     x = torch.tensor(SPECIALS)
     g = torch.ones_like(x)

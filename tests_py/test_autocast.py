@@ -1,6 +1,6 @@
 """fuseops ops under torch.autocast("cpu", dtype=torch.bfloat16) give the
 dtype PyTorch's own analogous ops give under the same autocast, and their
-values within bfloat16 rounding (README, "Autocast").
+values within bfloat16 rounding (python/README.md, "Autocast").
 
 The analogues, and torch 2.13's CPU policy for them: layer_norm and rms_norm
 fall through (a bfloat16 input with float32 parameters returns bfloat16);

@@ -133,7 +133,7 @@ def test_backward_op_with_derivative_is_differentiable(op):
     assert torch.autograd.gradcheck(lambda g, a: backward(g, a), (g, arg.detach().requires_grad_(op != "relu")))
 
 
-# README, "Where results differ from torch": with an infinite upstream
+# python/README.md, "Where results differ from torch": with an infinite upstream
 # gradient, gelu_backward multiplies it by gelu'(x) computed whole. Where
 # gelu'(x) is tiny but not zero (x = -8: about -4e-14 for the erf form,
 # -1e-20 for tanh) the product is -inf, the exact limit; torch's vectorized
@@ -180,7 +180,7 @@ def test_gelu_backward_of_infinite_gradient_where_the_derivative_is_tiny(
 
 
 def test_rms_norm_rows_whose_squares_overflow_float32():
-    # README: where the row's mean square overflows float32, rstd is 0; the
+    # python/README.md: where the row's mean square overflows float32, rstd is 0; the
     # output is 0 and the gradients 0 or NaN, never a finite nonzero value
     # (torch is no better there, with NaN in other places).
     x = (torch.randn(3, 16, dtype=torch.float64) * 1e30).float().requires_grad_()
@@ -194,7 +194,7 @@ def test_rms_norm_rows_whose_squares_overflow_float32():
 
 
 def test_layer_norm_rows_whose_squares_overflow_float32_are_exact():
-    # README: layer_norm rescales rows whose squared deviations overflow
+    # python/README.md: layer_norm rescales rows whose squared deviations overflow
     # float32 (CPU), so they normalise like any other row: output and
     # gradients match float64 within float32 accumulation (1e-5; the input
     # gradient scales with rstd ~ 1e-30, hence the relative comparison).
@@ -215,7 +215,7 @@ def test_layer_norm_rows_whose_squares_overflow_float32_are_exact():
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_norm_weight_gradient_near_float32_max(op):
-    # README: weight gradients are float32 sums over rows. A sum beyond
+    # python/README.md: weight gradients are float32 sums over rows. A sum beyond
     # float32's range is +-inf with the exact sum's sign; a sum whose terms'
     # magnitudes add up to less than float32's maximum is accurate (1e-5,
     # float32 accumulation); in between a partial sum may overflow, giving
@@ -244,7 +244,7 @@ def test_norm_weight_gradient_near_float32_max(op):
 
 
 def test_fused_gelu_backwards_and_silu_with_infinite_gradient():
-    # README: bias_gelu and geglu share gelu_backward's -inf at x = -8;
+    # python/README.md: bias_gelu and geglu share gelu_backward's -inf at x = -8;
     # silu_backward matches torch everywhere on a fine grid.
     x = torch.full((4, 16), -8.0)
     upstream = torch.full((4, 16), float("inf"))

@@ -1,7 +1,7 @@
 """Threads and determinism: many Python threads calling every op at once get
 the single-threaded results bit for bit; every op's results (forward and
 gradients) are bitwise identical run to run at a fixed thread count; and
-the ops the README lists as deterministic across thread counts give the
+the ops python/README.md lists as deterministic across thread counts give the
 same bits with torch.set_num_threads(1), 2 and 3. Every op's conformance
 samples feed it."""
 
@@ -79,7 +79,7 @@ def differing_across_thread_counts(samples, counts=(1, 2, 3)):
 
 def test_thread_count_determinism_is_as_documented():
     # Every result of every op has the same bits whatever the thread count
-    # (README, "Threads and determinism").
+    # (python/README.md, "Threads and determinism").
     assert differing_across_thread_counts(LARGE) == set()
 
 

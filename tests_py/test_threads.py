@@ -14,6 +14,7 @@ import torch
 
 import fuseops
 import sample_run
+from conftest import run_under_cpu_capability
 from test_conformance import SAMPLES, fresh
 
 CPU = SAMPLES["cpu"]
@@ -130,3 +131,75 @@ def test_row_reductions_across_thread_counts():
     for name, results in reduction_results(2).items():
         for i, (a, b) in enumerate(zip(results, again[name])):
             assert torch.equal(raw(a), raw(b)), f"{name} result {i} run to run"
+
+
+NAN_CHILD = r"""
+import torch
+import fuseops
+
+CANONICAL = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+
+def with_nans(t):
+    # Positive and negative quiet NaNs with payloads, and infinities (whose
+    # products with zero make new NaNs), spread so that a vector holds both
+    # kinds and every thread's share holds some.
+    flat = t.view(-1)
+    flat[::37] = float("nan")
+    flat[11::53] = -float("nan")
+    flat[5::61] = float("inf")
+    flat[23::67] = -float("inf")
+    return t
+
+
+def calls(dtype):
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return with_nans(torch.randn(*shape, generator=g).to(dtype)).requires_grad_()
+
+    rows, cols = 64, 4099  # odd columns: rows split mid-vector between threads
+    gate, up, x, b = r(rows, cols), r(rows, cols), r(rows, cols), r(cols)
+    w = (torch.rand(cols, generator=g) + 0.5).to(dtype).requires_grad_()
+    yield "swiglu", lambda: fuseops.swiglu(gate, up), (gate, up)
+    yield "geglu", lambda: fuseops.geglu(gate, up), (gate, up)
+    yield "gelu", lambda: fuseops.gelu(x), (x,)
+    yield "silu", lambda: fuseops.silu(x), (x,)
+    yield "bias_gelu", lambda: fuseops.bias_gelu(x, b), (x,)
+    yield "rms_norm", lambda: fuseops.rms_norm(x, w, 1e-6), (x,)
+
+
+def results(dtype, threads):
+    torch.set_num_threads(threads)
+    out = {}
+    for name, call, leaves in calls(dtype):
+        y = call()
+        grad = with_nans(torch.ones_like(y))
+        out[name] = [y.detach(), *torch.autograd.grad(y, leaves, grad)]
+    return out
+
+
+for dtype, canonical in CANONICAL.items():
+    one = results(dtype, 1)
+    for threads in (2, 3):
+        other = results(dtype, threads)
+        for name, tensors in one.items():
+            for i, (a, b) in enumerate(zip(tensors, other[name])):
+                bits_a = a.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+                bits_b = b.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+                nan_bits = set(bits_a[a.isnan()].unique().tolist())
+                assert a.isnan().any(), (name, i, dtype, "no NaN reached the output")
+                assert nan_bits == {canonical}, (name, i, dtype, [hex(v) for v in nan_bits])
+                assert torch.equal(bits_a, bits_b), (name, i, dtype, threads, "threads")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_reduced_nan_results_have_one_encoding_whatever_the_threads(capability):
+    """bfloat16/float16 results write every NaN as c10's quiet NaN (0x7fc0 /
+    0x7e00) in every CPU build, so NaN inputs give the same bits with 1, 2
+    and 3 threads (README, "Threads and determinism"): ATen's vector
+    conversions write 0xffff, the AVX-512 BF16 instruction the NaN's own
+    sign, and the element's position in its vector decided which."""
+    run_under_cpu_capability(capability, NAN_CHILD)

@@ -57,9 +57,46 @@ inline int64_t row_sum_blocks(int64_t rows, int64_t row_elements) {
 inline const bool kCpuHasAvx512Bf16 = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
 #endif
 
-// Rounds two float vectors to one vector of bfloat16/float16 (to nearest,
-// ties to even; NaN stays NaN).
+// Replaces every NaN of a bfloat16/float16 vector by the one quiet NaN
+// c10's scalar conversion writes (bfloat16 0x7fc0, float16 0x7e00). The
+// conversions differ in the NaN they write (ATen's AVX2/AVX-512 ones 0xffff,
+// vcvtne2ps2bf16 and float16's vcvtps2ph the input's sign and payload), and
+// a NaN's sign can depend on which lane computed it: one encoding makes a
+// reduced output's bits independent of the build path, the thread count and
+// the position of an element in its vector. Three instructions a vector.
 template <typename scalar_t>
+C10_ALWAYS_INLINE at::vec::Vectorized<scalar_t> canonical_nan(
+    const at::vec::Vectorized<scalar_t>& v) {
+  constexpr bool kBf16 = std::is_same_v<scalar_t, c10::BFloat16>;
+  constexpr int16_t kInf = kBf16 ? 0x7f80 : 0x7c00;
+  constexpr int16_t kNaN = kBf16 ? 0x7fc0 : 0x7e00;
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i bits = v;
+  const __mmask32 nan = _mm512_cmpgt_epi16_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi16(0x7fff)), _mm512_set1_epi16(kInf));
+  return _mm512_mask_mov_epi16(bits, nan, _mm512_set1_epi16(kNaN));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i bits = v;
+  const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(bits, _mm256_set1_epi16(0x7fff)),
+                                         _mm256_set1_epi16(kInf));
+  return _mm256_blendv_epi8(bits, _mm256_set1_epi16(kNaN), nan);
+#else
+  using Vec = at::vec::Vectorized<scalar_t>;
+  std::array<scalar_t, Vec::size()> lanes;
+  v.store(lanes.data());
+  for (auto& lane : lanes) {
+    if ((lane.x & 0x7fff) > kInf) {
+      lane.x = kNaN;
+    }
+  }
+  return Vec::loadu(lanes.data());
+#endif
+}
+
+// Rounds two float vectors to one vector of bfloat16/float16 (to nearest,
+// ties to even; every NaN to canonical_nan's). kFinite: the caller knows
+// there is no NaN (widened int8 weights), and skips the NaN pass.
+template <typename scalar_t, bool kFinite = false>
 C10_ALWAYS_INLINE at::vec::Vectorized<scalar_t> narrow_from_float(
     const at::vec::Vectorized<float>& lo, const at::vec::Vectorized<float>& hi) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -71,11 +108,20 @@ C10_ALWAYS_INLINE at::vec::Vectorized<scalar_t> narrow_from_float(
       // instruction flushes float32 denormals (below 1.2e-38) to zero.
       __m512i packed;
       asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(packed) : "v"(__m512(hi)), "v"(__m512(lo)));
-      return packed;
+      if constexpr (kFinite) {
+        return packed;
+      } else {
+        return canonical_nan<scalar_t>(packed);
+      }
     }
   }
 #endif
-  return at::vec::convert_from_float<scalar_t>(lo, hi);
+  const auto narrowed = at::vec::convert_from_float<scalar_t>(lo, hi);
+  if constexpr (kFinite) {
+    return narrowed;
+  } else {
+    return canonical_nan<scalar_t>(narrowed);
+  }
 }
 
 // The block loads/stores below are C10_ALWAYS_INLINE: in the kernels' many

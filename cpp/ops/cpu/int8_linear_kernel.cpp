@@ -209,9 +209,10 @@ void pair_tile_rows(int rows, const c10::BFloat16* x, int64_t x_stride, const c1
 void widen_to_pairs(const int8_t* wi, int64_t count, c10::BFloat16* wb) {
   for (int64_t g = 0; g < count; ++g) {
     const int8_t* q = wi + g * kGroupBytes;
-    narrow_from_float<c10::BFloat16>(load_int8_as_float(q), load_int8_as_float(q + 16))
+    narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q), load_int8_as_float(q + 16))
         .store(wb + g * kGroupBytes);
-    narrow_from_float<c10::BFloat16>(load_int8_as_float(q + 32), load_int8_as_float(q + 48))
+    narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q + 32),
+                                           load_int8_as_float(q + 48))
         .store(wb + g * kGroupBytes + 32);
   }
 }

@@ -3,7 +3,7 @@
 #   fuseops_add_op(<name>)            once per op family, after add_library(fuseops)
 #   fuseops_write_umbrella_header()   once, after the last fuseops_add_op
 #
-# A family's files follow one naming convention (README.md, "Adding an op"),
+# A family's files follow one naming convention (CONTRIBUTING.md, "Adding an op"),
 # and fuseops_add_op checks that each exists:
 #
 #   cpp/include/fuseops/<name>.h    public C++ API
@@ -32,7 +32,7 @@ function(fuseops_add_op name)
   foreach(file IN LISTS files)
     if(NOT EXISTS "${PROJECT_SOURCE_DIR}/${file}")
       message(FATAL_ERROR "fuseops_add_op(${name}): ${file} is missing "
-                          "(see \"Adding an op\" in README.md)")
+                          "(see \"Adding an op\" in CONTRIBUTING.md)")
     endif()
   endforeach()
   target_sources(fuseops PRIVATE

@@ -1,6 +1,6 @@
 #pragma once
-// The one double-backward policy of every op (README: "Gradients of the
-// backward ops"). Each `<op>_backward` registers an Autograd kernel that does
+// The one double-backward policy of every op (python/README.md, "Gradients of
+// the backward ops"). Each `<op>_backward` registers an Autograd kernel that does
 // one of two things:
 //  - it has a derivative: a torch::autograd::Function whose backward calls
 //    differentiable ops (relu_backward, gelu_backward, silu_backward), or

@@ -3,7 +3,7 @@
 // autograd hands them, instead of a fresh tensor of the same size.
 //
 // Every fresh output costs its first touch: large ones come from a new
-// mapping, page-faulted in as they are written (README: "Memory"). The
+// mapping, page-faulted in as they are written (python/README.md). The
 // gradient flowing into an elementwise or row-wise backward is, in
 // training, usually a fresh tensor nothing else refers to (the output of
 // the next layer's backward), dead once read. A backward that is its sole

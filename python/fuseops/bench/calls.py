@@ -95,7 +95,7 @@ def fresh_grad_call(fn: Callable, case: Case, inputs: InputSet) -> Callable[[], 
     """Forward and backward with the upstream gradient as training makes it:
     a new tensor that autograd alone refers to (in a model, what the next
     layer's backward returned), which a backward may write its result over
-    (README: "Gradients written over the incoming gradient").
+    (python/README.md: "Gradients written over the incoming gradient").
 
     backward_call hands autograd the input set's own grad_outputs, which the
     set keeps referring to, so no backward may ever take it over. Here a

@@ -13,7 +13,7 @@ and every CPU build). A new op is a new module plus a run of ``tools/generate_ex
 Every ``out=`` may share memory with the inputs (the result is that of the
 inputs before the call); an ``out=`` whose elements overlap each other, two
 outputs sharing memory, or an ``out=`` that must be resized while sharing an
-input's memory are refused (README, "out= and memory shared with inputs").
+input's memory are refused (python/README.md, "`out=` and memory shared with inputs").
 """
 
 from __future__ import annotations

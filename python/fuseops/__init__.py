@@ -12,7 +12,7 @@ from . import _loader
 
 _loader.load()
 
-from . import _C  # noqa: E402  (needs the library loaded first)
+from . import _C as _C  # noqa: E402  (needs the library loaded first)
 from . import cpu, nn, reference  # noqa: E402
 from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
 

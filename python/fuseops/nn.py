@@ -50,7 +50,7 @@ class Replacement:
 def _converted(module: torch.nn.Module, cls: type) -> torch.nn.Module:
     # A new instance sharing the old one's state (parameters, buffers, hooks,
     # training flag): optimizers holding those parameters keep working.
-    new = cls.__new__(cls)
+    new = object.__new__(cls)
     new.__dict__ = module.__dict__.copy()
     return new
 
@@ -334,6 +334,9 @@ class TorchRotaryEmbedding(torch.nn.Module):
     beyond the cache grows it to at least twice its length (``grow=True``,
     reading ``positions.max()``, a device sync on CUDA) or, with
     ``grow=False``, is an error."""
+
+    cos_cached: torch.Tensor
+    sin_cached: torch.Tensor
 
     def __init__(
         self,

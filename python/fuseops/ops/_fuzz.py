@@ -13,6 +13,7 @@ failing call to a small one; tensor values come from a seeded generator.
 
 from __future__ import annotations
 
+import builtins
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -39,7 +40,7 @@ class Draw:
         #: tolerance.
         self.math_dtype = None
 
-    def int(self, lo: int, hi: int) -> int:
+    def int(self, lo: builtins.int, hi: builtins.int) -> builtins.int:
         return self._integer(lo, hi)
 
     def choice(self, options: Sequence):
@@ -48,11 +49,11 @@ class Draw:
     def flag(self) -> bool:
         return bool(self.int(0, 1))
 
-    def size(self, hi: int = 9) -> int:
+    def size(self, hi: builtins.int = 9) -> builtins.int:
         """A dimension's size: 0 and 1 as often as any larger size."""
         return self.choice((0, 1, self.int(2, hi)) if hi >= 2 else (0, 1))
 
-    def shape(self, min_dims: int = 0, max_dims: int = 3, hi: int = 9) -> tuple:
+    def shape(self, min_dims: builtins.int = 0, max_dims: builtins.int = 3, hi: builtins.int = 9) -> tuple:
         return tuple(self.size(hi) for _ in range(self.int(min_dims, max_dims)))
 
     def dtype(self) -> torch.dtype:
@@ -93,7 +94,7 @@ class Draw:
         assert tuple(values.shape) == shape, (values.shape, shape, layout)
         return values.to(self.device).detach().requires_grad_(grad)
 
-    def integers(self, shape, lo: int, hi: int, dtype=torch.int64) -> torch.Tensor:
+    def integers(self, shape, lo: builtins.int, hi: builtins.int, dtype=torch.int64) -> torch.Tensor:
         """Integers in [lo, hi) of `shape` (indices, positions)."""
         gen = torch.Generator().manual_seed(self.int(0, 2**31 - 1))
         return torch.randint(lo, max(hi, lo + 1), tuple(shape), generator=gen, dtype=dtype).to(self.device)

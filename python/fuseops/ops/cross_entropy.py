@@ -311,9 +311,10 @@ def samples(device) -> list[Sample]:
     result.append(Sample(ops.linear_cross_entropy.default, (lx, lw, lb, lt, None) + options,
                          linear_cross_entropy, wrapper_args=(lx, lw, lt, lb, None) + options))
     fx, fw, ft, cw = t((9, 8)), t((12, 8)), target((9,), 12), torch.rand(12, device=device) + 0.5
-    options = ("sum", -100, 0.0, 0.0, None, 4.0)
-    result.append(Sample(ops.linear_cross_entropy_forward.default, (fx, fw, None, ft, cw) + options,
-                         linear_cross_entropy_forward, wrapper_args=(fx, fw, ft, None, cw) + options))
+    forward_options = ("sum", -100, 0.0, 0.0, None, 4.0)
+    result.append(Sample(ops.linear_cross_entropy_forward.default, (fx, fw, None, ft, cw) + forward_options,
+                         linear_cross_entropy_forward,
+                         wrapper_args=(fx, fw, ft, None, cw) + forward_options))
     for dtype in DTYPES:
         for shape in [(3, 7), (37, 1000), (5, 4099)]:
             for reduction in ("sum", "none"):

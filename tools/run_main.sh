@@ -3,7 +3,7 @@
 # tqdm) and runs the main job: how fuseops was built, the quick benchmark
 # against eager PyTorch, torch.compile and the native ops (one case per op
 # family and dtype: table, JSON, CSV and chart in bench-results/), then the
-# training demo of the small model once (demo-results/). It ends with the
+# training demo of the small model once, 80 steps (demo-results/). It ends with the
 # commands of the longer runs, which it leaves out to stay short.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +17,8 @@ venv=${FUSEOPS_VENV:-.venv}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 echo "== python -m fuseops bench (quick preset)"
 "$venv/bin/python" -m fuseops bench --out bench-results
-echo "== python -m fuseops demo"
-"$venv/bin/python" -m fuseops demo --out demo-results
+echo "== python -m fuseops demo --steps 80"
+"$venv/bin/python" -m fuseops demo --steps 80 --out demo-results
 cat <<'DONE'
 == results: bench-results/bench.txt (table), bench-results/speedup.png (chart),
    bench-results/bench.json and .csv; demo-results/demo.json and demo-loss.png
@@ -28,7 +28,8 @@ cat <<'DONE'
    python -m fuseops bench --full --out bench-results/full
        the speed targets' shapes, variants included (tens of minutes on 2 cores)
    python -m fuseops demo --compare-tune-memory --out demo-results
-       the small model again under fuseops.cpu.tune_memory(), in a child process
+       the small model for its default 150 steps, then again under
+       fuseops.cpu.tune_memory() in a child process
    python -m fuseops demo --preset large --compare-tune-memory --out demo-results/large
        hidden 1024, 512 positions, 38 M parameters, bfloat16
 DONE

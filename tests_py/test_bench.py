@@ -37,7 +37,8 @@ def _run_cases(tmp_path, case_list, *extra: str) -> int:
 
 
 def test_relu_end_to_end_writes_table_json_csv_chart_and_trace(tmp_path, capsys):
-    assert _bench(tmp_path, "--ops", "relu", "--dtype", "float32,bfloat16", "--profile") == 0
+    assert _bench(tmp_path, "--preset", "standard", "--ops", "relu", "--dtype", "float32,bfloat16",
+                  "--profile") == 0
     printed = capsys.readouterr().out
     assert "vs compile" in printed and "relu" in printed
     assert f"wrote table {tmp_path / 'bench.txt'}" in printed
@@ -99,7 +100,8 @@ def _wrong_relu(x, *, out=None):
 
 def test_a_wrong_implementation_is_marked_failed(tmp_path, capsys):
     wrong = dataclasses.replace(cases.by_name(["relu"])[0], name="wrong_relu", fuseops=_wrong_relu)
-    assert _run_cases(tmp_path, [wrong], "--no-compile", "--dtype", "float32") == 1
+    assert _run_cases(tmp_path, [wrong], "--preset", "standard", "--no-compile",
+                      "--dtype", "float32") == 1
     printed = capsys.readouterr().out
     assert "!! FAILED: wrong_relu float32 32x160 fwd: MISMATCH vs reference" in printed
     assert "the peers' errors: eager reference 0, torch.relu 0" in printed
@@ -145,10 +147,49 @@ def test_every_registered_op_is_timed_or_listed_not_built(tmp_path):
         assert row["status"] == ("ok" if built else "not built"), row
 
 
-def test_quick_preset_leaves_out_variants_and_full_includes_them():
-    quick = {case.name for case in cases.by_name(variants=False)}
-    assert "gelu_tanh" not in quick and "swiglu_packed" not in quick and "gelu" in quick
+def test_standard_preset_leaves_out_variants_and_full_includes_them():
+    standard = {case.name for case in cases.by_name(variants=False)}
+    assert "gelu_tanh" not in standard and "swiglu_packed" not in standard
+    assert "gelu" in standard
     assert {case.name for case in cases.by_name()} == {case.name for case in cases.CASES}
+
+
+def test_quick_preset_takes_one_case_per_op_family():
+    from fuseops import ops
+
+    families = [module.__name__.rsplit(".", 1)[-1] for module in ops.MODULES]
+    chosen = cases.one_per_family()
+    assert [case.family for case in chosen] == families
+    assert not any(case.variant for case in chosen)
+    # Each is its family's first case that is not a variant.
+    for case in chosen:
+        first = next(c for c in cases.CASES if c.family == case.family and not c.variant)
+        assert case is first
+    assert "rms_norm" in {c.name for c in chosen} and "gelu_tanh" not in {c.name for c in chosen}
+
+
+def test_quick_preset_runs_one_row_per_op_family_and_dtype(tmp_path, capsys):
+    """The default run: a row per family and dtype, forward+backward where
+    the op has a backward, else forward; it points to the longer runs."""
+    assert _bench(tmp_path, "--no-compile", "--no-plot") == 0
+    printed = capsys.readouterr().out
+    assert "preset quick" in printed
+    assert ("longer runs: python -m fuseops bench --preset standard; "
+            "python -m fuseops bench --full") in printed
+    rows = _rows(tmp_path)
+    chosen = {case.name: case for case in cases.one_per_family()}
+    assert [(r["op"], r["dtype"]) for r in rows] == [
+        (name, dtype) for name in chosen for dtype in ("float32", "bfloat16")]
+    for row in rows:
+        case = chosen[row["op"]]
+        assert row["family"] == case.family and row["status"] == "ok", row
+        assert row["mode"] == ("forward+backward" if case.differentiable else "forward"), row
+    assert json.loads((tmp_path / "bench.json").read_text())["environment"]["preset"] == "quick"
+
+
+def test_full_flag_is_the_full_preset(tmp_path, capsys):
+    assert _bench(tmp_path, "--full", "--preset", "quick", "--ops", "relu") == 2
+    assert "--full is --preset full" in capsys.readouterr().err
 
 
 def test_cuda_without_a_gpu_says_so_and_fails(tmp_path, capsys):
@@ -195,7 +236,9 @@ def test_cases_with_their_own_shapes_and_no_backward():
     preset_run = runner.Runner(config)
     assert preset_run.shapes(case) == case.shapes["quick"]
     assert preset_run.modes(case) == ["forward"]
-    assert preset_run.row_count() == len(case.shapes["quick"])
+    assert preset_run.row_count() == len(case.shapes["quick"]) == 1
+    standard = runner.Runner(dataclasses.replace(config, preset="standard"))
+    assert [m for m, _ in standard.shapes(case)] == [1, 8, 32, 256]
     explicit = runner.Runner(runner.Config(cases=[case], dtypes=[torch.float32], shapes=[(4, 64)]))
     assert explicit.shapes(case) == [(4, 64)]
 
@@ -363,7 +406,9 @@ def test_modes_parse_and_default():
         bench.parse_modes("sideways")
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    assert parser.parse_args([]).modes == list(results.DEFAULT_MODES)
+    assert parser.parse_args([]).modes is None  # the preset's
+    assert bench.PRESETS["standard"].modes == bench.PRESETS["full"].modes == (
+        results.DEFAULT_MODES)
     assert FRESH not in results.DEFAULT_MODES
 
 
@@ -407,3 +452,117 @@ def test_allocation_table_formats_savings_either_way():
     assert lines[4].split() == ["op", "float32", "4x4", "200", "300", "100", "-", "-",
                                 "100", "-100", "-"]
     assert report.allocation_table([row("forward+backward", 1, 1)]) == []
+
+
+# --- progress: a bar on a terminal, plain lines in a log ---
+
+
+def test_progress_in_a_log_is_one_plain_line_per_finished_row(tmp_path):
+    """With stdout and stderr piped (a log), no bar frames (carriage
+    returns) are written: one line per row, as each finishes."""
+    import re
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fuseops", "bench", "--out", str(tmp_path), "--preset",
+         "standard", "--ops", "relu", "--dtype", "float32", "--shapes", "32x160",
+         "--min-time", "0.005", "--no-compile", "--no-plot"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stdout and "\r" not in result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == 3, result.stderr
+    for index, (line, mode) in enumerate(zip(progress, ("fwd", "fwd+bwd", "fwd out="))):
+        assert re.fullmatch(rf"\[{index + 1}/3\] relu float32 32x160 {re.escape(mode)}: "
+                            r"\S+ \S?s \(vs eager \S+x, vs native \S+x\), ok", line), line
+
+
+class _Terminal:
+    def __init__(self):
+        self.written = []
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.written.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_progress_on_a_terminal_is_a_bar():
+    pytest.importorskip("tqdm")
+    terminal = _Terminal()
+    progress = bench.Progress(2, enabled=True, stream=terminal)
+    progress.start("relu float32 4x4 fwd")
+    progress.finished(results.Row(op="relu", status="not built"))
+    progress.close()
+    assert progress.bar is not None
+    assert any("\r" in text for text in terminal.written)
+    assert not any(text.startswith("[1/2]") for text in terminal.written)
+
+
+# --- the chart ---
+
+
+def _png_size(path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header.startswith(PNG_SIGNATURE)
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def _chart_rows(count: int, modes=("forward", "forward+backward", "out"), name="op") -> list:
+    """`count` op/dtype/shape lines in `modes`, ratios spread over 0.3x-12x."""
+    rows = []
+    for i in range(count):
+        for k, mode in enumerate(modes):
+            row = results.Row(op=f"{name}_number_{i}_with_a_long_name", family=f"{name}{i // 4}",
+                              dtype="bfloat16", shape="16384x1024", mode=mode,
+                              time=timing.Timing(1e-3, 1e-5, 7, 7))
+            for j, peer in enumerate(results.PEERS):
+                ratio = 0.3 * 40 ** (((i + k + j) % 10) / 9)
+                row.peers[peer] = results.PeerResult(label=peer,
+                                                     time=timing.Timing(ratio * 1e-3, 0, 7, 7))
+            rows.append(row)
+    return rows
+
+
+ENV = {"device": "cpu", "threads": 2, "cpu_model": "test CPU", "preset": "full"}
+
+
+def test_chart_panels_group_lines_by_their_columns():
+    """Lines with backward rows and forward-only lines (inference ops) get
+    panels of their own columns; every line is in the panels once."""
+    rows = _chart_rows(3) + _chart_rows(2, modes=("forward",), name="linear")
+    panels, ratios = report.chart_panels(rows)
+    assert [(len(chunk), len(columns)) for chunk, columns in panels] == [(3, 9), (2, 3)]
+    assert len(ratios) == 3 * 9 + 2 * 3
+    shown = [line for chunk, _ in panels for line in chunk]
+    assert len(shown) == len(set(shown)) == 5
+    assert {line for line, _ in ratios} == set(shown)
+    first = rows[0]
+    assert ratios[(first.family, first.op, first.dtype, first.shape), ("forward", "eager")] == (
+        pytest.approx(first.speedup("eager")))
+
+
+def test_chart_stays_screen_sized(tmp_path):
+    pytest.importorskip("matplotlib")
+    # The quick preset's size: 22 lines.
+    rows = _chart_rows(16, modes=("forward+backward",)) + _chart_rows(6, modes=("forward",),
+                                                                      name="linear")
+    assert report.write_chart(str(tmp_path / "quick.png"), rows, ENV)
+    width, height = _png_size(tmp_path / "quick.png")
+    assert width < 1200 and height < 1000, (width, height)
+    # The full preset's size: ~70 lines with backward rows, ~100 without.
+    # They wrap into panels side by side no wider than MAX_WIDTH, each line
+    # still CELL_HEIGHT tall.
+    rows = _chart_rows(70) + _chart_rows(100, modes=("forward",), name="linear")
+    panels, _ = report.chart_panels(rows)
+    assert len(panels) >= 3
+    assert report.write_chart(str(tmp_path / "full.png"), rows, ENV)
+    width, height = _png_size(tmp_path / "full.png")
+    assert width <= (report.MAX_WIDTH + 0.4) * report.DPI, width
+    tallest = max(len(chunk) for chunk, _ in panels)
+    assert height >= tallest * report.CELL_HEIGHT * report.DPI

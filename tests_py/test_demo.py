@@ -204,3 +204,20 @@ def test_quantized_inference_of_the_trained_model_in_every_mode():
     report = demo.report(summary)
     assert "after fuseops.quantize_(model, mode)" in report
     assert all(f"\n{mode:<12}" in report for mode in QUANTIZE_MODES)
+
+
+def test_progress_in_a_log_is_plain_lines(tmp_path, capsys):
+    """stderr is not a terminal here (captured, as in a log): no bar frames
+    (carriage returns), a line per tenth of the steps, each step once at most."""
+    steps = 12
+    assert main(["demo", "--steps", str(steps), "--d-model", "32", "--layers", "1", "--heads",
+                 "2", "--seq-len", "16", "--batch-size", "2", "--no-plot",
+                 "--quantized-eval-batches", "0", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if line.startswith("training step ")]
+    every = math.ceil(steps / demo.PLAIN_PROGRESS_LINES)
+    done = [*range(every, steps + 1, every)] + ([steps] if steps % every else [])
+    assert [int(line.split()[2].split("/")[0]) for line in lines] == done
+    assert all(line.split()[2].endswith(f"/{steps}:") for line in lines)
+    assert all("loss torch.nn " in line and ", fuseops " in line for line in lines)

@@ -200,30 +200,41 @@ class Trainer:
         return self.timed_steps / self.timed_seconds if self.timed_seconds > 0 else None
 
 
+#: Plain progress lines per training run, where no bar can draw.
+PLAIN_PROGRESS_LINES = 10
+
+
 def train(trainers: list[Trainer], batches: Batches, progress: bool) -> None:
     """Trains every model on the same batches, taking turns step by step, so
     that whatever else the machine is doing slows them alike. The first few
     steps are warm-up (allocator, torch.compile) and are not timed; the last of
-    them runs under the memory profiler for the peak memory of one step."""
+    them runs under the memory profiler for the peak memory of one step.
+    Progress: a tqdm bar on a terminal, else (a log, which would keep every
+    frame of a bar) a plain line at each tenth of the steps."""
     steps = batches.tokens.shape[0]
     warmup = _warmup_steps(steps)
     bar = None
-    if progress:
+    if progress and sys.stderr.isatty():
         try:
             from tqdm import tqdm
 
             bar = tqdm(total=steps, desc="training", unit="step", file=sys.stderr,
                        dynamic_ncols=True)
         except ImportError:
-            print(f"training {len(trainers)} models for {steps} steps", file=sys.stderr,
-                  flush=True)
+            pass
+    every = max(1, math.ceil(steps / PLAIN_PROGRESS_LINES))
     for index in range(steps):
         for trainer in trainers:
             trainer.step(batches.tokens[index], timed=index >= warmup,
                          measure_memory=index == warmup - 1)
+        losses = {t.name: f"{t.losses[-1]:.3f}" for t in trainers}
         if bar is not None:
             bar.update(1)
-            bar.set_postfix({t.name: f"{t.losses[-1]:.3f}" for t in trainers})
+            bar.set_postfix(losses)
+        elif progress and ((index + 1) % every == 0 or index + 1 == steps):
+            print(f"training step {index + 1}/{steps}: loss "
+                  + ", ".join(f"{name} {loss}" for name, loss in losses.items()),
+                  file=sys.stderr, flush=True)
     if bar is not None:
         bar.close()
 
@@ -575,7 +586,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "trained and after fuseops.quantize_ in each mode (0: skip; "
                              f"default {defaults.quantized_eval_batches})")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress (default: a bar on a terminal, else a line at each "
+                             "tenth of the steps on stderr)")
 
 
 def resolve_sizes(args: argparse.Namespace) -> dict:

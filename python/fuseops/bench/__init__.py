@@ -19,7 +19,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -27,15 +28,58 @@ from . import cases, correctness, environment, hf_models, report, results, runne
 
 SHAPE_PRESETS = {
     # Each tensor 4-8 MiB; the op rotates through enough input sets that the
-    # cache does not hold them. Every op, both default dtypes and all modes
-    # take a few minutes on 2 cores, most of it torch.compile compiling the
-    # reference (a second run finds its compilations cached).
+    # cache does not hold them. The quick and standard presets differ only in
+    # the cases' own shapes (Case.shapes: a linear layer's one row against
+    # four).
     "quick": [(1024, 2048)],
+    "standard": [(1024, 2048)],
     # The shapes of the project's speed targets: 64 MiB float32 tensors, whose
     # allocation page-faults afresh on every call, and many short rows.
     "full": [(4096, 4096), (16384, 1024)],
 }
 FULL_MIN_TIME = 0.2
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What a bare `python -m fuseops bench --preset NAME` runs; --ops,
+    --modes, --shapes and --min-time each override their part."""
+
+    help: str
+    #: The cases: one per op family (its first that is not a variant), every
+    #: op but the variants, or every op with its variants.
+    cases: str
+    #: Modes in order; with `first_mode_only` each case runs only the first
+    #: of them it has (forward+backward, or forward for an inference op).
+    modes: tuple
+    first_mode_only: bool = False
+    min_time: Optional[float] = None
+
+
+PRESETS = {
+    # A newcomer's first run: each op family once per dtype, in the mode
+    # that matters most for it; the torch.compile peer's compilation is most
+    # of the time.
+    "quick": Preset(
+        "one case per op family and dtype at 1024x2048 (linear layers: 32 tokens), "
+        "forward+backward (forward for inference ops)",
+        cases="per-family", modes=("forward+backward", "forward"), first_mode_only=True),
+    "standard": Preset(
+        "every op but the variants, forward, forward+backward and out= at 1024x2048 "
+        "(linear layers: 1, 8, 32 and 256 tokens)",
+        cases="no-variants", modes=results.DEFAULT_MODES),
+    "full": Preset(
+        "the shapes of the speed targets ("
+        + ", ".join("x".join(map(str, s)) for s in SHAPE_PRESETS["full"])
+        + f"), variants included, min time {FULL_MIN_TIME} s; tens of minutes on 2 cores",
+        cases="all", modes=results.DEFAULT_MODES, min_time=FULL_MIN_TIME),
+}
+DEFAULT_PRESET = "quick"
+#: The longer runs a preset's run points to when it ends.
+LONGER_RUNS = {
+    "quick": ("python -m fuseops bench --preset standard", "python -m fuseops bench --full"),
+    "standard": ("python -m fuseops bench --full",),
+}
 MODE_ALIASES = {
     "forward": "forward", "fwd": "forward",
     "forward+backward": "forward+backward", "fwd+bwd": "forward+backward",
@@ -97,24 +141,27 @@ def parse_modes(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=list(PRESETS), default=None,
+                        help="what to run: " + "; ".join(
+                            f"{name}{' (default)' if name == DEFAULT_PRESET else ''}: {p.help}"
+                            for name, p in PRESETS.items())
+                        + ". --ops, --modes, --shapes and --min-time override their part")
+    parser.add_argument("--full", action="store_true", help="--preset full")
     parser.add_argument("--ops", type=_split, default=None,
-                        help="comma-separated ops (default: every op; --full adds the "
-                             "variants). Registered: " + ", ".join(
-                                 c.name + (" (variant)" if c.variant else "")
-                                 for c in cases.CASES))
+                        help="comma-separated ops (default: the preset's). Registered: "
+                             + ", ".join(c.name + (" (variant)" if c.variant else "")
+                                         for c in cases.CASES))
     parser.add_argument("--dtype", type=parse_dtypes, default="float32,bfloat16",
                         help="comma-separated dtypes (default float32,bfloat16)")
-    parser.add_argument("--shapes", type=parse_shapes, default="quick",
-                        help="'quick' (default: "
-                             f"{', '.join('x'.join(map(str, s)) for s in SHAPE_PRESETS['quick'])})"
-                             ", 'full', or ROWSxHIDDEN,... (the op works over HIDDEN)")
-    parser.add_argument("--full", action="store_true",
-                        help="the full sweep: --shapes full ("
-                             f"{', '.join('x'.join(map(str, s)) for s in SHAPE_PRESETS['full'])})"
-                             ", variants included; tens of minutes on 2 cores")
-    parser.add_argument("--modes", type=parse_modes, default=",".join(results.DEFAULT_MODES),
-                        help=f"comma-separated: {MODES_HELP} (default: "
-                             f"{', '.join(results.DEFAULT_MODES)})")
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
+                        help="a shape preset (" + ", ".join(
+                            f"{name}: {', '.join('x'.join(map(str, s)) for s in shapes)}"
+                            for name, shapes in SHAPE_PRESETS.items())
+                        + "; default: the preset's) or ROWSxHIDDEN,... (the op works over "
+                          "HIDDEN; explicit shapes apply to every op, linear layers too)")
+    parser.add_argument("--modes", type=parse_modes, default=None,
+                        help=f"comma-separated: {MODES_HELP} (default: the preset's; every op "
+                             "runs each of them it has)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's default, "
@@ -128,7 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-time", type=float, default=None,
                         help="seconds of timed calls per implementation and row, at least "
                              f"(default {timing.TimerSettings().min_time}, "
-                             f"{FULL_MIN_TIME} with --full); at least "
+                             f"{FULL_MIN_TIME} with --preset full); at least "
                              f"{timing.TimerSettings().min_blocks} samples are taken anyway")
     parser.add_argument("--out", default="bench-results",
                         help="output folder (default bench-results)")
@@ -139,39 +186,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also write a torch.profiler Chrome trace and a memory table per "
                              "row into OUT/profile/")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress (default: a bar on a terminal, else one line per "
+                             "finished row on stderr)")
     hf_models.add_arguments(parser)
 
 
-def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[str], None], Callable[[], None]]:
-    """(advance(description), close()) — tqdm when installed, else one line per step."""
-    if not enabled:
-        return (lambda description: None), (lambda: None)
+def _is_terminal(stream) -> bool:
     try:
-        from tqdm import tqdm
-    except ImportError:
-        state = {"done": 0}
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
 
-        def advance(description: str) -> None:
-            state["done"] += 1
-            print(f"[{state['done']}/{total}] {description}", file=sys.stderr, flush=True)
 
-        return advance, (lambda: None)
-    bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
-    state = {"started": False}
+class Progress:
+    """The rows' progress: a tqdm bar when the stream it draws on (stderr) is
+    a terminal and tqdm is installed, else one plain line per finished row (a
+    bar redraws itself with carriage returns, which a log keeps every frame of)."""
 
-    def advance(description: str) -> None:
-        if state["started"]:
-            bar.update(1)
-        state["started"] = True
-        bar.set_description(description)
+    def __init__(self, total: int, enabled: bool, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.bar = None
+        if enabled and _is_terminal(self.stream):
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self.bar = tqdm(total=total, unit="row", file=self.stream, dynamic_ncols=True)
 
-    def close() -> None:
-        if state["started"]:
-            bar.update(1)
-        bar.close()
+    def start(self, description: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(description)
 
-    return advance, close
+    def finished(self, row: results.Row) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.enabled:
+            print(f"[{self.done}/{self.total}] {report.row_line(row)}", file=self.stream,
+                  flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _apply_memory_settings(args: argparse.Namespace) -> Optional[dict]:
@@ -196,34 +255,56 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     memory_settings = _apply_memory_settings(args)
+    if args.full and args.preset not in (None, "full"):
+        print(f"fuseops bench: --full is --preset full, not --preset {args.preset}",
+              file=sys.stderr)
+        return 2
+    preset_name = "full" if args.full else (args.preset or DEFAULT_PRESET)
+    preset = PRESETS[preset_name]
     try:
-        selected = case_list if case_list is not None else cases.by_name(
-            args.ops, variants=args.full)
+        if case_list is not None:
+            selected = case_list
+        elif args.ops:
+            selected = cases.by_name(args.ops)
+        elif preset.cases == "per-family":
+            selected = cases.one_per_family()
+        else:
+            selected = cases.by_name(variants=preset.cases == "all")
     except ValueError as error:
         print(f"fuseops bench: {error}", file=sys.stderr)
         return 2
     dtypes = parse_dtypes(args.dtype) if isinstance(args.dtype, str) else args.dtype
-    shapes = SHAPE_PRESETS["full"] if args.full else (
-        parse_shapes(args.shapes) if isinstance(args.shapes, str) else args.shapes)
-    modes = parse_modes(args.modes) if isinstance(args.modes, str) else args.modes
+    shapes = args.shapes if args.shapes is not None else SHAPE_PRESETS[preset_name]
+    if isinstance(shapes, str):
+        shapes = parse_shapes(shapes)
+    if args.modes is not None:
+        modes = parse_modes(args.modes) if isinstance(args.modes, str) else args.modes
+    else:
+        modes = list(preset.modes)
+    min_time = args.min_time if args.min_time is not None else preset.min_time
     os.makedirs(args.out, exist_ok=True)
     config = runner.Config(
         cases=selected, dtypes=dtypes, shapes=shapes, modes=modes, device=device,
+        first_mode_only=preset.first_mode_only and args.modes is None,
         compile_peer=not args.no_compile,
-        timer=timing.TimerSettings(min_time=args.min_time if args.min_time is not None else (
-            FULL_MIN_TIME if args.full else timing.TimerSettings().min_time)),
+        timer=timing.TimerSettings(min_time=min_time) if min_time is not None
+        else timing.TimerSettings(),
         profile_dir=os.path.join(args.out, "profile") if args.profile else None,
-        preset="full" if args.full else _preset_of(args.shapes),
+        preset=_preset_of(shapes),
+        bench_preset=preset_name,
     )
     env = environment.environment(config)
     env["memory_settings"] = memory_settings
     bench = runner.Runner(config)
-    advance, close = _progress_bar(bench.row_count(), not args.no_progress)
-    bench.progress = advance
+    progress = Progress(bench.row_count(), not args.no_progress)
+    bench.progress = progress.start
+    rows = []
     try:
-        rows = list(bench.run())
+        for row in bench.run():
+            rows.append(row)
+            progress.finished(row)
     finally:
-        close()
+        progress.close()
 
     text = report.table(rows, env)
     print(text)
@@ -245,7 +326,9 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         written.append(f"profiler traces {config.profile_dir}/ (open in chrome://tracing "
                        "or Perfetto)")
     print("wrote " + "; ".join(written))
+    if preset_name in LONGER_RUNS and case_list is None and not args.ops:
+        print("longer runs: " + "; ".join(LONGER_RUNS[preset_name]) + " (see --help)")
     return 1 if any(row.status in ("FAILED", "ERROR") for row in rows) else 0
 
 
-__all__ = ["SHAPE_PRESETS", "add_arguments", "run"]
+__all__ = ["PRESETS", "SHAPE_PRESETS", "Progress", "add_arguments", "run"]

@@ -15,7 +15,7 @@ Traffic is counted in "rows" (tensors of ``rows * hidden`` elements) and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -67,9 +67,9 @@ class Case:
     #: none (an inference op) leaves out the forward+backward rows.
     differentiable: Sequence[int] = (0,)
     #: The case's own (rows, hidden) shapes per shape preset ("quick",
-    #: "full"), for ops that are not timed at the presets' row x hidden
-    #: tensors (a linear layer: rows = tokens, hidden = its features); shapes
-    #: given explicitly on the command line apply to every case.
+    #: "standard", "full"), for ops that are not timed at the presets' row x
+    #: hidden tensors (a linear layer: rows = tokens, hidden = its features);
+    #: shapes given explicitly on the command line apply to every case.
     shapes: Optional[dict] = None
     #: Calls the fuseops function writing into preallocated outputs.
     call_out: Callable = field(
@@ -77,8 +77,11 @@ class Case:
     )
     description: str = ""
     #: Variants of an op already in the registry run only when asked for (by
-    #: --ops or --full), keeping the quick preset quick.
+    #: --ops or the full preset), keeping the other presets short.
     variant: bool = False
+    #: The op module that registers the case (its family: the quick preset
+    #: runs one case of each); the registry sets it.
+    family: str = ""
 
 
 # Input makers the op modules' cases share.
@@ -132,7 +135,8 @@ def packed(rows, hidden, dtype, device, gen):
 def _collect() -> list[Case]:
     from .. import ops
 
-    return [case for module in ops.MODULES for case in module.bench_cases()]
+    return [replace(case, family=module.__name__.rsplit(".", 1)[-1])
+            for module in ops.MODULES for case in module.bench_cases()]
 
 
 CASES: list[Case] = _collect()
@@ -150,3 +154,13 @@ def by_name(names: Optional[Sequence[str]] = None, variants: bool = True) -> lis
             f"unknown op(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
     return [known[name] for name in names]
+
+
+def one_per_family() -> list[Case]:
+    """The first case of each op family (module) that is not a variant, in
+    registry order: the quick preset's selection."""
+    chosen: dict[str, Case] = {}
+    for case in CASES:
+        if not case.variant:
+            chosen.setdefault(case.family, case)
+    return list(chosen.values())

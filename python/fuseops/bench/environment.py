@@ -90,6 +90,7 @@ def environment(config: Config) -> dict:
         "fuseops_cpu_capability": info["selected_cpu_capability"],
         "fuseops_cpu_builds": list(info["cpu_capabilities"]),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "preset": config.bench_preset,
         "compile_peer": config.compile_peer,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from typing import Optional, Sequence
 
-from .results import FRESH_GRAD, MODE_LABELS, MODES, PEERS, Row
+from .results import BACKWARD_MODES, FRESH_GRAD, MODE_LABELS, MODES, PEERS, Row
 
 PEER_COLUMNS = {"eager": "vs eager", "compiled": "vs compile", "native": "vs native"}
 
@@ -44,6 +45,8 @@ def header_lines(env: dict) -> list[str]:
         + f"; CPU capability: fuseops {env['fuseops_cpu_capability']} "
         f"(builds {', '.join(env['fuseops_cpu_builds'])}), ATen {env['aten_cpu_capability']}",
     ]
+    if env.get("preset"):
+        lines.append(f"preset {env['preset']} (python -m fuseops bench --help: the presets)")
     memory = env.get("memory_settings")
     lines.append("memory: " + (
         f"fuseops.cpu.tune_memory(keep_bytes={memory['keep_bytes']}) for every peer"
@@ -211,17 +214,87 @@ def write_csv(path: str, rows: Sequence[Row], env: dict) -> None:
             writer.writerow({k: ("" if v is None else v) for k, v in record.items()})
 
 
-def _wrap(name: str, width: int = 12) -> str:
-    """Breaks a long op name at the underscore nearest its middle."""
-    if len(name) <= width or "_" not in name:
-        return name
-    cuts = [i for i, ch in enumerate(name) if ch == "_"]
-    cut = min(cuts, key=lambda i: abs(i - len(name) / 2))
-    return name[:cut + 1] + "\n" + name[cut + 1:]
+def row_line(row: Row) -> str:
+    """One finished row on one line: its time, its ratios and its status."""
+    if row.status == "not built":
+        return f"{row.op}: not built"
+    name = f"{row.op} {row.dtype} {row.shape} {MODE_LABELS.get(row.mode, row.mode)}"
+    if row.time is None:
+        return f"{name}: {row.status}"
+    ratios = ", ".join(f"{PEER_COLUMNS[peer]} {_ratio(row.speedup(peer))}" for peer in PEERS
+                       if row.speedup(peer) is not None)
+    return f"{name}: {_time(row.time.median_s)}" + (f" ({ratios})" if ratios else "") + (
+        f", {row.status}")
+
+
+#: The chart's layout, in inches: one cell per ratio, a label per line.
+CELL_WIDTH, CELL_HEIGHT, CHAR_WIDTH = 0.4, 0.22, 0.056
+#: The chart's labels name dtypes short.
+SHORT_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
+#: Lines per panel, at the least; panels grow taller from there while the
+#: panels side by side would be wider than MAX_WIDTH inches.
+PANEL_LINES, MAX_WIDTH = 45, 17.0
+#: Ratios beyond 2**+-RATIO_RANGE_LOG2 take the end colours.
+RATIO_RANGE_LOG2 = 3
+DPI = 110
+
+
+def _chart_label(line: tuple) -> str:
+    _, op, dtype, shape = line
+    return f"{op}  {SHORT_DTYPES.get(dtype, dtype)}  {shape}"
+
+
+def _label_width(lines: Sequence[tuple]) -> float:
+    return 0.3 + CHAR_WIDTH * max((len(_chart_label(line)) for line in lines), default=10)
+
+
+def chart_panels(rows: Sequence[Row]) -> tuple[list[tuple[list, list]], dict]:
+    """(panels, ratios) of the speedup chart. A line per (family, op, dtype,
+    shape) in run order; the lines with backward rows come first, then the
+    forward-only ones (inference ops), each group with its own columns, one
+    per (mode, peer) it has a ratio in, so that neither shows the other's
+    empty cells. A group too long for one panel is split evenly into panels
+    side by side. `ratios` maps (line, (mode, peer)) to the peer's time over
+    fuseops'."""
+    timed = [row for row in rows if row.status == "ok" and row.time is not None]
+    lines = list(dict.fromkeys((row.family, row.op, row.dtype, row.shape) for row in timed))
+    ratios = {}
+    for row in timed:
+        for peer in PEERS:
+            value = row.speedup(peer)
+            if value is not None:
+                ratios[(row.family, row.op, row.dtype, row.shape), (row.mode, peer)] = value
+    backward = {line for line, (mode, _) in ratios if mode in BACKWARD_MODES}
+    groups = [group for group in ([line for line in lines if line in backward],
+                                  [line for line in lines if line not in backward]) if group]
+    grouped = []
+    for group in groups:
+        members = set(group)
+        present = {column for line, column in ratios if line in members}
+        grouped.append((group, [(mode, peer) for mode in MODES for peer in PEERS
+                                if (mode, peer) in present]))
+
+    def split(per_panel: int) -> list[tuple[list, list]]:
+        panels = []
+        for group, columns in grouped:
+            count = math.ceil(len(group) / per_panel)
+            size = math.ceil(len(group) / count)
+            panels += [(group[i:i + size], columns) for i in range(0, len(group), size)]
+        return panels
+
+    def width(panels) -> float:
+        return sum(_label_width(chunk) + CELL_WIDTH * len(columns) for chunk, columns in panels)
+
+    per_panel = PANEL_LINES
+    while per_panel < len(lines) and width(split(per_panel)) > MAX_WIDTH:
+        per_panel += 5
+    return split(per_panel) if grouped else [([], [])], ratios
 
 
 def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
-    """Bar chart of fuseops' speedup over each peer, one panel per mode.
+    """Heatmap of fuseops' speedup over each peer: a line per op, dtype and
+    shape, a column per mode and peer, each cell coloured by the ratio and
+    labelled with it; long runs wrap into panels side by side (chart_panels).
     Returns False (and writes nothing) when matplotlib is not installed."""
     try:
         import matplotlib
@@ -229,45 +302,10 @@ def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib import ticker
+    import numpy as np
+    from matplotlib import colors as mcolors
 
-    timed = [row for row in rows if row.status == "ok" and row.time is not None]
-    modes = [mode for mode in MODES if any(row.mode == mode for row in timed)]
-    if not modes:
-        modes = ["forward"]
-    fig, axes = plt.subplots(len(modes), 1, squeeze=False,
-                             figsize=(max(6.0, 0.9 * max(1, len(timed) // len(modes)) + 3),
-                                      3.6 * len(modes)))
-    colors = {"eager": "#4c72b0", "compiled": "#dd8452", "native": "#55a868"}
-    width = 0.8 / len(PEERS)
-    for ax, mode in zip(axes[:, 0], modes):
-        mode_rows = [row for row in timed if row.mode == mode]
-        labels = [f"{_wrap(row.op)}\n{row.dtype}\n{row.shape}" for row in mode_rows]
-        for k, peer in enumerate(PEERS):
-            xs, heights = [], []
-            for i, row in enumerate(mode_rows):
-                value = row.speedup(peer)
-                if value is not None:
-                    xs.append(i + (k - (len(PEERS) - 1) / 2) * width)
-                    heights.append(value)
-            if xs:
-                bars = ax.bar(xs, heights, width, label=f"vs {peer}", color=colors[peer])
-                ax.bar_label(bars, labels=[f"{h:.2g}" for h in heights], fontsize=6,
-                             padding=1)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.set_xticks(range(len(mode_rows)))
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("speedup")
-        ax.set_title(f"{MODE_LABELS[mode]}", fontsize=10)
-        if mode_rows:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no timed rows", transform=ax.transAxes, ha="center")
-    fig.suptitle(f"fuseops speedup (peer time / fuseops time), {env['device']}, "
-                 f"{env['threads']} threads, {env['cpu_model']}", fontsize=9)
+    panels, ratios = chart_panels(rows)
     problems = [f"{row.op} {row.dtype} {row.shape} {MODE_LABELS.get(row.mode, row.mode)}: "
                 f"{row.status}" for row in rows if row.status in ("FAILED", "ERROR")]
     not_built = [row.op for row in rows if row.status == "not built"]
@@ -276,9 +314,68 @@ def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
         notes.append("not shown, wrong or broken: " + "; ".join(problems))
     if not_built:
         notes.append("not built: " + ", ".join(not_built))
-    fig.tight_layout(rect=(0, 0.03 * len(notes), 1, 1))
+    tallest = max(1, max(len(chunk) for chunk, _ in panels))
+    widths = [_label_width(chunk) + CELL_WIDTH * max(1, len(columns)) for chunk, columns in panels]
+    top, bottom, margin = 1.2, 1.0 + 0.2 * len(notes), 0.2
+    width = max(5.5, 2 * margin + sum(widths))
+    height = top + bottom + CELL_HEIGHT * tallest
+    fig = plt.figure(figsize=(width, height))
+    cmap = plt.get_cmap("RdBu").with_extremes(bad="#e4e4e4")
+    norm = mcolors.Normalize(-RATIO_RANGE_LOG2, RATIO_RANGE_LOG2)
+    image = None
+    left = margin
+    for (chunk, columns), panel_width in zip(panels, widths):
+        cells = max(1, len(columns))
+        ax = fig.add_axes([(left + panel_width - CELL_WIDTH * cells) / width,
+                           (height - top - CELL_HEIGHT * max(1, len(chunk))) / height,
+                           CELL_WIDTH * cells / width, CELL_HEIGHT * max(1, len(chunk)) / height])
+        left += panel_width
+        values = np.full((max(1, len(chunk)), cells), np.nan)
+        for i, line in enumerate(chunk):
+            for j, column in enumerate(columns):
+                value = ratios.get((line, column))
+                if value is None:
+                    continue
+                values[i, j] = math.log2(value)
+                dark = abs(math.log2(value)) > 0.6 * RATIO_RANGE_LOG2
+                ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=6.5,
+                        color="white" if dark else "black")
+        image = ax.imshow(values, cmap=cmap, norm=norm, aspect="auto", interpolation="none")
+        ax.set_yticks(range(len(chunk)))
+        ax.set_yticklabels([_chart_label(line) for line in chunk], fontsize=7)
+        ax.set_xticks(range(len(columns)))
+        ax.set_xticklabels([PEER_COLUMNS[peer].removeprefix("vs ") for _, peer in columns],
+                           fontsize=7)
+        ax.xaxis.tick_top()
+        ax.tick_params(length=0)
+        for j, (mode, _) in enumerate(columns):
+            if j == 0 or columns[j - 1][0] != mode:
+                span = sum(1 for m, _ in columns if m == mode)
+                ax.text(j + (span - 1) / 2, -1.6, MODE_LABELS[mode], ha="center",
+                        va="bottom", fontsize=7.5, fontweight="bold")
+                if j:
+                    ax.axvline(j - 0.5, color="white", linewidth=2)
+        for i in range(1, len(chunk)):
+            if chunk[i][0] != chunk[i - 1][0]:
+                ax.axhline(i - 0.5, color="black", linewidth=0.8)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+        if not chunk:
+            ax.text(0, 0, "no timed rows", ha="center", va="center")
+    fig.text(margin / width, 1 - 0.12 / height,
+             "fuseops speedup: peer's time / fuseops' time (above 1, blue: fuseops faster)\n"
+             f"{env['device']}, {env['threads']} threads, {env['cpu_model']}"
+             + (f"; preset {env['preset']}" if env.get("preset") else ""),
+             fontsize=8, va="top")
+    bar = fig.add_axes([margin / width, (bottom - 0.45) / height,
+                        min(3.5, width - 2 * margin) / width, 0.12 / height])
+    ticks = list(range(-RATIO_RANGE_LOG2, RATIO_RANGE_LOG2 + 1))
+    colorbar = fig.colorbar(image, cax=bar, orientation="horizontal", ticks=ticks)
+    colorbar.ax.set_xticklabels([f"{2.0 ** t:g}x" for t in ticks], fontsize=7)
+    colorbar.ax.set_title("ratio (grey: no such peer or mode)", fontsize=7, loc="left")
     for i, note in enumerate(notes):
-        fig.text(0.01, 0.005 + 0.03 * i, note, fontsize=7, color="firebrick", wrap=True)
-    fig.savefig(path, dpi=110)
+        fig.text(margin / width, (0.05 + 0.2 * i) / height, note, fontsize=7,
+                 color="firebrick", wrap=True)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return True

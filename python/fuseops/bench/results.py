@@ -77,6 +77,8 @@ class Row:
     input_sets: int = 1
     peers: dict = field(default_factory=dict)
     trace: str = ""
+    #: The op module that registers the case (Case.family).
+    family: str = ""
 
     @property
     def gbps(self) -> Optional[float]:
@@ -106,6 +108,7 @@ class Row:
         fuseops_time = self.time.median_s if self.time else None
         return {
             "op": self.op,
+            "family": self.family,
             "dtype": self.dtype,
             "shape": self.shape,
             "mode": self.mode,

@@ -40,6 +40,10 @@ class Config:
     #: The shape preset `shapes` came from, if any: it selects the cases'
     #: own shapes (Case.shapes).
     preset: Optional[str] = None
+    #: Each case runs only the first of `modes` it has (the quick preset).
+    first_mode_only: bool = False
+    #: The bench preset the run was started with, recorded with the results.
+    bench_preset: Optional[str] = None
 
 
 def _input_set_count(bytes_per_call: int, cache: int) -> int:
@@ -60,9 +64,10 @@ class Runner:
         return self.config.shapes
 
     def modes(self, case: Case) -> list[str]:
-        return [m for m in self.config.modes
-                if (m != "out" or case.has_out)
-                and (m not in BACKWARD_MODES or case.differentiable)]
+        modes = [m for m in self.config.modes
+                 if (m != "out" or case.has_out)
+                 and (m not in BACKWARD_MODES or case.differentiable)]
+        return modes[:1] if self.config.first_mode_only else modes
 
     def row_count(self) -> int:
         total = 0
@@ -78,7 +83,7 @@ class Runner:
             fuseops_fn, reference_fn, missing = resolve(case)
             if missing:
                 self.progress(f"{case.name} not built")
-                yield Row(op=case.name, status="not built", message=missing)
+                yield Row(op=case.name, family=case.family, status="not built", message=missing)
                 continue
             for dtype in self.config.dtypes:
                 for shape in self.shapes(case):
@@ -98,7 +103,8 @@ class Runner:
         element_size = torch.empty((), dtype=dtype).element_size()
         for mode in self.modes(case):
             self.progress(f"{case.name} {dtype_name} {shape_name} {MODE_LABELS[mode]}")
-            row = Row(op=case.name, dtype=dtype_name, shape=shape_name, mode=mode)
+            row = Row(op=case.name, family=case.family, dtype=dtype_name, shape=shape_name,
+                      mode=mode)
             traffic = case.forward_traffic.bytes(*shape, element_size)
             if mode in BACKWARD_MODES:
                 traffic += case.backward_traffic.bytes(*shape, element_size)

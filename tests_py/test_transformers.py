@@ -17,6 +17,7 @@ run of the same weights as HF's bfloat16 logits are (within a factor 2).
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import tempfile
 
@@ -99,13 +100,16 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def assert_gradients_match(ref, patched, tolerance: float) -> None:
+def assert_gradients_match(ref, patched, tolerance: float, floor: float = 1e-3) -> None:
     """Every parameter's gradient within `tolerance` of its largest value; a
     gradient that is zero in exact math (a key bias: softmax ignores a shift
     shared by all keys) holds only rounding noise, so each is measured
-    against at least 1e-3 of the largest gradient of the model."""
-    floor = 1e-3 * max(p.grad.abs().max().item() for p in ref.parameters())
+    against at least `floor` of the largest gradient of the model."""
+    floor *= max(p.grad.abs().max().item() for p in ref.parameters() if p.grad is not None)
     for (name, p_ref), (_, p) in zip(ref.named_parameters(), patched.named_parameters()):
+        if p_ref.grad is None:  # outside the loss (a pooler under a token-level head)
+            assert p.grad is None, name
+            continue
         assert p.grad is not None, name
         scale = max(p_ref.grad.abs().max().item(), floor)
         err = (p.grad.double() - p_ref.grad.double()).abs().max().item() / scale
@@ -194,6 +198,230 @@ def test_bert_masked_lm_matches():
     torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
     assert_gradients_match(ref, patched, 1e-5)
+
+
+# Every model class transformers exports for a supported family, each built
+# from a one-layer config, against an unpatched copy in training and
+# evaluation: the fused head only on the causal LMs (HF's own forward, head
+# and loss on every other class), the other patches everywhere.
+
+# The classes whose forward the fused head reproduces.
+LM_HEADS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+            "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+            "GPT2LMHeadModel"}
+CHOICES = 2
+
+
+def tiny_config(model_type: str):
+    if model_type == "bert":
+        return transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1,
+                                       num_attention_heads=4, intermediate_size=96,
+                                       max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                       attention_probs_dropout_prob=0.0, pad_token_id=0)
+    config_cls, _, extra, _ = FAMILIES["gemma3" if model_type == "gemma3_text" else model_type]
+    # A pad token: the sequence classifiers find each row's last token by it.
+    settings = {**COMMON, **extra, "num_hidden_layers": 1, "pad_token_id": 0}
+    if model_type == "gpt2":
+        settings["summary_first_dropout"] = 0.0  # GPT2DoubleHeadsModel's summary
+    return getattr(transformers, config_cls)(**{k: v for k, v in settings.items() if v is not None})
+
+
+def family_classes(model_type: str) -> list[type]:
+    """The model classes of `model_type`'s modeling module (its __all__), but
+    the abstract *PreTrainedModel and those of another config (Gemma 3's
+    multimodal classes are model type "gemma3", which apply rejects)."""
+    module = importlib.import_module(type(tiny_config(model_type)).__module__.replace(
+        ".configuration_", ".modeling_"))
+    classes = [getattr(module, name) for name in module.__all__]
+    return [cls for cls in classes
+            if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+            and not cls.__name__.endswith("PreTrainedModel")
+            and cls.config_class.model_type == model_type]
+
+
+def class_inputs(name: str, num_labels: int) -> dict:
+    """Inputs and labels for the head of class `name`; a class this test
+    does not know fails it, so a new head gets inputs here first."""
+    gen = torch.Generator().manual_seed(3)
+    seq = 8
+
+    def ints(low, high, *shape):
+        return torch.randint(low, high, shape, generator=gen)
+
+    def tokens(*shape):  # no pad token (0): every position is real
+        ids = ints(1, VOCAB, *shape)
+        labels = ids.clone()
+        labels[..., 0, :3] = -100
+        return ids, labels
+
+    ids, labels = tokens(2, seq)
+    if name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")):
+        return dict(input_ids=ids, labels=labels)
+    if name.endswith("DoubleHeadsModel"):
+        ids, labels = tokens(2, CHOICES, seq)
+        return dict(input_ids=ids, labels=labels, mc_token_ids=ints(0, seq, 2, CHOICES),
+                    mc_labels=ints(0, CHOICES, 2))
+    if name.endswith("ForMultipleChoice"):
+        return dict(input_ids=tokens(2, CHOICES, seq)[0], labels=ints(0, CHOICES, 2))
+    if name.endswith("ForSequenceClassification"):
+        return dict(input_ids=ids, labels=ints(0, num_labels, 2))
+    if name.endswith("ForTokenClassification"):
+        return dict(input_ids=ids, labels=ints(0, num_labels, 2, seq))
+    if name.endswith("ForQuestionAnswering"):
+        return dict(input_ids=ids, start_positions=ints(0, seq, 2), end_positions=ints(0, seq, 2))
+    if name.endswith("ForNextSentencePrediction"):
+        return dict(input_ids=ids, labels=ints(0, 2, 2))
+    if name.endswith("ForPreTraining"):
+        return dict(input_ids=ids, labels=labels, next_sentence_label=ints(0, 2, 2))
+    if name.endswith("Model") and "For" not in name:  # a base model
+        return dict(input_ids=ids)
+    raise AssertionError(f"no inputs for {name}")
+
+
+def output_tensors(out, name: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a model output by its path (a ModelOutput holds only
+    the fields that are set, so a missing field is a missing key)."""
+    from transformers.cache_utils import Cache
+
+    if torch.is_tensor(out):
+        return {name: out}
+    if isinstance(out, Cache):
+        items = [(f"{i}.{kind}", getattr(layer, kind)) for i, layer in enumerate(out.layers)
+                 for kind in ("keys", "values")]
+    elif isinstance(out, dict):
+        items = out.items()
+    elif isinstance(out, (tuple, list)):
+        items = enumerate(out)
+    else:
+        raise AssertionError(f"{name}: an output of type {type(out).__name__}")
+    result = {}
+    for key, value in items:
+        if value is not None:
+            result.update(output_tensors(value, f"{name}.{key}" if name else str(key)))
+    return result
+
+
+def project(hidden: torch.Tensor) -> torch.Tensor:
+    """A base model's scalar to train: a fixed random projection of its
+    output (not its mean square, which a final norm makes nearly constant,
+    leaving gradients that are mostly rounding noise)."""
+    weight = torch.randn(hidden.shape[-1], generator=torch.Generator().manual_seed(5))
+    return (hidden * weight).mean()
+
+
+@pytest.mark.parametrize("model_type", fot.supported_model_types())
+def test_every_model_class_matches(model_type):
+    classes = family_classes(model_type)
+    assert len(classes) >= 3, [cls.__name__ for cls in classes]  # the enumeration found the family
+    for cls in classes:
+        where = cls.__name__
+        torch.manual_seed(0)
+        ref = cls(tiny_config(model_type))
+        for module in ref.modules():  # dropout off (the classifiers' own included)
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        patched = copy.deepcopy(ref)
+        replaced = {r.name for r in fot.apply(patched)}
+        assert replaced - {"<model>"}, where  # norms, MLPs, rotary everywhere
+        assert ("<model>" in replaced) == (where in LM_HEADS), where
+        inputs = class_inputs(where, ref.config.num_labels)
+
+        for training in (True, False):
+            outputs = []
+            for model in (ref, patched):
+                model.train(training)
+                model.zero_grad(set_to_none=True)
+                torch.manual_seed(0)  # any dropout left draws the same mask in both
+                with torch.set_grad_enabled(training):
+                    out = output_tensors(model(**inputs, output_hidden_states=True))
+                if training:
+                    losses = [v for k, v in out.items() if k.endswith("loss")]
+                    (sum(losses) if losses else project(out["last_hidden_state"])).backward()
+                outputs.append(out)
+            expected, got = outputs
+            if training and where in LM_HEADS:
+                # The fused loss forms no logits (logits="auto").
+                assert "logits" not in got, where
+                expected.pop("logits")
+            assert got.keys() == expected.keys(), f"{where}: {sorted(got)} != {sorted(expected)}"
+            for key, value in expected.items():
+                err = relative_error(got[key], value)
+                assert err <= 1e-5, f"{where} (training={training}) {key}: error {err:.2e}"
+            if training:
+                # The question-answering and multiple-choice output biases
+                # shift every position's (choice's) logit alike, which the
+                # softmax ignores: zero gradients in exact math, whose float32
+                # noise reaches 5e-8 of the model's largest gradient, so each
+                # is measured against at least 1e-2 of it.
+                assert_gradients_match(ref, patched, 1e-5, floor=1e-2)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_logits_always_in_training(family):
+    ref = make_model(family, num_hidden_layers=1)
+    patched = copy.deepcopy(ref)
+    assert "<model>" in {r.name for r in fot.apply(patched, logits="always")}
+    ids, labels = batch()
+    expected = train_step(ref, ids, labels)
+    ran = fuseops_ops_run(lambda: train_step(patched, ids, labels))
+    assert "linear_cross_entropy" in ran and "cross_entropy" not in ran  # the loss stays fused
+    got = train_step(patched, ids, labels)
+    assert relative_error(got.logits, expected.logits) <= 1e-5
+    assert abs(got.loss.item() - expected.loss.item()) <= 1e-5 * abs(expected.loss.item())
+    assert_gradients_match(ref, patched, 1e-5)
+    # The logits are differentiable, as HF's: a second loss on them trains
+    # the same gradients.
+    for model in (ref, patched):
+        model.zero_grad(set_to_none=True)
+        out = model(ids, labels=labels)
+        (out.loss + out.logits.float().square().mean()).backward()
+    assert_gradients_match(ref, patched, 1e-5)
+    # Evaluation is as with logits="auto".
+    ref.eval(), patched.eval()
+    with torch.no_grad():
+        assert relative_error(patched(ids).logits, ref(ids).logits) <= 1e-5
+
+
+def test_logits_argument_is_checked():
+    model = make_model("llama", num_hidden_layers=1)
+    for bad in ("never", True, None):
+        with pytest.raises(ValueError, match=r"^fuseops\.transformers\.apply: logits must be one of "
+                                             r"'auto', 'always', got"):
+            fot.apply(model, logits=bad)
+    assert not any(fot.is_patched(m) for m in model.modules())  # a rejected call patches nothing
+    assert fot.apply(model)
+    assert fot.apply(model, logits="auto") == []
+    # The mode is the patch's: asking for another one is an error, not a no-op.
+    with pytest.raises(ValueError, match=r"^fuseops\.transformers\.apply: logits='always', but the head "
+                                         r"of this LlamaForCausalLM was patched with logits='auto'"):
+        fot.apply(model, logits="always")
+    ids, labels = batch()
+    assert model.train()(ids, labels=labels).logits is None
+
+
+def test_head_patched_only_where_its_forward_is_reproduced():
+    config = make_model("llama", num_hidden_layers=1).config
+
+    class KeepsForward(transformers.LlamaForCausalLM):
+        pass
+
+    class OwnForward(transformers.LlamaForCausalLM):
+        def forward(self, input_ids=None, scale=1.0, **kwargs):
+            out = super().forward(input_ids, **kwargs)
+            out.logits = out.logits * scale
+            return out
+
+    assert "<model>" in {r.name for r in fot.apply(KeepsForward(config))}
+    torch.manual_seed(0)
+    ref = OwnForward(config)
+    patched = copy.deepcopy(ref)
+    replaced = {r.name for r in fot.apply(patched)}
+    assert "<model>" not in replaced and "model.norm" in replaced
+    ids, labels = batch()
+    ref.train(), patched.train()
+    expected, got = ref(ids, scale=2.0, labels=labels), patched(ids, scale=2.0, labels=labels)
+    assert relative_error(got.logits, expected.logits) <= 1e-5  # its own forward ran, logits and all
+    assert abs(got.loss.item() - expected.loss.item()) <= 1e-5 * abs(expected.loss.item())
 
 
 def test_num_items_in_batch_and_shift_labels():

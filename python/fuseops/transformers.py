@@ -12,17 +12,20 @@ in the process stay as they are) and returns what it patched:
   gate and up projections (Phi-3's packed ``gate_up_proj`` in place), GPT-2's
   and BERT's ``fuseops.bias_gelu`` on the projection without its bias;
 - ``layer_norm``: ``torch.nn.LayerNorm`` modules run ``fuseops.layer_norm``;
-- ``cross_entropy``: the causal-LM head. With ``labels`` in training mode
-  the loss is ``fuseops.linear_cross_entropy`` of the last hidden states and
-  the head's weight, so the ``[tokens, vocab]`` logits are never formed (the
-  output's ``logits`` is None); otherwise the logits are computed as HF does
-  and the loss, if labels are given, is ``fuseops.cross_entropy``. Both
-  honour ``ignore_index``, ``shift_labels``, ``num_items_in_batch`` (sum
-  divided by it, as HF's loss does) and the config's
-  ``final_logit_softcapping``.
+- ``cross_entropy``: the causal-LM head, on each family's causal-LM class
+  only (``FAMILIES[model_type].causal_lm``; other heads keep HF's forward).
+  With ``labels`` in training mode the loss is
+  ``fuseops.linear_cross_entropy`` of the last hidden states and the head's
+  weight, so the ``[tokens, vocab]`` logits are never formed (the output's
+  ``logits`` is None, unless ``apply(model, logits="always")`` asked for
+  them); otherwise the logits are computed as HF does and the loss, if
+  labels are given, is ``fuseops.cross_entropy``. Both honour
+  ``ignore_index``, ``shift_labels``, ``num_items_in_batch`` (sum divided by
+  it, as HF's loss does) and the config's ``final_logit_softcapping``.
 
 Patching is idempotent: patched modules carry a marker and a second
-``apply`` changes nothing and returns an empty list. Parameters, buffers and
+``apply`` (with the same ``logits``) changes nothing and returns an empty
+list. Parameters, buffers and
 ``state_dict`` keys are untouched, so a model patched on the meta device
 loads its weights afterwards and ``save_pretrained``/``from_pretrained``
 round-trip as for the unpatched model.
@@ -53,6 +56,9 @@ MARKER = "_fuseops_patched"
 
 KINDS = ("rms_norm", "rope", "mlp", "layer_norm", "cross_entropy")
 
+# Set on a model whose head is patched: the `logits` mode it was patched with.
+_LOGITS_ATTRIBUTE = "_fuseops_logits"
+
 
 @dataclass(frozen=True)
 class _Family:
@@ -60,23 +66,30 @@ class _Family:
     mlp: str  # "gated" (gate_proj/up_proj/down_proj), "packed" (gate_up_proj), "conv1d" (GPT-2), "dense" (BERT)
     rms_offset: bool = False  # RMSNorm multiplies by (1 + weight) in float32 (Gemma)
     mlp_class: Optional[str] = None  # class name of the MLP module when not <prefix>MLP
+    # The model classes whose forward _causal_lm_forward reproduces: the base
+    # model, then lm_head and HF's causal-LM loss, nothing else. Other heads
+    # with an lm_head (GPT2DoubleHeadsModel's multiple-choice head) keep HF's.
+    causal_lm: tuple[str, ...] = ()
 
 
 # model_type -> family. Every family's attention calls its module's
 # apply_rotary_pos_emb(q, k, cos, sin) on [batch, heads, seq, head_dim].
 FAMILIES: dict[str, _Family] = {
-    "llama": _Family("Llama", "gated"),
-    "mistral": _Family("Mistral", "gated"),
-    "qwen2": _Family("Qwen2", "gated"),
-    "qwen3": _Family("Qwen3", "gated"),
-    "gemma": _Family("Gemma", "gated", rms_offset=True),
-    "gemma2": _Family("Gemma2", "gated", rms_offset=True),
-    "gemma3_text": _Family("Gemma3", "gated", rms_offset=True),
-    "phi3": _Family("Phi3", "packed"),
+    "llama": _Family("Llama", "gated", causal_lm=("LlamaForCausalLM",)),
+    "mistral": _Family("Mistral", "gated", causal_lm=("MistralForCausalLM",)),
+    "qwen2": _Family("Qwen2", "gated", causal_lm=("Qwen2ForCausalLM",)),
+    "qwen3": _Family("Qwen3", "gated", causal_lm=("Qwen3ForCausalLM",)),
+    "gemma": _Family("Gemma", "gated", rms_offset=True, causal_lm=("GemmaForCausalLM",)),
+    "gemma2": _Family("Gemma2", "gated", rms_offset=True, causal_lm=("Gemma2ForCausalLM",)),
+    "gemma3_text": _Family("Gemma3", "gated", rms_offset=True, causal_lm=("Gemma3ForCausalLM",)),
+    "phi3": _Family("Phi3", "packed", causal_lm=("Phi3ForCausalLM",)),
     # No rotary embedding (learned positions), nn.LayerNorm, bias + GELU MLPs.
-    "gpt2": _Family("GPT2", "conv1d"),
+    "gpt2": _Family("GPT2", "conv1d", causal_lm=("GPT2LMHeadModel",)),
+    # No lm_head: BERT's language-model heads are a transform then a decoder.
     "bert": _Family("Bert", "dense", mlp_class="BertIntermediate"),
 }
+
+LOGITS = ("auto", "always")
 
 
 def supported_model_types() -> list[str]:
@@ -205,9 +218,11 @@ def _reduce(loss_sum_or_mean: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     return loss_sum_or_mean / num_items_in_batch
 
 
-def _causal_lm_forward(original: Callable):
+def _causal_lm_forward(original: Callable, logits_mode: str):
     """The ``forward`` of a patched ``*ForCausalLM``/``*LMHeadModel``: the
-    base model as HF calls it, then the head and loss by fuseops."""
+    base model as HF calls it, then the head and loss by fuseops. With
+    `logits_mode` ``"always"`` the logits are also computed in training with
+    labels, by one more product with the head's weight."""
 
     from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions, CausalLMOutputWithPast
 
@@ -238,6 +253,14 @@ def _causal_lm_forward(original: Callable):
         reduction = "mean" if num_items_in_batch is None else "sum"
         has_labels = labels is not None or shift_labels is not None
 
+        def compute_logits():
+            if isinstance(logits_to_keep, int):
+                kept = hidden_states[:, slice(-logits_to_keep, None), :] if logits_to_keep else hidden_states
+            else:
+                kept = hidden_states[:, logits_to_keep, :]
+            logits = head(kept)
+            return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
         logits = loss = None
         if has_labels and self.training:
             # The loss without the [tokens, vocab] logits.
@@ -246,14 +269,10 @@ def _causal_lm_forward(original: Callable):
                 hidden_states.reshape(-1, hidden_states.shape[-1]), head.weight, target,
                 head.bias, reduction=reduction, ignore_index=ignore_index, softcap=softcap),
                 num_items_in_batch)
+            if logits_mode == "always":
+                logits = compute_logits()
         else:
-            if isinstance(logits_to_keep, int):
-                kept = hidden_states[:, slice(-logits_to_keep, None), :] if logits_to_keep else hidden_states
-            else:
-                kept = hidden_states[:, logits_to_keep, :]
-            logits = head(kept)
-            if softcap is not None:
-                logits = torch.tanh(logits / softcap) * softcap
+            logits = compute_logits()
             if has_labels:
                 target = _shifted_targets(labels, shift_labels, ignore_index, logits.device)
                 loss = _reduce(_cross_entropy(
@@ -298,8 +317,20 @@ def _patch(module: torch.nn.Module, forward: Callable, kind: str) -> None:
     setattr(module, MARKER, kind)
 
 
+def _reproduced_head(model: torch.nn.Module, family: _Family) -> bool:
+    """Whether `model` runs the forward of one of `family`'s causal-LM
+    classes (that class, or a subclass that does not override forward) on an
+    ``nn.Linear`` lm_head over its base model."""
+    forward = type(model).forward
+    prefix = getattr(model, "base_model_prefix", "")
+    return (any(cls.__name__ in family.causal_lm and vars(cls).get("forward") is forward
+                for cls in type(model).__mro__)
+            and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
+            and bool(prefix) and hasattr(model, prefix))
+
+
 def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp: bool = True,
-          cross_entropy: bool = True, layer_norm: bool = True) -> list[Replacement]:
+          cross_entropy: bool = True, layer_norm: bool = True, logits: str = "auto") -> list[Replacement]:
     """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
     family, see :func:`supported_model_types`) in place to run on fuseops
     ops and returns what was patched, one :class:`fuseops.nn.Replacement` per
@@ -307,8 +338,38 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
     fuseops op now computing it). Each flag turns one kind of patch on or off.
     A module already patched is left alone, so a second call returns ``[]``.
     An unsupported model type raises ``ValueError`` naming the supported ones.
+
+    The head (``cross_entropy``, the entry named ``"<model>"``) is patched
+    only on the classes whose forward the patch reproduces, each family's
+    causal LM (``FAMILIES[model_type].causal_lm``: ``LlamaForCausalLM``,
+    ``GPT2LMHeadModel``, ...) and subclasses of it that keep its forward.
+    Every other class (``GPT2DoubleHeadsModel``, ``*ForSequenceClassification``,
+    ``*ForTokenClassification``, ``*ForQuestionAnswering``, the base models,
+    a subclass with its own forward) gets the other patches and keeps HF's
+    forward, head and loss; the returned list then has no ``"<model>"`` entry.
+
+    `logits` says what the patched head returns as ``logits`` in training
+    with labels: ``"auto"`` (the default) None, since the fused loss never
+    forms the ``[tokens, vocab]`` logits; ``"always"`` the logits as HF
+    computes them (``logits_to_keep`` and softcapping included,
+    differentiable), for code that reads them in training (accuracy logging,
+    a second loss). ``fuseops.linear_cross_entropy`` does not return the
+    logits, so ``"always"`` costs one more ``[tokens, hidden] x [hidden,
+    vocab]`` product and holds the logits for as long as the output is; the
+    loss and its gradients stay fused. Outside training with labels, both
+    return HF's logits. The mode is fixed when the head is patched: calling
+    ``apply`` again with another `logits` raises ``ValueError``.
     """
+    if not isinstance(logits, str) or logits not in LOGITS:
+        raise ValueError(f"fuseops.transformers.apply: logits must be one of "
+                         f"{', '.join(map(repr, LOGITS))}, got {logits!r}")
     family = _family_of(model)
+    patched_with = model.__dict__.get(_LOGITS_ATTRIBUTE)
+    if cross_entropy and patched_with is not None and patched_with != logits:
+        raise ValueError(
+            f"fuseops.transformers.apply: logits={logits!r}, but the head of this "
+            f"{type(model).__name__} was patched with logits={patched_with!r}; the mode is "
+            f"fixed when the head is patched (patch an unpatched model to change it)")
     wanted = {"rms_norm": rms_norm, "rope": rope, "mlp": mlp, "layer_norm": layer_norm,
               "cross_entropy": cross_entropy}
     replaced: list[Replacement] = []
@@ -356,12 +417,9 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
         elif wanted["layer_norm"] and type(module) is torch.nn.LayerNorm:
             record(name, module, _layer_norm_forward, "layer_norm", "fuseops.layer_norm")
 
-    # A causal-LM head: an nn.Linear lm_head over the base model's output.
-    prefix = getattr(model, "base_model_prefix", "")
-    if (wanted["cross_entropy"] and MARKER not in model.__dict__
-            and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
-            and prefix and hasattr(model, prefix)):
-        record("", model, _causal_lm_forward(type(model).forward), "cross_entropy",
+    if wanted["cross_entropy"] and MARKER not in model.__dict__ and _reproduced_head(model, family):
+        setattr(model, _LOGITS_ATTRIBUTE, logits)
+        record("", model, _causal_lm_forward(type(model).forward, logits), "cross_entropy",
                "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy")
     return replaced
 
@@ -371,4 +429,4 @@ def is_patched(module: torch.nn.Module) -> bool:
     return MARKER in module.__dict__
 
 
-__all__ = ["FAMILIES", "KINDS", "MARKER", "apply", "is_patched", "supported_model_types"]
+__all__ = ["FAMILIES", "KINDS", "LOGITS", "MARKER", "apply", "is_patched", "supported_model_types"]

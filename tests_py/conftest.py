@@ -40,7 +40,9 @@ def cpu_capabilities() -> list[str]:
     return list(fuseops.build_info()["cpu_capabilities"])
 
 
-def run_python(code: str, env_overrides: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, env_overrides: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (for per-process settings such as
     ATEN_CPU_CAPABILITY, which ATen reads once)."""
     env = dict(os.environ)
@@ -115,7 +117,9 @@ def pytest_sessionfinish(session, exitstatus):
     were collected but none of them ran it (a wrong skip would otherwise
     look like a pass)."""
     missing = sorted(
-        cap for cap in _capabilities_requested if cpu_runs(cap) and cap not in _capabilities_exercised
+        cap
+        for cap in _capabilities_requested
+        if cpu_runs(cap) and cap not in _capabilities_exercised
     )
     if missing and session.exitstatus == 0:
         session.exitstatus = 1
@@ -133,7 +137,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     missing = getattr(config, "_fuseops_missing_builds", [])
     if missing:
         terminalreporter.write_line(
-            f"FAILED: this CPU runs {', '.join(missing)} but no per-build test exercised it", red=True
+            f"FAILED: this CPU runs {', '.join(missing)} but no per-build test exercised it",
+            red=True,
         )
 
 

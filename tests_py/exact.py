@@ -41,9 +41,10 @@ def _derivative(approximate: str):
     if approximate == "silu":
         return lambda x: _sigmoid(x) * (1.0 + x * (1.0 - _sigmoid(x)))
     if approximate == "none":
-        return lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(
-            -0.5 * x * x
-        ) / math.sqrt(2.0 * math.pi)
+        return lambda x: (
+            0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+            + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        )
 
     def tanh_derivative(x):
         s = _sigmoid(2.0 * _SQRT_2_OVER_PI * (x + _KAPPA * x**3))

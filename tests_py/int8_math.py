@@ -29,5 +29,9 @@ def dynamic_reference(x, wq, scale, bias=None):
 
 def assert_dynamic_matches(y, want):
     scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
-    torch.testing.assert_close(y.double(), want, rtol=ROUNDING[y.dtype],
-                               atol=(DYNAMIC_TOLERANCE + ROUNDING[y.dtype]) * scale)
+    torch.testing.assert_close(
+        y.double(),
+        want,
+        rtol=ROUNDING[y.dtype],
+        atol=(DYNAMIC_TOLERANCE + ROUNDING[y.dtype]) * scale,
+    )

@@ -32,7 +32,9 @@ def run(op, args: tuple, kwargs: dict, grad_outputs=None):
         if grad_outputs is None:
             grad_outputs = [torch.randn_like(o) for o in differentiable]
         grads = torch.autograd.grad(differentiable, leaves, grad_outputs, allow_unused=True)
-    results = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in outputs + tuple(grads))
+    results = tuple(
+        t.detach() if isinstance(t, torch.Tensor) else t for t in outputs + tuple(grads)
+    )
     return results, grad_outputs
 
 
@@ -43,7 +45,9 @@ def main(calls_path: str, results_path: str) -> None:
 
     calls = torch.load(calls_path)
     torch.save(
-        [run(resolve(name, overload), args, kwargs, grad_outputs)[0]
-         for name, overload, args, kwargs, grad_outputs in calls],
+        [
+            run(resolve(name, overload), args, kwargs, grad_outputs)[0]
+            for name, overload, args, kwargs, grad_outputs in calls
+        ],
         results_path,
     )

@@ -124,16 +124,28 @@ def test_bias_gelu_forward_and_backward(dtype, shape, layout, approximate, devic
     # grad_bias sums up to 1100 rows: float64 reference, with the float32
     # accumulation's error (~rows * 2^-24 of the sum of magnitudes) allowed
     # for, plus the final rounding to the dtype.
-    exact = reference.bias_gelu_backward(
-        g.double(), x.double(), bias.double(), approximate
-    )[0].reshape(-1, shape[-1])
+    exact = reference.bias_gelu_backward(g.double(), x.double(), bias.double(), approximate)[
+        0
+    ].reshape(-1, shape[-1])
     scale = exact.abs().sum(0) + 1
     err = (grad_bias.double() - exact.sum(0)).abs()
     assert grad_bias.dtype == dtype and grad_bias.shape == bias.shape
     assert bool((err <= tolerances(dtype)["rtol"] * 2 * scale).all()), err.max()
 
 
-SPECIALS = [0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, float("inf"), float("-inf"), float("nan")]
+SPECIALS = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    30.0,
+    -30.0,
+    100.0,
+    -100.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+]
 
 
 def assert_special_values(actual, expected):
@@ -188,7 +200,11 @@ def test_float32_accuracy_over_the_whole_range():
         "silu_backward": (fuseops.silu_backward(g, x), s * (1 + x64 * (1 - s)), 2e-7, 0.0),
         "gelu tanh": (fuseops.gelu(x, "tanh"), x64 * s2, 1e-9, 0.0),
         "gelu_backward tanh": (
-            fuseops.gelu_backward(g, x, "tanh"), s2 + 2 * x64 * s2 * (1 - s2) * d_inner, 2e-7, 0.0),
+            fuseops.gelu_backward(g, x, "tanh"),
+            s2 + 2 * x64 * s2 * (1 - s2) * d_inner,
+            2e-7,
+            0.0,
+        ),
         "gelu none": (fuseops.gelu(x, "none"), x64 * cdf, 1e-9, 1e-7),
         "gelu_backward none": (fuseops.gelu_backward(g, x, "none"), cdf + x64 * pdf, 2e-7, 1e-7),
     }
@@ -197,7 +213,8 @@ def test_float32_accuracy_over_the_whole_range():
         excess = (got.double() - want).abs() / allowed
         worst = int(excess.argmax())
         assert excess[worst] <= 1, (
-            f"{name}: x={x[worst].item()!r} got {got[worst].item()!r} want {want[worst].item()!r}")
+            f"{name}: x={x[worst].item()!r} got {got[worst].item()!r} want {want[worst].item()!r}"
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -256,15 +273,39 @@ def test_out_in_place():
 @pytest.mark.parametrize(
     "call, fragments",
     [
-        (lambda: fuseops.gelu(torch.ones(3), "exact"), ["fuseops::gelu", "'approximate'", "'none' or 'tanh'", "'exact'"]),
-        (lambda: fuseops.gelu(torch.ones(3), out=torch.empty(3), approximate="x"), ["fuseops::gelu.out", "'approximate'"]),
-        (lambda: fuseops.gelu(torch.ones(3, dtype=torch.int32)), ["fuseops::gelu", "'input'", "Int"]),
+        (
+            lambda: fuseops.gelu(torch.ones(3), "exact"),
+            ["fuseops::gelu", "'approximate'", "'none' or 'tanh'", "'exact'"],
+        ),
+        (
+            lambda: fuseops.gelu(torch.ones(3), out=torch.empty(3), approximate="x"),
+            ["fuseops::gelu.out", "'approximate'"],
+        ),
+        (
+            lambda: fuseops.gelu(torch.ones(3, dtype=torch.int32)),
+            ["fuseops::gelu", "'input'", "Int"],
+        ),
         (lambda: fuseops.silu(torch.ones(3, dtype=torch.complex64)), ["fuseops::silu", "'input'"]),
-        (lambda: fuseops.silu_backward(torch.ones(3), torch.ones(4)), ["fuseops::silu_backward", "'grad_output'", "shape"]),
-        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(3)), ["fuseops::bias_gelu", "'bias'", "size"]),
-        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(1, 4)), ["fuseops::bias_gelu", "'bias'", "1-D"]),
-        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(4, dtype=torch.float64)), ["fuseops::bias_gelu", "'bias'", "dtype"]),
-        (lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(4), "erf"), ["fuseops::bias_gelu", "'approximate'", "'erf'"]),
+        (
+            lambda: fuseops.silu_backward(torch.ones(3), torch.ones(4)),
+            ["fuseops::silu_backward", "'grad_output'", "shape"],
+        ),
+        (
+            lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(3)),
+            ["fuseops::bias_gelu", "'bias'", "size"],
+        ),
+        (
+            lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(1, 4)),
+            ["fuseops::bias_gelu", "'bias'", "1-D"],
+        ),
+        (
+            lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(4, dtype=torch.float64)),
+            ["fuseops::bias_gelu", "'bias'", "dtype"],
+        ),
+        (
+            lambda: fuseops.bias_gelu(torch.ones(3, 4), torch.ones(4), "erf"),
+            ["fuseops::bias_gelu", "'approximate'", "'erf'"],
+        ),
     ],
 )
 def test_bad_input_errors_name_op_and_argument(call, fragments):

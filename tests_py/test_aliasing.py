@@ -78,8 +78,10 @@ def test_bias_gelu_out_is_bias_needing_resize_is_refused():
     x = torch.randn(4, 8, dtype=F64)
     b = torch.randn(8, dtype=F64)
     before = b.clone()
-    expect_error_mentions(lambda: fuseops.bias_gelu(x, b, out=b),
-                          ["fuseops::bias_gelu.out", "'out'", "'bias'", "resized"])
+    expect_error_mentions(
+        lambda: fuseops.bias_gelu(x, b, out=b),
+        ["fuseops::bias_gelu.out", "'out'", "'bias'", "resized"],
+    )
     assert torch.equal(b, before)
 
 
@@ -95,8 +97,9 @@ def test_rms_norm_out_is_weight_is_refused():
     x = torch.randn(4, 8, dtype=F64)
     w = torch.randn(8, dtype=F64)
     before = w.clone()
-    expect_error_mentions(lambda: fuseops.rms_norm(x, w, out=w),
-                          ["fuseops::rms_norm.out", "'out'", "'weight'"])
+    expect_error_mentions(
+        lambda: fuseops.rms_norm(x, w, out=w), ["fuseops::rms_norm.out", "'out'", "'weight'"]
+    )
     assert torch.equal(w, before)
 
 
@@ -127,26 +130,33 @@ def test_fused_add_rms_norm_out_is_weight_is_refused():
     x, r = torch.randn(4, 8, dtype=F64), torch.randn(4, 8, dtype=F64)
     w = torch.randn(8, dtype=F64)
     expect_error_mentions(
-        lambda: fuseops.fused_add_rms_norm(x, r, w, out=w, residual_out=torch.empty(4, 8, dtype=F64)),
-        ["fuseops::fused_add_rms_norm.out", "'out'", "'weight'"])
+        lambda: fuseops.fused_add_rms_norm(
+            x, r, w, out=w, residual_out=torch.empty(4, 8, dtype=F64)
+        ),
+        ["fuseops::fused_add_rms_norm.out", "'out'", "'weight'"],
+    )
 
 
 def test_layer_norm_out_is_weight_is_refused():
     x = torch.randn(4, 8, dtype=F64)
     w, b = torch.randn(8, dtype=F64), torch.randn(8, dtype=F64)
-    expect_error_mentions(lambda: fuseops.layer_norm(x, w, b, out=b),
-                          ["fuseops::layer_norm.out", "'out'", "'bias'"])
+    expect_error_mentions(
+        lambda: fuseops.layer_norm(x, w, b, out=b), ["fuseops::layer_norm.out", "'out'", "'bias'"]
+    )
 
 
 def test_fused_add_rms_norm_outputs_sharing_memory_are_refused():
     x, r = torch.randn(4, 8, dtype=F64), torch.randn(4, 8, dtype=F64)
     o = torch.empty(4, 8, dtype=F64)
-    expect_error_mentions(lambda: fuseops.fused_add_rms_norm(x, r, out=o, residual_out=o),
-                          ["fuseops::fused_add_rms_norm.out", "'out'", "'residual_out'"])
+    expect_error_mentions(
+        lambda: fuseops.fused_add_rms_norm(x, r, out=o, residual_out=o),
+        ["fuseops::fused_add_rms_norm.out", "'out'", "'residual_out'"],
+    )
     buf = torch.empty(7, 8, dtype=F64)
     expect_error_mentions(
         lambda: fuseops.fused_add_rms_norm(x, r, out=buf[:4], residual_out=buf[3:]),
-        ["fuseops::fused_add_rms_norm.out", "'out'", "'residual_out'", "share memory"])
+        ["fuseops::fused_add_rms_norm.out", "'out'", "'residual_out'", "share memory"],
+    )
 
 
 @pytest.mark.parametrize("swap", [False, True], ids=["out=x", "out=residual"])
@@ -172,7 +182,8 @@ OUT_CALLS = {
     "rms_norm": lambda out: fuseops.rms_norm(torch.randn(4, 8), out=out),
     "layer_norm": lambda out: fuseops.layer_norm(torch.randn(4, 8), out=out),
     "fused_add_rms_norm": lambda out: fuseops.fused_add_rms_norm(
-        torch.randn(4, 8), torch.randn(4, 8), out=out, residual_out=torch.empty(4, 8)),
+        torch.randn(4, 8), torch.randn(4, 8), out=out, residual_out=torch.empty(4, 8)
+    ),
 }
 
 
@@ -180,8 +191,10 @@ OUT_CALLS = {
 def test_internally_overlapping_out_is_refused(name):
     overload = "packed_out" if name.endswith(".packed") else "out"
     op = "fuseops::" + name.split(".")[0] + "." + overload
-    expect_error_mentions(lambda: OUT_CALLS[name](torch.empty(1, 8).expand(4, 8)),
-                          [op, "'out'", "share memory", "[0, 1]"])
+    expect_error_mentions(
+        lambda: OUT_CALLS[name](torch.empty(1, 8).expand(4, 8)),
+        [op, "'out'", "share memory", "[0, 1]"],
+    )
 
 
 def test_provably_distinct_strided_out_is_accepted():

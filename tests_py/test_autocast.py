@@ -25,8 +25,9 @@ D = 16
 
 
 def causal_conv1d_torch(x, weight, bias, activation=None):
-    out = F.conv1d(x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1,
-                   groups=weight.shape[0])[..., : x.shape[-1]]
+    out = F.conv1d(
+        x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=weight.shape[0]
+    )[..., : x.shape[-1]]
     return F.silu(out) if activation == "silu" else out
 
 
@@ -59,23 +60,36 @@ CASES = {
     "fused_add_rms_norm": (
         lambda x, r, w: fuseops.fused_add_rms_norm(x, r, w, 1e-6),
         fused_add_rms_norm_torch,
-        [(rand(4, D), rand(4, D), weight()),
-         (rand(4, D, dtype=LOW), rand(4, D), weight()),
-         (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW), weight())],
+        [
+            (rand(4, D), rand(4, D), weight()),
+            (rand(4, D, dtype=LOW), rand(4, D), weight()),
+            (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW), weight()),
+        ],
     ),
-    "gelu": (lambda x: fuseops.gelu(x), lambda x: F.gelu(x), [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
+    "gelu": (
+        lambda x: fuseops.gelu(x),
+        lambda x: F.gelu(x),
+        [(rand(4, D),), (rand(4, D, dtype=LOW),)],
+    ),
     "silu": (fuseops.silu, F.silu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
     "relu": (fuseops.relu, F.relu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
     "bias_gelu": (
         lambda x, b: fuseops.bias_gelu(x, b, "tanh"),
         lambda x, b: F.gelu(x + b, approximate="tanh"),
-        [(rand(4, D), rand(D)), (rand(4, D, dtype=LOW), rand(D)), (rand(4, D, dtype=LOW), rand(D, dtype=LOW))],
+        [
+            (rand(4, D), rand(D)),
+            (rand(4, D, dtype=LOW), rand(D)),
+            (rand(4, D, dtype=LOW), rand(D, dtype=LOW)),
+        ],
     ),
     "swiglu": (
         fuseops.swiglu,
         lambda g, u: F.silu(g) * u,
-        [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D)),
-         (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW))],
+        [
+            (rand(4, D), rand(4, D)),
+            (rand(4, D, dtype=LOW), rand(4, D)),
+            (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW)),
+        ],
     ),
     "geglu": (
         fuseops.geglu,
@@ -92,15 +106,19 @@ CASES = {
     "linear_cross_entropy": (
         lambda x, w, b, t: fuseops.linear_cross_entropy(x, w, t, b, label_smoothing=0.1),
         lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t, label_smoothing=0.1),
-        [(rand(8, D, dtype=LOW), rand(2 * D, D), None, torch.randint(0, 2 * D, (8,))),
-         (rand(8, D), rand(2 * D, D), rand(2 * D), torch.randint(0, 2 * D, (8,))),
-         (rand(8, D, dtype=LOW), rand(2 * D, D, dtype=LOW), None, torch.randint(0, 2 * D, (8,)))],
+        [
+            (rand(8, D, dtype=LOW), rand(2 * D, D), None, torch.randint(0, 2 * D, (8,))),
+            (rand(8, D), rand(2 * D, D), rand(2 * D), torch.randint(0, 2 * D, (8,))),
+            (rand(8, D, dtype=LOW), rand(2 * D, D, dtype=LOW), None, torch.randint(0, 2 * D, (8,))),
+        ],
     ),
     "cross_entropy": (
         lambda x, t: fuseops.cross_entropy(x, t, label_smoothing=0.1),
         lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
-        [(rand(4, D), torch.randint(0, D, (4,))),
-         (rand(4, D, dtype=LOW), torch.randint(0, D, (4,)))],
+        [
+            (rand(4, D), torch.randint(0, D, (4,))),
+            (rand(4, D, dtype=LOW), torch.randint(0, D, (4,))),
+        ],
     ),
 }
 
@@ -126,10 +144,10 @@ def test_autocast_cpu_matches_torch(name):
             # intermediates, e.g. silu(gate) before the float32 multiply,
             # or the logits before the float32 loss): a few bfloat16 ulps.
             # All-float32 calls agree to float32 accumulation.
-            reduced = (name == "linear_cross_entropy"
-                       or any(t.dtype == LOW for t in (*tensors, g, e)))
-            tolerance = ({"rtol": 3e-2, "atol": 3e-2} if reduced
-                         else {"rtol": 1e-5, "atol": 1e-5})
+            reduced = name == "linear_cross_entropy" or any(
+                t.dtype == LOW for t in (*tensors, g, e)
+            )
+            tolerance = {"rtol": 3e-2, "atol": 3e-2} if reduced else {"rtol": 1e-5, "atol": 1e-5}
             torch.testing.assert_close(g, e, **tolerance, msg=f"{name} {described}")
 
 
@@ -144,8 +162,10 @@ def test_autocast_linear_cross_entropy_gradients_match_the_composition():
     target = torch.randint(0, 4 * D, (16,))
     target[3] = -100
     grads = []
-    for loss_fn in (lambda x, w, b: fuseops.linear_cross_entropy(x, w, target, b),
-                    lambda x, w, b: F.cross_entropy(F.linear(x, w, b), target)):
+    for loss_fn in (
+        lambda x, w, b: fuseops.linear_cross_entropy(x, w, target, b),
+        lambda x, w, b: F.cross_entropy(F.linear(x, w, b), target),
+    ):
         x, w, b = (t.clone().requires_grad_() for t in (hidden, head, bias))
         with torch.autocast("cpu", dtype=LOW):
             loss = loss_fn(x, w, b)
@@ -215,6 +235,7 @@ def test_out_overloads_are_not_cast():
 
 def conformance_samples():
     from fuseops.ops import MODULES
+
     return [s for module in MODULES for s in module.samples("cpu") if not s.large]
 
 
@@ -231,10 +252,21 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
     cast = {s.op.name() for s in samples if has_autocast_kernel(s.op)}
     # The CPU policy registers kernels for exactly these functional ops
     # (rms_norm falls through on CPU, casting only on CUDA).
-    assert cast == {f"fuseops::{name}" for name in
-                    ("layer_norm", "fused_add_rms_norm", "bias_gelu", "swiglu", "geglu",
-                     "causal_conv1d", "cross_entropy", "linear_cross_entropy")}, cast
+    assert cast == {
+        f"fuseops::{name}"
+        for name in (
+            "layer_norm",
+            "fused_add_rms_norm",
+            "bias_gelu",
+            "swiglu",
+            "geglu",
+            "causal_conv1d",
+            "cross_entropy",
+            "linear_cross_entropy",
+        )
+    }, cast
     for sample in samples:
+
         def call():
             # Copies: some overloads write into their arguments
             # (causal_conv1d_update's conv_state, out=).
@@ -247,5 +279,4 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
             got = call()
         if not has_autocast_kernel(sample.op):
             for g, e in zip(got, call(), strict=True):
-                torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True,
-                                           msg=repr(sample))
+                torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True, msg=repr(sample))

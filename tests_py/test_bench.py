@@ -37,8 +37,19 @@ def _run_cases(tmp_path, case_list, *extra: str) -> int:
 
 
 def test_relu_end_to_end_writes_table_json_csv_chart_and_trace(tmp_path, capsys):
-    assert _bench(tmp_path, "--preset", "standard", "--ops", "relu", "--dtype", "float32,bfloat16",
-                  "--profile") == 0
+    assert (
+        _bench(
+            tmp_path,
+            "--preset",
+            "standard",
+            "--ops",
+            "relu",
+            "--dtype",
+            "float32,bfloat16",
+            "--profile",
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "vs compile" in printed and "relu" in printed
     assert f"wrote table {tmp_path / 'bench.txt'}" in printed
@@ -49,8 +60,15 @@ def test_relu_end_to_end_writes_table_json_csv_chart_and_trace(tmp_path, capsys)
     method = document["environment"]["method"]
     assert method["timing"] == timing.TIMING_METHOD
     assert method["peak_memory"] == timing.PEAK_MEMORY_METHOD
-    assert set(method) == {"timing", "peak_memory", "allocated_bytes", "fresh_grad",
-                           "tolerance", "bytes_moved", "roofline"}
+    assert set(method) == {
+        "timing",
+        "peak_memory",
+        "allocated_bytes",
+        "fresh_grad",
+        "tolerance",
+        "bytes_moved",
+        "roofline",
+    }
     assert all(method.values())
     rows = document["rows"]
     assert {(r["dtype"], r["mode"]) for r in rows} == {
@@ -84,7 +102,8 @@ def test_relu_end_to_end_writes_table_json_csv_chart_and_trace(tmp_path, capsys)
     assert "fuseops::relu" in names
     assert "relu forward [fuseops]" in names
     assert "fuseops::relu_backward" in {
-        e.get("name") for e in json.loads(
+        e.get("name")
+        for e in json.loads(
             (tmp_path / "profile" / "relu-float32-32x160-forward_backward.json").read_text()
         )["traceEvents"]
     }
@@ -100,8 +119,10 @@ def _wrong_relu(x, *, out=None):
 
 def test_a_wrong_implementation_is_marked_failed(tmp_path, capsys):
     wrong = dataclasses.replace(cases.by_name(["relu"])[0], name="wrong_relu", fuseops=_wrong_relu)
-    assert _run_cases(tmp_path, [wrong], "--preset", "standard", "--no-compile",
-                      "--dtype", "float32") == 1
+    assert (
+        _run_cases(tmp_path, [wrong], "--preset", "standard", "--no-compile", "--dtype", "float32")
+        == 1
+    )
     printed = capsys.readouterr().out
     assert "!! FAILED: wrong_relu float32 32x160 fwd: MISMATCH vs reference" in printed
     assert "the peers' errors: eager reference 0, torch.relu 0" in printed
@@ -115,18 +136,23 @@ def test_a_raising_implementation_is_marked_error(tmp_path, capsys):
         raise RuntimeError("kernel exploded")
 
     case = dataclasses.replace(cases.by_name(["relu"])[0], name="broken", fuseops=broken)
-    assert _run_cases(tmp_path, [case], "--no-compile", "--dtype", "float32",
-                      "--modes", "forward") == 1
+    assert (
+        _run_cases(tmp_path, [case], "--no-compile", "--dtype", "float32", "--modes", "forward")
+        == 1
+    )
     assert "kernel exploded" in capsys.readouterr().out
     assert [r["status"] for r in _rows(tmp_path)] == ["ERROR"]
 
 
 def test_an_op_missing_from_the_build_is_listed_not_built(tmp_path, capsys):
-    missing = dataclasses.replace(cases.by_name(["relu"])[0], name="teleport",
-                                  fuseops="teleport")
+    missing = dataclasses.replace(cases.by_name(["relu"])[0], name="teleport", fuseops="teleport")
     relu = cases.by_name(["relu"])[0]
-    assert _run_cases(tmp_path, [missing, relu], "--no-compile", "--dtype", "float32",
-                      "--modes", "forward") == 0
+    assert (
+        _run_cases(
+            tmp_path, [missing, relu], "--no-compile", "--dtype", "float32", "--modes", "forward"
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "not built: teleport (fuseops.teleport is not in the installed fuseops)" in printed
     assert "ops not built: 1" in printed
@@ -137,9 +163,20 @@ def test_an_op_missing_from_the_build_is_listed_not_built(tmp_path, capsys):
 
 def test_every_registered_op_is_timed_or_listed_not_built(tmp_path):
     # Forward only, no compile: every entry of the registry, as installed now.
-    assert _bench(tmp_path, "--ops", ",".join(case.name for case in cases.CASES),
-                  "--dtype", "float32", "--no-compile", "--modes", "forward,out",
-                  "--no-plot") == 0
+    assert (
+        _bench(
+            tmp_path,
+            "--ops",
+            ",".join(case.name for case in cases.CASES),
+            "--dtype",
+            "float32",
+            "--no-compile",
+            "--modes",
+            "forward,out",
+            "--no-plot",
+        )
+        == 0
+    )
     rows = _rows(tmp_path)
     assert {r["op"] for r in rows} == {case.name for case in cases.CASES}
     for row in rows:
@@ -174,12 +211,14 @@ def test_quick_preset_runs_one_row_per_op_family_and_dtype(tmp_path, capsys):
     assert _bench(tmp_path, "--no-compile", "--no-plot") == 0
     printed = capsys.readouterr().out
     assert "preset quick" in printed
-    assert ("longer runs: python -m fuseops bench --preset standard; "
-            "python -m fuseops bench --full") in printed
+    assert (
+        "longer runs: python -m fuseops bench --preset standard; python -m fuseops bench --full"
+    ) in printed
     rows = _rows(tmp_path)
     chosen = {case.name: case for case in cases.one_per_family()}
     assert [(r["op"], r["dtype"]) for r in rows] == [
-        (name, dtype) for name in chosen for dtype in ("float32", "bfloat16")]
+        (name, dtype) for name in chosen for dtype in ("float32", "bfloat16")
+    ]
     for row in rows:
         case = chosen[row["op"]]
         assert row["family"] == case.family and row["status"] == "ok", row
@@ -195,7 +234,9 @@ def test_full_flag_is_the_full_preset(tmp_path, capsys):
 def test_cuda_without_a_gpu_says_so_and_fails(tmp_path, capsys):
     if torch.cuda.is_available():
         assert environment.check_device(torch.device("cuda")) in (
-            None, "this fuseops was built without CUDA kernels (see python -m fuseops info)")
+            None,
+            "this fuseops was built without CUDA kernels (see python -m fuseops info)",
+        )
         return
     assert _bench(tmp_path, "--device", "cuda", "--ops", "relu") == 2
     assert "no CUDA" in capsys.readouterr().err
@@ -213,8 +254,17 @@ def test_bad_arguments_are_rejected(tmp_path, capsys):
 def test_registry_entries_are_well_formed():
     names = [case.name for case in cases.CASES]
     assert len(names) == len(set(names))
-    assert {"relu", "rms_norm", "fused_add_rms_norm", "layer_norm", "gelu", "silu",
-            "bias_gelu", "swiglu", "geglu"} <= set(names)
+    assert {
+        "relu",
+        "rms_norm",
+        "fused_add_rms_norm",
+        "layer_norm",
+        "gelu",
+        "silu",
+        "bias_gelu",
+        "swiglu",
+        "geglu",
+    } <= set(names)
     gen = torch.Generator().manual_seed(0)
     for case in cases.CASES:
         inputs = case.make_inputs(3, 8, torch.float32, torch.device("cpu"), gen)
@@ -260,8 +310,7 @@ def test_timer_and_peak_memory():
     settings = timing.TimerSettings(min_time=0.001, min_blocks=5, block_time=0.0005)
     result = timing.measure(lambda: torch.ones(100).sum(), torch.device("cpu"), settings)
     assert result.median_s > 0 and result.samples >= 5 and result.calls >= result.samples
-    peak = timing.peak_memory(lambda: torch.empty(1 << 20, dtype=torch.uint8),
-                              torch.device("cpu"))
+    peak = timing.peak_memory(lambda: torch.empty(1 << 20, dtype=torch.uint8), torch.device("cpu"))
     assert peak >= 1 << 20
     assert timing.peak_memory(lambda: None, torch.device("cpu")) == 0
 
@@ -272,10 +321,28 @@ def test_tune_memory_flag_applies_to_every_peer_and_is_reported(tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "fuseops", "bench", "--out", str(tmp_path), *QUICK,
-         "--ops", "relu", "--dtype", "float32", "--modes", "forward", "--no-compile",
-         "--no-plot", "--tune-memory"],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "fuseops",
+            "bench",
+            "--out",
+            str(tmp_path),
+            *QUICK,
+            "--ops",
+            "relu",
+            "--dtype",
+            "float32",
+            "--modes",
+            "forward",
+            "--no-compile",
+            "--no-plot",
+            "--tune-memory",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "memory: fuseops.cpu.tune_memory(keep_bytes=" in result.stdout
     memory = json.loads((tmp_path / "bench.json").read_text())["environment"]["memory_settings"]
@@ -283,11 +350,24 @@ def test_tune_memory_flag_applies_to_every_peer_and_is_reported(tmp_path):
 
 
 def test_default_memory_settings_are_reported(tmp_path, capsys):
-    assert _bench(tmp_path, "--ops", "relu", "--dtype", "float32", "--modes", "forward",
-                  "--no-compile", "--no-plot") == 0
+    assert (
+        _bench(
+            tmp_path,
+            "--ops",
+            "relu",
+            "--dtype",
+            "float32",
+            "--modes",
+            "forward",
+            "--no-compile",
+            "--no-plot",
+        )
+        == 0
+    )
     assert "memory: process defaults" in capsys.readouterr().out
-    assert json.loads((tmp_path / "bench.json").read_text())["environment"][
-        "memory_settings"] is None
+    assert (
+        json.loads((tmp_path / "bench.json").read_text())["environment"]["memory_settings"] is None
+    )
 
 
 # --- fwd+bwd fresh grad: the upstream gradient handed over as training does ---
@@ -301,8 +381,19 @@ def test_fresh_grad_mode_shows_the_gradient_reuse(tmp_path, capsys):
     fewer than in the fwd+bwd row, where the caller holds the gradient, and
     fewer than its peers, which are handed the same gradient. torch.compile
     is a peer here as well."""
-    assert _bench(tmp_path, "--ops", "relu", "--dtype", "float32",
-                  "--modes", "forward+backward,train", "--no-plot") == 0
+    assert (
+        _bench(
+            tmp_path,
+            "--ops",
+            "relu",
+            "--dtype",
+            "float32",
+            "--modes",
+            "forward+backward,train",
+            "--no-plot",
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     rows = {r["mode"]: r for r in _rows(tmp_path)}
     assert set(rows) == {"forward+backward", FRESH}
@@ -327,13 +418,19 @@ def test_fresh_grad_mode_shows_the_gradient_reuse(tmp_path, capsys):
     start = lines.index("MiB allocated per call, fwd+bwd fresh grad:")
     assert lines[start + 1].split()[3:5] == ["fuseops", "held"]
     cells = lines[start + 3].split()
-    assert cells[:5] == ["relu", "float32", "32x160", report._mib(fresh["allocated_bytes"]),
-                         report._mib(held["allocated_bytes"])]
+    assert cells[:5] == [
+        "relu",
+        "float32",
+        "32x160",
+        report._mib(fresh["allocated_bytes"]),
+        report._mib(held["allocated_bytes"]),
+    ]
     with open(tmp_path / "bench.csv", newline="") as f:
         records = {r["mode"]: r for r in csv.DictReader(f)}
     assert int(records[FRESH]["allocated_bytes"]) == fresh["allocated_bytes"]
-    assert int(records[FRESH]["eager_allocated_bytes"]) == (
-        fresh["peers"]["eager"]["allocated_bytes"])
+    assert (
+        int(records[FRESH]["eager_allocated_bytes"]) == (fresh["peers"]["eager"]["allocated_bytes"])
+    )
 
 
 def test_fresh_grad_call_hands_over_a_gradient_nothing_else_holds():
@@ -369,8 +466,20 @@ def test_fresh_grad_rows_of_multi_output_and_inference_ops(tmp_path):
     (cross_entropy, a scalar output and integer targets), are checked
     against the reference and timed; an inference op has no such row."""
     ops = ["swiglu", "fused_add_rms_norm", "rope", "cross_entropy", "int8_weight_only_linear"]
-    assert _bench(tmp_path, "--ops", ",".join(ops), "--dtype", "float32", "--no-compile",
-                  "--modes", "fresh-grad", "--no-plot") == 0
+    assert (
+        _bench(
+            tmp_path,
+            "--ops",
+            ",".join(ops),
+            "--dtype",
+            "float32",
+            "--no-compile",
+            "--modes",
+            "fresh-grad",
+            "--no-plot",
+        )
+        == 0
+    )
     rows = _rows(tmp_path)
     assert [r["op"] for r in rows] == ops[:-1]
     for row in rows:
@@ -391,12 +500,16 @@ def test_a_wrong_gradient_fails_the_fresh_grad_row(tmp_path, capsys):
             (x,) = ctx.saved_tensors
             return grad * (x > 0) * 1.01
 
-    wrong = dataclasses.replace(cases.by_name(["relu"])[0], name="wrong_relu_grad",
-                                fuseops=lambda x: WrongBackward.apply(x))
-    assert _run_cases(tmp_path, [wrong], "--no-compile", "--dtype", "float32",
-                      "--modes", "fresh-grad") == 1
+    wrong = dataclasses.replace(
+        cases.by_name(["relu"])[0], name="wrong_relu_grad", fuseops=lambda x: WrongBackward.apply(x)
+    )
+    assert (
+        _run_cases(tmp_path, [wrong], "--no-compile", "--dtype", "float32", "--modes", "fresh-grad")
+        == 1
+    )
     assert "!! FAILED: wrong_relu_grad float32 32x160 fwd+bwd fresh grad: MISMATCH" in (
-        capsys.readouterr().out)
+        capsys.readouterr().out
+    )
 
 
 def test_modes_parse_and_default():
@@ -407,8 +520,7 @@ def test_modes_parse_and_default():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     assert parser.parse_args([]).modes is None  # the preset's
-    assert bench.PRESETS["standard"].modes == bench.PRESETS["full"].modes == (
-        results.DEFAULT_MODES)
+    assert bench.PRESETS["standard"].modes == bench.PRESETS["full"].modes == (results.DEFAULT_MODES)
     assert FRESH not in results.DEFAULT_MODES
 
 
@@ -434,23 +546,37 @@ def test_a_consuming_call_is_timed_without_its_refill():
     assert counts["calls"] == counts["refills"] >= result.calls
     use = timing.memory_use(call, torch.device("cpu"))
     assert counts["calls"] == counts["refills"] and use.peak == use.allocated == 0
-    use = timing.memory_use(lambda: (torch.empty(1 << 20, dtype=torch.uint8),
-                                     torch.empty(1 << 20, dtype=torch.uint8)),
-                            torch.device("cpu"))
+    use = timing.memory_use(
+        lambda: (torch.empty(1 << 20, dtype=torch.uint8), torch.empty(1 << 20, dtype=torch.uint8)),
+        torch.device("cpu"),
+    )
     assert use.allocated >= 2 << 20 and use.peak >= 2 << 20
 
 
 def test_allocation_table_formats_savings_either_way():
     def row(mode, fuseops_bytes, eager_bytes):
-        result = results.Row(op="op", dtype="float32", shape="4x4", mode=mode,
-                             allocated_bytes=fuseops_bytes)
+        result = results.Row(
+            op="op", dtype="float32", shape="4x4", mode=mode, allocated_bytes=fuseops_bytes
+        )
         result.peers["eager"] = results.PeerResult(label="eager", allocated_bytes=eager_bytes)
         return result
 
-    lines = report.allocation_table([row("forward+backward", 300 << 20, 100 << 20),
-                                     row(FRESH, 200 << 20, 100 << 20)])
-    assert lines[4].split() == ["op", "float32", "4x4", "200", "300", "100", "-", "-",
-                                "100", "-100", "-"]
+    lines = report.allocation_table(
+        [row("forward+backward", 300 << 20, 100 << 20), row(FRESH, 200 << 20, 100 << 20)]
+    )
+    assert lines[4].split() == [
+        "op",
+        "float32",
+        "4x4",
+        "200",
+        "300",
+        "100",
+        "-",
+        "-",
+        "100",
+        "-100",
+        "-",
+    ]
     assert report.allocation_table([row("forward+backward", 1, 1)]) == []
 
 
@@ -465,17 +591,40 @@ def test_progress_in_a_log_is_one_plain_line_per_finished_row(tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "fuseops", "bench", "--out", str(tmp_path), "--preset",
-         "standard", "--ops", "relu", "--dtype", "float32", "--shapes", "32x160",
-         "--min-time", "0.005", "--no-compile", "--no-plot"],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "fuseops",
+            "bench",
+            "--out",
+            str(tmp_path),
+            "--preset",
+            "standard",
+            "--ops",
+            "relu",
+            "--dtype",
+            "float32",
+            "--shapes",
+            "32x160",
+            "--min-time",
+            "0.005",
+            "--no-compile",
+            "--no-plot",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stdout and "\r" not in result.stderr
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == 3, result.stderr
     for index, (line, mode) in enumerate(zip(progress, ("fwd", "fwd+bwd", "fwd out="))):
-        assert re.fullmatch(rf"\[{index + 1}/3\] relu float32 32x160 {re.escape(mode)}: "
-                            r"\S+ \S?s \(vs eager \S+x, vs native \S+x\), ok", line), line
+        assert re.fullmatch(
+            rf"\[{index + 1}/3\] relu float32 32x160 {re.escape(mode)}: "
+            r"\S+ \S?s \(vs eager \S+x, vs native \S+x\), ok",
+            line,
+        ), line
 
 
 class _Terminal:
@@ -518,13 +667,19 @@ def _chart_rows(count: int, modes=("forward", "forward+backward", "out"), name="
     rows = []
     for i in range(count):
         for k, mode in enumerate(modes):
-            row = results.Row(op=f"{name}_number_{i}_with_a_long_name", family=f"{name}{i // 4}",
-                              dtype="bfloat16", shape="16384x1024", mode=mode,
-                              time=timing.Timing(1e-3, 1e-5, 7, 7))
+            row = results.Row(
+                op=f"{name}_number_{i}_with_a_long_name",
+                family=f"{name}{i // 4}",
+                dtype="bfloat16",
+                shape="16384x1024",
+                mode=mode,
+                time=timing.Timing(1e-3, 1e-5, 7, 7),
+            )
             for j, peer in enumerate(results.PEERS):
                 ratio = 0.3 * 40 ** (((i + k + j) % 10) / 9)
-                row.peers[peer] = results.PeerResult(label=peer,
-                                                     time=timing.Timing(ratio * 1e-3, 0, 7, 7))
+                row.peers[peer] = results.PeerResult(
+                    label=peer, time=timing.Timing(ratio * 1e-3, 0, 7, 7)
+                )
             rows.append(row)
     return rows
 
@@ -544,14 +699,16 @@ def test_chart_panels_group_lines_by_their_columns():
     assert {line for line, _ in ratios} == set(shown)
     first = rows[0]
     assert ratios[(first.family, first.op, first.dtype, first.shape), ("forward", "eager")] == (
-        pytest.approx(first.speedup("eager")))
+        pytest.approx(first.speedup("eager"))
+    )
 
 
 def test_chart_stays_screen_sized(tmp_path):
     pytest.importorskip("matplotlib")
     # The quick preset's size: 22 lines.
-    rows = _chart_rows(16, modes=("forward+backward",)) + _chart_rows(6, modes=("forward",),
-                                                                      name="linear")
+    rows = _chart_rows(16, modes=("forward+backward",)) + _chart_rows(
+        6, modes=("forward",), name="linear"
+    )
     assert report.write_chart(str(tmp_path / "quick.png"), rows, ENV)
     width, height = _png_size(tmp_path / "quick.png")
     assert width < 1200 and height < 1000, (width, height)

@@ -94,8 +94,10 @@ def test_cpu_guard_message_names_the_setting_and_the_fix(monkeypatch):
 def test_cpu_guard_reads_the_features_each_build_needs(naming):
     # Feature names as torch's cpuinfo (0) and /proc/cpuinfo (1) spell them.
     avx2 = [("avx2", "fma3"), ("avx2", "fma")][naming]
-    avx512 = [("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"),
-              ("avx512f", "avx512bw", "avx512vl", "avx512dq")][naming]
+    avx512 = [
+        ("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"),
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    ][naming]
     sse = ({"sse2"}, naming)
     assert _loader.cpu_runs("DEFAULT", sse)
     assert not _loader.cpu_runs("AVX2", sse)
@@ -130,7 +132,10 @@ def test_import_forced_onto_kernels_the_cpu_lacks_fails_clearly():
         {"ATEN_CPU_CAPABILITY": "avx512"},
     )
     assert result.returncode == 0, result.stderr
-    assert "IMPORT-ERROR: UnsupportedCpuError fuseops: PyTorch is set to run its AVX512" in result.stdout
+    assert (
+        "IMPORT-ERROR: UnsupportedCpuError fuseops: PyTorch is set to run its AVX512"
+        in result.stdout
+    )
     assert "or set it to one of: default, avx2." in result.stdout
     assert "LOADED: []" in result.stdout
 
@@ -140,8 +145,11 @@ def _copy_of_the_package(tmp_path, library: bytes | None) -> str:
     C++ library (library None) or with `library` as its contents."""
     site = tmp_path / "site"
     package = os.path.dirname(fuseops.__file__)
-    shutil.copytree(package, site / "fuseops",
-                    ignore=shutil.ignore_patterns("lib", "include", "share", "__pycache__"))
+    shutil.copytree(
+        package,
+        site / "fuseops",
+        ignore=shutil.ignore_patterns("lib", "include", "share", "__pycache__"),
+    )
     if library is not None:
         (site / "fuseops" / "lib").mkdir()
         (site / "fuseops" / "lib" / "libfuseops.so").write_bytes(library)
@@ -150,14 +158,13 @@ def _copy_of_the_package(tmp_path, library: bytes | None) -> str:
 
 def _import_error(pythonpath: str) -> str:
     result = run_python(
-        "import fuseops\n"
-        "print('IMPORTED', fuseops.__file__)\n",
+        "import fuseops\nprint('IMPORTED', fuseops.__file__)\n",
         {"PYTHONPATH": pythonpath},
     )
     assert result.returncode != 0, result.stdout
     # The last exception of the traceback, all its lines.
     assert "\nImportError: " in result.stderr, result.stderr
-    return result.stderr[result.stderr.rindex("\nImportError: ") + 1:]
+    return result.stderr[result.stderr.rindex("\nImportError: ") + 1 :]
 
 
 def test_import_without_the_library_file_says_to_reinstall(tmp_path):
@@ -183,13 +190,27 @@ def test_import_of_the_unbuilt_source_tree_says_to_build(tmp_path):
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _configure(build_dir, *args: str, cmake: str | None = None, python: str = sys.executable,
-               env: dict | None = None):
+def _configure(
+    build_dir,
+    *args: str,
+    cmake: str | None = None,
+    python: str = sys.executable,
+    env: dict | None = None,
+):
     """Configures fuseops (no build) and returns CMake's result."""
     if cmake is None:
         cmake = shutil.which("cmake", path=os.path.dirname(sys.executable))
-    command = [cmake, "-S", SOURCE_DIR, "-B", str(build_dir), "-G", "Ninja",
-               f"-DPython_EXECUTABLE={python}", *args]
+    command = [
+        cmake,
+        "-S",
+        SOURCE_DIR,
+        "-B",
+        str(build_dir),
+        "-G",
+        "Ninja",
+        f"-DPython_EXECUTABLE={python}",
+        *args,
+    ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -201,8 +222,11 @@ def _cmake_version(cmake: str) -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_configure_with_cmake_older_than_3_26_fails_clearly(tmp_path):
-    old = [c for c in ("/usr/bin/cmake", "/usr/local/bin/cmake")
-           if os.access(c, os.X_OK) and (3, 0) <= _cmake_version(c) < (3, 26)]
+    old = [
+        c
+        for c in ("/usr/bin/cmake", "/usr/local/bin/cmake")
+        if os.access(c, os.X_OK) and (3, 0) <= _cmake_version(c) < (3, 26)
+    ]
     if not old:
         pytest.skip("no CMake older than 3.26 on this machine (Debian 12's /usr/bin/cmake is 3.25)")
     result = _configure(tmp_path, cmake=old[0])
@@ -219,10 +243,10 @@ def test_configure_without_a_cxx20_compiler_fails_clearly(tmp_path):
     fake.write_text(
         "#!/bin/bash\n"
         "args=()\n"
-        "for a in \"$@\"; do\n"
-        "  case \"$a\" in -std=c++2*|-std=gnu++2*) args+=(-std=c++17) ;; *) args+=(\"$a\") ;; esac\n"
+        'for a in "$@"; do\n'
+        '  case "$a" in -std=c++2*|-std=gnu++2*) args+=(-std=c++17) ;; *) args+=("$a") ;; esac\n'
         "done\n"
-        "exec g++ \"${args[@]}\"\n"
+        'exec g++ "${args[@]}"\n'
     )
     fake.chmod(0o755)
     result = _configure(tmp_path / "build", f"-DCMAKE_CXX_COMPILER={fake}")
@@ -250,10 +274,10 @@ def test_configure_cuda_on_without_the_toolkit_fails_clearly(tmp_path):
     python = tmp_path / "python"
     python.write_text(
         "#!/bin/bash\n"
-        "if [ \"$1\" = -c ] && [[ \"$2\" == *cmake_prefix_path* ]]; then\n"
+        'if [ "$1" = -c ] && [[ "$2" == *cmake_prefix_path* ]]; then\n'
         f"  exec {sys.executable} -c \"import torch.version; torch.version.cuda = '13.0'\n$2\"\n"
         "fi\n"
-        f"exec {sys.executable} \"$@\"\n"
+        f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
@@ -280,7 +304,9 @@ def test_each_cpu_capability_selected_and_correct(capability, tmp_path):
     for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         x = torch.randn(100003, dtype=dt)
         every_7th = x[::7]
-        every_7th.copy_(specials.to(dt).repeat(every_7th.numel() // len(specials) + 1)[: every_7th.numel()])
+        every_7th.copy_(
+            specials.to(dt).repeat(every_7th.numel() // len(specials) + 1)[: every_7th.numel()]
+        )
         cases[str(dt)] = (x, torch.randn(100003, dtype=dt))
     torch.save(cases, tmp_path / "cases.pt")
     code = (
@@ -357,4 +383,6 @@ def test_installed_library_finds_torch_and_its_openmp_runtime():
     resolved = dict(re.findall(r"^\s*(\S+) => (\S+)", result.stdout, flags=re.M))
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     for name in ("libtorch_cpu.so", "libc10.so", "libgomp.so.1"):
-        assert os.path.realpath(resolved[name]) == os.path.realpath(os.path.join(torch_lib, name)), result.stdout
+        assert os.path.realpath(resolved[name]) == os.path.realpath(
+            os.path.join(torch_lib, name)
+        ), result.stdout

@@ -40,7 +40,9 @@ def make_x(shape, dtype, layout, device="cpu", grad=False):
     elif layout == "channel_last":
         x = torch.randn(batch, seqlen, dim, dtype=dtype, device=device).transpose(1, 2)
     elif layout == "channel_last_strided":
-        x = torch.randn(batch, seqlen, dim + 3, dtype=dtype, device=device)[..., 1:dim + 1].transpose(1, 2)
+        x = torch.randn(batch, seqlen, dim + 3, dtype=dtype, device=device)[
+            ..., 1 : dim + 1
+        ].transpose(1, 2)
     else:
         x = torch.randn(batch, dim, 2 * seqlen, dtype=dtype, device=device)[..., ::2]
     return x.requires_grad_(grad)
@@ -68,12 +70,20 @@ def test_forward_and_backward_match_float64_reference(device, dtype, layout, wid
             batch, dim, seqlen = shape
             x = make_x(shape, dtype, layout, device, grad=True)
             w = (0.5 * torch.randn(dim, width, dtype=dtype, device=device)).requires_grad_()
-            b = torch.randn(dim, dtype=dtype, device=device, requires_grad=True) if bias_on else None
-            init = (torch.randn(batch, dim, width - 1, dtype=dtype, device=device, requires_grad=True)
-                    if init_on else None)
+            b = (
+                torch.randn(dim, dtype=dtype, device=device, requires_grad=True)
+                if bias_on
+                else None
+            )
+            init = (
+                torch.randn(batch, dim, width - 1, dtype=dtype, device=device, requires_grad=True)
+                if init_on
+                else None
+            )
             out, final = fuseops.causal_conv1d(x, w, b, init, True, activation)
             want_out, want_final = reference.causal_conv1d(
-                double(x), double(w), double(b), double(init), True, activation)
+                double(x), double(w), double(b), double(init), True, activation
+            )
             assert_close(out, want_out, dtype)
             assert_close(final, want_final, dtype)
             if layout.startswith("channel_last"):
@@ -85,8 +95,13 @@ def test_forward_and_backward_match_float64_reference(device, dtype, layout, wid
             got = torch.autograd.grad((out, final), leaves, (dy, dfinal))
             wide = [double(t) for t in (x, w, b, init) if t is not None]
             want_out, want_final = reference.causal_conv1d(
-                wide[0], wide[1], wide[2] if bias_on else None, wide[-1] if init_on else None, True,
-                activation)
+                wide[0],
+                wide[1],
+                wide[2] if bias_on else None,
+                wide[-1] if init_on else None,
+                True,
+                activation,
+            )
             want = torch.autograd.grad((want_out, want_final), wide, (dy.double(), dfinal.double()))
             rows = batch * seqlen
             for name, g, ref in zip(["x", "weight", "bias", "initial_states"], got, want):
@@ -116,9 +131,11 @@ def test_gradcheck_float64(device):
             init = torch.randn(2, 3, 3, dtype=torch.float64, device=device, requires_grad=True)
             for activation in (None, "silu"):
                 assert torch.autograd.gradcheck(
-                    lambda *a: fuseops.causal_conv1d(*a, True, activation), (x, w, b, init))
+                    lambda *a: fuseops.causal_conv1d(*a, True, activation), (x, w, b, init)
+                )
                 assert torch.autograd.gradcheck(
-                    lambda *a: fuseops.causal_conv1d(*a, activation=activation), (x, w, b))
+                    lambda *a: fuseops.causal_conv1d(*a, activation=activation), (x, w, b)
+                )
 
 
 def test_update_matches_the_full_convolution_token_by_token(device):
@@ -129,15 +146,22 @@ def test_update_matches_the_full_convolution_token_by_token(device):
                 x = torch.randn(batch, dim, seqlen, dtype=dtype, device=device)
                 w = torch.randn(dim, width, dtype=dtype, device=device)
                 b = torch.randn(dim, dtype=dtype, device=device)
-                full = reference.causal_conv1d(x.double(), w.double(), b.double(), activation="silu")
+                full = reference.causal_conv1d(
+                    x.double(), w.double(), b.double(), activation="silu"
+                )
                 state = torch.zeros(batch, dim, state_len, dtype=dtype, device=device)
-                steps = [fuseops.causal_conv1d_update(x[..., t], state, w, b, "silu") for t in range(seqlen)]
+                steps = [
+                    fuseops.causal_conv1d_update(x[..., t], state, w, b, "silu")
+                    for t in range(seqlen)
+                ]
                 assert_close(torch.stack(steps, -1), full, dtype)
-                assert torch.equal(state, x[..., seqlen - state_len:])
+                assert torch.equal(state, x[..., seqlen - state_len :])
                 # Continuing from final states: the decode after a prefill.
                 prefix = 5
                 _, final = fuseops.causal_conv1d(x[..., :prefix], w, b, None, True, "silu")
-                rest = fuseops.causal_conv1d_update(x[..., prefix:], final.contiguous(), w, b, "silu")
+                rest = fuseops.causal_conv1d_update(
+                    x[..., prefix:], final.contiguous(), w, b, "silu"
+                )
                 assert_close(rest, full[..., prefix:], dtype)
 
 
@@ -155,11 +179,15 @@ def test_update_reference_semantics_and_strided_state(device):
 def test_update_bumps_the_version_and_refuses_recorded_grad(device):
     state = torch.zeros(1, 4, 3, device=device)
     version = state._version
-    fuseops.causal_conv1d_update(torch.randn(1, 4, device=device), state, torch.randn(4, 4, device=device))
+    fuseops.causal_conv1d_update(
+        torch.randn(1, 4, device=device), state, torch.randn(4, 4, device=device)
+    )
     assert state._version > version
     w = torch.randn(4, 4, device=device, requires_grad=True)
-    expect_error_mentions(lambda: fuseops.causal_conv1d_update(torch.randn(1, 4, device=device), state, w),
-                          ["fuseops::causal_conv1d_update", "not differentiable"])
+    expect_error_mentions(
+        lambda: fuseops.causal_conv1d_update(torch.randn(1, 4, device=device), state, w),
+        ["fuseops::causal_conv1d_update", "not differentiable"],
+    )
     with torch.no_grad():
         fuseops.causal_conv1d_update(torch.randn(1, 4, device=device), state, w)
     with torch.inference_mode():
@@ -177,7 +205,9 @@ def test_empty_inputs(device):
         torch.testing.assert_close(final, torch.cat([init, x], -1)[..., -3:])
         (out.sum() + final.sum()).backward()
         assert torch.equal(w.grad, torch.zeros_like(w))
-        assert torch.equal(init.grad, torch.ones_like(init) if shape[2] == 0 else torch.zeros_like(init))
+        assert torch.equal(
+            init.grad, torch.ones_like(init) if shape[2] == 0 else torch.zeros_like(init)
+        )
 
 
 def test_out_overlapping_input_is_computed(device):
@@ -203,7 +233,10 @@ def test_module(device):
     want = torch.nn.functional.silu(plain(x)[..., :10])
     torch.testing.assert_close(out, want)
     init = torch.randn(2, 6, 3, dtype=torch.float64, device=device)
-    torch.testing.assert_close(module(x, init), reference.causal_conv1d(x, module.weight.squeeze(1), module.bias, init, activation="silu"))
+    torch.testing.assert_close(
+        module(x, init),
+        reference.causal_conv1d(x, module.weight.squeeze(1), module.bias, init, activation="silu"),
+    )
     out.sum().backward()
     assert module.weight.grad.shape == (6, 1, 4)
     with pytest.raises(ValueError, match="CausalConv1d: activation"):
@@ -214,28 +247,50 @@ def test_bad_inputs(device):
     x = torch.randn(2, 4, 8, device=device)
     w = torch.randn(4, 4, device=device)
     cases = [
-        (lambda: fuseops.causal_conv1d(x, torch.randn(4, 5, device=device)),
-         ["fuseops::causal_conv1d", "'weight'", "2, 3 or 4", "got 5"]),
-        (lambda: fuseops.causal_conv1d(x, w, activation="gelu"),
-         ["fuseops::causal_conv1d", "'activation'", "'gelu'"]),
-        (lambda: fuseops.causal_conv1d(x, w.double()),
-         ["fuseops::causal_conv1d", "'weight'", "dtype"]),
+        (
+            lambda: fuseops.causal_conv1d(x, torch.randn(4, 5, device=device)),
+            ["fuseops::causal_conv1d", "'weight'", "2, 3 or 4", "got 5"],
+        ),
+        (
+            lambda: fuseops.causal_conv1d(x, w, activation="gelu"),
+            ["fuseops::causal_conv1d", "'activation'", "'gelu'"],
+        ),
+        (
+            lambda: fuseops.causal_conv1d(x, w.double()),
+            ["fuseops::causal_conv1d", "'weight'", "dtype"],
+        ),
         (lambda: fuseops.causal_conv1d(x[0], w), ["fuseops::causal_conv1d", "'x'", "3 dimensions"]),
-        (lambda: fuseops.causal_conv1d(x, w, None, torch.randn(2, 4, 4, device=device)),
-         ["fuseops::causal_conv1d", "'initial_states'", "(2, 4, 3)"]),
-        (lambda: fuseops.causal_conv1d_backward(x[..., :3], x, w, None, None, None, None),
-         ["fuseops::causal_conv1d_backward", "'grad_output'", "shape"]),
-        (lambda: fuseops.causal_conv1d_update(x, torch.zeros(2, 4, 2, device=device), w),
-         ["fuseops::causal_conv1d_update", "'conv_state'", "state_len"]),
-        (lambda: fuseops.causal_conv1d_update(x[..., 0], torch.zeros(2, 4, 3, device=device).double(), w),
-         ["fuseops::causal_conv1d_update", "'conv_state'", "dtype"]),
+        (
+            lambda: fuseops.causal_conv1d(x, w, None, torch.randn(2, 4, 4, device=device)),
+            ["fuseops::causal_conv1d", "'initial_states'", "(2, 4, 3)"],
+        ),
+        (
+            lambda: fuseops.causal_conv1d_backward(x[..., :3], x, w, None, None, None, None),
+            ["fuseops::causal_conv1d_backward", "'grad_output'", "shape"],
+        ),
+        (
+            lambda: fuseops.causal_conv1d_update(x, torch.zeros(2, 4, 2, device=device), w),
+            ["fuseops::causal_conv1d_update", "'conv_state'", "state_len"],
+        ),
+        (
+            lambda: fuseops.causal_conv1d_update(
+                x[..., 0], torch.zeros(2, 4, 3, device=device).double(), w
+            ),
+            ["fuseops::causal_conv1d_update", "'conv_state'", "dtype"],
+        ),
     ]
     for call, fragments in cases:
         expect_error_mentions(call, fragments)
     with pytest.raises(ValueError, match="fuseops.causal_conv1d: out= .* return_final_states"):
         fuseops.causal_conv1d(x, w, None, None, True, None, out=torch.empty_like(x))
     buf = torch.zeros(2, 4, 6, device=device)
-    expect_error_mentions(lambda: fuseops.causal_conv1d_update(buf[..., 5], buf[..., :3], w),
-                          ["fuseops::causal_conv1d_update", "'x'", "'conv_state'", "shares memory"])
-    expect_error_mentions(lambda: fuseops.causal_conv1d_update(x[..., 0], torch.zeros(2, 4, 1, device=device).expand(2, 4, 3), w),
-                          ["fuseops::causal_conv1d_update", "'conv_state'"])
+    expect_error_mentions(
+        lambda: fuseops.causal_conv1d_update(buf[..., 5], buf[..., :3], w),
+        ["fuseops::causal_conv1d_update", "'x'", "'conv_state'", "shares memory"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.causal_conv1d_update(
+            x[..., 0], torch.zeros(2, 4, 1, device=device).expand(2, 4, 3), w
+        ),
+        ["fuseops::causal_conv1d_update", "'conv_state'"],
+    )

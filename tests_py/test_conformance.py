@@ -96,8 +96,10 @@ def tensor_call(sample, public_args):
     # An op that writes into an input that is not an out= tensor
     # (cross_entropy_inplace) gets copies, so that calling it twice on the
     # same tensors gives the same results.
-    mutates = any(a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
-                  for a in sample.op._schema.arguments)
+    mutates = any(
+        a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
+        for a in sample.op._schema.arguments
+    )
 
     def call(*tensors):
         if mutates:
@@ -216,7 +218,9 @@ def test_out_semantics(sample):
 
     returned = sample_run.as_tuple(sample.wrapper(*public_args, **kwargs))
     assert len(returned) == len(kwargs)
-    assert all(r is o for r, o in zip(returned, kwargs.values())), "the wrapper returns its out= tensors"
+    assert all(r is o for r, o in zip(returned, kwargs.values())), (
+        "the wrapper returns its out= tensors"
+    )
     assert_identical(returned, expected)
 
     strided = {name: strided_like(t) for name, t in kwargs.items()}
@@ -259,7 +263,8 @@ def test_torch_compile_fullgraph_forward(sample):
 
 
 @pytest.mark.parametrize(
-    "sample", _params(lambda s: needs_grad(s) and not is_out(s) and not is_backward_op(s), first_per_op=True)
+    "sample",
+    _params(lambda s: needs_grad(s) and not is_out(s) and not is_backward_op(s), first_per_op=True),
 )
 def test_torch_compile_fullgraph_backward(sample):
     torch._dynamo.reset()
@@ -270,7 +275,9 @@ def test_torch_compile_fullgraph_backward(sample):
     def grads(fn):
         outs = [o for o in sample_run.as_tuple(fn(*tensors)) if o.requires_grad]
         generator = torch.Generator(outs[0].device).manual_seed(0)
-        upstream = [torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device) for o in outs]
+        upstream = [
+            torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device) for o in outs
+        ]
         return torch.autograd.grad(outs, leaves, upstream, allow_unused=True)
 
     # aot_eager traces the joint forward and backward graph as Inductor does,
@@ -292,7 +299,9 @@ def test_torch_export_keeps_the_op(sample):
     exported = torch.export.export(Module(), tensors)
     targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
     assert str(sample.op) in targets, targets
-    assert_identical(sample_run.as_tuple(exported.module()(*tensors)), sample_run.as_tuple(call(*tensors)))
+    assert_identical(
+        sample_run.as_tuple(exported.module()(*tensors)), sample_run.as_tuple(call(*tensors))
+    )
 
 
 @pytest.mark.parametrize("sample", _params(lambda s: not is_out(s), first_per_op=True))
@@ -308,7 +317,8 @@ def test_jit_trace_records_the_op(sample):
 
 
 @pytest.mark.parametrize(
-    "sample", _params(lambda s: needs_grad(s) and not is_out(s) and not is_backward_op(s), first_per_op=True)
+    "sample",
+    _params(lambda s: needs_grad(s) and not is_out(s) and not is_backward_op(s), first_per_op=True),
 )
 def test_profiler_names_the_op_forward_and_backward(sample):
     _, _, public_args = fresh(sample)
@@ -328,7 +338,12 @@ def test_profiler_names_the_op_forward_and_backward(sample):
 #: to a few units of float32/float64 rounding of the largest value, and to
 #: one rounding step of bfloat16 (2^-7 relative) / float16 (2^-10) where such
 #: a difference flips the final rounding. Relative to max(1, max|value|).
-AGREEMENT = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+AGREEMENT = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.bfloat16: 2**-7,
+    torch.float16: 2**-10,
+}
 
 #: Against the float64 reference rounded to the dtype (large samples): the
 #: tolerances of the op files' numerics. float32/float64 accumulate in their
@@ -342,9 +357,15 @@ REFERENCE = {torch.float64: 1e-5, torch.float32: 1e-5, torch.bfloat16: 2e-2, tor
 
 def assert_within(got, want, tolerance, sample, terms=1):
     tol = tolerance.get(want.dtype, 0.0)
-    scale = max(1.0, want.abs().nan_to_num(posinf=0, neginf=0).max().item()) if want.numel() else 1.0
+    scale = (
+        max(1.0, want.abs().nan_to_num(posinf=0, neginf=0).max().item()) if want.numel() else 1.0
+    )
     torch.testing.assert_close(
-        got, want, rtol=tol, atol=tol * scale * math.sqrt(terms), equal_nan=True,
+        got,
+        want,
+        rtol=tol,
+        atol=tol * scale * math.sqrt(terms),
+        equal_nan=True,
         msg=lambda m: f"{sample}: {m}",
     )
 
@@ -360,10 +381,14 @@ def float64_reference(sample, results, grad_outputs):
         for a in public_args
     ]
     outs = sample_run.as_tuple(getattr(fuseops.reference, sample.name)(*wide))
-    leaves = [(w, a) for w, a in zip(wide, public_args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    leaves = [
+        (w, a) for w, a in zip(wide, public_args) if isinstance(a, torch.Tensor) and a.requires_grad
+    ]
     grads = ()
     if leaves:
-        grads = torch.autograd.grad(outs, [w for w, _ in leaves], [g.double() for g in grad_outputs])
+        grads = torch.autograd.grad(
+            outs, [w for w, _ in leaves], [g.double() for g in grad_outputs]
+        )
     largest = max(o.numel() for o in outs)
     wanted = [o.detach() for o in outs] + list(grads)
     terms = [1] * len(outs) + [largest / max(1, a.numel()) for _, a in leaves]
@@ -383,7 +408,9 @@ def cpu_calls(tmp_path_factory):
         results, grad_outputs = sample_run.run(sample.op, args, kwargs)
         calls.append((sample.name, sample.overload, *saved, grad_outputs))
         finite = all(a.isfinite().all() for a in args if isinstance(a, torch.Tensor))
-        reference = float64_reference(sample, results, grad_outputs) if sample.large and finite else None
+        reference = (
+            float64_reference(sample, results, grad_outputs) if sample.large and finite else None
+        )
         expected.append((sample, results, reference))
     path = tmp_path_factory.mktemp("cpu_builds") / "calls.pt"
     torch.save(calls, path)

@@ -50,12 +50,17 @@ def assert_close(got, want, dtype, floor_terms=1.0):
     tol = TOLERANCE[dtype]
     want_d = want.to(dtype).double() if dtype in (torch.bfloat16, torch.float16) else want
     scale = max(1.0, want.abs().nan_to_num(0).max().item()) if want.numel() else 1.0
-    torch.testing.assert_close(got.double(), want_d, rtol=tol,
-                               atol=tol * scale * math.sqrt(floor_terms) * 0.1, equal_nan=True)
+    torch.testing.assert_close(
+        got.double(),
+        want_d,
+        rtol=tol,
+        atol=tol * scale * math.sqrt(floor_terms) * 0.1,
+        equal_nan=True,
+    )
 
 
 def make_case(shape, vocab, dtype, device, ignore=True, layout="contiguous"):
-    full = (torch.randn(*shape, vocab, dtype=torch.float64, device=device) * 3)
+    full = torch.randn(*shape, vocab, dtype=torch.float64, device=device) * 3
     if layout == "transposed" and len(shape) == 1:
         logits = full.t().contiguous().t()
     elif layout == "sliced":
@@ -77,14 +82,26 @@ def float64_loss_and_grad(logits, target, grad_output, **options):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("options", OPTIONS)
-@pytest.mark.parametrize("shape,vocab,layout", [((1,), 1, "contiguous"), ((7,), 33, "transposed"),
-                                                 ((37,), 1000, "contiguous"), ((2, 3), 4099, "sliced")])
+@pytest.mark.parametrize(
+    "shape,vocab,layout",
+    [
+        ((1,), 1, "contiguous"),
+        ((7,), 33, "transposed"),
+        ((37,), 1000, "contiguous"),
+        ((2, 3), 4099, "sliced"),
+    ],
+)
 def test_matches_float64(device, dtype, options, shape, vocab, layout):
     reduction, with_weight, smoothing, z_loss, softcap = options
     logits, target = make_case(shape, vocab, dtype, device, layout=layout)
     weight = (torch.rand(vocab, device=device) + 0.5) if with_weight else None
-    kwargs = dict(weight=weight, reduction=reduction, label_smoothing=smoothing, z_loss=z_loss,
-                  softcap=softcap)
+    kwargs = dict(
+        weight=weight,
+        reduction=reduction,
+        label_smoothing=smoothing,
+        z_loss=z_loss,
+        softcap=softcap,
+    )
     x = logits.detach().requires_grad_()
     loss = fuseops.cross_entropy(x, target, **kwargs)
     grad_output = torch.randn(loss.shape, device=device, dtype=loss.dtype)
@@ -99,11 +116,19 @@ def test_matches_float64(device, dtype, options, shape, vocab, layout):
 def test_matches_torch_cross_entropy(dtype):
     logits, target = make_case((64,), 500, dtype, "cpu")
     weight = torch.rand(500) + 0.5
-    for kwargs in [{}, {"weight": weight}, {"label_smoothing": 0.1, "weight": weight},
-                   {"reduction": "sum"}, {"reduction": "none"}]:
+    for kwargs in [
+        {},
+        {"weight": weight},
+        {"label_smoothing": 0.1, "weight": weight},
+        {"reduction": "sum"},
+        {"reduction": "none"},
+    ]:
         got = fuseops.cross_entropy(logits, target, **kwargs)
-        want = F.cross_entropy(logits.double(), target, **{
-            k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+        want = F.cross_entropy(
+            logits.double(),
+            target,
+            **{k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()},
+        )
         assert_close(got, want, dtype)
 
 
@@ -126,10 +151,14 @@ def test_int32_targets_custom_ignore_index_and_empty(device):
     assert_close(got, want, torch.float32)
     empty = torch.randn(0, 11, device=device, requires_grad=True)
     for reduction, expected in [("sum", 0.0), ("none", None)]:
-        out = fuseops.cross_entropy(empty, torch.zeros(0, dtype=torch.long, device=device), reduction=reduction)
+        out = fuseops.cross_entropy(
+            empty, torch.zeros(0, dtype=torch.long, device=device), reduction=reduction
+        )
         if expected is not None:
             assert out.item() == expected
-    assert torch.isnan(fuseops.cross_entropy(empty, torch.zeros(0, dtype=torch.long, device=device)))
+    assert torch.isnan(
+        fuseops.cross_entropy(empty, torch.zeros(0, dtype=torch.long, device=device))
+    )
 
 
 def test_masked_classes_at_minus_inf_and_large_logits(device):
@@ -142,7 +171,9 @@ def test_masked_classes_at_minus_inf_and_large_logits(device):
     x = logits.clone().requires_grad_()
     loss = fuseops.cross_entropy(x, target, reduction="sum")
     loss.backward()
-    want_loss, want_grad = float64_loss_and_grad(logits, target, torch.ones((), device=device), reduction="sum")
+    want_loss, want_grad = float64_loss_and_grad(
+        logits, target, torch.ones((), device=device), reduction="sum"
+    )
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
     assert_close(loss, want_loss, torch.float32)
     assert_close(x.grad, want_grad, torch.float32)
@@ -168,7 +199,11 @@ def test_gradcheck_float64(options):
     weight = torch.rand(7, dtype=torch.float64) + 0.5 if with_weight else None
     x = logits.requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda t: fuseops.cross_entropy(t, target, weight, reduction, -100, smoothing, z_loss, softcap), (x,))
+        lambda t: fuseops.cross_entropy(
+            t, target, weight, reduction, -100, smoothing, z_loss, softcap
+        ),
+        (x,),
+    )
 
 
 def test_forward_statistics_feed_backward():
@@ -179,7 +214,9 @@ def test_forward_statistics_feed_backward():
     assert (lse[~valid] == 0).all()
     assert total.item() == valid.sum().item() and total.dtype == torch.float32
     g = torch.tensor(2.0)
-    grad = fuseops.cross_entropy_backward(g, logits, target, None, lse, total, "mean", -100, 0.0, 0.0, None)
+    grad = fuseops.cross_entropy_backward(
+        g, logits, target, None, lse, total, "mean", -100, 0.0, 0.0, None
+    )
     _, want = float64_loss_and_grad(logits, target, g)
     assert_close(grad, want, torch.float32)
 
@@ -189,12 +226,18 @@ def test_forward_statistics_feed_backward():
 def test_inplace_backward_variant(device, dtype, reduction):
     logits, target = make_case((33,), 257, dtype, device)
     want_loss, want_grad = float64_loss_and_grad(
-        logits, target, torch.full((33,) if reduction == "none" else (), 0.5, device=device),
-        reduction=reduction, label_smoothing=0.1)
+        logits,
+        target,
+        torch.full((33,) if reduction == "none" else (), 0.5, device=device),
+        reduction=reduction,
+        label_smoothing=0.1,
+    )
     leaf = torch.zeros_like(logits, requires_grad=True)
     buffer = leaf + logits  # an activation, as an LM head's logits are
     storage = buffer.data_ptr()
-    loss = fuseops.cross_entropy(buffer, target, reduction=reduction, label_smoothing=0.1, inplace_backward=True)
+    loss = fuseops.cross_entropy(
+        buffer, target, reduction=reduction, label_smoothing=0.1, inplace_backward=True
+    )
     assert_close(loss, want_loss, dtype)
     # The buffer now holds the gradient of the (unscaled) loss.
     assert not torch.equal(buffer, leaf.detach() + logits)
@@ -220,32 +263,60 @@ def test_inplace_backward_non_contiguous_logits():
 def test_bad_inputs_are_clear_errors():
     logits = torch.randn(4, 10)
     good = torch.tensor([1, 2, 3, 4])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, torch.tensor([1, 10, 0, 0])),
-                          ["fuseops::cross_entropy", "target", "10", "[0, 10)"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, torch.tensor([1, -1, 0, 0])),
-                          ["fuseops::cross_entropy", "target", "-1"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, torch.rand(4, 10)),
-                          ["fuseops::cross_entropy", "target", "int64"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good[:3]),
-                          ["fuseops::cross_entropy", "target", "[4]", "[3]"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits.int(), good),
-                          ["fuseops::cross_entropy", "logits", "Int"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, reduction="avg"),
-                          ["fuseops::cross_entropy", "reduction", "avg"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, torch.ones(3)),
-                          ["fuseops::cross_entropy", "weight", "[10]"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, label_smoothing=-0.1),
-                          ["fuseops::cross_entropy", "label_smoothing"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, softcap=0.0),
-                          ["fuseops::cross_entropy", "softcap"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, good, z_loss=-1.0),
-                          ["fuseops::cross_entropy", "z_loss"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits.requires_grad_(), good, torch.ones(10, requires_grad=True)),
-                          ["fuseops::cross_entropy", "weight", "not differentiable"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(torch.randn(4, 1).expand(4, 10), good, inplace_backward=True),
-                          ["fuseops::cross_entropy_inplace", "logits", "overlap"])
-    expect_error_mentions(lambda: fuseops.cross_entropy(torch.randn(()), torch.tensor(0)),
-                          ["fuseops::cross_entropy", "logits", "0-dimensional"])
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, torch.tensor([1, 10, 0, 0])),
+        ["fuseops::cross_entropy", "target", "10", "[0, 10)"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, torch.tensor([1, -1, 0, 0])),
+        ["fuseops::cross_entropy", "target", "-1"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, torch.rand(4, 10)),
+        ["fuseops::cross_entropy", "target", "int64"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, good[:3]),
+        ["fuseops::cross_entropy", "target", "[4]", "[3]"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits.int(), good),
+        ["fuseops::cross_entropy", "logits", "Int"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, good, reduction="avg"),
+        ["fuseops::cross_entropy", "reduction", "avg"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, good, torch.ones(3)),
+        ["fuseops::cross_entropy", "weight", "[10]"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, good, label_smoothing=-0.1),
+        ["fuseops::cross_entropy", "label_smoothing"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, good, softcap=0.0),
+        ["fuseops::cross_entropy", "softcap"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, good, z_loss=-1.0),
+        ["fuseops::cross_entropy", "z_loss"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(
+            logits.requires_grad_(), good, torch.ones(10, requires_grad=True)
+        ),
+        ["fuseops::cross_entropy", "weight", "not differentiable"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(torch.randn(4, 1).expand(4, 10), good, inplace_backward=True),
+        ["fuseops::cross_entropy_inplace", "logits", "overlap"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(torch.randn(()), torch.tensor(0)),
+        ["fuseops::cross_entropy", "logits", "0-dimensional"],
+    )
 
 
 def test_backward_op_has_no_derivative():
@@ -254,7 +325,8 @@ def test_backward_op_has_no_derivative():
     g = torch.ones((), dtype=torch.float64, requires_grad=True)
     expect_error_mentions(
         lambda: fuseops.cross_entropy_backward(g, logits, target, None, lse, total),
-        ["fuseops::cross_entropy_backward", "not differentiable"])
+        ["fuseops::cross_entropy_backward", "not differentiable"],
+    )
 
 
 @pytest.mark.slow
@@ -263,7 +335,9 @@ def test_compile_fullgraph_forward_and_backward():
     weight = torch.rand(50) + 0.5
 
     def fn(x):
-        return fuseops.cross_entropy(x * 1.5, target, weight, label_smoothing=0.1, z_loss=1e-3, softcap=4.0)
+        return fuseops.cross_entropy(
+            x * 1.5, target, weight, label_smoothing=0.1, z_loss=1e-3, softcap=4.0
+        )
 
     compiled = torch.compile(fn, fullgraph=True)
     x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
@@ -344,17 +418,31 @@ def test_linear_cross_entropy_accuracy_report():
 
 
 def test_linear_cross_entropy_errors_and_single_backward():
-    x, w, target = torch.randn(5, 4, requires_grad=True), torch.randn(9, 4, requires_grad=True), torch.randint(0, 9, (5,))
-    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, target, reduction="none"),
-                          ["fuseops::linear_cross_entropy", "reduction", "none"])
-    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, target, normalizer=2.0),
-                          ["fuseops::linear_cross_entropy", "normalizer"])
-    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w[:, :3], target),
-                          ["fuseops::linear_cross_entropy", "weight", "[V, 4]"])
-    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, target, torch.randn(8)),
-                          ["fuseops::linear_cross_entropy", "bias", "[9]"])
-    expect_error_mentions(lambda: fuseops.linear_cross_entropy(x, w, torch.tensor([0, 1, 2, 3, 9])),
-                          ["fuseops::linear_cross_entropy", "target", "9"])
+    x, w, target = (
+        torch.randn(5, 4, requires_grad=True),
+        torch.randn(9, 4, requires_grad=True),
+        torch.randint(0, 9, (5,)),
+    )
+    expect_error_mentions(
+        lambda: fuseops.linear_cross_entropy(x, w, target, reduction="none"),
+        ["fuseops::linear_cross_entropy", "reduction", "none"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.linear_cross_entropy(x, w, target, normalizer=2.0),
+        ["fuseops::linear_cross_entropy", "normalizer"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.linear_cross_entropy(x, w[:, :3], target),
+        ["fuseops::linear_cross_entropy", "weight", "[V, 4]"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.linear_cross_entropy(x, w, target, torch.randn(8)),
+        ["fuseops::linear_cross_entropy", "bias", "[9]"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.linear_cross_entropy(x, w, torch.tensor([0, 1, 2, 3, 9])),
+        ["fuseops::linear_cross_entropy", "target", "9"],
+    )
     loss = fuseops.linear_cross_entropy(x, w, target)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="only once"):
@@ -387,8 +475,11 @@ def test_cross_entropy_loss_module_matches_torch():
     theirs = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=3, label_smoothing=0.1)
     logits, target = make_case((30,), 20, torch.float32, "cpu", ignore=False)
     torch.testing.assert_close(ours(logits, target), theirs(logits, target))
-    assert fuseops.nn.CrossEntropyLoss(z_loss=1e-3, softcap=3.0)(logits, target).item() == pytest.approx(
-        reference.cross_entropy(logits.double(), target, z_loss=1e-3, softcap=3.0).item(), rel=1e-5)
+    assert fuseops.nn.CrossEntropyLoss(z_loss=1e-3, softcap=3.0)(
+        logits, target
+    ).item() == pytest.approx(
+        reference.cross_entropy(logits.double(), target, z_loss=1e-3, softcap=3.0).item(), rel=1e-5
+    )
 
 
 def test_linear_cross_entropy_loss_module():
@@ -454,12 +545,17 @@ def test_no_second_derivatives():
     x = logits.clone().requires_grad_()
     expect_error_mentions(
         lambda: torch.autograd.grad(fuseops.cross_entropy(x, target), x, create_graph=True),
-        ["fuseops::cross_entropy_backward", "not differentiable"])
+        ["fuseops::cross_entropy_backward", "not differentiable"],
+    )
     y = x * 1.0
     expect_error_mentions(
         lambda: torch.autograd.grad(fuseops.cross_entropy_inplace(y, target), x, create_graph=True),
-        ["fuseops::cross_entropy_inplace", "create_graph"])
+        ["fuseops::cross_entropy_inplace", "create_graph"],
+    )
     h, w = torch.randn(5, 3, requires_grad=True), torch.randn(8, 3, requires_grad=True)
     expect_error_mentions(
-        lambda: torch.autograd.grad(fuseops.linear_cross_entropy(h, w, target), h, create_graph=True),
-        ["fuseops::linear_cross_entropy", "create_graph"])
+        lambda: torch.autograd.grad(
+            fuseops.linear_cross_entropy(h, w, target), h, create_graph=True
+        ),
+        ["fuseops::linear_cross_entropy", "create_graph"],
+    )

@@ -39,13 +39,16 @@ def test_every_launch_names_the_current_stream(path):
         # Either the file takes PyTorch's current stream, or its launcher is
         # handed one (a shared header: its callers take the current stream).
         assert "getCurrentCUDAStream" in text or "cudaStream_t stream" in text, (
-            f"{path.name} launches kernels on a stream it does not take from PyTorch")
+            f"{path.name} launches kernels on a stream it does not take from PyTorch"
+        )
 
 
 CUDA_CALLS = [s for s in SAMPLES.get("cuda", []) if not s.kwargs]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the kernels are compiled, not run")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: the kernels are compiled, not run"
+)
 @pytest.mark.parametrize("sample", CUDA_CALLS, ids=repr)
 def test_side_stream_with_inputs_written_there(sample):
     # Two copies of the inputs: ops that write into an input

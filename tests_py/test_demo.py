@@ -14,8 +14,7 @@ import fuseops
 from fuseops import demo
 from fuseops.__main__ import main
 
-TINY = dict(steps=4, d_model=32, n_layers=1, n_heads=2, seq_len=16, batch_size=4,
-            progress=False)
+TINY = dict(steps=4, d_model=32, n_layers=1, n_heads=2, seq_len=16, batch_size=4, progress=False)
 
 
 def test_two_runs_agree_for_a_few_steps():
@@ -26,8 +25,9 @@ def test_two_runs_agree_for_a_few_steps():
     # which over 4 steps of a 1-layer model moves the loss by far less than 1e-4.
     assert summary["loss_max_abs_diff"] < 1e-4
     # It learns: character-level loss starts near log(vocab) and goes down.
-    assert plain["losses"][0] == pytest.approx(torch.log(torch.tensor(
-        float(summary["data"]["vocab_size"]))).item(), rel=0.2)
+    assert plain["losses"][0] == pytest.approx(
+        torch.log(torch.tensor(float(summary["data"]["vocab_size"]))).item(), rel=0.2
+    )
     assert plain["losses"][-1] < plain["losses"][0]
     assert plain["peak_step_bytes"] > 0 and with_fuseops["peak_step_bytes"] > 0
 
@@ -45,9 +45,17 @@ def test_fuseops_modules_replace_the_norms_and_mlps_it_has():
     model = copy.deepcopy(plain)
     replaced = demo.use_fuseops(model)
     assert {r["name"] for r in replaced} == {
-        "norm", "loss", "blocks.0.attn_norm", "blocks.0.attn.rotary", "blocks.0.mlp",
-        "blocks.0.mlp_norm", "blocks.1.attn_norm", "blocks.1.attn.rotary", "blocks.1.mlp",
-        "blocks.1.mlp_norm"}
+        "norm",
+        "loss",
+        "blocks.0.attn_norm",
+        "blocks.0.attn.rotary",
+        "blocks.0.mlp",
+        "blocks.0.mlp_norm",
+        "blocks.1.attn_norm",
+        "blocks.1.attn.rotary",
+        "blocks.1.mlp",
+        "blocks.1.mlp_norm",
+    }
     assert [r for r in replaced if r["name"].endswith(".mlp")] == [
         {"name": f"blocks.{i}.mlp", "old": "SwiGLUMLP", "new": "fuseops.nn.SwiGLU"}
         for i in range(2)
@@ -86,7 +94,11 @@ def test_report_says_when_nothing_was_replaced(monkeypatch):
     summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}))
     assert summary["replaced"] == []
     assert {k["type"] for k in summary["not_replaced"]} == {
-        "RMSNorm", "SwiGLUMLP", "TorchRotaryEmbedding", "TorchLinearCrossEntropyLoss"}
+        "RMSNorm",
+        "SwiGLUMLP",
+        "TorchRotaryEmbedding",
+        "TorchLinearCrossEntropyLoss",
+    }
     assert summary["loss_max_abs_diff"] == 0.0  # the very same computation
     text = demo.report(summary)
     assert "fuseops replaced NOTHING" in text
@@ -94,9 +106,29 @@ def test_report_says_when_nothing_was_replaced(monkeypatch):
 
 
 def test_cli_writes_summary_and_plot(tmp_path, capsys):
-    assert main(["demo", "--steps", "3", "--d-model", "32", "--layers", "1", "--heads", "2",
-                 "--seq-len", "16", "--batch-size", "2", "--no-progress",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--steps",
+                "3",
+                "--d-model",
+                "32",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--seq-len",
+                "16",
+                "--batch-size",
+                "2",
+                "--no-progress",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "loss curves torch.nn vs fuseops: max |difference|" in printed
     summary = json.loads((tmp_path / "demo.json").read_text())
@@ -116,10 +148,33 @@ def test_cli_tune_memory_is_applied_and_reported(tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "fuseops", "demo", "--steps", "3", "--d-model", "32",
-         "--layers", "1", "--heads", "2", "--seq-len", "16", "--batch-size", "2",
-         "--no-progress", "--no-plot", "--tune-memory", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "fuseops",
+            "demo",
+            "--steps",
+            "3",
+            "--d-model",
+            "32",
+            "--layers",
+            "1",
+            "--heads",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+            "--no-progress",
+            "--no-plot",
+            "--tune-memory",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "memory: fuseops.cpu.tune_memory(keep_bytes=" in result.stdout
     summary = json.loads((tmp_path / "demo.json").read_text())
@@ -143,15 +198,36 @@ def test_preset_sets_sizes_and_flags_override_it():
 
 def test_cli_compare_tune_memory_reports_four_runs(tmp_path):
     # The tuned pair trains in a child process (the setting is process-wide).
-    assert main(["demo", "--steps", "3", "--d-model", "32", "--layers", "1", "--heads", "2",
-                 "--seq-len", "16", "--batch-size", "2", "--no-progress", "--no-plot",
-                 "--compare-tune-memory", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--steps",
+                "3",
+                "--d-model",
+                "32",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--seq-len",
+                "16",
+                "--batch-size",
+                "2",
+                "--no-progress",
+                "--no-plot",
+                "--compare-tune-memory",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "demo.json").read_text())
     assert summary["memory_settings"] is None
     assert summary["memory_settings_tuned"]["keep_bytes"] > 0
     runs = summary["runs"]
-    assert set(runs) == {"torch.nn", "fuseops", "torch.nn + tune_memory",
-                         "fuseops + tune_memory"}
+    assert set(runs) == {"torch.nn", "fuseops", "torch.nn + tune_memory", "fuseops + tune_memory"}
     # Same seed, same batches, same kernels: the tuned runs' losses are the
     # untuned ones (memory settings change where tensors live, not values).
     assert runs["torch.nn + tune_memory"]["losses"] == runs["torch.nn"]["losses"]
@@ -210,9 +286,31 @@ def test_progress_in_a_log_is_plain_lines(tmp_path, capsys):
     """stderr is not a terminal here (captured, as in a log): no bar frames
     (carriage returns), a line per tenth of the steps, each step once at most."""
     steps = 12
-    assert main(["demo", "--steps", str(steps), "--d-model", "32", "--layers", "1", "--heads",
-                 "2", "--seq-len", "16", "--batch-size", "2", "--no-plot",
-                 "--quantized-eval-batches", "0", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--steps",
+                str(steps),
+                "--d-model",
+                "32",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--seq-len",
+                "16",
+                "--batch-size",
+                "2",
+                "--no-plot",
+                "--quantized-eval-batches",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "\r" not in err
     lines = [line for line in err.splitlines() if line.startswith("training step ")]

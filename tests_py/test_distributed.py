@@ -49,7 +49,8 @@ class Block(torch.nn.Module):
         positions = torch.arange(seq).expand(batch, seq)
         q, k = self.rope(q, k, positions)
         attn = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         x = x + attn.transpose(1, 2).reshape(batch, seq, DIM)
         x = x + self.conv(x.transpose(1, 2)).transpose(1, 2)
         h = self.mlp_norm(x)
@@ -63,8 +64,13 @@ def make_model() -> torch.nn.Module:
 
 def make_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(99)
-    return [(torch.randn(BATCH, SEQ, DIM, generator=generator),
-             torch.randn(BATCH, SEQ, DIM, generator=generator)) for _ in range(STEPS)]
+    return [
+        (
+            torch.randn(BATCH, SEQ, DIM, generator=generator),
+            torch.randn(BATCH, SEQ, DIM, generator=generator),
+        )
+        for _ in range(STEPS)
+    ]
 
 
 def train(model: torch.nn.Module, batches, rank: int = 0, world_size: int = 1) -> None:
@@ -101,6 +107,7 @@ def _worker(rank: int, port: int, mode: str, result_dir: str) -> None:
             model = torch.nn.parallel.DistributedDataParallel(model)
         else:
             from torch.distributed.fsdp import fully_shard
+
             for block in model:
                 fully_shard(block)
             fully_shard(model)
@@ -130,8 +137,9 @@ def test_data_parallel_training_matches_single_process(mode, single_process_stat
     # The rendezvous store is this process's, on a loopback port the system
     # picks (port 0) and holds: no window in which another program could
     # take a port chosen free.
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
     mp.spawn(_worker, args=(store.port, mode, str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     state = torch.load(tmp_path / f"{mode}.pt")
     assert state.keys() == single_process_state.keys()

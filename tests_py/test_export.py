@@ -20,7 +20,8 @@ import fuseops.nn as fnn
 # torch 2.13's AOTInductor packaging deep-copies pytree specs through
 # typing_extensions, which warns about torch's own deprecated LeafSpec check.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+    "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning"
+)
 
 AOTI_PROJECT = Path(__file__).resolve().parents[1] / "tests_cpp" / "aoti"
 SHAPE = (2, 8, 32)  # batch, seq, dim
@@ -88,7 +89,16 @@ def test_export_keeps_the_fuseops_ops(model_and_input):
     # The ops stay opaque calls in the exported graph (not decomposed into
     # torch ops), so what is deployed is fuseops' kernels.
     assert fuseops_ops_in(exported.graph_module) >= {
-        "rms_norm", "rope", "causal_conv1d", "layer_norm", "swiglu", "geglu", "gelu", "silu", "relu"}
+        "rms_norm",
+        "rope",
+        "causal_conv1d",
+        "layer_norm",
+        "swiglu",
+        "geglu",
+        "gelu",
+        "silu",
+        "relu",
+    }
     torch.testing.assert_close(exported.module()(x), model(x), rtol=0, atol=0)
 
 
@@ -110,15 +120,30 @@ def test_aoti_package_runs_from_cpp(model_and_input, package, tmp_path):
         return result
 
     build = tmp_path / "build"
-    run(cmake, "-S", str(AOTI_PROJECT), "-B", str(build), "-G", "Ninja",
-        "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={fuseops.cmake_prefix_path}")
+    run(
+        cmake,
+        "-S",
+        str(AOTI_PROJECT),
+        "-B",
+        str(build),
+        "-G",
+        "Ninja",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_PREFIX_PATH={fuseops.cmake_prefix_path}",
+    )
     run(cmake, "--build", str(build))
     input_file, output_file = tmp_path / "input.bin", tmp_path / "output.bin"
     x.numpy().tofile(input_file)
     # No LD_LIBRARY_PATH: the program finds torch and fuseops by its RPATH.
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    result = run(str(build / "aoti_run"), str(package), str(input_file), str(output_file),
-                 *map(str, SHAPE), env=env)
+    result = run(
+        str(build / "aoti_run"),
+        str(package),
+        str(input_file),
+        str(output_file),
+        *map(str, SHAPE),
+        env=env,
+    )
     assert f"fuseops {fuseops.__version__}" in result.stdout, result.stdout
     expected = model(x)
     got = torch.from_file(str(output_file), size=expected.numel(), dtype=torch.float32)

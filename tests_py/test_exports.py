@@ -19,8 +19,11 @@ import generate_exports  # noqa: E402
 
 
 def test_generated_exports_are_current():
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "generate_exports.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "generate_exports.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -45,8 +48,9 @@ def test_every_public_name_is_imported_by_name():
 def test_a_stale_block_is_reported(tmp_path):
     package = tmp_path / "fuseops"
     (package / "ops").mkdir(parents=True)
-    (package / "ops" / "toy.py").write_text('__all__ = ["toy"]\n\ndef toy():\n    pass\n\n'
-                                            'def toy_reference():\n    pass\n')
+    (package / "ops" / "toy.py").write_text(
+        '__all__ = ["toy"]\n\ndef toy():\n    pass\n\ndef toy_reference():\n    pass\n'
+    )
     for name in ("__init__.py", "reference.py"):
         (package / name).write_text(f"{generate_exports.BEGIN}\n{generate_exports.END}\n")
     assert generate_exports.main(["--check", "--package", str(package)]) == 1

@@ -146,7 +146,9 @@ def widened(args, taint=False, grad=False) -> list:
 def assert_matches(got, want, context, skip=None, tol=None):
     assert len(got) == len(want), f"{context}: {len(got)} results, reference {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
-        assert tuple(g.shape) == tuple(w.shape), f"{context}: result {i} shape {tuple(g.shape)}, reference {tuple(w.shape)}"
+        assert tuple(g.shape) == tuple(w.shape), (
+            f"{context}: result {i} shape {tuple(g.shape)}, reference {tuple(w.shape)}"
+        )
         w = w.detach().to(g.dtype).double()
         rtol = (tol or TOL).get(g.dtype, 0.0)
         g = g.detach().double()
@@ -154,12 +156,22 @@ def assert_matches(got, want, context, skip=None, tol=None):
             keep = ~skip[i]
             g, w = g[keep], w[keep]
         scale = max(1.0, w.abs().nan_to_num(posinf=0, neginf=0).max().item()) if w.numel() else 1.0
-        torch.testing.assert_close(g, w, rtol=rtol, atol=rtol * scale, equal_nan=True,
-                                   msg=lambda m: f"{context}: result {i}: {m}")
+        torch.testing.assert_close(
+            g,
+            w,
+            rtol=rtol,
+            atol=rtol * scale,
+            equal_nan=True,
+            msg=lambda m: f"{context}: result {i}: {m}",
+        )
 
 
 def is_float64_only(args) -> bool:
-    return all(a.dtype == torch.float64 for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+    return all(
+        a.dtype == torch.float64
+        for a in args
+        if isinstance(a, torch.Tensor) and a.is_floating_point()
+    )
 
 
 def tolerance(d):
@@ -187,8 +199,10 @@ def check_valid(sample, d):
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     differentiable = [i for i, o in enumerate(got) if o.requires_grad]
     assert not leaves or differentiable, f"{context}: no output requires grad"
-    originals = [o.requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else o
-                 for o, a in zip(originals, args)]
+    originals = [
+        o.requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else o
+        for o, a in zip(originals, args)
+    ]
     wide = widened(originals, grad=check_grads)
     want = sample_run.as_tuple(reference_of(sample)(*wide))
     skip = None
@@ -204,10 +218,16 @@ def check_valid(sample, d):
         # convention (fuseops and torch give 0, the reference's masks NaN).
         return
     generator = torch.Generator().manual_seed(0)
-    upstream = [torch.randn(got[i].shape, generator=generator, dtype=torch.float64) for i in differentiable]
-    grads = torch.autograd.grad([got[i] for i in differentiable], leaves, upstream, allow_unused=True)
+    upstream = [
+        torch.randn(got[i].shape, generator=generator, dtype=torch.float64) for i in differentiable
+    ]
+    grads = torch.autograd.grad(
+        [got[i] for i in differentiable], leaves, upstream, allow_unused=True
+    )
     wide_leaves = [w for w in wide if isinstance(w, torch.Tensor) and w.requires_grad]
-    wanted = torch.autograd.grad([want[i] for i in differentiable], wide_leaves, upstream, allow_unused=True)
+    wanted = torch.autograd.grad(
+        [want[i] for i in differentiable], wide_leaves, upstream, allow_unused=True
+    )
     largest = max(got[i].numel() for i in differentiable)
     for leaf, g, w in zip(leaves, grads, wanted):
         g = torch.zeros_like(leaf) if g is None else g
@@ -249,7 +269,11 @@ def mutated(d, a):
         if how == "more_dims":
             return a.unsqueeze(d.int(0, a.dim())), how
         if how == "fewer_dims":
-            return (a.select(d.int(0, a.dim() - 1), 0) if a.dim() and a.numel() else a.reshape(-1)[:1].squeeze()), how
+            return (
+                a.select(d.int(0, a.dim() - 1), 0)
+                if a.dim() and a.numel()
+                else a.reshape(-1)[:1].squeeze()
+            ), how
         if how == "size":
             if not a.dim():
                 return a.reshape(1).expand(2), how
@@ -259,13 +283,24 @@ def mutated(d, a):
             shape[dim] = shape[dim] + 1 if shape[dim] <= 1 else shape[dim] + d.choice((-1, 1))
             return torch.zeros(shape, dtype=a.dtype), how
         if how == "dtype":
-            return a.to(d.choice((torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int8, torch.bool))), how
+            return a.to(
+                d.choice(
+                    (
+                        torch.float32,
+                        torch.float64,
+                        torch.bfloat16,
+                        torch.int32,
+                        torch.int8,
+                        torch.bool,
+                    )
+                )
+            ), how
         return a.to("meta"), how
     if isinstance(a, str):
         return d.choice(("bogus", "", "NONE", "Silu")), "string"
     if isinstance(a, float):
         return d.choice((-1.0, math.nan, math.inf, -math.inf, 1e300)), "number"
-    return d.choice((-(10**6), 10**6, -2**40)), "integer"
+    return d.choice((-(10**6), 10**6, -(2**40))), "integer"
 
 
 def mutable(a) -> bool:
@@ -320,7 +355,11 @@ def out_overload(op):
 
 
 def out_names(op) -> list:
-    return [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    return [
+        a.name
+        for a in op._schema.arguments
+        if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    ]
 
 
 def extent(shape, strides):
@@ -359,7 +398,17 @@ def spans_intersect(a, b):
     return a0 < b1 and b0 < a1
 
 
-OUT_MODES = ("fresh", "fresh_resize", "fresh_strided", "other_dtype", "expanded", "input", "arena", "arena", "arena")
+OUT_MODES = (
+    "fresh",
+    "fresh_resize",
+    "fresh_strided",
+    "other_dtype",
+    "expanded",
+    "input",
+    "arena",
+    "arena",
+    "arena",
+)
 
 
 def make_out(d, arena, inputs, shape, dtype, window):
@@ -370,7 +419,9 @@ def make_out(d, arena, inputs, shape, dtype, window):
         return torch.empty(d.int(0, 2), dtype=dtype)
     if mode == "fresh_strided":
         strides = random_layout(d, shape)
-        return torch.full((max(extent(shape, strides), 1),), math.nan, dtype=dtype).as_strided(shape, strides)
+        return torch.full((max(extent(shape, strides), 1),), math.nan, dtype=dtype).as_strided(
+            shape, strides
+        )
     if mode == "other_dtype":
         return torch.empty(shape, dtype=torch.float64 if dtype != torch.float64 else torch.float32)
     if mode == "expanded" and len(shape) and shape[0] >= 2 and 0 not in shape:
@@ -388,13 +439,19 @@ def allowed_refusal(out_shapes, out_dtypes, inputs, outs) -> list:
             reasons.append(name)
         if any(st == 0 and s > 1 for s, st in zip(out.shape, out.stride())):
             reasons.append(name)
-        if tuple(out.shape) != tuple(out_shapes[name]) and any(same_storage(out, t) for t in inputs):
+        if tuple(out.shape) != tuple(out_shapes[name]) and any(
+            same_storage(out, t) for t in inputs
+        ):
             reasons.append(name)
     names = list(outs)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            if outs[a] is outs[b] or (outs[a].numel() and outs[b].numel() and same_storage(outs[a], outs[b])
-                                      and spans_intersect(outs[a], outs[b])):
+        for b in names[i + 1 :]:
+            if outs[a] is outs[b] or (
+                outs[a].numel()
+                and outs[b].numel()
+                and same_storage(outs[a], outs[b])
+                and spans_intersect(outs[a], outs[b])
+            ):
                 reasons += [a, b]
     return reasons
 
@@ -428,20 +485,26 @@ def check_out_aliasing(sample, d) -> bool:
         view = arena.as_strided(args[i].shape, random_layout(d, args[i].shape), d.int(0, window))
         args[i] = view
     inputs = [args[i] for i in placed]
-    outs = {n: make_out(d, arena, inputs, out_shapes[n], dtype, window) if out_dtypes[n] == dtype
-            else torch.empty(out_shapes[n], dtype=out_dtypes[n]) for n in names}
+    outs = {
+        n: make_out(d, arena, inputs, out_shapes[n], dtype, window)
+        if out_dtypes[n] == dtype
+        else torch.empty(out_shapes[n], dtype=out_dtypes[n])
+        for n in names
+    }
     expected = sample_run.as_tuple(sample.op(*args))
     before = bits(arena)
     refusable = allowed_refusal(out_shapes, out_dtypes, inputs, outs)
     context = f"{out_op} on {sample!r}: " + ", ".join(
         f"{n} {tuple(o.shape)}/{o.stride()}@{o.storage_offset()}{' (arena)' if same_storage(o, arena) else ''}"
-        for n, o in outs.items())
+        for n, o in outs.items()
+    )
     try:
         out_op(*args, **outs)
     except RuntimeError as error:
         message = str(error).splitlines()[0]
-        assert str(out_op._schema.name) in message and any(f"'{n}'" in message for n in refusable), \
-            f"{context}: {message}"
+        assert str(out_op._schema.name) in message and any(
+            f"'{n}'" in message for n in refusable
+        ), f"{context}: {message}"
         assert torch.equal(bits(arena), before), f"{context}: refused after writing"
         COUNTS["out= refused"] += 1
         return True

@@ -32,33 +32,41 @@ MISSING_TENSOR_CALLS = [
     ("fuseops::silu_backward", "input", lambda: fuseops.silu_backward(x34(), None)),
     ("fuseops::bias_gelu", "bias", lambda: fuseops.bias_gelu(x34(), None)),
     ("fuseops::bias_gelu", "input", lambda: fuseops.bias_gelu(None, torch.randn(4))),
-    ("fuseops::bias_gelu_backward", "bias",
-     lambda: fuseops.bias_gelu_backward(x34(), x34(), None)),
+    ("fuseops::bias_gelu_backward", "bias", lambda: fuseops.bias_gelu_backward(x34(), x34(), None)),
     ("fuseops::swiglu", "gate", lambda: torch.ops.fuseops.swiglu(None, x34())),
     ("fuseops::swiglu", "up", lambda: torch.ops.fuseops.swiglu(x34(), None)),
     ("fuseops::swiglu.packed", "input", lambda: fuseops.swiglu(None)),
     ("fuseops::swiglu_backward", "gate", lambda: fuseops.swiglu_backward(x34(), None, x34())),
-    ("fuseops::swiglu_backward.packed", "input",
-     lambda: fuseops.swiglu_backward(x34(), None)),
+    ("fuseops::swiglu_backward.packed", "input", lambda: fuseops.swiglu_backward(x34(), None)),
     ("fuseops::geglu", "up", lambda: torch.ops.fuseops.geglu(x34(), None)),
     ("fuseops::geglu.packed", "input", lambda: fuseops.geglu(None)),
-    ("fuseops::geglu_backward", "up",
-     lambda: torch.ops.fuseops.geglu_backward(x34(), x34(), None)),
+    ("fuseops::geglu_backward", "up", lambda: torch.ops.fuseops.geglu_backward(x34(), x34(), None)),
     ("fuseops::rms_norm", "input", lambda: fuseops.rms_norm(None, torch.randn(4))),
-    ("fuseops::rms_norm_forward", "input",
-     lambda: fuseops.rms_norm_forward(None, torch.randn(4, requires_grad=True))),
-    ("fuseops::rms_norm_backward", "rstd",
-     lambda: fuseops.rms_norm_backward(x34(), x34(), None, None)),
-    ("fuseops::fused_add_rms_norm", "residual",
-     lambda: fuseops.fused_add_rms_norm(x34(), None)),
-    ("fuseops::fused_add_rms_norm_backward", "new_residual",
-     lambda: fuseops.fused_add_rms_norm_backward(x34(), None, None, None, torch.ones(3))),
+    (
+        "fuseops::rms_norm_forward",
+        "input",
+        lambda: fuseops.rms_norm_forward(None, torch.randn(4, requires_grad=True)),
+    ),
+    (
+        "fuseops::rms_norm_backward",
+        "rstd",
+        lambda: fuseops.rms_norm_backward(x34(), x34(), None, None),
+    ),
+    ("fuseops::fused_add_rms_norm", "residual", lambda: fuseops.fused_add_rms_norm(x34(), None)),
+    (
+        "fuseops::fused_add_rms_norm_backward",
+        "new_residual",
+        lambda: fuseops.fused_add_rms_norm_backward(x34(), None, None, None, torch.ones(3)),
+    ),
     ("fuseops::layer_norm", "input", lambda: fuseops.layer_norm(None)),
 ]
 
 
-@pytest.mark.parametrize("op,arg,call", MISSING_TENSOR_CALLS,
-                         ids=[f"{op}-{arg}-{i}" for i, (op, arg, _) in enumerate(MISSING_TENSOR_CALLS)])
+@pytest.mark.parametrize(
+    "op,arg,call",
+    MISSING_TENSOR_CALLS,
+    ids=[f"{op}-{arg}-{i}" for i, (op, arg, _) in enumerate(MISSING_TENSOR_CALLS)],
+)
 def test_missing_tensor_names_op_and_argument(op, arg, call):
     expect_error_mentions(call, [op, f"'{arg}'", "undefined"])
 
@@ -87,7 +95,8 @@ def rms_norm_backward_call(x, w, g):
 
 def fused_backward_call(x, w, g):
     _, new_residual, rstd = fuseops.fused_add_rms_norm_forward(
-        x.detach(), torch.zeros_like(x).detach(), w.detach())
+        x.detach(), torch.zeros_like(x).detach(), w.detach()
+    )
     return fuseops.fused_add_rms_norm_backward(g, None, x, w, rstd)
 
 
@@ -103,11 +112,9 @@ BACKWARD_CALLS = {
     "fuseops::layer_norm_backward": layer_norm_backward_call,
     "fuseops::bias_gelu_backward": lambda x, w, g: fuseops.bias_gelu_backward(g, x, w),
     "fuseops::swiglu_backward": lambda x, w, g: fuseops.swiglu_backward(g, x, x * 2),
-    "fuseops::swiglu_backward.packed":
-        lambda x, w, g: fuseops.swiglu_backward(g[:, :2], x),
+    "fuseops::swiglu_backward.packed": lambda x, w, g: fuseops.swiglu_backward(g[:, :2], x),
     "fuseops::geglu_backward": lambda x, w, g: fuseops.geglu_backward(g, x, x * 2),
-    "fuseops::geglu_backward.packed":
-        lambda x, w, g: fuseops.geglu_backward(g[:, :2], x),
+    "fuseops::geglu_backward.packed": lambda x, w, g: fuseops.geglu_backward(g[:, :2], x),
 }
 
 
@@ -130,7 +137,9 @@ def test_backward_op_with_derivative_is_differentiable(op):
     g = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     backward = getattr(fuseops, op + "_backward")
     arg = fuseops.relu(x) if op == "relu" else x
-    assert torch.autograd.gradcheck(lambda g, a: backward(g, a), (g, arg.detach().requires_grad_(op != "relu")))
+    assert torch.autograd.gradcheck(
+        lambda g, a: backward(g, a), (g, arg.detach().requires_grad_(op != "relu"))
+    )
 
 
 # python/README.md, "Where results differ from torch": with an infinite upstream
@@ -161,22 +170,26 @@ def exact_gelu_derivative(x, approximate):
 
 @pytest.mark.parametrize("approximate,dtype,x,ours,torchs", EXTREME_GELU)
 def test_gelu_backward_of_infinite_gradient_where_the_derivative_is_tiny(
-        approximate, dtype, x, ours, torchs):
+    approximate, dtype, x, ours, torchs
+):
     assert exact_gelu_derivative(x, approximate) < 0  # inf * gelu'(x) -> -inf
     xt = torch.full((64,), x, dtype=dtype)
     upstream = torch.full((64,), float("inf"), dtype=dtype)
     xr = xt.clone().requires_grad_()
     torch.nn.functional.gelu(xr, approximate=approximate).backward(upstream)
-    for got, pinned in ((fuseops.gelu_backward(upstream, xt, approximate), ours),
-                        (xr.grad, torchs)):
+    for got, pinned in (
+        (fuseops.gelu_backward(upstream, xt, approximate), ours),
+        (xr.grad, torchs),
+    ):
         if pinned == "nan":
             assert got.isnan().all()
         else:
             assert (got == pinned).all()
     # A finite upstream gradient agrees with torch.
-    torch.testing.assert_close(fuseops.gelu_backward(torch.ones_like(xt), xt, approximate),
-                               torch.ops.aten.gelu_backward(torch.ones_like(xt), xt,
-                                                            approximate=approximate))
+    torch.testing.assert_close(
+        fuseops.gelu_backward(torch.ones_like(xt), xt, approximate),
+        torch.ops.aten.gelu_backward(torch.ones_like(xt), xt, approximate=approximate),
+    )
 
 
 def test_rms_norm_rows_whose_squares_overflow_float32():
@@ -256,9 +269,13 @@ def test_fused_gelu_backwards_and_silu_with_infinite_gradient():
         grid = torch.linspace(-1000, 1000, 20001, dtype=torch.float64).to(dtype)
         for sign in (1, -1):
             g = torch.full_like(grid, sign * math.inf)
-            torch.testing.assert_close(fuseops.silu_backward(g, grid),
-                                       torch.ops.aten.silu_backward(g, grid),
-                                       equal_nan=True, rtol=0, atol=0)
+            torch.testing.assert_close(
+                fuseops.silu_backward(g, grid),
+                torch.ops.aten.silu_backward(g, grid),
+                equal_nan=True,
+                rtol=0,
+                atol=0,
+            )
 
 
 # --- found by the property-based fuzzer (test_fuzz.py) ---------------------
@@ -266,15 +283,19 @@ def test_fused_gelu_backwards_and_silu_with_infinite_gradient():
 
 def test_causal_conv1d_forward_without_x_names_the_op_and_argument():
     # Was "tensor does not have a device" from autograd's input handling.
-    expect_error_mentions(lambda: fuseops.causal_conv1d_forward(None, torch.randn(4, 3)),
-                          ["fuseops::causal_conv1d_forward", "'x'"])
+    expect_error_mentions(
+        lambda: fuseops.causal_conv1d_forward(None, torch.randn(4, 3)),
+        ["fuseops::causal_conv1d_forward", "'x'"],
+    )
 
 
 def test_rope_refuses_sin_on_another_device():
     # Only cos was checked: sin on the meta device was read as CPU memory.
     q, cos = torch.randn(2, 1, 4), torch.randn(2, 4)
-    for call in (lambda: fuseops.rope(q, None, cos, cos.to("meta")),
-                 lambda: fuseops.rope_backward(q, None, cos, cos.to("meta"))):
+    for call in (
+        lambda: fuseops.rope(q, None, cos, cos.to("meta")),
+        lambda: fuseops.rope_backward(q, None, cos, cos.to("meta")),
+    ):
         expect_error_mentions(call, ["fuseops::rope", "'sin'", "device"])
 
 
@@ -284,8 +305,10 @@ def test_cross_entropy_refuses_options_beyond_float32(option):
     # exact one is finite.
     logits, target = torch.randn(3, 5), torch.tensor([0, 1, 4])
     kwargs = {option: 1e300}
-    expect_error_mentions(lambda: fuseops.cross_entropy(logits, target, **kwargs),
-                          ["fuseops::cross_entropy", f"'{option}'", "float32"])
+    expect_error_mentions(
+        lambda: fuseops.cross_entropy(logits, target, **kwargs),
+        ["fuseops::cross_entropy", f"'{option}'", "float32"],
+    )
 
 
 def test_layer_norm_backward_reference_takes_native_statistics():
@@ -309,6 +332,9 @@ def test_references_sum_weight_gradients_over_rows_of_any_shape(shape):
     assert got.shape == want.shape == w.shape
     torch.testing.assert_close(got, want)
     rstd = fuseops.rms_norm_forward(x, w, 1e-6)[1]
-    got, want = fuseops.rms_norm_backward(g, x, w, rstd)[1], reference.rms_norm_backward(g, x, w, rstd)[1]
+    got, want = (
+        fuseops.rms_norm_backward(g, x, w, rstd)[1],
+        reference.rms_norm_backward(g, x, w, rstd)[1],
+    )
     assert got.shape == want.shape == w.shape
     torch.testing.assert_close(got, want)

@@ -128,7 +128,9 @@ def test_autograd_matches_reference(dtype, form):
     fused(form, packed).backward(upstream)
     ref_packed = packed.detach().to(wide(dtype)).requires_grad_()
     approximate = "none" if form == "swiglu" else form.split("-")[1]
-    ref = reference.swiglu if form == "swiglu" else (lambda x: reference.geglu(x, None, approximate))
+    ref = (
+        reference.swiglu if form == "swiglu" else (lambda x: reference.geglu(x, None, approximate))
+    )
     ref(ref_packed).backward(upstream.to(wide(dtype)))
     scale = absmax(upstream) * absmax(packed.detach())
     assert_close(packed.grad, ref_packed.grad, dtype, scale)
@@ -163,7 +165,9 @@ def test_special_values_follow_float64_math():
     """Every pair of special gate and up values, against the exact formula
     in float64 (see exact.py: not ATen, whose float32 gelu(+Inf) is NaN in
     its AVX-512 build)."""
-    specials = torch.tensor([0.0, 1.0, -1.0, 30.0, -30.0, float("inf"), float("-inf"), float("nan")])
+    specials = torch.tensor(
+        [0.0, 1.0, -1.0, 30.0, -30.0, float("inf"), float("-inf"), float("nan")]
+    )
     gate = specials.repeat_interleave(len(specials))
     up = specials.repeat(len(specials))
     for name, y in (
@@ -172,7 +176,11 @@ def test_special_values_follow_float64_math():
         ("tanh", fuseops.geglu(gate, up, "tanh")),
     ):
         torch.testing.assert_close(
-            y.double(), exact.activation(gate, name) * up.double(), rtol=1e-5, atol=1e-6, equal_nan=True
+            y.double(),
+            exact.activation(gate, name) * up.double(),
+            rtol=1e-5,
+            atol=1e-6,
+            equal_nan=True,
         )
 
 
@@ -188,14 +196,35 @@ def test_out_is_the_gate_half_of_its_own_input():
 @pytest.mark.parametrize(
     "call, fragments",
     [
-        (lambda: fuseops.swiglu(torch.ones(3, 4), torch.ones(3, 5)), ["fuseops::swiglu", "'up'", "shape"]),
-        (lambda: fuseops.swiglu(torch.ones(3), torch.ones(3, dtype=torch.float64)), ["fuseops::swiglu", "'up'", "dtype"]),
-        (lambda: fuseops.swiglu(torch.ones(3, 5)), ["fuseops::swiglu.packed", "'input'", "even", "[3, 5]"]),
+        (
+            lambda: fuseops.swiglu(torch.ones(3, 4), torch.ones(3, 5)),
+            ["fuseops::swiglu", "'up'", "shape"],
+        ),
+        (
+            lambda: fuseops.swiglu(torch.ones(3), torch.ones(3, dtype=torch.float64)),
+            ["fuseops::swiglu", "'up'", "dtype"],
+        ),
+        (
+            lambda: fuseops.swiglu(torch.ones(3, 5)),
+            ["fuseops::swiglu.packed", "'input'", "even", "[3, 5]"],
+        ),
         (lambda: fuseops.swiglu(torch.ones(())), ["fuseops::swiglu.packed", "'input'"]),
-        (lambda: fuseops.geglu(torch.ones(3), torch.ones(3), "fast"), ["fuseops::geglu", "'approximate'", "'fast'"]),
-        (lambda: fuseops.geglu(torch.ones(2, 4), approximate="erf"), ["fuseops::geglu.packed", "'approximate'"]),
-        (lambda: fuseops.swiglu(torch.ones(2, 4, dtype=torch.int64)), ["fuseops::swiglu.packed", "'input'", "Long"]),
-        (lambda: fuseops.swiglu_backward(torch.ones(3, 4), torch.ones(3, 4)), ["fuseops::swiglu_backward.packed", "'grad_output'", "[3, 2]"]),
+        (
+            lambda: fuseops.geglu(torch.ones(3), torch.ones(3), "fast"),
+            ["fuseops::geglu", "'approximate'", "'fast'"],
+        ),
+        (
+            lambda: fuseops.geglu(torch.ones(2, 4), approximate="erf"),
+            ["fuseops::geglu.packed", "'approximate'"],
+        ),
+        (
+            lambda: fuseops.swiglu(torch.ones(2, 4, dtype=torch.int64)),
+            ["fuseops::swiglu.packed", "'input'", "Long"],
+        ),
+        (
+            lambda: fuseops.swiglu_backward(torch.ones(3, 4), torch.ones(3, 4)),
+            ["fuseops::swiglu_backward.packed", "'grad_output'", "[3, 2]"],
+        ),
     ],
 )
 def test_bad_input_errors_name_op_and_argument(call, fragments):

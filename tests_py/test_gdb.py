@@ -120,21 +120,32 @@ Tensor int32 [1, 2, 1, 3, 1, 2, 1] cpu
 
 # Checked in the live session only: commands, settings, the collection.
 EXTRA = {
-    "deref_pointer": ("output *impl_pointer\necho \\n", """\
+    "deref_pointer": (
+        "output *impl_pointer\necho \\n",
+        """\
 TensorImpl float32 [2, 3] cpu
 [[0., 1., 2.],
- [3., 4., 5.]]"""),
+ [3., 4., 5.]]""",
+    ),
     "deref_garbage": ("output *garbage_impl\necho \\n", "<invalid TensorImpl: dtype #32639>"),
-    "command_limit": ("fuseops-tensor long_vector 6", "Tensor float32 [100] cpu = [ 0.,  1.,  2., ..., 97., 98., 99.]"),
-    "command_pointer": ("fuseops-tensor &transposed", """\
+    "command_limit": (
+        "fuseops-tensor long_vector 6",
+        "Tensor float32 [100] cpu = [ 0.,  1.,  2., ..., 97., 98., 99.]",
+    ),
+    "command_pointer": (
+        "fuseops-tensor &transposed",
+        """\
 Tensor float32 [3, 2] cpu strides=[1, 3]
 [[0., 3.],
  [1., 4.],
- [2., 5.]]"""),
+ [2., 5.]]""",
+    ),
     "command_grad": ("fuseops-tensor -grad with_grad", "Tensor float32 [2] cpu = [0.2500, 0.2500]"),
     # uint8 has no autograd metadata at all, contiguous_float (a view) an undefined grad.
-    "command_no_grad": ("fuseops-tensor -grad uint8\nfuseops-tensor -grad contiguous_float",
-                        "Tensor undefined\nTensor undefined"),
+    "command_no_grad": (
+        "fuseops-tensor -grad uint8\nfuseops-tensor -grad contiguous_float",
+        "Tensor undefined\nTensor undefined",
+    ),
     "command_optional": ("fuseops-tensor optional_tensor", "Tensor int16 [3] cpu = [0, 1, 2]"),
     "command_all_values": ("fuseops-tensor long_vector 0", None),
     # A failing command would end the batch script: catch its error.
@@ -187,11 +198,16 @@ def fixture_dir(request: pytest.FixtureRequest) -> Path:
         directory = Path(configured).resolve()
         # Inside the fuseops build the fixtures are not part of "all": build
         # them in the CMake build folder that holds this one.
-        top = next((d for d in (directory, *directory.parents) if (d / "CMakeCache.txt").is_file()), None)
+        top = next(
+            (d for d in (directory, *directory.parents) if (d / "CMakeCache.txt").is_file()), None
+        )
         missing = [name for name in FIXTURE_FILES.values() if not (directory / name).is_file()]
         if missing and top is not None and cmake is not None:
-            _run([cmake, "--build", str(top), "--target", *FIXTURE_FILES],
-                 "building the gdb fixture", timeout=1200)
+            _run(
+                [cmake, "--build", str(top), "--target", *FIXTURE_FILES],
+                "building the gdb fixture",
+                timeout=1200,
+            )
     else:
         if cmake is None:
             pytest.fail("cmake is needed to build the gdb fixture (or set FUSEOPS_GDB_FIXTURE_DIR)")
@@ -200,12 +216,24 @@ def fixture_dir(request: pytest.FixtureRequest) -> Path:
         if not (directory / "CMakeCache.txt").exists():
             generator = ["-G", "Ninja"] if shutil.which("ninja") else []
             _run(
-                [cmake, "-S", str(FIXTURE_SOURCE), "-B", str(directory), *generator,
-                 "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}"],
-                "configuring the gdb fixture", timeout=600,
+                [
+                    cmake,
+                    "-S",
+                    str(FIXTURE_SOURCE),
+                    "-B",
+                    str(directory),
+                    *generator,
+                    "-DCMAKE_BUILD_TYPE=Release",
+                    f"-DPython_EXECUTABLE={sys.executable}",
+                ],
+                "configuring the gdb fixture",
+                timeout=600,
             )
-        _run([cmake, "--build", str(directory), "--target", *FIXTURE_FILES],
-             "building the gdb fixture", timeout=1200)
+        _run(
+            [cmake, "--build", str(directory), "--target", *FIXTURE_FILES],
+            "building the gdb fixture",
+            timeout=1200,
+        )
     for name in FIXTURE_FILES.values():
         if not (directory / name).is_file():
             pytest.fail(f"{directory / name} is missing (FUSEOPS_GDB_FIXTURE_DIR={configured!r})")
@@ -251,7 +279,7 @@ def _sections(output: str) -> dict[str, str]:
     current = None
     for line in output.splitlines():
         if line.startswith(MARK):
-            current = line[len(MARK):]
+            current = line[len(MARK) :]
             sections[current] = []
         elif current is not None:
             sections[current].append(line)
@@ -259,9 +287,18 @@ def _sections(output: str) -> dict[str, str]:
 
 
 class GdbRun:
-    def __init__(self, gdb: str, binary: Path, workdir: Path, name: str, core: Path | None = None,
-                 write_core: Path | None = None, extras: bool = False, text: str | None = None,
-                 solibs: bool = False):
+    def __init__(
+        self,
+        gdb: str,
+        binary: Path,
+        workdir: Path,
+        name: str,
+        core: Path | None = None,
+        write_core: Path | None = None,
+        extras: bool = False,
+        text: str | None = None,
+        solibs: bool = False,
+    ):
         script = workdir / f"{name}.gdb"
         script.write_text(text or _script(live=core is None, core=write_core, extras=extras))
         # Without shared library symbols gdb starts in under a second.
@@ -270,7 +307,9 @@ class GdbRun:
         if core is not None:
             command.append(str(core))
         started = time.monotonic()
-        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        result = subprocess.run(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120
+        )
         self.seconds = time.monotonic() - started
         self.output = result.stdout
         self.sections = _sections(result.stdout)
@@ -289,7 +328,9 @@ def runs(fixture_dir: Path, workdir: Path) -> dict[str, GdbRun]:
     core = workdir / "gdb_fixture.core"
     live = GdbRun(gdb, fixture_dir / "gdb_fixture", workdir, "live", write_core=core, extras=True)
     if not core.is_file():
-        pytest.fail(f"generate-core-file wrote no core file:\n{live.sections.get('core', live.output[-2000:])}")
+        pytest.fail(
+            f"generate-core-file wrote no core file:\n{live.sections.get('core', live.output[-2000:])}"
+        )
     try:
         from_core = GdbRun(gdb, fixture_dir / "gdb_fixture", workdir, "core", core=core)
     finally:
@@ -304,7 +345,9 @@ def _assert_matches(actual: str | None, expected: str, what: str) -> None:
     expected_lines = expected.splitlines()
     for number, (got, want) in enumerate(zip(actual_lines, expected_lines), 1):
         pattern = re.escape(want).replace(re.escape(ADDRESS), "0x[0-9a-f]+")
-        assert re.fullmatch(pattern, got), f"{what}, line {number}:\n  got:      {got!r}\n  expected: {want!r}\n{actual}"
+        assert re.fullmatch(pattern, got), (
+            f"{what}, line {number}:\n  got:      {got!r}\n  expected: {want!r}\n{actual}"
+        )
     assert len(actual_lines) == len(expected_lines), (
         f"{what}: {len(actual_lines)} lines, expected {len(expected_lines)}:\n{actual}"
     )
@@ -316,7 +359,9 @@ def test_printer(runs: dict[str, GdbRun], mode: str, case: str) -> None:
     _assert_matches(runs[mode].sections.get(case), EXPECTED[case], f"{case} ({mode})")
 
 
-@pytest.mark.parametrize("case", [name for name, (_, expected) in EXTRA.items() if expected is not None])
+@pytest.mark.parametrize(
+    "case", [name for name, (_, expected) in EXTRA.items() if expected is not None]
+)
 def test_commands_and_settings(runs: dict[str, GdbRun], case: str) -> None:
     _assert_matches(runs["live"].sections.get(case), EXTRA[case][1], case)
 
@@ -327,7 +372,9 @@ def test_command_shows_all_values_when_asked(runs: dict[str, GdbRun]) -> None:
 
 
 def test_command_rejects_non_tensor(runs: dict[str, GdbRun]) -> None:
-    assert "fuseops-tensor: c10::Device is not a tensor" in runs["live"].sections["command_non_tensor"]
+    assert (
+        "fuseops-tensor: c10::Device is not a tensor" in runs["live"].sections["command_non_tensor"]
+    )
 
 
 def test_garbage_stays_short(runs: dict[str, GdbRun]) -> None:
@@ -356,8 +403,20 @@ def test_gdb_init_lines_load_the_printers(fixture_dir: Path) -> None:
     commands = [line for line in lines if line.strip() and not line.startswith("#")]
     assert any(line.startswith("source ") for line in commands), lines
     arguments = [argument for line in commands for argument in ("-ex", line)]
-    result = _run([_gdb(), "-nx", "-batch", *arguments, "-ex", "info pretty-printer global fuseops",
-                   "-ex", "show fuseops-max-elements"], "gdb with the gdb-init lines", timeout=60)
+    result = _run(
+        [
+            _gdb(),
+            "-nx",
+            "-batch",
+            *arguments,
+            "-ex",
+            "info pretty-printer global fuseops",
+            "-ex",
+            "show fuseops-max-elements",
+        ],
+        "gdb with the gdb-init lines",
+        timeout=60,
+    )
     assert "fuseops" in result.stdout and "at most 20 values" in result.stdout, result.stdout
 
 
@@ -383,25 +442,42 @@ PIP_COMMANDS = {
 @pytest.fixture(scope="module")
 def installed_printers() -> tuple[list[str], Path]:
     """The gdb-init lines of the installed fuseops, and its printers folder."""
-    result = _run([sys.executable, "-m", "fuseops", "gdb-init"], "python -m fuseops gdb-init", timeout=120)
+    result = _run(
+        [sys.executable, "-m", "fuseops", "gdb-init"], "python -m fuseops gdb-init", timeout=120
+    )
     lines = result.stdout.splitlines()
     sources = [Path(line.split(None, 1)[1]) for line in lines if line.startswith("source ")]
     assert len(sources) == 1, lines
     printers = sources[0].parent
-    assert printers != PRINTERS.parent, f"gdb-init names the checkout's printers, not an installed package: {lines}"
+    assert printers != PRINTERS.parent, (
+        f"gdb-init names the checkout's printers, not an installed package: {lines}"
+    )
     assert (printers / "fuseops_gdb_types.so").is_file(), f"no types object beside {sources[0]}"
     return [line for line in lines if line.strip() and not line.startswith("#")], printers
 
 
 def _pip_script(init_lines: list[str], live: bool, core: Path | None) -> str:
-    lines = ["set pagination off", "set width 0", "set confirm off", "set style enabled off", *init_lines]
+    lines = [
+        "set pagination off",
+        "set width 0",
+        "set confirm off",
+        "set style enabled off",
+        *init_lines,
+    ]
     if live:
         lines += ["break fixture_stop", "run"]
     lines += ["up"]
     # Before the layouts are loaded: an undefined tensor needs none.
-    lines += [f"echo {MARK}before_undefined\\n", "output undefined", "echo \\n",
-              f"echo {MARK}before\\n", "output contiguous_float", "echo \\n",
-              f"echo {MARK}load\\n", "fuseops-load-types"]
+    lines += [
+        f"echo {MARK}before_undefined\\n",
+        "output undefined",
+        "echo \\n",
+        f"echo {MARK}before\\n",
+        "output contiguous_float",
+        "echo \\n",
+        f"echo {MARK}load\\n",
+        "fuseops-load-types",
+    ]
     for case in PIP_EXPECTED:
         lines += [f"echo {MARK}{case}\\n", f"output {case}", "echo \\n"]
     for case, (command, _) in PIP_COMMANDS.items():
@@ -420,12 +496,23 @@ def pip_runs(fixture_dir: Path, workdir: Path, installed_printers) -> dict[str, 
     init_lines, _ = installed_printers
     binary = fixture_dir / "gdb_fixture_no_types"
     core = workdir / "gdb_fixture_no_types.core"
-    live = GdbRun(gdb, binary, workdir, "pip_live", text=_pip_script(init_lines, True, core), solibs=True)
+    live = GdbRun(
+        gdb, binary, workdir, "pip_live", text=_pip_script(init_lines, True, core), solibs=True
+    )
     if not core.is_file():
-        pytest.fail(f"generate-core-file wrote no core file:\n{live.sections.get('core', live.output[-2000:])}")
+        pytest.fail(
+            f"generate-core-file wrote no core file:\n{live.sections.get('core', live.output[-2000:])}"
+        )
     try:
-        from_core = GdbRun(gdb, binary, workdir, "pip_core", core=core,
-                           text=_pip_script(init_lines, False, None), solibs=True)
+        from_core = GdbRun(
+            gdb,
+            binary,
+            workdir,
+            "pip_core",
+            core=core,
+            text=_pip_script(init_lines, False, None),
+            solibs=True,
+        )
     finally:
         core.unlink()
     return {"live": live, "core": from_core}
@@ -433,9 +520,13 @@ def pip_runs(fixture_dir: Path, workdir: Path, installed_printers) -> dict[str, 
 
 @pytest.mark.parametrize("mode", ["live", "core"])
 @pytest.mark.parametrize("case", [*PIP_EXPECTED, *PIP_COMMANDS])
-def test_pip_install_printers(pip_runs: dict[str, GdbRun], installed_printers, mode: str, case: str) -> None:
+def test_pip_install_printers(
+    pip_runs: dict[str, GdbRun], installed_printers, mode: str, case: str
+) -> None:
     expected = PIP_EXPECTED[case] if case in PIP_EXPECTED else PIP_COMMANDS[case][1]
-    _assert_matches(pip_runs[mode].sections.get(case), expected, f"{case} ({mode}, installed printers)")
+    _assert_matches(
+        pip_runs[mode].sections.get(case), expected, f"{case} ({mode}, installed printers)"
+    )
 
 
 @pytest.mark.parametrize("mode", ["live", "core"])
@@ -447,7 +538,7 @@ def test_pip_install_names_missing_layouts_then_loads_them(
     assert run.sections["before_undefined"] == "Tensor undefined", run.output
     assert run.sections["before"] == (
         "<Tensor: c10::TensorImpl has no layout: the program's debug information only declares it; "
-        f"run `fuseops-load-types` (see {printers / 'README.md'}, \"Type information\")>"
+        f'run `fuseops-load-types` (see {printers / "README.md"}, "Type information")>'
     ), run.output
     assert run.sections["load"] == (
         f"fuseops: loaded the torch type layouts from {printers / 'fuseops_gdb_types.so'}"
@@ -457,22 +548,45 @@ def test_pip_install_names_missing_layouts_then_loads_them(
     assert "warning" not in printed.lower(), run.output
 
 
-def _load_types_session(fixture_dir: Path, workdir: Path, name: str, types_object: Path, cases: list[str],
-                        commands: tuple[str, ...] = ()) -> GdbRun:
+def _load_types_session(
+    fixture_dir: Path,
+    workdir: Path,
+    name: str,
+    types_object: Path,
+    cases: list[str],
+    commands: tuple[str, ...] = (),
+) -> GdbRun:
     # fuseops-load-types fails when layouts are missing; catch its error, as
     # a failing command would end the batch script.
-    text = "\n".join([
-        "set pagination off", "set confirm off", "set style enabled off", f"source {PRINTERS}",
-        "break fixture_stop", "run", "up",
-        f"echo {MARK}load\\n",
-        "python\ntry:\n"
-        f"    gdb.execute('fuseops-load-types {types_object}')\n"
-        "except gdb.error as error:\n    print(error)\nend",
-        *[line for case in cases for line in (f"echo {MARK}{case}\\n", f"output {case}", "echo \\n")],
-        *[line for command in commands for line in (f"echo {MARK}{command}\\n", command)],
-        f"echo {MARK}end\\n", "kill",
-    ]) + "\n"
-    return GdbRun(_gdb(), fixture_dir / "gdb_fixture_no_types", workdir, name, text=text, solibs=True)
+    text = (
+        "\n".join(
+            [
+                "set pagination off",
+                "set confirm off",
+                "set style enabled off",
+                f"source {PRINTERS}",
+                "break fixture_stop",
+                "run",
+                "up",
+                f"echo {MARK}load\\n",
+                "python\ntry:\n"
+                f"    gdb.execute('fuseops-load-types {types_object}')\n"
+                "except gdb.error as error:\n    print(error)\nend",
+                *[
+                    line
+                    for case in cases
+                    for line in (f"echo {MARK}{case}\\n", f"output {case}", "echo \\n")
+                ],
+                *[line for command in commands for line in (f"echo {MARK}{command}\\n", command)],
+                f"echo {MARK}end\\n",
+                "kill",
+            ]
+        )
+        + "\n"
+    )
+    return GdbRun(
+        _gdb(), fixture_dir / "gdb_fixture_no_types", workdir, name, text=text, solibs=True
+    )
 
 
 def test_load_types_names_a_stripped_types_object(fixture_dir: Path, workdir: Path) -> None:
@@ -480,8 +594,11 @@ def test_load_types_names_a_stripped_types_object(fixture_dir: Path, workdir: Pa
     if strip is None:
         pytest.fail("strip (binutils) is needed to make a stripped types object")
     stripped = workdir / "stripped_types.so"
-    _run([strip, "--strip-debug", "-o", str(stripped), str(fixture_dir / "gdb_fixture_types.so")],
-         "strip", timeout=60)
+    _run(
+        [strip, "--strip-debug", "-o", str(stripped), str(fixture_dir / "gdb_fixture_types.so")],
+        "strip",
+        timeout=60,
+    )
     run = _load_types_session(fixture_dir, workdir, "stripped", stripped, ["undefined"])
     assert run.sections["load"] == (
         f"fuseops-load-types: added the symbols of {stripped} (it has no debug information: stripped), "
@@ -494,21 +611,35 @@ def test_load_types_names_a_stripped_types_object(fixture_dir: Path, workdir: Pa
 def test_without_autograd_layout_only_autograd_is_unknown(fixture_dir: Path, workdir: Path) -> None:
     types_object = fixture_dir / "gdb_fixture_types_no_autograd.so"
     grad = "fuseops-tensor -grad with_grad"
-    run = _load_types_session(fixture_dir, workdir, "no_autograd", types_object,
-                              ["transposed", "with_grad", "undefined"], (grad,))
+    run = _load_types_session(
+        fixture_dir,
+        workdir,
+        "no_autograd",
+        types_object,
+        ["transposed", "with_grad", "undefined"],
+        (grad,),
+    )
     assert run.sections["load"] == (
         f"fuseops-load-types: added the symbols of {types_object}, but the printers still lack "
         "the layout of torch::autograd::AutogradMeta: not described"
     ), run.output
-    _assert_matches(run.sections["transposed"], """\
+    _assert_matches(
+        run.sections["transposed"],
+        """\
 Tensor float32 [3, 2] cpu strides=[1, 3] requires_grad=?
 [[0., 3.],
  [1., 4.],
- [2., 5.]]""", "transposed")
-    _assert_matches(run.sections["with_grad"], "Tensor float32 [3] cpu requires_grad=? = [1., 1., 1.]", "with_grad")
+ [2., 5.]]""",
+        "transposed",
+    )
+    _assert_matches(
+        run.sections["with_grad"],
+        "Tensor float32 [3] cpu requires_grad=? = [1., 1., 1.]",
+        "with_grad",
+    )
     _assert_matches(run.sections["undefined"], "Tensor undefined", "undefined")
     assert run.sections[grad] == (
         "<tensor: the grad is unknown: torch::autograd::AutogradMeta has no layout; run "
-        f"`fuseops-load-types` (see {PRINTERS.parent / 'README.md'}, \"Type information\")>"
+        f'`fuseops-load-types` (see {PRINTERS.parent / "README.md"}, "Type information")>'
     ), run.output
     assert "warning" not in run.output.lower(), run.output

@@ -38,44 +38,72 @@ UP_SCALE = 0.75
 
 # name -> (forward of x, expected input gradient given (x, upstream gradient))
 OPS = {
-    "relu": (fuseops.relu,
-             lambda x, g: fuseops.relu_backward(g, fuseops.relu(x), out=torch.empty_like(x))),
-    "gelu": (lambda x: fuseops.gelu(x, "tanh"),
-             lambda x, g: fuseops.gelu_backward(g, x, "tanh", out=torch.empty_like(x))),
-    "silu": (fuseops.silu,
-             lambda x, g: fuseops.silu_backward(g, x, out=torch.empty_like(x))),
+    "relu": (
+        fuseops.relu,
+        lambda x, g: fuseops.relu_backward(g, fuseops.relu(x), out=torch.empty_like(x)),
+    ),
+    "gelu": (
+        lambda x: fuseops.gelu(x, "tanh"),
+        lambda x, g: fuseops.gelu_backward(g, x, "tanh", out=torch.empty_like(x)),
+    ),
+    "silu": (fuseops.silu, lambda x, g: fuseops.silu_backward(g, x, out=torch.empty_like(x))),
     # bias_gelu: the input's gradient reuses the buffer (the bias's is a row sum).
-    "bias_gelu": (lambda x: fuseops.bias_gelu(x, row_bias(x), "tanh"),
-                  lambda x, g: fuseops.bias_gelu_backward(
-                      g, x, row_bias(x), "tanh", grad_input=torch.empty_like(x),
-                      grad_bias=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
+    "bias_gelu": (
+        lambda x: fuseops.bias_gelu(x, row_bias(x), "tanh"),
+        lambda x, g: fuseops.bias_gelu_backward(
+            g,
+            x,
+            row_bias(x),
+            "tanh",
+            grad_input=torch.empty_like(x),
+            grad_bias=torch.empty(x.shape[-1], dtype=x.dtype),
+        )[0],
+    ),
     # Gated: the gate's gradient reuses the buffer (up = a fixed function of x).
     # The norms: the input's gradient does (the weight's is a new tensor).
-    "swiglu": (lambda x: fuseops.swiglu(x, UP_SCALE * x.detach()),
-               lambda x, g: fuseops.swiglu_backward(g, x, UP_SCALE * x,
-                                                    grad_gate=torch.empty_like(x),
-                                                    grad_up=torch.empty_like(x))[0]),
-    "geglu": (lambda x: fuseops.geglu(x, UP_SCALE * x.detach(), "tanh"),
-              lambda x, g: fuseops.geglu_backward(g, x, UP_SCALE * x, "tanh",
-                                                  grad_gate=torch.empty_like(x),
-                                                  grad_up=torch.empty_like(x))[0]),
-    "rms_norm": (lambda x: fuseops.rms_norm(x, norm_weight(x), 1e-6),
-                 lambda x, g: fuseops.rms_norm_backward(
-                     g, x, norm_weight(x), fuseops.rms_norm_forward(x, norm_weight(x), 1e-6)[1],
-                     grad_input=torch.empty_like(x),
-                     grad_weight=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
-    "layer_norm": (lambda x: fuseops.layer_norm(x, norm_weight(x), norm_weight(x), 1e-5),
-                   lambda x, g: fuseops.layer_norm_backward(
-                       g, x, norm_weight(x), *fuseops.layer_norm_forward(x, norm_weight(x),
-                                                                          norm_weight(x), 1e-5)[1:],
-                       grad_input=torch.empty_like(x),
-                       grad_weight=torch.empty(x.shape[-1], dtype=x.dtype),
-                       grad_bias=torch.empty(x.shape[-1], dtype=x.dtype))[0]),
+    "swiglu": (
+        lambda x: fuseops.swiglu(x, UP_SCALE * x.detach()),
+        lambda x, g: fuseops.swiglu_backward(
+            g, x, UP_SCALE * x, grad_gate=torch.empty_like(x), grad_up=torch.empty_like(x)
+        )[0],
+    ),
+    "geglu": (
+        lambda x: fuseops.geglu(x, UP_SCALE * x.detach(), "tanh"),
+        lambda x, g: fuseops.geglu_backward(
+            g, x, UP_SCALE * x, "tanh", grad_gate=torch.empty_like(x), grad_up=torch.empty_like(x)
+        )[0],
+    ),
+    "rms_norm": (
+        lambda x: fuseops.rms_norm(x, norm_weight(x), 1e-6),
+        lambda x, g: fuseops.rms_norm_backward(
+            g,
+            x,
+            norm_weight(x),
+            fuseops.rms_norm_forward(x, norm_weight(x), 1e-6)[1],
+            grad_input=torch.empty_like(x),
+            grad_weight=torch.empty(x.shape[-1], dtype=x.dtype),
+        )[0],
+    ),
+    "layer_norm": (
+        lambda x: fuseops.layer_norm(x, norm_weight(x), norm_weight(x), 1e-5),
+        lambda x, g: fuseops.layer_norm_backward(
+            g,
+            x,
+            norm_weight(x),
+            *fuseops.layer_norm_forward(x, norm_weight(x), norm_weight(x), 1e-5)[1:],
+            grad_input=torch.empty_like(x),
+            grad_weight=torch.empty(x.shape[-1], dtype=x.dtype),
+            grad_bias=torch.empty(x.shape[-1], dtype=x.dtype),
+        )[0],
+    ),
     # The gradient of the sum new_residual = x + residual (here a fixed
     # function of x) reuses that of `out`; new_residual is unused.
-    "fused_add_rms_norm": (lambda x: fuseops.fused_add_rms_norm(
-                               x, RESIDUAL_SCALE * x.detach(), norm_weight(x), 1e-6)[0],
-                           lambda x, g: fused_add_rms_norm_expected(x, g, None)),
+    "fused_add_rms_norm": (
+        lambda x: fuseops.fused_add_rms_norm(x, RESIDUAL_SCALE * x.detach(), norm_weight(x), 1e-6)[
+            0
+        ],
+        lambda x, g: fused_add_rms_norm_expected(x, g, None),
+    ),
 }
 
 RESIDUAL_SCALE = -0.5
@@ -83,10 +111,17 @@ RESIDUAL_SCALE = -0.5
 
 def fused_add_rms_norm_expected(x, grad_out, grad_new_residual):
     _, new_residual, rstd = fuseops.fused_add_rms_norm_forward(
-        x, RESIDUAL_SCALE * x, norm_weight(x), 1e-6)
+        x, RESIDUAL_SCALE * x, norm_weight(x), 1e-6
+    )
     return fuseops.fused_add_rms_norm_backward(
-        grad_out, grad_new_residual, new_residual, norm_weight(x), rstd,
-        grad_input=torch.empty_like(x), grad_weight=torch.empty(x.shape[-1], dtype=x.dtype))[0]
+        grad_out,
+        grad_new_residual,
+        new_residual,
+        norm_weight(x),
+        rstd,
+        grad_input=torch.empty_like(x),
+        grad_weight=torch.empty(x.shape[-1], dtype=x.dtype),
+    )[0]
 
 
 def row_bias(x):
@@ -143,8 +178,13 @@ def test_gradient_someone_holds_is_left_alone(name):
 # Those with a double backward. The activations' gradient under
 # create_graph comes from the same kernels (the same bits); the norms' from a
 # differentiable composite, which rounds differently (float64: 1e-12).
-RECORDED_TOLERANCE = {"relu": 0.0, "gelu": 0.0, "silu": 0.0, "rms_norm": 1e-12,
-                      "fused_add_rms_norm": 1e-12}
+RECORDED_TOLERANCE = {
+    "relu": 0.0,
+    "gelu": 0.0,
+    "silu": 0.0,
+    "rms_norm": 1e-12,
+    "fused_add_rms_norm": 1e-12,
+}
 
 
 @pytest.mark.parametrize("name", list(RECORDED_TOLERANCE))
@@ -152,13 +192,13 @@ def test_no_reuse_when_the_gradient_is_recorded(name):
     # create_graph=True: the gradient is part of a graph (double backward).
     forward, expected = OPS[name]
     x, upstream = inputs(torch.float64)
-    (grad,) = torch.autograd.grad((Fresh.apply(forward(x)) * upstream).sum(), x,
-                                  create_graph=True)
+    (grad,) = torch.autograd.grad((Fresh.apply(forward(x)) * upstream).sum(), x, create_graph=True)
     assert grad.data_ptr() != Fresh.address
     assert grad.requires_grad
     tolerance = RECORDED_TOLERANCE[name]
-    torch.testing.assert_close(grad.detach(), expected(x.detach(), upstream),
-                               rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(
+        grad.detach(), expected(x.detach(), upstream), rtol=tolerance, atol=tolerance
+    )
 
 
 def test_bias_gelu_under_create_graph_is_refused_not_reused():
@@ -176,7 +216,8 @@ def test_bias_gelu_bias_gradient_with_reuse(dtype):
     x, upstream = inputs(dtype)
     bias = row_bias(x).requires_grad_()
     grad_x, grad_bias = torch.autograd.grad(
-        (Fresh.apply(fuseops.bias_gelu(x, bias, "none")) * upstream).sum(), (x, bias))
+        (Fresh.apply(fuseops.bias_gelu(x, bias, "none")) * upstream).sum(), (x, bias)
+    )
     assert grad_x.data_ptr() == Fresh.address
     expected_x, expected_bias = fuseops.bias_gelu_backward(upstream, x.detach(), bias.detach())
     assert torch.equal(grad_x, expected_x)
@@ -195,17 +236,21 @@ def test_fused_add_rms_norm_with_both_gradients(dtype):
     weight = norm_weight(x).requires_grad_()
     out, new_residual = fuseops.fused_add_rms_norm(x, residual, weight, 1e-6)
     grad_x, grad_residual, grad_weight = torch.autograd.grad(
-        [(Fresh.apply(out) * upstream).sum(), new_residual], (x, residual, weight),
-        [None, grad_new_residual])
+        [(Fresh.apply(out) * upstream).sum(), new_residual],
+        (x, residual, weight),
+        [None, grad_new_residual],
+    )
     assert grad_x.data_ptr() == Fresh.address
     assert torch.equal(grad_new_residual, kept)
     expected = fused_add_rms_norm_expected(x.detach(), upstream, kept)
     assert torch.equal(grad_x, expected)
     assert torch.equal(grad_residual, expected)
-    _, nr, rstd = fuseops.fused_add_rms_norm_forward(x.detach(), residual.detach(),
-                                                     weight.detach(), 1e-6)
-    _, expected_weight = fuseops.fused_add_rms_norm_backward(upstream, kept, nr, weight.detach(),
-                                                             rstd)
+    _, nr, rstd = fuseops.fused_add_rms_norm_forward(
+        x.detach(), residual.detach(), weight.detach(), 1e-6
+    )
+    _, expected_weight = fuseops.fused_add_rms_norm_backward(
+        upstream, kept, nr, weight.detach(), rstd
+    )
     assert torch.equal(grad_weight, expected_weight)
 
 
@@ -240,15 +285,18 @@ def test_rope_gradients_are_reused(dtype, interleaved):
     stored = []
     out_q, out_k = fuseops.rope(q, k, cos, sin, positions, interleaved)
     out_k.register_hook(stored.append)
-    grad_q, grad_k = torch.autograd.grad((Fresh.apply(out_q) * gq).sum() + (out_k * gk).sum(),
-                                         (q, k))
+    grad_q, grad_k = torch.autograd.grad(
+        (Fresh.apply(out_q) * gq).sum() + (out_k * gk).sum(), (q, k)
+    )
     assert Fresh.addresses == [grad_q.data_ptr()]
     assert grad_k.data_ptr() != stored[0].data_ptr()
     assert torch.equal(stored[0], gk)
     assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
     # One tensor (rope.single), and a pair whose key is unused.
-    for forward in (lambda: fuseops.rope(q, None, cos, sin, positions, interleaved),
-                    lambda: fuseops.rope(q, k, cos, sin, positions, interleaved)[0]):
+    for forward in (
+        lambda: fuseops.rope(q, None, cos, sin, positions, interleaved),
+        lambda: fuseops.rope(q, k, cos, sin, positions, interleaved)[0],
+    ):
         (grad_q,) = torch.autograd.grad((Fresh.apply(forward()) * gq).sum(), q)
         assert grad_q.data_ptr() == Fresh.address
         assert torch.equal(grad_q, expected_q)
@@ -259,8 +307,9 @@ def test_rope_gradient_someone_holds_is_left_alone():
     cos, sin = ROPE_TABLES
     expected_q, expected_k = fuseops.rope_backward(gq, gk, cos, sin, positions)
     kept_q, kept_k = gq.clone(), gk.clone()
-    grad_q, grad_k = torch.autograd.grad(fuseops.rope(q, k, cos, sin, positions), (q, k),
-                                         (kept_q, kept_k))
+    grad_q, grad_k = torch.autograd.grad(
+        fuseops.rope(q, k, cos, sin, positions), (q, k), (kept_q, kept_k)
+    )
     assert torch.equal(kept_q, gq) and torch.equal(kept_k, gk)
     assert torch.equal(grad_q, expected_q) and torch.equal(grad_k, expected_k)
     y = fuseops.rope(q, None, cos, sin, positions)
@@ -277,12 +326,13 @@ def test_rope_no_reuse_when_the_gradient_is_recorded():
     # requires grad.
     gq.requires_grad_()
     (grad_q,) = torch.autograd.grad(
-        (Fresh.apply(fuseops.rope(q, None, cos, sin, positions)) * gq).sum(), q,
-        create_graph=True)
+        (Fresh.apply(fuseops.rope(q, None, cos, sin, positions)) * gq).sum(), q, create_graph=True
+    )
     assert grad_q.data_ptr() != Fresh.address
     assert grad_q.requires_grad
-    assert torch.equal(grad_q.detach(),
-                       fuseops.rope_backward(gq.detach(), None, cos, sin, positions))
+    assert torch.equal(
+        grad_q.detach(), fuseops.rope_backward(gq.detach(), None, cos, sin, positions)
+    )
 
 
 def test_backward_out_may_be_grad_output_itself():

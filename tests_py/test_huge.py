@@ -51,7 +51,7 @@ def test_relu_bfloat16_beyond_2_31_elements():
         assert torch.equal(y[r], reference.relu(x[r]))
     # A stride of 2**20 elements samples the whole tensor (offsets past 2**31
     # included) without touching it all.
-    assert torch.equal(y[::2**20], reference.relu(x[::2**20]))
+    assert torch.equal(y[:: 2**20], reference.relu(x[:: 2**20]))
     # In place (the out= path) on y, whose pages are already committed.
     for r in regions(BEYOND):
         y[r] = torch.randn(r.stop - r.start, dtype=torch.bfloat16)
@@ -86,13 +86,20 @@ def test_rms_norm_with_more_than_2_31_elements_in_all(output_cache):
     out, rstd = fuseops.rms_norm_forward(x, w, 1e-6)
     for row in checked:
         want = reference.rms_norm(x[row].double(), w.double(), 1e-6)
-        torch.testing.assert_close(out[row].double(), want, rtol=2**-7, atol=2**-7 * want.abs().max().item())
+        torch.testing.assert_close(
+            out[row].double(), want, rtol=2**-7, atol=2**-7 * want.abs().max().item()
+        )
     del out
     grad_x, grad_w = fuseops.rms_norm_backward(grad, x, w, rstd)
     assert fuseops.cpu.output_memory_stats()["cache_hits"] > hits
-    want_x, want_w = reference.rms_norm_backward(grad[checked].double(), x[checked].double(), w.double(),
-                                                 rstd[checked].double())
+    want_x, want_w = reference.rms_norm_backward(
+        grad[checked].double(), x[checked].double(), w.double(), rstd[checked].double()
+    )
     # bfloat16 results of float32 math: one rounding (2**-8) with room.
-    torch.testing.assert_close(grad_x[checked].double(), want_x, rtol=2**-7, atol=2**-7 * want_x.abs().max().item())
+    torch.testing.assert_close(
+        grad_x[checked].double(), want_x, rtol=2**-7, atol=2**-7 * want_x.abs().max().item()
+    )
     # Every other row of x and grad is 0 and adds nothing to the weight gradient.
-    torch.testing.assert_close(grad_w.double(), want_w, rtol=2**-7, atol=2**-7 * want_w.abs().max().item())
+    torch.testing.assert_close(
+        grad_w.double(), want_w, rtol=2**-7, atol=2**-7 * want_w.abs().max().item()
+    )

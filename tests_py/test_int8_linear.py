@@ -68,7 +68,9 @@ def test_pack_layout(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("m,n,k", [(1, 16, 4), (1, 37, 129), (3, 5, 1), (8, 64, 256), (33, 40, 67), (257, 48, 130)])
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 16, 4), (1, 37, 129), (3, 5, 1), (8, 64, 256), (33, 40, 67), (257, 48, 130)]
+)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_weight_only_matches_float64_reference(dtype, m, n, k, with_bias, device):
     _, wq, scale = quantized_weight(n, k, device)
@@ -91,7 +93,9 @@ def test_rows_do_not_depend_on_the_batch(device):
     x = torch.randn(100, 300, device=device)
     batch = fuseops.int8_weight_only_linear(x, packed, s)
     for row in (0, 5, 6, 47, 48, 99):
-        assert torch.equal(fuseops.int8_weight_only_linear(x[row : row + 1], packed, s), batch[row : row + 1])
+        assert torch.equal(
+            fuseops.int8_weight_only_linear(x[row : row + 1], packed, s), batch[row : row + 1]
+        )
 
 
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])
@@ -112,10 +116,17 @@ def test_any_layout_and_leading_dims(layout, device):
 def test_empty_inputs(device):
     _, wq, scale = quantized_weight(8, 12, device)
     packed, s, _ = fuseops.pack_int8_weight(wq, scale)
-    assert fuseops.int8_weight_only_linear(torch.randn(0, 12, device=device), packed, s).shape == (0, 8)
-    empty_k = fuseops.pack_int8_weight(torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device))
+    assert fuseops.int8_weight_only_linear(torch.randn(0, 12, device=device), packed, s).shape == (
+        0,
+        8,
+    )
+    empty_k = fuseops.pack_int8_weight(
+        torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device)
+    )
     bias = torch.randn(5, device=device)
-    y = fuseops.int8_weight_only_linear(torch.randn(3, 0, device=device), empty_k[0], empty_k[1], bias)
+    y = fuseops.int8_weight_only_linear(
+        torch.randn(3, 0, device=device), empty_k[0], empty_k[1], bias
+    )
     assert torch.equal(y, bias.expand(3, 5))
 
 
@@ -137,8 +148,10 @@ def test_inference_only(device):
     _, wq, scale = quantized_weight(8, 12, device)
     packed, s, _ = fuseops.pack_int8_weight(wq, scale)
     x = torch.randn(2, 12, device=device, requires_grad=True)
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s),
-                          ["fuseops::int8_weight_only_linear", "inference op", "torch.no_grad()"])
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(x, packed, s),
+        ["fuseops::int8_weight_only_linear", "inference op", "torch.no_grad()"],
+    )
     with torch.no_grad():
         assert not fuseops.int8_weight_only_linear(x, packed, s).requires_grad
     with torch.inference_mode():
@@ -150,20 +163,46 @@ def test_bad_inputs(device):
     packed, s, _ = fuseops.pack_int8_weight(wq, torch.rand(20, device=device))
     op = "fuseops::int8_weight_only_linear"
     x = torch.randn(2, 12, device=device)
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(torch.randn(2, 13, device=device), packed, s),
-                          [op, "'input'", "K = 13", "'packed'"])
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed.float(), s), [op, "'packed'", "int8"])
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed[:, :, :8], s), [op, "'packed'", "shape"])
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s[:5]), [op, "'scale'", "N = 5"])
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s.half()), [op, "'scale'", "float32"])
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s, torch.randn(19, device=device)),
-                          [op, "'bias'", "[20]"])
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x, packed, s, torch.randn(20, device=device).half()),
-                          [op, "'bias'", "dtype"])
-    expect_error_mentions(lambda: fuseops.int8_weight_only_linear(x.int(), packed, s), [op, "'input'", "dtype"])
-    expect_error_mentions(lambda: fuseops.pack_int8_weight(wq.float(), s), ["fuseops::pack_int8_weight", "'wq'", "int8"])
-    expect_error_mentions(lambda: fuseops.pack_int8_weight(wq, s[:12]), ["fuseops::pack_int8_weight", "'scale'", "[20]"])
-    expect_error_mentions(lambda: fuseops.pack_int8_weight(wq[0], s), ["fuseops::pack_int8_weight", "'wq'", "2-D"])
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(torch.randn(2, 13, device=device), packed, s),
+        [op, "'input'", "K = 13", "'packed'"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(x, packed.float(), s), [op, "'packed'", "int8"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(x, packed[:, :, :8], s), [op, "'packed'", "shape"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(x, packed, s[:5]), [op, "'scale'", "N = 5"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(x, packed, s.half()), [op, "'scale'", "float32"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(x, packed, s, torch.randn(19, device=device)),
+        [op, "'bias'", "[20]"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(
+            x, packed, s, torch.randn(20, device=device).half()
+        ),
+        [op, "'bias'", "dtype"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.int8_weight_only_linear(x.int(), packed, s), [op, "'input'", "dtype"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_int8_weight(wq.float(), s),
+        ["fuseops::pack_int8_weight", "'wq'", "int8"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_int8_weight(wq, s[:12]),
+        ["fuseops::pack_int8_weight", "'scale'", "[20]"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_int8_weight(wq[0], s), ["fuseops::pack_int8_weight", "'wq'", "2-D"]
+    )
 
 
 # --- fuseops.nn.Int8Linear and fuseops.quantize_ ------------------------------
@@ -196,7 +235,8 @@ def test_int8_linear_module_from_float_and_state_dict(device):
 
 def test_quantize_swaps_linear_layers_in_place(device):
     model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.ReLU(),
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
         torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 8)),
     ).to(device)
     x = torch.randn(5, 32, device=device)
@@ -204,7 +244,9 @@ def test_quantize_swaps_linear_layers_in_place(device):
         before = model(x)
     changed = fuseops.quantize_(model, skip=["2.1"])
     assert [c.name for c in changed] == ["0", "2.0"]
-    assert isinstance(model[0], fuseops.nn.Int8Linear) and isinstance(model[2][0], fuseops.nn.Int8Linear)
+    assert isinstance(model[0], fuseops.nn.Int8Linear) and isinstance(
+        model[2][0], fuseops.nn.Int8Linear
+    )
     assert type(model[2][1]) is torch.nn.Linear
     with torch.no_grad():
         after = model(x)
@@ -215,7 +257,10 @@ def test_quantize_swaps_linear_layers_in_place(device):
 
 @pytest.mark.parametrize("mode", ["2:4+w4", "int4"])
 def test_quantize_refuses_modes_not_built(mode):
-    with pytest.raises(ValueError, match=r"unknown mode .*supported: 'w8a16', 'w8a8', '2:4', '2:4\+w8a16', '2:4\+w8a8'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown mode .*supported: 'w8a16', 'w8a8', '2:4', '2:4\+w8a16', '2:4\+w8a8'",
+    ):
         fuseops.quantize_(torch.nn.Linear(4, 4), mode=mode)
 
 
@@ -236,8 +281,11 @@ def test_quantized_model_compiles_and_exports():
 
 # --- int8_dynamic_linear (W8A8 dynamic) ----------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("m,n,k", [(1, 16, 4), (1, 37, 129), (3, 5, 1), (8, 64, 256), (33, 40, 67), (257, 48, 530)])
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 16, 4), (1, 37, 129), (3, 5, 1), (8, 64, 256), (33, 40, 67), (257, 48, 530)]
+)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_dynamic_matches_float64_reference(dtype, m, n, k, with_bias, device):
     _, wq, scale = quantized_weight(n, k, device)
@@ -278,7 +326,10 @@ def test_dynamic_rows_are_independent_and_special_rows(device):
     finite = [r for r in range(100) if r not in (7, 50)]
     assert batch[finite].isfinite().all()
     for row in (0, 5, 11, 12, 47, 48, 99):
-        assert torch.equal(fuseops.int8_dynamic_linear(x[row : row + 1], packed, s, colsum, bias), batch[row : row + 1])
+        assert torch.equal(
+            fuseops.int8_dynamic_linear(x[row : row + 1], packed, s, colsum, bias),
+            batch[row : row + 1],
+        )
 
 
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])
@@ -299,18 +350,27 @@ def test_dynamic_any_layout_and_leading_dims(layout, device):
 def test_dynamic_empty_inputs(device):
     _, wq, scale = quantized_weight(8, 12, device)
     packed, s, colsum = fuseops.pack_int8_weight(wq, scale)
-    assert fuseops.int8_dynamic_linear(torch.randn(0, 12, device=device), packed, s, colsum).shape == (0, 8)
-    empty_k = fuseops.pack_int8_weight(torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device))
+    assert fuseops.int8_dynamic_linear(
+        torch.randn(0, 12, device=device), packed, s, colsum
+    ).shape == (0, 8)
+    empty_k = fuseops.pack_int8_weight(
+        torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device)
+    )
     bias = torch.randn(5, device=device)
-    assert torch.equal(fuseops.int8_dynamic_linear(torch.randn(3, 0, device=device), *empty_k, bias), bias.expand(3, 5))
+    assert torch.equal(
+        fuseops.int8_dynamic_linear(torch.randn(3, 0, device=device), *empty_k, bias),
+        bias.expand(3, 5),
+    )
 
 
 def test_dynamic_inference_only(device):
     _, wq, scale = quantized_weight(8, 12, device)
     weight = fuseops.pack_int8_weight(wq, scale)
     x = torch.randn(2, 12, device=device, requires_grad=True)
-    expect_error_mentions(lambda: fuseops.int8_dynamic_linear(x, *weight),
-                          ["fuseops::int8_dynamic_linear", "inference op", "torch.no_grad()"])
+    expect_error_mentions(
+        lambda: fuseops.int8_dynamic_linear(x, *weight),
+        ["fuseops::int8_dynamic_linear", "inference op", "torch.no_grad()"],
+    )
     with torch.no_grad():
         assert not fuseops.int8_dynamic_linear(x, *weight).requires_grad
 
@@ -321,16 +381,24 @@ def test_dynamic_bad_inputs(device):
     op = "fuseops::int8_dynamic_linear"
     x = torch.randn(2, 12, device=device)
     f = fuseops.int8_dynamic_linear
-    expect_error_mentions(lambda: f(torch.randn(2, 13, device=device), packed, s, colsum), [op, "'input'", "K = 13"])
+    expect_error_mentions(
+        lambda: f(torch.randn(2, 13, device=device), packed, s, colsum), [op, "'input'", "K = 13"]
+    )
     expect_error_mentions(lambda: f(x, packed.float(), s, colsum), [op, "'packed'", "int8"])
     expect_error_mentions(lambda: f(x, packed, s[:5], colsum), [op, "'scale'", "N = 5"])
     expect_error_mentions(lambda: f(x, packed, s, colsum.long()), [op, "'colsum'", "int32"])
     expect_error_mentions(lambda: f(x, packed, s, colsum[:19]), [op, "'colsum'", "[20]"])
-    expect_error_mentions(lambda: f(x, packed, s, colsum, torch.randn(19, device=device)), [op, "'bias'", "[20]"])
+    expect_error_mentions(
+        lambda: f(x, packed, s, colsum, torch.randn(19, device=device)), [op, "'bias'", "[20]"]
+    )
     expect_error_mentions(lambda: f(x.int(), packed, s, colsum), [op, "'input'", "dtype"])
     big_k = 132105
-    big = fuseops.pack_int8_weight(torch.zeros(1, big_k, dtype=torch.int8, device=device), torch.ones(1, device=device))
-    expect_error_mentions(lambda: f(torch.zeros(1, big_k, device=device), *big), [op, "'input'", "at most 132104"])
+    big = fuseops.pack_int8_weight(
+        torch.zeros(1, big_k, dtype=torch.int8, device=device), torch.ones(1, device=device)
+    )
+    expect_error_mentions(
+        lambda: f(torch.zeros(1, big_k, device=device), *big), [op, "'input'", "at most 132104"]
+    )
 
 
 @pytest.mark.parametrize("rows", ["uniform", "spread"])
@@ -365,12 +433,17 @@ def test_dynamic_per_token_beats_per_tensor_activation_quantization(rows):
             warnings.simplefilter("ignore", UserWarning)
             torch.backends.quantized.engine = engine
             module = nnqd.Linear(k, n, bias_=False)
-            qweight = torch._make_per_channel_quantized_tensor(wq, scale.double(), torch.zeros(n, dtype=torch.long), 0)
+            qweight = torch._make_per_channel_quantized_tensor(
+                wq, scale.double(), torch.zeros(n, dtype=torch.long), 0
+            )
             module.set_weight_bias(qweight, None)
             errors[engine] = row_errors(module(x))
     torch.backends.quantized.engine = previous
-    print(f"W8A8 ({rows} rows) relative error vs the dequantized float layer, mean over rows: per token "
-          f"(fuseops) {ours.mean():.2e}, per tensor: " + ", ".join(f"{e} {v.mean():.2e}" for e, v in errors.items()))
+    print(
+        f"W8A8 ({rows} rows) relative error vs the dequantized float layer, mean over rows: per token "
+        f"(fuseops) {ours.mean():.2e}, per tensor: "
+        + ", ".join(f"{e} {v.mean():.2e}" for e, v in errors.items())
+    )
     assert ours.max() < 0.02
     for engine, theirs in errors.items():
         assert ours.mean() < theirs.mean(), engine
@@ -393,7 +466,9 @@ def test_int8_linear_w8a8_mode_and_quantize(device):
         assert torch.equal(other(x), y)
     with pytest.raises(ValueError, match="unknown mode 'w4'"):
         fuseops.nn.Int8Linear(4, 4, mode="w4")
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+    ).to(device)
     with torch.no_grad():
         before = model(x[:, :32])
         changed = fuseops.quantize_(model, mode="w8a8")

@@ -197,7 +197,9 @@ def test_bfloat16_no_less_accurate_than_compiled_reference():
         return (y.double() - exact).abs().max().item()
 
     assert error(fuseops.layer_norm(x, weight, bias)) <= error(compiled)
-    assert error(fuseops.layer_norm(x, weight, bias)) <= error(reference.layer_norm(x, weight, bias))
+    assert error(fuseops.layer_norm(x, weight, bias)) <= error(
+        reference.layer_norm(x, weight, bias)
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -242,25 +244,42 @@ def test_out_in_place():
 @pytest.mark.parametrize(
     "call, fragments",
     [
-        (lambda: fuseops.layer_norm(torch.ones(3, dtype=torch.int32)), ["fuseops::layer_norm", "'input'", "Int"]),
-        (lambda: fuseops.layer_norm(torch.tensor(1.0)), ["fuseops::layer_norm", "'input'", "0-dimensional"]),
-        (lambda: fuseops.layer_norm(torch.ones(3, 8), torch.ones(7)), ["fuseops::layer_norm", "'weight'", "[8]", "[7]"]),
+        (
+            lambda: fuseops.layer_norm(torch.ones(3, dtype=torch.int32)),
+            ["fuseops::layer_norm", "'input'", "Int"],
+        ),
+        (
+            lambda: fuseops.layer_norm(torch.tensor(1.0)),
+            ["fuseops::layer_norm", "'input'", "0-dimensional"],
+        ),
+        (
+            lambda: fuseops.layer_norm(torch.ones(3, 8), torch.ones(7)),
+            ["fuseops::layer_norm", "'weight'", "[8]", "[7]"],
+        ),
         (
             lambda: fuseops.layer_norm(torch.ones(3, 8), None, torch.ones(8, dtype=torch.float64)),
             ["fuseops::layer_norm", "'bias'", "dtype"],
         ),
         (
-            lambda: fuseops.layer_norm_backward(torch.ones(3, 7), torch.ones(3, 8), None, torch.ones(3), torch.ones(3)),
+            lambda: fuseops.layer_norm_backward(
+                torch.ones(3, 7), torch.ones(3, 8), None, torch.ones(3), torch.ones(3)
+            ),
             ["fuseops::layer_norm_backward", "'grad_output'", "shape"],
         ),
         (
             lambda: fuseops.layer_norm_backward(
-                torch.ones(3, 8), torch.ones(3, 8), None, torch.ones(3, dtype=torch.int64), torch.ones(3)
+                torch.ones(3, 8),
+                torch.ones(3, 8),
+                None,
+                torch.ones(3, dtype=torch.int64),
+                torch.ones(3),
             ),
             ["fuseops::layer_norm_backward", "'mean'", "dtype", "Long"],
         ),
         (
-            lambda: fuseops.layer_norm_backward(torch.ones(3, 8), torch.ones(3, 8), None, torch.ones(3), torch.ones(3, 2)),
+            lambda: fuseops.layer_norm_backward(
+                torch.ones(3, 8), torch.ones(3, 8), None, torch.ones(3), torch.ones(3, 2)
+            ),
             ["fuseops::layer_norm_backward", "'rstd'", "shape [3]", "followed by 1", "[3, 2]"],
         ),
         (

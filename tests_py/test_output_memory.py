@@ -88,8 +88,9 @@ def test_saved_tensors_and_gradients_from_the_allocator():
 
 def test_profiler_sees_the_allocation():
     x = _large_input()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         y = fuseops.relu(x)
     events = [e for e in prof.key_averages() if e.key == "fuseops::relu"]
     assert events, [e.key for e in prof.key_averages()]
@@ -121,10 +122,14 @@ def anon_huge_kb(ptr):
 """
 
 
-@pytest.mark.skipif(_transparent_huge_pages_mode() not in ("madvise", "always"),
-                    reason="this system gives no transparent huge pages to madvised memory")
+@pytest.mark.skipif(
+    _transparent_huge_pages_mode() not in ("madvise", "always"),
+    reason="this system gives no transparent huge pages to madvised memory",
+)
 def test_output_gets_huge_pages_where_the_system_allows():
-    result = run_python(_ANON_HUGE_PAGES_OF + """
+    result = run_python(
+        _ANON_HUGE_PAGES_OF
+        + """
 import torch, fuseops
 x = torch.randn(16 << 20)
 fuseops.cpu.set_output_cache_limit(1 << 30)  # the allocator in use, huge pages off
@@ -133,7 +138,8 @@ print(anon_huge_kb(y.data_ptr()))
 fuseops.cpu.set_output_huge_pages(True)
 z = fuseops.relu(x)  # 64 MiB, written by the kernel
 print(anon_huge_kb(z.data_ptr()))
-""")
+"""
+    )
     assert result.returncode == 0, result.stderr
     off, on = (int(v) for v in result.stdout.split()[-2:])
     assert off == 0 and on > 0, result.stdout
@@ -142,7 +148,9 @@ print(anon_huge_kb(z.data_ptr()))
 def test_correct_without_huge_pages():
     # PR_SET_THP_DISABLE: this process gets no transparent huge pages, as on
     # a system that has them off; the outputs are ordinary memory then.
-    result = run_python(_ANON_HUGE_PAGES_OF + """
+    result = run_python(
+        _ANON_HUGE_PAGES_OF
+        + """
 import ctypes, torch, fuseops
 PR_SET_THP_DISABLE = 41
 assert ctypes.CDLL(None).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
@@ -151,7 +159,8 @@ x = torch.randn(16 << 20)
 y = fuseops.relu(x)
 assert torch.equal(y, torch.relu(x))
 print(anon_huge_kb(y.data_ptr()))
-""")
+"""
+    )
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[-1]) == 0, result.stdout
 

@@ -15,7 +15,9 @@ from test_conformance import _params, fresh, is_backward_op, is_out, needs_grad
 
 
 def profiled(fn):
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True
+    ) as prof:
         fn()
     return prof
 
@@ -31,8 +33,9 @@ def shapes_of(args) -> list:
 
 
 @pytest.mark.parametrize(
-    "sample", _params(lambda s: needs_grad(s) and not is_out(s) and not is_backward_op(s),
-                      first_per_op=True))
+    "sample",
+    _params(lambda s: needs_grad(s) and not is_out(s) and not is_backward_op(s), first_per_op=True),
+)
 def test_profiler_records_the_op_and_its_shapes_forward_and_backward(sample):
     args, _, public_args = fresh(sample)
     if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
@@ -51,12 +54,15 @@ def test_profiler_records_the_op_and_its_shapes_forward_and_backward(sample):
     assert calls, sorted({e.name for e in prof.events() if e.name.startswith("fuseops::")})
     # The dispatcher's event of the op (the autograd and CPU kernels run
     # inside it) records every argument's shape.
-    assert shapes_of(sample.args) in [e.input_shapes for e in calls], [e.input_shapes for e in calls]
+    assert shapes_of(sample.args) in [e.input_shapes for e in calls], [
+        e.input_shapes for e in calls
+    ]
     gradients = events_named(prof, backward)
     assert gradients, sorted({e.name for e in prof.events() if e.name.startswith("fuseops::")})
     # Backward's first argument is the gradient of the first output.
-    assert any(e.input_shapes and e.input_shapes[0] == list(results[0].shape) for e in gradients), \
-        [e.input_shapes for e in gradients]
+    assert any(e.input_shapes and e.input_shapes[0] == list(results[0].shape) for e in gradients), [
+        e.input_shapes for e in gradients
+    ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

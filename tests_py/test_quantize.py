@@ -28,7 +28,9 @@ def make(shape, dtype, layout, device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (0, 5), (4, 0), (33, 1031), (2, 3, 40)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(1, 1), (3, 17), (0, 5), (4, 0), (33, 1031), (2, 3, 40)], ids=str
+)
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
 def test_quantize_matches_reference_exactly(dtype, shape, layout, device):
     x = make(shape, dtype, layout, device)
@@ -60,7 +62,9 @@ def test_error_against_unquantized_values_is_half_a_step(dtype, device):
 
 
 def test_round_half_to_even_and_zero_rows(device):
-    x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 126.5], [0.0] * 7, [1e-44] + [0.0] * 6], device=device)
+    x = torch.tensor(
+        [[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 126.5], [0.0] * 7, [1e-44] + [0.0] * 6], device=device
+    )
     q, scale = fuseops.quantize_per_token_int8(x)
     assert q[0].tolist() == [127, 0, 2, 2, 0, -2, 126]
     # absmax / 127 is 0 in float32: scale 1, all zeros, and dequantization gives 0.
@@ -73,12 +77,16 @@ def test_round_half_to_even_and_zero_rows(device):
 def test_non_finite_rows_are_refused(bad, device):
     x = torch.randn(5, 9, device=device)
     x[3, 4] = bad
-    expect_error_mentions(lambda: fuseops.quantize_per_channel_int8(x),
-                          ["fuseops::quantize_per_channel_int8", "'weight'", "row 3", "Inf or NaN"])
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_channel_int8(x),
+        ["fuseops::quantize_per_channel_int8", "'weight'", "row 3", "Inf or NaN"],
+    )
     huge = torch.zeros(2, 3, dtype=torch.float64, device=device)
     huge[1, 1] = 1e300
-    expect_error_mentions(lambda: fuseops.quantize_per_token_int8(huge),
-                          ["'input'", "row 1", "beyond float32's range"])
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_token_int8(huge),
+        ["'input'", "row 1", "beyond float32's range"],
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -99,28 +107,46 @@ def test_dequantize_matches_reference(dtype, dim, device):
 
 def test_inference_only(device):
     w = torch.randn(4, 8, device=device, requires_grad=True)
-    expect_error_mentions(lambda: fuseops.quantize_per_channel_int8(w),
-                          ["fuseops::quantize_per_channel_int8", "inference op", "torch.no_grad()"])
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_channel_int8(w),
+        ["fuseops::quantize_per_channel_int8", "inference op", "torch.no_grad()"],
+    )
     with torch.no_grad():
         q, scale = fuseops.quantize_per_channel_int8(w)
     assert not q.requires_grad and not scale.requires_grad
 
 
 def test_bad_inputs(device):
-    expect_error_mentions(lambda: fuseops.quantize_per_channel_int8(torch.randn(2, 3, 4, device=device)),
-                          ["fuseops::quantize_per_channel_int8", "'weight'", "2-D"])
-    expect_error_mentions(lambda: fuseops.quantize_per_token_int8(torch.ones(3, 4, dtype=torch.int32, device=device)),
-                          ["fuseops::quantize_per_token_int8", "'input'", "dtype"])
-    expect_error_mentions(lambda: fuseops.quantize_per_token_int8(torch.tensor(1.0, device=device)),
-                          ["fuseops::quantize_per_token_int8", "'input'", "0-d"])
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_channel_int8(torch.randn(2, 3, 4, device=device)),
+        ["fuseops::quantize_per_channel_int8", "'weight'", "2-D"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_token_int8(torch.ones(3, 4, dtype=torch.int32, device=device)),
+        ["fuseops::quantize_per_token_int8", "'input'", "dtype"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_token_int8(torch.tensor(1.0, device=device)),
+        ["fuseops::quantize_per_token_int8", "'input'", "0-d"],
+    )
     q = torch.zeros(3, 8, dtype=torch.int8, device=device)
-    expect_error_mentions(lambda: fuseops.dequantize_int8(q.float(), torch.ones(3, device=device)),
-                          ["fuseops::dequantize_int8", "'q'", "int8"])
-    expect_error_mentions(lambda: fuseops.dequantize_int8(q, torch.ones(8, device=device)),
-                          ["fuseops::dequantize_int8", "'scale'", "shape"])
-    expect_error_mentions(lambda: fuseops.dequantize_int8(q, torch.ones(3, dtype=torch.float16, device=device)),
-                          ["fuseops::dequantize_int8", "'scale'", "float32"])
-    expect_error_mentions(lambda: fuseops.dequantize_int8(q, torch.ones(3, device=device), dim=2),
-                          ["fuseops::dequantize_int8", "'dim'"])
-    expect_error_mentions(lambda: fuseops.dequantize_int8(q, torch.ones(3, device=device), dtype=torch.int32),
-                          ["fuseops::dequantize_int8", "'dtype'"])
+    expect_error_mentions(
+        lambda: fuseops.dequantize_int8(q.float(), torch.ones(3, device=device)),
+        ["fuseops::dequantize_int8", "'q'", "int8"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.dequantize_int8(q, torch.ones(8, device=device)),
+        ["fuseops::dequantize_int8", "'scale'", "shape"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.dequantize_int8(q, torch.ones(3, dtype=torch.float16, device=device)),
+        ["fuseops::dequantize_int8", "'scale'", "float32"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.dequantize_int8(q, torch.ones(3, device=device), dim=2),
+        ["fuseops::dequantize_int8", "'dim'"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.dequantize_int8(q, torch.ones(3, device=device), dtype=torch.int32),
+        ["fuseops::dequantize_int8", "'dtype'"],
+    )

@@ -24,12 +24,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Build outputs and environments (the folders .gitignore lists); hidden
 # folders (.git, .venv, .venv-cuda, .pytest_cache) are skipped as well.
-NOT_DOCUMENTATION = {"build", "_skbuild", "dist", "bench-results", "gpu-results", "demo-results", "__pycache__"}
+NOT_DOCUMENTATION = {
+    "build",
+    "_skbuild",
+    "dist",
+    "bench-results",
+    "gpu-results",
+    "demo-results",
+    "__pycache__",
+}
 
 # The documents the README's table names: finding fewer means the search is broken.
 DOCUMENTS = {
-    "README.md", "CONTRIBUTING.md", "PERFORMANCE.md", "python/README.md", "cpp/README.md",
-    "cuda/README.md", "tools/gdb/README.md",
+    "README.md",
+    "CONTRIBUTING.md",
+    "PERFORMANCE.md",
+    "python/README.md",
+    "cpp/README.md",
+    "cuda/README.md",
+    "tools/gdb/README.md",
 }
 
 EXECUTED = {
@@ -51,8 +64,11 @@ def markdown_files() -> list[Path]:
     found = []
     for folder, subfolders, files in os.walk(ROOT):
         subfolders[:] = sorted(
-            name for name in subfolders
-            if not name.startswith(".") and name not in NOT_DOCUMENTATION and not name.endswith(".egg-info")
+            name
+            for name in subfolders
+            if not name.startswith(".")
+            and name not in NOT_DOCUMENTATION
+            and not name.endswith(".egg-info")
         )
         found += [Path(folder) / name for name in sorted(files) if name.endswith(".md")]
     return found
@@ -116,8 +132,15 @@ def test_the_documents_are_found():
 
 def test_every_fenced_block_is_executed_or_of_a_language_not_executed_for_a_reason():
     assert not set(EXECUTED) & set(NOT_EXECUTED)
-    unknown = [f"{b.where}: ```{b.language}" for b in BLOCKS if b.language not in {**EXECUTED, **NOT_EXECUTED}]
-    assert not unknown, "a block of no language, or of one neither executed nor listed in NOT_EXECUTED:\n" + "\n".join(unknown)
+    unknown = [
+        f"{b.where}: ```{b.language}"
+        for b in BLOCKS
+        if b.language not in {**EXECUTED, **NOT_EXECUTED}
+    ]
+    assert not unknown, (
+        "a block of no language, or of one neither executed nor listed in NOT_EXECUTED:\n"
+        + "\n".join(unknown)
+    )
     for doc in DOCS:
         languages = [block.language for block in doc.blocks]
         assert languages.count("cmake") == languages.count("cpp") <= 1, (
@@ -147,7 +170,9 @@ def test_code_is_fenced():
 
 def test_indented_code_is_detected(tmp_path):
     doc = tmp_path / "doc.md"
-    doc.write_text("Run:\n\n    bash tools/run_tests.sh\n\n- a list item\n\n    its second paragraph\n")
+    doc.write_text(
+        "Run:\n\n    bash tools/run_tests.sh\n\n- a list item\n\n    its second paragraph\n"
+    )
     assert indented_code_lines(parse(doc)) == [3]
 
 
@@ -169,7 +194,9 @@ CPP_PROJECTS = [doc for doc in DOCS if any(block.language == "cmake" for block i
 
 
 def test_the_cpp_projects_are_found():
-    assert {"README.md", "cpp/README.md"} <= {str(doc.path.relative_to(ROOT)) for doc in CPP_PROJECTS}
+    assert {"README.md", "cpp/README.md"} <= {
+        str(doc.path.relative_to(ROOT)) for doc in CPP_PROJECTS
+    }
 
 
 @pytest.mark.slow
@@ -185,34 +212,57 @@ def test_cpp_blocks_build_against_the_package_and_run(doc, tmp_path):
 
     def run(*args):
         result = subprocess.run(args, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, f"{cmake_block.where} {args}:\n{result.stdout}\n{result.stderr}"
+        assert result.returncode == 0, (
+            f"{cmake_block.where} {args}:\n{result.stdout}\n{result.stderr}"
+        )
         return result
 
-    run(cmake, "-S", str(tmp_path), "-B", str(build), "-G", "Ninja",
-        f"-DCMAKE_PREFIX_PATH={fuseops.cmake_prefix_path}")
+    run(
+        cmake,
+        "-S",
+        str(tmp_path),
+        "-B",
+        str(build),
+        "-G",
+        "Ninja",
+        f"-DCMAKE_PREFIX_PATH={fuseops.cmake_prefix_path}",
+    )
     run(cmake, "--build", str(build))
     # The installed library finds torch by itself: no LD_LIBRARY_PATH.
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    result = subprocess.run([str(build / "app")], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(build / "app")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, f"{cpp_block.where}:\n{result.stderr}"
 
 
 # Paths into the repository's own folders; build outputs (build/...) and
 # placeholders (<venv>/...) are not checked.
-REPO_PATH = re.compile(r"(?<![\w/.<>$-])((?:tools|tests_py|tests_cpp|cpp|cuda|python|cmake)/[\w./-]*\w)")
+REPO_PATH = re.compile(
+    r"(?<![\w/.<>$-])((?:tools|tests_py|tests_cpp|cpp|cuda|python|cmake)/[\w./-]*\w)"
+)
 FUSEOPS_COMMAND = re.compile(r"-m fuseops ([\w-]+)")
 
 
 def test_shell_blocks_name_what_exists():
     shell = blocks("bash")
     assert shell, "no ```bash blocks found"
-    missing = [f"{b.where}: {p}" for b in shell for p in REPO_PATH.findall(b.code) if not (ROOT / p).exists()]
+    missing = [
+        f"{b.where}: {p}"
+        for b in shell
+        for p in REPO_PATH.findall(b.code)
+        if not (ROOT / p).exists()
+    ]
     assert not missing, "shell blocks name files that do not exist:\n" + "\n".join(missing)
     commands = {c for b in shell for c in FUSEOPS_COMMAND.findall(b.code)}
     assert commands, "no `python -m fuseops` command found in the shell blocks"
     for command in sorted(commands):
-        result = subprocess.run([sys.executable, "-m", "fuseops", command, "--help"],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "fuseops", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, f"`python -m fuseops {command}`:\n{result.stderr}"
 
 
@@ -239,7 +289,9 @@ def anchors(doc: Document) -> set[str]:
 
 def test_github_slug():
     assert github_slug("Special values (NaN, Inf, -0)") == "special-values-nan-inf--0"
-    assert github_slug("`out=` and memory shared with inputs") == "out-and-memory-shared-with-inputs"
+    assert (
+        github_slug("`out=` and memory shared with inputs") == "out-and-memory-shared-with-inputs"
+    )
     assert github_slug("2:4 sparse linear layers") == "24-sparse-linear-layers"
     assert github_slug("Memory the backward saves (`--modes fresh-grad`)") == (
         "memory-the-backward-saves---modes-fresh-grad"
@@ -270,7 +322,9 @@ def test_relative_links_name_existing_files_and_headings():
                 broken.append(f"{where}: no such file")
             elif anchor:
                 if resolved not in by_path:
-                    broken.append(f"{where}: an anchor into a file that is not one of the Markdown documents")
+                    broken.append(
+                        f"{where}: an anchor into a file that is not one of the Markdown documents"
+                    )
                 elif anchor not in anchors(by_path[resolved]):
                     broken.append(f"{where}: no heading with that anchor")
     assert checked, "no relative links found"
@@ -279,7 +333,9 @@ def test_relative_links_name_existing_files_and_headings():
 
 def test_link_check_finds_a_broken_anchor(tmp_path):
     doc = tmp_path / "doc.md"
-    doc.write_text("# Title\n\n[ok](#title), [broken](#no-such), `[in code](#x)`\n\n```text\n# not a heading\n```\n")
+    doc.write_text(
+        "# Title\n\n[ok](#title), [broken](#no-such), `[in code](#x)`\n\n```text\n# not a heading\n```\n"
+    )
     parsed = parse(doc)
     assert links(parsed) == ["#title", "#no-such"]
     assert anchors(parsed) == {"title"}

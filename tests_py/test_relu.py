@@ -90,7 +90,10 @@ def test_gradcheck_and_gradgradcheck_float64():
 @pytest.mark.parametrize(
     "call, fragments",
     [
-        (lambda: fuseops.relu(torch.ones(3, dtype=torch.int32)), ["fuseops::relu", "'input'", "Int"]),
+        (
+            lambda: fuseops.relu(torch.ones(3, dtype=torch.int32)),
+            ["fuseops::relu", "'input'", "Int"],
+        ),
         (lambda: fuseops.relu(torch.ones(3, dtype=torch.complex64)), ["fuseops::relu", "'input'"]),
         (
             lambda: fuseops.relu_backward(torch.ones(3), torch.ones(4)),

@@ -76,7 +76,11 @@ def expected_forward(x, w, eps):
 @pytest.mark.parametrize("with_weight", [True, False], ids=["weight", "no_weight"])
 def test_forward_matches_reference(dtype, shape, layout, with_weight, device):
     x = make(shape, dtype, layout, device)
-    w = make((shape[-1],), dtype, layout if layout == "sliced" else "contiguous", device) if with_weight else None
+    w = (
+        make((shape[-1],), dtype, layout if layout == "sliced" else "contiguous", device)
+        if with_weight
+        else None
+    )
     for eps in (1e-6, None):
         y = fuseops.rms_norm(x, w, eps)
         assert y.dtype == dtype and y.is_contiguous()
@@ -89,7 +93,9 @@ def test_matches_torch_rms_norm_including_default_eps(dtype):
     x = torch.randn(16, 40, dtype=dtype) * 1e-4
     w = torch.randn(40, dtype=dtype)
     assert_close(fuseops.rms_norm(x, w), F.rms_norm(x, (40,), w), dtype)
-    assert_close(torch.nn.RMSNorm(40, dtype=dtype)(x), fuseops.nn.RMSNorm(40, dtype=dtype)(x), dtype)
+    assert_close(
+        torch.nn.RMSNorm(40, dtype=dtype)(x), fuseops.nn.RMSNorm(40, dtype=dtype)(x), dtype
+    )
 
 
 def test_weight_of_another_dtype():
@@ -259,8 +265,14 @@ def test_out_in_place_and_both_outputs():
 @pytest.mark.parametrize(
     "call, fragments",
     [
-        (lambda: fuseops.rms_norm(torch.ones(3, dtype=torch.int32)), ["fuseops::rms_norm", "'input'", "Int"]),
-        (lambda: fuseops.rms_norm(torch.tensor(1.0)), ["fuseops::rms_norm", "'input'", "0-dimensional"]),
+        (
+            lambda: fuseops.rms_norm(torch.ones(3, dtype=torch.int32)),
+            ["fuseops::rms_norm", "'input'", "Int"],
+        ),
+        (
+            lambda: fuseops.rms_norm(torch.tensor(1.0)),
+            ["fuseops::rms_norm", "'input'", "0-dimensional"],
+        ),
         (
             lambda: fuseops.rms_norm(torch.ones(2, 3), torch.ones(4)),
             ["fuseops::rms_norm", "'weight'", "[3]", "[4]"],
@@ -270,11 +282,15 @@ def test_out_in_place_and_both_outputs():
             ["fuseops::fused_add_rms_norm", "'residual'", "shape"],
         ),
         (
-            lambda: fuseops.fused_add_rms_norm(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.float16)),
+            lambda: fuseops.fused_add_rms_norm(
+                torch.ones(2, 3), torch.ones(2, 3, dtype=torch.float16)
+            ),
             ["fuseops::fused_add_rms_norm", "'residual'", "dtype"],
         ),
         (
-            lambda: fuseops.rms_norm_backward(torch.ones(2, 3), torch.ones(2, 3), None, torch.ones(3)),
+            lambda: fuseops.rms_norm_backward(
+                torch.ones(2, 3), torch.ones(2, 3), None, torch.ones(3)
+            ),
             ["fuseops::rms_norm_backward", "'rstd'", "shape"],
         ),
     ],

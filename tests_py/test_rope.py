@@ -154,8 +154,12 @@ def test_rotation_keeps_norms_and_position_zero_is_identity(device):
     torch.testing.assert_close(out[0], q[0], rtol=0, atol=0)
     # Relative positions: <rope(q, m), rope(k, n)> depends on m - n only.
     k = torch.randn(4, 64, dtype=torch.float64, device=device)
-    qs = fuseops.rope(q[:1].expand(10, 4, 64), None, cos.double(), sin.double(), torch.arange(10, device=device))
-    ks = fuseops.rope(k.expand(10, 4, 64), None, cos.double(), sin.double(), torch.arange(10, device=device))
+    qs = fuseops.rope(
+        q[:1].expand(10, 4, 64), None, cos.double(), sin.double(), torch.arange(10, device=device)
+    )
+    ks = fuseops.rope(
+        k.expand(10, 4, 64), None, cos.double(), sin.double(), torch.arange(10, device=device)
+    )
     dots = (qs[1:] * ks[:-1]).sum(-1)
     torch.testing.assert_close(dots, dots[:1].expand_as(dots))
 
@@ -251,18 +255,29 @@ def test_hugging_face_drop_in(device):
     assert q_got.shape == q.shape and k_got.shape == k.shape
     torch.testing.assert_close(q_got, q_want, rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(k_got, k_want, rtol=2e-6, atol=2e-6)
-    q2, k2 = fuseops.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    q2, k2 = fuseops.apply_rotary_pos_emb(
+        q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2
+    )
     torch.testing.assert_close(q2, q_got.transpose(1, 2), rtol=0, atol=0)
     torch.testing.assert_close(k2, k_got.transpose(1, 2), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
     "rotary_dim, scaling, factor, interleaved",
-    [(64, None, 1.0, False), (10, None, 1.0, True), (32, "linear", 4.0, False), (32, "ntk", 8.0, True)],
+    [
+        (64, None, 1.0, False),
+        (10, None, 1.0, True),
+        (32, "linear", 4.0, False),
+        (32, "ntk", 8.0, True),
+    ],
 )
 def test_rope_cache_matches_float64(rotary_dim, scaling, factor, interleaved):
-    cos, sin = fuseops.rope_cache(rotary_dim, 300, 10000.0, scaling, factor, interleaved=interleaved)
-    want_cos, want_sin = reference.rope_cache(rotary_dim, 300, 10000.0, scaling, factor, interleaved=interleaved)
+    cos, sin = fuseops.rope_cache(
+        rotary_dim, 300, 10000.0, scaling, factor, interleaved=interleaved
+    )
+    want_cos, want_sin = reference.rope_cache(
+        rotary_dim, 300, 10000.0, scaling, factor, interleaved=interleaved
+    )
     assert cos.dtype == sin.dtype == torch.float32 and cos.shape == (300, rotary_dim)
     # One float32 rounding of values in [-1, 1] (2^-24 relative; 6e-8 absolute).
     torch.testing.assert_close(cos.double(), want_cos, rtol=0, atol=6e-8)
@@ -295,7 +310,10 @@ def test_rotary_embedding_module(device):
     torch.testing.assert_close(got, fuseops.rope(q, None, cos, sin, far), rtol=0, atol=0)
     fixed = fuseops.nn.RotaryEmbedding(32, max_position_embeddings=16, grow=False)
     if device == "cpu":
-        expect_error_mentions(lambda: fixed(q.cpu(), None, far.cpu()), ["fuseops::rope.single", "'positions'", "[0, 16)", "40"])
+        expect_error_mentions(
+            lambda: fixed(q.cpu(), None, far.cpu()),
+            ["fuseops::rope.single", "'positions'", "[0, 16)", "40"],
+        )
 
 
 def test_torch_rotary_embedding_is_replaced_by_the_fused_module():
@@ -307,8 +325,9 @@ def test_torch_rotary_embedding_is_replaced_by_the_fused_module():
     k = torch.randn(2, 6, 1, 16, dtype=torch.float64, requires_grad=True)
     positions = torch.arange(6).expand(2, 6)
     expected = [t.detach() for t in model[0](q, k, positions)]
-    expected_grads = torch.autograd.grad(sum(o.square().sum() for o in model[0](q, k, positions)),
-                                         (q, k))
+    expected_grads = torch.autograd.grad(
+        sum(o.square().sum() for o in model[0](q, k, positions)), (q, k)
+    )
     replaced = fuseops.nn.replace_modules(model)
     assert [(r.old, r.new) for r in replaced] == [("TorchRotaryEmbedding", "RotaryEmbedding")]
     assert type(model[0]) is fuseops.nn.RotaryEmbedding
@@ -325,22 +344,74 @@ def test_bad_inputs_name_the_op_and_argument():
     q, k = torch.randn(4, 2, 8), torch.randn(4, 1, 8)
     positions = torch.arange(4)
     cases = [
-        (lambda: fuseops.rope(q, k, cos, sin, positions + 13), ["fuseops::rope", "'positions'", "[0, 16)", "to 16"]),
-        (lambda: fuseops.rope(q, k, cos, sin, positions - 2), ["fuseops::rope", "'positions'", "from -2"]),
-        (lambda: fuseops.rope(q, k, cos, sin, positions.float()), ["fuseops::rope", "'positions'", "int64 or int32", "Float"]),
-        (lambda: fuseops.rope(q, k, cos, sin, torch.arange(3)), ["fuseops::rope", "'positions'", "broadcastable", "[4]", "[3]"]),
-        (lambda: fuseops.rope(q, torch.randn(4, 1, 6), cos, sin, positions), ["fuseops::rope", "'key'", "head_dim", "[4, 1, 6]"]),
-        (lambda: fuseops.rope(q, k.double(), cos, sin, positions), ["fuseops::rope", "'key'", "dtype", "Double"]),
-        (lambda: fuseops.rope(q, k, cos[:, :3], sin[:, :3], positions), ["fuseops::rope", "rotary dim", "even", "got 3"]),
-        (lambda: fuseops.rope(q[..., :6], k[..., :6], cos, sin, positions), ["fuseops::rope", "rotary dim", "at most head_dim (6", "got 8"]),
-        (lambda: fuseops.rope(q, k, cos, sin[:8], positions), ["fuseops::rope", "'sin'", "same shape as 'cos'"]),
-        (lambda: fuseops.rope(q, k, cos[None], sin[None], positions), ["fuseops::rope", "'cos'", "[max_pos, rotary_dim]", "[1, 16, 8]"]),
-        (lambda: fuseops.rope(q, k, cos[:3], sin[:3]), ["fuseops::rope", "one row per token", "[4, 8]", "[3, 8]"]),
-        (lambda: fuseops.rope(q[0, 0], None, cos, sin, positions), ["fuseops::rope.single", "'input'", "[..., heads, head_dim]"]),
-        (lambda: fuseops.rope(q.int(), None, cos, sin, positions), ["fuseops::rope.single", "'input'", "dtype"]),
-        (lambda: fuseops.rope_backward(q, k, cos, sin, positions + 20), ["fuseops::rope_backward", "'positions'"]),
-        (lambda: fuseops.rope(q, k, cos, sin, positions, out=torch.empty(4, 2, 8, dtype=torch.float64), key_out=torch.empty(4, 1, 8)),
-         ["fuseops::rope.out", "'out'", "dtype"]),
+        (
+            lambda: fuseops.rope(q, k, cos, sin, positions + 13),
+            ["fuseops::rope", "'positions'", "[0, 16)", "to 16"],
+        ),
+        (
+            lambda: fuseops.rope(q, k, cos, sin, positions - 2),
+            ["fuseops::rope", "'positions'", "from -2"],
+        ),
+        (
+            lambda: fuseops.rope(q, k, cos, sin, positions.float()),
+            ["fuseops::rope", "'positions'", "int64 or int32", "Float"],
+        ),
+        (
+            lambda: fuseops.rope(q, k, cos, sin, torch.arange(3)),
+            ["fuseops::rope", "'positions'", "broadcastable", "[4]", "[3]"],
+        ),
+        (
+            lambda: fuseops.rope(q, torch.randn(4, 1, 6), cos, sin, positions),
+            ["fuseops::rope", "'key'", "head_dim", "[4, 1, 6]"],
+        ),
+        (
+            lambda: fuseops.rope(q, k.double(), cos, sin, positions),
+            ["fuseops::rope", "'key'", "dtype", "Double"],
+        ),
+        (
+            lambda: fuseops.rope(q, k, cos[:, :3], sin[:, :3], positions),
+            ["fuseops::rope", "rotary dim", "even", "got 3"],
+        ),
+        (
+            lambda: fuseops.rope(q[..., :6], k[..., :6], cos, sin, positions),
+            ["fuseops::rope", "rotary dim", "at most head_dim (6", "got 8"],
+        ),
+        (
+            lambda: fuseops.rope(q, k, cos, sin[:8], positions),
+            ["fuseops::rope", "'sin'", "same shape as 'cos'"],
+        ),
+        (
+            lambda: fuseops.rope(q, k, cos[None], sin[None], positions),
+            ["fuseops::rope", "'cos'", "[max_pos, rotary_dim]", "[1, 16, 8]"],
+        ),
+        (
+            lambda: fuseops.rope(q, k, cos[:3], sin[:3]),
+            ["fuseops::rope", "one row per token", "[4, 8]", "[3, 8]"],
+        ),
+        (
+            lambda: fuseops.rope(q[0, 0], None, cos, sin, positions),
+            ["fuseops::rope.single", "'input'", "[..., heads, head_dim]"],
+        ),
+        (
+            lambda: fuseops.rope(q.int(), None, cos, sin, positions),
+            ["fuseops::rope.single", "'input'", "dtype"],
+        ),
+        (
+            lambda: fuseops.rope_backward(q, k, cos, sin, positions + 20),
+            ["fuseops::rope_backward", "'positions'"],
+        ),
+        (
+            lambda: fuseops.rope(
+                q,
+                k,
+                cos,
+                sin,
+                positions,
+                out=torch.empty(4, 2, 8, dtype=torch.float64),
+                key_out=torch.empty(4, 1, 8),
+            ),
+            ["fuseops::rope.out", "'out'", "dtype"],
+        ),
     ]
     for call, fragments in cases:
         expect_error_mentions(call, fragments)
@@ -403,8 +474,12 @@ def test_fuzz_out_and_in_place_aliasing(seed):
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    tokens, heads, kv, head_dim = (int(rng.integers(1, 5)), int(rng.integers(1, 4)),
-                                   int(rng.integers(1, 3)), 2 * int(rng.integers(1, 6)))
+    tokens, heads, kv, head_dim = (
+        int(rng.integers(1, 5)),
+        int(rng.integers(1, 4)),
+        int(rng.integers(1, 3)),
+        2 * int(rng.integers(1, 6)),
+    )
     rotary_dim = 2 * int(rng.integers(1, head_dim // 2 + 1))
     interleaved = bool(rng.integers(0, 2))
     arena = torch.randn(400, dtype=torch.float64)
@@ -419,8 +494,9 @@ def test_fuzz_out_and_in_place_aliasing(seed):
     before = arena.clone()
     written = _addressed(arena, out) | _addressed(arena, key_out)
     outputs_meet = bool((_addressed(arena, out) & _addressed(arena, key_out)).any())
-    exact_layouts = all(v.stride(-1) == 1 and (v.shape[1] == 1 or v.stride(1) == head_dim)
-                        for v in (out, key_out))
+    exact_layouts = all(
+        v.stride(-1) == 1 and (v.shape[1] == 1 or v.stride(1) == head_dim) for v in (out, key_out)
+    )
     try:
         fuseops.rope(q, k, cos, sin, positions, interleaved, out=out, key_out=key_out)
     except RuntimeError as error:

@@ -32,7 +32,14 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import CAPABILITY_ORDER, DTYPES, cpu_runs, expect_error_mentions, run_python, run_under_cpu_capability
+from conftest import (
+    CAPABILITY_ORDER,
+    DTYPES,
+    cpu_runs,
+    expect_error_mentions,
+    run_python,
+    run_under_cpu_capability,
+)
 from int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
 
 
@@ -46,7 +53,9 @@ def assert_matches(y, want, k):
 
 def dense_2_4(n, k, device, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return fuseops.prune_2_4((torch.randn(n, k, generator=gen) * 0.05).to(device=device, dtype=dtype))
+    return fuseops.prune_2_4(
+        (torch.randn(n, k, generator=gen) * 0.05).to(device=device, dtype=dtype)
+    )
 
 
 # --- prune_2_4 ------------------------------------------------------------------
@@ -54,8 +63,50 @@ def dense_2_4(n, k, device, dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prune_keeps_the_two_largest_magnitudes(dtype, device):
-    w = torch.tensor([[1.0, -3.0, 2.0, 0.5, 2.0, -2.0, 2.0, 1.0, 0.0, 0.0, 0.0, 5.0, float("nan"), 7.0, -8.0, 0.0]])
-    want = torch.tensor([[0.0, -3.0, 2.0, 0.0, 2.0, -2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, float("nan"), 0.0, -8.0, 0.0]])
+    w = torch.tensor(
+        [
+            [
+                1.0,
+                -3.0,
+                2.0,
+                0.5,
+                2.0,
+                -2.0,
+                2.0,
+                1.0,
+                0.0,
+                0.0,
+                0.0,
+                5.0,
+                float("nan"),
+                7.0,
+                -8.0,
+                0.0,
+            ]
+        ]
+    )
+    want = torch.tensor(
+        [
+            [
+                0.0,
+                -3.0,
+                2.0,
+                0.0,
+                2.0,
+                -2.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                5.0,
+                float("nan"),
+                0.0,
+                -8.0,
+                0.0,
+            ]
+        ]
+    )
     got = fuseops.prune_2_4(w.to(device=device, dtype=dtype))
     assert got.dtype == dtype and got.shape == w.shape
     torch.testing.assert_close(got.cpu(), want.to(dtype), equal_nan=True, rtol=0, atol=0)
@@ -64,7 +115,9 @@ def test_prune_keeps_the_two_largest_magnitudes(dtype, device):
     groups = pruned.ne(0).view(33, 16, 4)
     assert torch.equal(groups.sum(-1), torch.full((33, 16), 2, device=device))
     mag = x.abs().view(33, 16, 4).float()
-    assert (mag.masked_fill(~groups, float("inf")).amin(-1) >= mag.masked_fill(groups, 0).amax(-1)).all()
+    assert (
+        mag.masked_fill(~groups, float("inf")).amin(-1) >= mag.masked_fill(groups, 0).amax(-1)
+    ).all()
     assert torch.equal(pruned, reference.prune_2_4(x))
     assert torch.equal(pruned[groups.view(33, 64)], x[groups.view(33, 64)])
 
@@ -93,13 +146,19 @@ def test_pack_layout(dtype, device):
     values, meta, s = fuseops.pack_2_4(w, scale)
     assert values.shape == (n, k // 2) and values.dtype == dtype
     assert meta.shape == (n, 3) and meta.dtype == torch.uint8
-    assert s.dtype == torch.float32 and torch.equal(s, scale if scale is not None else torch.ones(n, device=device))
+    assert s.dtype == torch.float32 and torch.equal(
+        s, scale if scale is not None else torch.ones(n, device=device)
+    )
     for row in range(n):
         kept = [c for c in range(k) if (meta[row, c // 8].item() >> (c % 8)) & 1]
-        assert len(kept) == k // 2 and all(len([c for c in kept if c // 4 == g]) == 2 for g in range(k // 4))
+        assert len(kept) == k // 2 and all(
+            len([c for c in kept if c // 4 == g]) == 2 for g in range(k // 4)
+        )
         assert all(w[row, c].item() == 0 for c in range(k) if c not in kept)
         assert torch.equal(values[row], w[row, kept])
-    assert meta[2, 0].item() == 0x33 and meta[2, 2].item() == 0x03  # K = 20: the last high nibble unused
+    assert (
+        meta[2, 0].item() == 0x33 and meta[2, 2].item() == 0x03
+    )  # K = 20: the last high nibble unused
     assert torch.equal(fuseops.unpack_2_4(values, meta, k), w)
     for got, want in zip((values, meta, s), reference.pack_2_4(w, scale)):
         assert torch.equal(got, want)
@@ -110,21 +169,41 @@ def test_pack_refuses_what_is_not_2_4(device):
     w[3, 9] = 1.0
     w[3, 10] = 1.0
     w[3, 11] = 1.0
-    expect_error_mentions(lambda: fuseops.pack_2_4(w),
-                          ["fuseops::pack_2_4", "'weight'", "not 2:4", "row 3, group 2", "holds 3", "prune_2_4"])
+    expect_error_mentions(
+        lambda: fuseops.pack_2_4(w),
+        ["fuseops::pack_2_4", "'weight'", "not 2:4", "row 3, group 2", "holds 3", "prune_2_4"],
+    )
     nan = dense_2_4(2, 8, device)
     nan[0, :3] = float("nan")
     expect_error_mentions(lambda: fuseops.pack_2_4(nan), ["fuseops::pack_2_4", "row 0, group 0"])
     op = "fuseops::pack_2_4"
     wq = torch.zeros(4, 8, dtype=torch.int8, device=device)
     expect_error_mentions(lambda: fuseops.pack_2_4(wq), [op, "'scale'", "required"])
-    expect_error_mentions(lambda: fuseops.pack_2_4(wq, torch.ones(3, device=device)), [op, "'scale'", "[4]"])
-    expect_error_mentions(lambda: fuseops.pack_2_4(wq, torch.ones(4, device=device).double()), [op, "'scale'", "float32"])
-    expect_error_mentions(lambda: fuseops.pack_2_4(torch.zeros(4, 6, device=device)), [op, "'weight'", "multiple of 4"])
-    expect_error_mentions(lambda: fuseops.pack_2_4(torch.zeros(8, device=device)), [op, "'weight'", "2-D"])
-    expect_error_mentions(lambda: fuseops.pack_2_4(torch.zeros(4, 8, dtype=torch.int32, device=device)), [op, "'weight'", "dtype"])
-    expect_error_mentions(lambda: fuseops.prune_2_4(wq), ["fuseops::prune_2_4", "'weight'", "dtype"])
-    expect_error_mentions(lambda: fuseops.prune_2_4(torch.zeros(4, 6, device=device)), ["fuseops::prune_2_4", "multiple of 4"])
+    expect_error_mentions(
+        lambda: fuseops.pack_2_4(wq, torch.ones(3, device=device)), [op, "'scale'", "[4]"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_2_4(wq, torch.ones(4, device=device).double()),
+        [op, "'scale'", "float32"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_2_4(torch.zeros(4, 6, device=device)),
+        [op, "'weight'", "multiple of 4"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_2_4(torch.zeros(8, device=device)), [op, "'weight'", "2-D"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_2_4(torch.zeros(4, 8, dtype=torch.int32, device=device)),
+        [op, "'weight'", "dtype"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.prune_2_4(wq), ["fuseops::prune_2_4", "'weight'", "dtype"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.prune_2_4(torch.zeros(4, 6, device=device)),
+        ["fuseops::prune_2_4", "multiple of 4"],
+    )
 
 
 # --- sparse_2_4_linear ------------------------------------------------------------
@@ -168,7 +247,9 @@ def test_rows_do_not_depend_on_the_batch(device):
     x = torch.randn(100, 300, device=device)
     batch = fuseops.sparse_2_4_linear(x, values, meta, scale)
     for row in (0, 3, 4, 31, 32, 99):
-        assert torch.equal(fuseops.sparse_2_4_linear(x[row : row + 1], values, meta, scale), batch[row : row + 1])
+        assert torch.equal(
+            fuseops.sparse_2_4_linear(x[row : row + 1], values, meta, scale), batch[row : row + 1]
+        )
 
 
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])
@@ -184,7 +265,10 @@ def test_any_layout_and_leading_dims(layout, device):
     assert y.shape == x.shape[:-1] + (24,)
     assert torch.equal(y, fuseops.sparse_2_4_linear(x.contiguous(), values, meta, scale))
     # Strided packed tensors are read as their values, not their memory.
-    assert torch.equal(fuseops.sparse_2_4_linear(x, values.t().contiguous().t(), meta.t().contiguous().t(), scale), y)
+    assert torch.equal(
+        fuseops.sparse_2_4_linear(x, values.t().contiguous().t(), meta.t().contiguous().t(), scale),
+        y,
+    )
 
 
 def test_empty_inputs(device):
@@ -192,8 +276,13 @@ def test_empty_inputs(device):
     assert fuseops.sparse_2_4_linear(torch.randn(0, 12, device=device), *packed).shape == (0, 8)
     empty_k = fuseops.pack_2_4(torch.zeros(5, 0, device=device))
     bias = torch.randn(5, device=device)
-    assert torch.equal(fuseops.sparse_2_4_linear(torch.randn(3, 0, device=device), *empty_k, bias), bias.expand(3, 5))
-    assert fuseops.sparse_2_4_linear(torch.randn(3, 12, device=device), *fuseops.pack_2_4(torch.zeros(0, 12, device=device))).shape == (3, 0)
+    assert torch.equal(
+        fuseops.sparse_2_4_linear(torch.randn(3, 0, device=device), *empty_k, bias),
+        bias.expand(3, 5),
+    )
+    assert fuseops.sparse_2_4_linear(
+        torch.randn(3, 12, device=device), *fuseops.pack_2_4(torch.zeros(0, 12, device=device))
+    ).shape == (3, 0)
 
 
 def test_error_against_the_dense_layer(device):
@@ -205,13 +294,17 @@ def test_error_against_the_dense_layer(device):
     x = torch.randn(16, 1024, device=device)
     pruned = fuseops.prune_2_4(w)
     dense, sparse = x.double() @ w.double().T, x.double() @ pruned.double().T
-    y = fuseops.sparse_2_4_linear(x, *fuseops.pack_2_4(*fuseops.quantize_per_channel_int8(pruned))).double()
+    y = fuseops.sparse_2_4_linear(
+        x, *fuseops.pack_2_4(*fuseops.quantize_per_channel_int8(pruned))
+    ).double()
 
     def relative(a, b):
         return ((a - b).norm() / b.norm()).item()
 
-    print(f"2:4 pruning vs dense layer: relative error {relative(sparse, dense):.2e}; "
-          f"int8 values vs pruned float layer {relative(y, sparse):.2e}")
+    print(
+        f"2:4 pruning vs dense layer: relative error {relative(sparse, dense):.2e}; "
+        f"int8 values vs pruned float layer {relative(y, sparse):.2e}"
+    )
     assert relative(y, sparse) < 0.01
 
 
@@ -219,9 +312,13 @@ def test_inference_only(device):
     w = dense_2_4(8, 12, device)
     packed = fuseops.pack_2_4(w)
     x = torch.randn(2, 12, device=device, requires_grad=True)
-    expect_error_mentions(lambda: fuseops.sparse_2_4_linear(x, *packed),
-                          ["fuseops::sparse_2_4_linear", "inference op", "torch.no_grad()"])
-    expect_error_mentions(lambda: fuseops.prune_2_4(w.requires_grad_()), ["fuseops::prune_2_4", "inference op"])
+    expect_error_mentions(
+        lambda: fuseops.sparse_2_4_linear(x, *packed),
+        ["fuseops::sparse_2_4_linear", "inference op", "torch.no_grad()"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.prune_2_4(w.requires_grad_()), ["fuseops::prune_2_4", "inference op"]
+    )
     expect_error_mentions(lambda: fuseops.pack_2_4(w), ["fuseops::pack_2_4", "inference op"])
     with torch.no_grad():
         assert not fuseops.sparse_2_4_linear(x, *packed).requires_grad
@@ -234,20 +331,31 @@ def test_bad_inputs(device):
     op = "fuseops::sparse_2_4_linear"
     f = fuseops.sparse_2_4_linear
     x = torch.randn(2, 16, device=device)
-    expect_error_mentions(lambda: f(torch.randn(2, 12, device=device), values, meta, scale), [op, "'input'", "K = 12", "'values'"])
+    expect_error_mentions(
+        lambda: f(torch.randn(2, 12, device=device), values, meta, scale),
+        [op, "'input'", "K = 12", "'values'"],
+    )
     expect_error_mentions(lambda: f(x, values.double(), meta, scale), [op, "'values'", "dtype"])
     expect_error_mentions(lambda: f(x, values[0], meta, scale), [op, "'values'", "2-D"])
     expect_error_mentions(lambda: f(x, values, meta.int(), scale), [op, "'meta'", "uint8"])
     expect_error_mentions(lambda: f(x, values, meta[:3], scale), [op, "'meta'", "[20, 2]"])
     expect_error_mentions(lambda: f(x, values, meta, scale[:3]), [op, "'scale'", "[20]"])
     expect_error_mentions(lambda: f(x, values, meta, scale.half()), [op, "'scale'", "float32"])
-    expect_error_mentions(lambda: f(x, values, meta, scale, torch.randn(19, device=device)), [op, "'bias'", "[20]"])
-    expect_error_mentions(lambda: f(x, values, meta, scale, torch.randn(20, device=device).half()), [op, "'bias'", "dtype"])
+    expect_error_mentions(
+        lambda: f(x, values, meta, scale, torch.randn(19, device=device)), [op, "'bias'", "[20]"]
+    )
+    expect_error_mentions(
+        lambda: f(x, values, meta, scale, torch.randn(20, device=device).half()),
+        [op, "'bias'", "dtype"],
+    )
     expect_error_mentions(lambda: f(x.int(), values, meta, scale), [op, "'input'", "dtype"])
-    expect_error_mentions(lambda: f(torch.tensor(1.0, device=device), values, meta, scale), [op, "'input'", "0-d"])
+    expect_error_mentions(
+        lambda: f(torch.tensor(1.0, device=device), values, meta, scale), [op, "'input'", "0-d"]
+    )
 
 
 # --- sparse_2_4_dynamic_linear (W8A8 dynamic) ------------------------------------
+
 
 def int8_2_4(n, k, device, seed=0):
     """A 2:4 int8 weight with scales, packed, with its colsum, and the dense
@@ -268,7 +376,9 @@ def test_dynamic_matches_float64_reference_and_the_dense_op(dtype, m, n, k, with
     assert y.dtype == dtype and y.shape == (m, n) and y.is_contiguous()
     assert_dynamic_matches(y, dynamic_reference(x, wq, scale, bias))
     # The same math as the dense W8A8 op, with exact sums: the same bits.
-    assert torch.equal(y, fuseops.int8_dynamic_linear(x, *fuseops.pack_int8_weight(wq, scale), bias))
+    assert torch.equal(
+        y, fuseops.int8_dynamic_linear(x, *fuseops.pack_int8_weight(wq, scale), bias)
+    )
 
 
 def test_dynamic_extreme_values_are_exact(device):
@@ -279,7 +389,11 @@ def test_dynamic_extreme_values_are_exact(device):
     n, k = 33, 1032
     gen = torch.Generator().manual_seed(3)
     keep = fuseops.prune_2_4(torch.randn(n, k, generator=gen)) != 0
-    wq = (torch.where(torch.rand(n, k, generator=gen) < 0.5, -128, 127) * keep).to(torch.int8).to(device)
+    wq = (
+        (torch.where(torch.rand(n, k, generator=gen) < 0.5, -128, 127) * keep)
+        .to(torch.int8)
+        .to(device)
+    )
     x = torch.where(torch.rand(4, k, generator=gen) < 0.5, -127.0, 127.0).to(device)
     values, meta, s = fuseops.pack_2_4(wq, torch.ones(n, device=device))
     y = fuseops.sparse_2_4_dynamic_linear(x, values, meta, s, fuseops.colsum_2_4(values))
@@ -299,7 +413,9 @@ def test_dynamic_rows_are_independent_and_special_rows(device):
     finite = [r for r in range(100) if r not in (7, 50)]
     assert batch[finite].isfinite().all()
     for row in (0, 1, 2, 5, 11, 12, 47, 48, 99):
-        assert torch.equal(fuseops.sparse_2_4_dynamic_linear(x[row : row + 1], *weight, bias), batch[row : row + 1])
+        assert torch.equal(
+            fuseops.sparse_2_4_dynamic_linear(x[row : row + 1], *weight, bias), batch[row : row + 1]
+        )
 
 
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])
@@ -321,19 +437,27 @@ def test_dynamic_any_layout_and_leading_dims(layout, device):
 
 def test_dynamic_empty_inputs(device):
     weight, _, _ = int8_2_4(8, 12, device)
-    assert fuseops.sparse_2_4_dynamic_linear(torch.randn(0, 12, device=device), *weight).shape == (0, 8)
-    values, meta, s = fuseops.pack_2_4(torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device))
+    assert fuseops.sparse_2_4_dynamic_linear(torch.randn(0, 12, device=device), *weight).shape == (
+        0,
+        8,
+    )
+    values, meta, s = fuseops.pack_2_4(
+        torch.zeros(5, 0, dtype=torch.int8, device=device), torch.ones(5, device=device)
+    )
     bias = torch.randn(5, device=device)
-    y = fuseops.sparse_2_4_dynamic_linear(torch.randn(3, 0, device=device), values, meta, s,
-                                          fuseops.colsum_2_4(values), bias)
+    y = fuseops.sparse_2_4_dynamic_linear(
+        torch.randn(3, 0, device=device), values, meta, s, fuseops.colsum_2_4(values), bias
+    )
     assert torch.equal(y, bias.expand(3, 5))
 
 
 def test_dynamic_inference_only(device):
     weight, _, _ = int8_2_4(8, 12, device)
     x = torch.randn(2, 12, device=device, requires_grad=True)
-    expect_error_mentions(lambda: fuseops.sparse_2_4_dynamic_linear(x, *weight),
-                          ["fuseops::sparse_2_4_dynamic_linear", "inference op", "torch.no_grad()"])
+    expect_error_mentions(
+        lambda: fuseops.sparse_2_4_dynamic_linear(x, *weight),
+        ["fuseops::sparse_2_4_dynamic_linear", "inference op", "torch.no_grad()"],
+    )
     with torch.no_grad():
         assert not fuseops.sparse_2_4_dynamic_linear(x, *weight).requires_grad
 
@@ -343,18 +467,32 @@ def test_dynamic_bad_inputs(device):
     op = "fuseops::sparse_2_4_dynamic_linear"
     f = fuseops.sparse_2_4_dynamic_linear
     x = torch.randn(2, 16, device=device)
-    expect_error_mentions(lambda: f(torch.randn(2, 12, device=device), values, meta, s, colsum), [op, "'input'", "K = 12"])
+    expect_error_mentions(
+        lambda: f(torch.randn(2, 12, device=device), values, meta, s, colsum),
+        [op, "'input'", "K = 12"],
+    )
     expect_error_mentions(lambda: f(x, values.float(), meta, s, colsum), [op, "'values'", "int8"])
     expect_error_mentions(lambda: f(x, values, meta[:3], s, colsum), [op, "'meta'", "[20, 2]"])
     expect_error_mentions(lambda: f(x, values, meta, s[:5], colsum), [op, "'scale'", "[20]"])
     expect_error_mentions(lambda: f(x, values, meta, s, colsum.long()), [op, "'colsum'", "int32"])
     expect_error_mentions(lambda: f(x, values, meta, s, colsum[:19]), [op, "'colsum'", "[20]"])
-    expect_error_mentions(lambda: f(x, values, meta, s, colsum, torch.randn(19, device=device)), [op, "'bias'", "[20]"])
+    expect_error_mentions(
+        lambda: f(x, values, meta, s, colsum, torch.randn(19, device=device)),
+        [op, "'bias'", "[20]"],
+    )
     expect_error_mentions(lambda: f(x.int(), values, meta, s, colsum), [op, "'input'", "dtype"])
     big_k = 132108
-    big = fuseops.pack_2_4(torch.zeros(1, big_k, dtype=torch.int8, device=device), torch.ones(1, device=device))
-    expect_error_mentions(lambda: f(torch.zeros(1, big_k, device=device), *big, torch.zeros(1, dtype=torch.int32, device=device)),
-                          [op, "'input'", "at most 132104"])
+    big = fuseops.pack_2_4(
+        torch.zeros(1, big_k, dtype=torch.int8, device=device), torch.ones(1, device=device)
+    )
+    expect_error_mentions(
+        lambda: f(
+            torch.zeros(1, big_k, device=device),
+            *big,
+            torch.zeros(1, dtype=torch.int32, device=device),
+        ),
+        [op, "'input'", "at most 132104"],
+    )
 
 
 # Checked in every CPU build (and on AVX-512 with VNNI switched off) against
@@ -379,9 +517,13 @@ def dynamic_calls(tmp_path_factory):
             x = torch.randn(m, k).to(dtype)
             if m > 1:
                 x[-1, 1] = float("nan")
-            inputs.append((x, weight, fuseops.pack_int8_weight(wq, scale), torch.randn(n).to(dtype)))
+            inputs.append(
+                (x, weight, fuseops.pack_int8_weight(wq, scale), torch.randn(n).to(dtype))
+            )
     with torch.inference_mode():
-        want = [fuseops.sparse_2_4_dynamic_linear(x, *weight, bias) for x, weight, _, bias in inputs]
+        want = [
+            fuseops.sparse_2_4_dynamic_linear(x, *weight, bias) for x, weight, _, bias in inputs
+        ]
     path = tmp_path_factory.mktemp("sparse_w8a8") / "calls.pt"
     torch.save((inputs, want), path)
     return str(path)
@@ -439,7 +581,9 @@ def test_module_from_float_and_state_dict(mode, device):
         elif mode == "2:4+w8a16":
             wq, scale = fuseops.quantize_per_channel_int8(pruned)
             assert module.values.dtype == torch.int8
-            assert_matches(y, (x.double() @ wq.double().T) * scale.double() + linear.bias.double(), 72)
+            assert_matches(
+                y, (x.double() @ wq.double().T) * scale.double() + linear.bias.double(), 72
+            )
         else:
             wq, scale = fuseops.quantize_per_channel_int8(pruned)
             assert module.values.dtype == torch.int8
@@ -477,11 +621,15 @@ def test_module_int8_modes_share_buffers(device):
     w8a16 = fuseops.nn.Sparse24Linear.from_float(linear, mode="2:4+w8a16")
     w8a8 = fuseops.nn.Sparse24Linear(64, 24, device=device, mode="2:4+w8a8")
     w8a8.load_state_dict(w8a16.state_dict())
-    assert "colsum" not in w8a16.state_dict() and torch.equal(w8a8.colsum, w8a8.values.sum(1, dtype=torch.int32))
+    assert "colsum" not in w8a16.state_dict() and torch.equal(
+        w8a8.colsum, w8a8.values.sum(1, dtype=torch.int32)
+    )
     x = torch.randn(3, 64, device=device)
     with torch.no_grad():
         values, meta, scale = w8a16.values, w8a16.meta, w8a16.scale
-        y8 = fuseops.sparse_2_4_dynamic_linear(x, values, meta, scale, fuseops.colsum_2_4(values), linear.bias)
+        y8 = fuseops.sparse_2_4_dynamic_linear(
+            x, values, meta, scale, fuseops.colsum_2_4(values), linear.bias
+        )
         y16 = fuseops.sparse_2_4_linear(x, values, meta, scale, linear.bias)
         assert torch.equal(w8a8(x), y8) and torch.equal(w8a16(x), y16) and not torch.equal(y8, y16)
         w8a16.mode = "2:4+w8a8"
@@ -501,20 +649,27 @@ def test_module_int8_modes_share_buffers(device):
 @pytest.mark.parametrize("mode", ["2:4", "2:4+w8a16", "2:4+w8a8"])
 def test_quantize_2_4_modes(mode, device):
     model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 6),
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64, bias=False),
+        torch.nn.Linear(64, 6),
         torch.nn.Linear(6, 8),
     ).to(device)
     x = torch.randn(5, 32, device=device)
     changed = fuseops.quantize_(model, mode=mode, skip=["3"])
     # "4" has 6 input features: not a multiple of 4, left alone.
     assert [(c.name, c.mode) for c in changed] == [("0", mode), ("2", mode)]
-    assert isinstance(model[0], fuseops.nn.Sparse24Linear) and isinstance(model[2], fuseops.nn.Sparse24Linear)
+    assert isinstance(model[0], fuseops.nn.Sparse24Linear) and isinstance(
+        model[2], fuseops.nn.Sparse24Linear
+    )
     assert type(model[3]) is torch.nn.Linear and type(model[4]) is torch.nn.Linear
     with torch.no_grad():
         assert model(x).shape == (5, 8)
 
 
-@pytest.mark.parametrize("mode,op", [("2:4+w8a16", "sparse_2_4_linear"), ("2:4+w8a8", "sparse_2_4_dynamic_linear")])
+@pytest.mark.parametrize(
+    "mode,op", [("2:4+w8a16", "sparse_2_4_linear"), ("2:4+w8a8", "sparse_2_4_dynamic_linear")]
+)
 def test_sparse_model_compiles_and_exports(mode, op):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
     fuseops.quantize_(model, mode=mode)

@@ -21,6 +21,7 @@ CPU = SAMPLES["cpu"]
 SMALL = [s for s in CPU if not s.large]
 LARGE = [s for s in CPU if s.large]
 
+
 def run(sample, grad_outputs=None):
     args, kwargs, _ = fresh(sample)
     return sample_run.run(sample.op, args, kwargs, grad_outputs)
@@ -95,7 +96,11 @@ def row_reductions():
     x, b = r(4096, 256), r(256)
     yield "bias_gelu", lambda: fuseops.bias_gelu(x, b), (x, b)
     cx, cw, cb = r(4, 512, 2048), r(512, 4), r(512)
-    yield "causal_conv1d", lambda: fuseops.causal_conv1d(cx, cw, cb, None, False, "silu"), (cx, cw, cb)
+    yield (
+        "causal_conv1d",
+        lambda: fuseops.causal_conv1d(cx, cw, cb, None, False, "silu"),
+        (cx, cw, cb),
+    )
     logits, target = r(4096, 1000), torch.randint(0, 1000, (4096,), generator=g)
     yield "cross_entropy", lambda: fuseops.cross_entropy(logits, target), (logits,)
     li, lw = r(4096, 256), r(1000, 256)

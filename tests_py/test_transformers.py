@@ -25,14 +25,22 @@ import pytest
 import torch
 
 transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed (pip install 'fuseops[transformers]')")
+    "transformers", reason="transformers is not installed (pip install 'fuseops[transformers]')"
+)
 
 import fuseops.transformers as fot  # noqa: E402
 
 VOCAB = 256
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-              tie_word_embeddings=False)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
 
 GATED = {"rms_norm", "rope", "swiglu", "linear_cross_entropy"}
 GEMMA = {"rms_norm", "rope", "geglu", "linear_cross_entropy"}
@@ -48,19 +56,39 @@ FAMILIES = {
     # (1 + weight) RMSNorm, tanh-GELU GeGLU; Gemma 2 and 3 with the final
     # logits' softcapping (Gemma 2 also with its attention softcapping).
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}, GEMMA),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
-               {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0}, GEMMA),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-               {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0}, GEMMA),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0},
+        GEMMA,
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0},
+        GEMMA,
+    ),
     # Packed gate_up_proj, partial rotary embedding.
-    "phi3": ("Phi3Config", "Phi3ForCausalLM",
-             {"partial_rotary_factor": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
-             GATED),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {"partial_rotary_factor": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        GATED,
+    ),
     # LayerNorm and bias + tanh GELU (Conv1D projections), learned positions.
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
-             dict(NO_DROPOUT, n_inner=96, num_key_value_heads=None, intermediate_size=None,
-                  bos_token_id=1, eos_token_id=2),
-             {"layer_norm", "bias_gelu", "linear_cross_entropy"}),
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(
+            NO_DROPOUT,
+            n_inner=96,
+            num_key_value_heads=None,
+            intermediate_size=None,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        {"layer_norm", "bias_gelu", "linear_cross_entropy"},
+    ),
 }
 
 
@@ -131,7 +159,8 @@ TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 6e-2)}  # (valu
 # (1 + weight) RMSNorm, GeGLU and softcapping, Phi-3's packed MLP, GPT-2's
 # LayerNorm and bias_gelu.
 CASES = [(family, torch.float32) for family in sorted(FAMILIES)] + [
-    (family, torch.bfloat16) for family in ("llama", "gemma2", "phi3", "gpt2")]
+    (family, torch.bfloat16) for family in ("llama", "gemma2", "phi3", "gpt2")
+]
 
 
 @pytest.mark.parametrize("family,dtype", CASES, ids=[f"{f}-{str(d)[6:]}" for f, d in CASES])
@@ -164,7 +193,9 @@ def test_training_and_eval_match(family, dtype):
         exact = copy.deepcopy(ref).float().eval()
         with torch.no_grad():
             truth = exact(ids).logits
-        assert relative_error(got.logits, truth) <= 2 * relative_error(expected.logits, truth) + 1e-3
+        assert (
+            relative_error(got.logits, truth) <= 2 * relative_error(expected.logits, truth) + 1e-3
+        )
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -181,10 +212,16 @@ def test_generate_greedy_with_cache(family):
 def test_bert_masked_lm_matches():
     # An encoder: LayerNorm and BERT's dense + erf GELU; its masked-LM head
     # (a transform, then the decoder) stays HF's, with HF's loss.
-    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=96,
-                                     max_position_embeddings=64, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     ref = transformers.BertForMaskedLM(config)
     patched = copy.deepcopy(ref)
@@ -206,18 +243,33 @@ def test_bert_masked_lm_matches():
 # and loss on every other class), the other patches everywhere.
 
 # The classes whose forward the fused head reproduces.
-LM_HEADS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-            "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-            "GPT2LMHeadModel"}
+LM_HEADS = {
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "GPT2LMHeadModel",
+}
 CHOICES = 2
 
 
 def tiny_config(model_type: str):
     if model_type == "bert":
-        return transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1,
-                                       num_attention_heads=4, intermediate_size=96,
-                                       max_position_embeddings=64, hidden_dropout_prob=0.0,
-                                       attention_probs_dropout_prob=0.0, pad_token_id=0)
+        return transformers.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            pad_token_id=0,
+        )
     config_cls, _, extra, _ = FAMILIES["gemma3" if model_type == "gemma3_text" else model_type]
     # A pad token: the sequence classifiers find each row's last token by it.
     settings = {**COMMON, **extra, "num_hidden_layers": 1, "pad_token_id": 0}
@@ -230,13 +282,18 @@ def family_classes(model_type: str) -> list[type]:
     """The model classes of `model_type`'s modeling module (its __all__), but
     the abstract *PreTrainedModel and those of another config (Gemma 3's
     multimodal classes are model type "gemma3", which apply rejects)."""
-    module = importlib.import_module(type(tiny_config(model_type)).__module__.replace(
-        ".configuration_", ".modeling_"))
+    module = importlib.import_module(
+        type(tiny_config(model_type)).__module__.replace(".configuration_", ".modeling_")
+    )
     classes = [getattr(module, name) for name in module.__all__]
-    return [cls for cls in classes
-            if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
-            and not cls.__name__.endswith("PreTrainedModel")
-            and cls.config_class.model_type == model_type]
+    return [
+        cls
+        for cls in classes
+        if isinstance(cls, type)
+        and issubclass(cls, transformers.PreTrainedModel)
+        and not cls.__name__.endswith("PreTrainedModel")
+        and cls.config_class.model_type == model_type
+    ]
 
 
 def class_inputs(name: str, num_labels: int) -> dict:
@@ -259,8 +316,12 @@ def class_inputs(name: str, num_labels: int) -> dict:
         return dict(input_ids=ids, labels=labels)
     if name.endswith("DoubleHeadsModel"):
         ids, labels = tokens(2, CHOICES, seq)
-        return dict(input_ids=ids, labels=labels, mc_token_ids=ints(0, seq, 2, CHOICES),
-                    mc_labels=ints(0, CHOICES, 2))
+        return dict(
+            input_ids=ids,
+            labels=labels,
+            mc_token_ids=ints(0, seq, 2, CHOICES),
+            mc_labels=ints(0, CHOICES, 2),
+        )
     if name.endswith("ForMultipleChoice"):
         return dict(input_ids=tokens(2, CHOICES, seq)[0], labels=ints(0, CHOICES, 2))
     if name.endswith("ForSequenceClassification"):
@@ -286,8 +347,11 @@ def output_tensors(out, name: str = "") -> dict[str, torch.Tensor]:
     if torch.is_tensor(out):
         return {name: out}
     if isinstance(out, Cache):
-        items = [(f"{i}.{kind}", getattr(layer, kind)) for i, layer in enumerate(out.layers)
-                 for kind in ("keys", "values")]
+        items = [
+            (f"{i}.{kind}", getattr(layer, kind))
+            for i, layer in enumerate(out.layers)
+            for kind in ("keys", "values")
+        ]
     elif isinstance(out, dict):
         items = out.items()
     elif isinstance(out, (tuple, list)):
@@ -385,15 +449,21 @@ def test_logits_always_in_training(family):
 def test_logits_argument_is_checked():
     model = make_model("llama", num_hidden_layers=1)
     for bad in ("never", True, None):
-        with pytest.raises(ValueError, match=r"^fuseops\.transformers\.apply: logits must be one of "
-                                             r"'auto', 'always', got"):
+        with pytest.raises(
+            ValueError,
+            match=r"^fuseops\.transformers\.apply: logits must be one of "
+            r"'auto', 'always', got",
+        ):
             fot.apply(model, logits=bad)
     assert not any(fot.is_patched(m) for m in model.modules())  # a rejected call patches nothing
     assert fot.apply(model)
     assert fot.apply(model, logits="auto") == []
     # The mode is the patch's: asking for another one is an error, not a no-op.
-    with pytest.raises(ValueError, match=r"^fuseops\.transformers\.apply: logits='always', but the head "
-                                         r"of this LlamaForCausalLM was patched with logits='auto'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^fuseops\.transformers\.apply: logits='always', but the head "
+        r"of this LlamaForCausalLM was patched with logits='auto'",
+    ):
         fot.apply(model, logits="always")
     ids, labels = batch()
     assert model.train()(ids, labels=labels).logits is None
@@ -420,7 +490,9 @@ def test_head_patched_only_where_its_forward_is_reproduced():
     ids, labels = batch()
     ref.train(), patched.train()
     expected, got = ref(ids, scale=2.0, labels=labels), patched(ids, scale=2.0, labels=labels)
-    assert relative_error(got.logits, expected.logits) <= 1e-5  # its own forward ran, logits and all
+    assert (
+        relative_error(got.logits, expected.logits) <= 1e-5
+    )  # its own forward ran, logits and all
     assert abs(got.loss.item() - expected.loss.item()) <= 1e-5 * abs(expected.loss.item())
 
 
@@ -431,12 +503,15 @@ def test_num_items_in_batch_and_shift_labels():
     expected = train_step(ref, ids, labels, num_items_in_batch=n)
     got = train_step(patched, ids, labels, num_items_in_batch=n)
     torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
-    torch.testing.assert_close(patched.lm_head.weight.grad, ref.lm_head.weight.grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        patched.lm_head.weight.grad, ref.lm_head.weight.grad, rtol=1e-5, atol=1e-7
+    )
     # Pre-shifted labels (HF's shift_labels) give the same loss as labels.
     shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
     patched.train()
-    torch.testing.assert_close(patched(ids, shift_labels=shifted, num_items_in_batch=n).loss, got.loss,
-                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        patched(ids, shift_labels=shifted, num_items_in_batch=n).loss, got.loss, rtol=1e-6, atol=0
+    )
 
 
 def test_activation_checkpointing():
@@ -463,8 +538,9 @@ def test_optimizer_steps_match():
             opt.step()
             losses[name].append(out.loss.item())
     assert losses["patched"][-1] < losses["patched"][0]  # it learns
-    torch.testing.assert_close(torch.tensor(losses["patched"]), torch.tensor(losses["ref"]),
-                               rtol=1e-4, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(losses["patched"]), torch.tensor(losses["ref"]), rtol=1e-4, atol=0
+    )
 
 
 def test_patching_twice_is_a_no_op_and_flags_select():
@@ -478,13 +554,19 @@ def test_patching_twice_is_a_no_op_and_flags_select():
     # The rest later; then nothing is left.
     rest = fot.apply(model)
     assert {r.name for r in rest} == {"<model>"} | {
-        f"model.layers.{i}.self_attn" for i in range(COMMON["num_hidden_layers"])}
+        f"model.layers.{i}.self_attn" for i in range(COMMON["num_hidden_layers"])
+    }
     assert fot.apply(model) == []
 
 
 def test_unsupported_model_type_names_supported_ones():
-    config = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, intermediate_size=64)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
     model = transformers.GPTNeoXForCausalLM(config)
     with pytest.raises(ValueError, match=r"'gpt_neox'.*supported model types: .*llama.*qwen3"):
         fot.apply(model)
@@ -517,12 +599,15 @@ def test_save_pretrained_round_trip():
         assert os.path.exists(os.path.join(folder, "config.json"))
         loaded = type(ref).from_pretrained(folder)
     assert loaded.config.architectures == ["LlamaForCausalLM"]
-    for (name, a), (_, b) in zip(sorted(ref.state_dict().items()), sorted(loaded.state_dict().items())):
+    for (name, a), (_, b) in zip(
+        sorted(ref.state_dict().items()), sorted(loaded.state_dict().items())
+    ):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
     assert not fot.is_patched(loaded)
     assert fot.apply(loaded)
-    torch.testing.assert_close(train_step(loaded, ids, labels).loss, train_step(ref, ids, labels).loss,
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        train_step(loaded, ids, labels).loss, train_step(ref, ids, labels).loss, rtol=1e-5, atol=0
+    )
 
 
 def test_torch_compile_forward():
@@ -539,8 +624,21 @@ def test_torch_compile_forward():
 def test_bench_command(tmp_path):
     from fuseops.__main__ import main
 
-    assert main(["bench", "--transformers", "smoke", "--no-compile", "--dtype", "float32",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--transformers",
+                "smoke",
+                "--no-compile",
+                "--dtype",
+                "float32",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     import json
 
     report = json.loads((tmp_path / "transformers.json").read_text())

@@ -37,7 +37,9 @@ fuseops_torch_pin = _load_torch_pin()
 
 def test_wheel_pins_the_build_torch_and_source_keeps_the_range():
     assert fuseops_torch_pin.wheel_dependencies(["torch", "numpy>=1"], "2.13.0+cpu") == [
-        "torch==2.13.0+cpu", "numpy>=1"]
+        "torch==2.13.0+cpu",
+        "numpy>=1",
+    ]
     assert fuseops_torch_pin.wheel_dependencies(["torch"], None) == ["torch"]
     pin = fuseops_torch_pin.TorchPin()
     settings = {"dependencies": ["torch"]}
@@ -47,7 +49,8 @@ def test_wheel_pins_the_build_torch_and_source_keeps_the_range():
     for state in ("wheel", "metadata_wheel", "editable", "metadata_editable"):
         pin.build_state(state)
         assert pin.dynamic_metadata(settings, {}) == {
-            "dependencies": [f"torch=={importlib.metadata.version('torch')}"]}, state
+            "dependencies": [f"torch=={importlib.metadata.version('torch')}"]
+        }, state
 
 
 def test_build_torch_outside_the_source_range_fails_clearly():
@@ -58,16 +61,20 @@ def test_build_torch_outside_the_source_range_fails_clearly():
 
 
 def _run(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, f"{args}:\n{result.stdout}\n{result.stderr}"
     return result
 
 
 def _plain_requirements(metadata: str) -> list[str]:
     """The Requires-Dist lines without an extra marker: what a plain install pulls in."""
-    return [line.split(":", 1)[1].strip() for line in metadata.splitlines()
-            if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    return [
+        line.split(":", 1)[1].strip()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
 
 
 def _clean_env() -> dict[str, str]:
@@ -84,8 +91,9 @@ def test_wheel_installs_and_runs_in_a_fresh_environment(tmp_path):
         # wheel build is a no-op there instead of a full compile. Its wheel
         # holds what a plain build's does: the tests it adds are not installed.
         FUSEOPS_BUILD_DIR=os.environ.get("FUSEOPS_BUILD_DIR", "build/wheel"),
-        FUSEOPS_PIP_ARGS=" ".join(["-C cmake.define.FUSEOPS_BUILD_TESTS=ON",
-                                   os.environ.get("FUSEOPS_PIP_ARGS", "")]),
+        FUSEOPS_PIP_ARGS=" ".join(
+            ["-C cmake.define.FUSEOPS_BUILD_TESTS=ON", os.environ.get("FUSEOPS_PIP_ARGS", "")]
+        ),
         FUSEOPS_DIST_DIR=str(dist),
     )
     _run("bash", os.path.join(SOURCE_DIR, "tools", "build_wheel.sh"), env=env, timeout=1200)
@@ -93,7 +101,9 @@ def test_wheel_installs_and_runs_in_a_fresh_environment(tmp_path):
     [wheel] = os.listdir(dist)
     tag = re.fullmatch(
         rf"fuseops-{re.escape(fuseops.__version__)}-cp{sys.version_info.major}{sys.version_info.minor}"
-        rf"-cp{sys.version_info.major}{sys.version_info.minor}-(\S+)\.whl", wheel)
+        rf"-cp{sys.version_info.major}{sys.version_info.minor}-(\S+)\.whl",
+        wheel,
+    )
     assert tag, wheel
     assert re.fullmatch(rf"manylinux_2_\d+_{platform.machine()}(\.\S+)?", tag.group(1)), wheel
     build_torch = importlib.metadata.version("torch")
@@ -103,8 +113,9 @@ def test_wheel_installs_and_runs_in_a_fresh_environment(tmp_path):
     assert _plain_requirements(metadata) == [f"torch=={build_torch}"], metadata
     # Nothing grafted in (auditwheel puts copies in fuseops.libs/): torch's
     # libraries and its libgomp come from the torch package at run time.
-    assert all(name.startswith(("fuseops/", f"fuseops-{fuseops.__version__}.dist-info/"))
-               for name in names), [n for n in names if not n.startswith("fuseops")]
+    assert all(
+        name.startswith(("fuseops/", f"fuseops-{fuseops.__version__}.dist-info/")) for name in names
+    ), [n for n in names if not n.startswith("fuseops")]
 
     # A fresh venv, and pip resolves the pinned torch for it.
     venv = tmp_path / "venv"
@@ -116,11 +127,25 @@ def test_wheel_installs_and_runs_in_a_fresh_environment(tmp_path):
     # Next to any other torch pip refuses the wheel, rather than leaving a
     # pair that fails at import.
     other = subprocess.run(
-        [str(python), "-m", "pip", "install", "--dry-run", str(dist / wheel), f"torch!={build_torch}"],
-        env=clean_env, capture_output=True, text=True, timeout=300)
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            str(dist / wheel),
+            f"torch!={build_torch}",
+        ],
+        env=clean_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert other.returncode != 0, other.stdout
-    assert f"fuseops {fuseops.__version__} depends on torch=={build_torch}" in other.stdout + other.stderr, \
-        other.stdout + other.stderr
+    assert (
+        f"fuseops {fuseops.__version__} depends on torch=={build_torch}"
+        in other.stdout + other.stderr
+    ), other.stdout + other.stderr
 
     # In the fresh venv: the installed package (not the source tree, not the
     # build venv), torch's libraries through the wheel's RPATH, an op
@@ -166,8 +191,17 @@ def test_wheel_installs_and_runs_in_a_fresh_environment(tmp_path):
     build = tmp_path / "consumer"
     prefix = lines["PREFIX"]
     assert os.path.realpath(prefix).startswith(site + os.sep), prefix
-    _run(cmake, "-S", os.path.join(SOURCE_DIR, "tests_cpp", "consumer"), "-B", build,
-         "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix}")
+    _run(
+        cmake,
+        "-S",
+        os.path.join(SOURCE_DIR, "tests_cpp", "consumer"),
+        "-B",
+        build,
+        "-G",
+        "Ninja",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_PREFIX_PATH={prefix}",
+    )
     cache = (build / "CMakeCache.txt").read_text()
     torch_dir = re.search(r"^Torch_DIR:PATH=(.*)$", cache, flags=re.M).group(1)
     assert os.path.realpath(torch_dir).startswith(site + os.sep), torch_dir
@@ -194,8 +228,9 @@ def test_sdist_keeps_the_source_range_and_wheel_metadata_pins(tmp_path):
         "    name = sdist[:-len('.tar.gz')]\n"
         "    print(archive.extractfile(f'{name}/PKG-INFO').read().decode())\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=SOURCE_DIR, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=SOURCE_DIR, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     wheel, sdist = result.stdout.split("=== sdist")
     assert _plain_requirements(wheel) == [f"torch=={importlib.metadata.version('torch')}"], wheel

@@ -61,7 +61,10 @@ def collect(package: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     owner: dict[str, str] = {}
     for path in op_modules(package):
         names, refs = module_exports(path)
-        for kind, exported in (("op", names), ("reference", [r[: -len("_reference")] for r in refs])):
+        for kind, exported in (
+            ("op", names),
+            ("reference", [r[: -len("_reference")] for r in refs]),
+        ):
             for name in exported:
                 key = f"{kind} {name}"
                 if key in owner:
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(text)
     if args.check and stale:
         print(
-            "stale generated exports in " + ", ".join(str(p) for p in stale)
+            "stale generated exports in "
+            + ", ".join(str(p) for p in stale)
             + ": run python tools/generate_exports.py",
             file=sys.stderr,
         )

@@ -19,8 +19,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
         ("C++11 ABI", "yes" if info["cxx11_abi"] else "no"),
         ("CPU kernel builds", ", ".join(info["cpu_capabilities"])),
         ("CPU build in use", info["selected_cpu_capability"]),
-        ("CUDA kernels", f"yes (CUDA {info['cuda_version']}, architectures "
-         f"{', '.join(info['cuda_architectures'])})" if info["cuda"] else "no"),
+        (
+            "CUDA kernels",
+            f"yes (CUDA {info['cuda_version']}, architectures "
+            f"{', '.join(info['cuda_architectures'])})"
+            if info["cuda"]
+            else "no",
+        ),
         *([("CUDA status", info["cuda_status"])] if info["cuda"] else []),
         ("library", fuseops.library_path),
         ("CMake prefix path", fuseops.cmake_prefix_path),
@@ -49,14 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     from . import bench, demo
 
     bench_parser = sub.add_parser(
-        "bench", help="time fuseops against its peers (eager, torch.compile, native), "
+        "bench",
+        help="time fuseops against its peers (eager, torch.compile, native), "
         "check results, write table, JSON, CSV and chart",
-        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bench.add_arguments(bench_parser)
     bench_parser.set_defaults(func=bench.run)
     demo_parser = sub.add_parser(
-        "demo", help="train a small Llama-style model with torch.nn and with fuseops modules",
-        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "demo",
+        help="train a small Llama-style model with torch.nn and with fuseops modules",
+        description=demo.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.run)
     args = parser.parse_args(argv)

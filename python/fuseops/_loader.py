@@ -18,9 +18,7 @@ import torch
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 LIBRARY_PATH = os.path.join(_PACKAGE_DIR, "lib", "libfuseops.so")
 
-_REINSTALL = (
-    "pip install --no-build-isolation --force-reinstall --no-deps <path to fuseops source>"
-)
+_REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps <path to fuseops source>"
 
 
 class TorchVersionMismatchError(ImportError):
@@ -121,7 +119,7 @@ def load() -> None:
             f"fuseops is not built: {_PACKAGE_DIR} has no _build_config.py ({error}). "
             f"This looks like the source tree rather than an installed fuseops; build and "
             f"install it into this environment with `pip install --no-build-isolation .` "
-            f"from the source folder (README, \"Quick start\"), and import it from elsewhere."
+            f'from the source folder (README, "Quick start"), and import it from elsewhere.'
         ) from error
 
     check_torch_version(_build_config.TORCH_VERSION, torch.__version__)

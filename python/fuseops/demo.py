@@ -92,16 +92,18 @@ class Attention(nn.Module):
         self.out = nn.Linear(config.d_model, config.d_model, bias=False)
         # Plain torch (Hugging Face's rotate_half formula); replace_modules
         # swaps it for fuseops.nn.RotaryEmbedding.
-        self.rotary = TorchRotaryEmbedding(config.d_model // config.n_heads,
-                                           max_position_embeddings=config.seq_len)
+        self.rotary = TorchRotaryEmbedding(
+            config.d_model // config.n_heads, max_position_embeddings=config.seq_len
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d = x.shape
         # q, k, v: strided [batch, seq, heads, head_dim] views of one projection.
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, -1).unbind(2)
         q, k = self.rotary(q, k, torch.arange(seq, device=x.device))
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2), is_causal=True)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         return self.out(y.transpose(1, 2).reshape(batch, seq, d))
 
 
@@ -130,8 +132,7 @@ class TinyLlama(nn.Module):
         # [tokens, vocab] logits).
         self.loss = TorchLinearCrossEntropyLoss()
 
-    def forward(self, tokens: torch.Tensor,
-                targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The logits, or with `targets` the mean next-token loss."""
         x = self.embed(tokens)
         for block in self.blocks:
@@ -218,23 +219,28 @@ def train(trainers: list[Trainer], batches: Batches, progress: bool) -> None:
         try:
             from tqdm import tqdm
 
-            bar = tqdm(total=steps, desc="training", unit="step", file=sys.stderr,
-                       dynamic_ncols=True)
+            bar = tqdm(
+                total=steps, desc="training", unit="step", file=sys.stderr, dynamic_ncols=True
+            )
         except ImportError:
             pass
     every = max(1, math.ceil(steps / PLAIN_PROGRESS_LINES))
     for index in range(steps):
         for trainer in trainers:
-            trainer.step(batches.tokens[index], timed=index >= warmup,
-                         measure_memory=index == warmup - 1)
+            trainer.step(
+                batches.tokens[index], timed=index >= warmup, measure_memory=index == warmup - 1
+            )
         losses = {t.name: f"{t.losses[-1]:.3f}" for t in trainers}
         if bar is not None:
             bar.update(1)
             bar.set_postfix(losses)
         elif progress and ((index + 1) % every == 0 or index + 1 == steps):
-            print(f"training step {index + 1}/{steps}: loss "
-                  + ", ".join(f"{name} {loss}" for name, loss in losses.items()),
-                  file=sys.stderr, flush=True)
+            print(
+                f"training step {index + 1}/{steps}: loss "
+                + ", ".join(f"{name} {loss}" for name, loss in losses.items()),
+                file=sys.stderr,
+                flush=True,
+            )
     if bar is not None:
         bar.close()
 
@@ -252,9 +258,11 @@ def _linear_weight_bytes(model: nn.Module) -> int:
         if type(module) is nn.Linear:
             total += module.weight.numel() * module.weight.element_size()
         elif isinstance(module, (fuseops.nn.Int8Linear, fuseops.nn.Sparse24Linear)):
-            total += sum(b.numel() * b.element_size()
-                         for name, b in module.named_buffers(recurse=False)
-                         if name != "bias" and b is not None)
+            total += sum(
+                b.numel() * b.element_size()
+                for name, b in module.named_buffers(recurse=False)
+                if name != "bias" and b is not None
+            )
     return total
 
 
@@ -283,10 +291,16 @@ def quantized_inference(model: nn.Module, tokens: torch.Tensor) -> list[dict]:
         candidate = copy.deepcopy(model)
         changed = [] if mode is None else fuseops.quantize_(candidate, mode=mode)
         loss, seconds = _evaluate(candidate, tokens)
-        rows.append({"mode": mode or "as trained", "layers_quantized": len(changed),
-                     "loss": loss, "perplexity": math.exp(loss),
-                     "linear_weight_bytes": _linear_weight_bytes(candidate),
-                     "forward_seconds": seconds})
+        rows.append(
+            {
+                "mode": mode or "as trained",
+                "layers_quantized": len(changed),
+                "loss": loss,
+                "perplexity": math.exp(loss),
+                "linear_weight_bytes": _linear_weight_bytes(candidate),
+                "forward_seconds": seconds,
+            }
+        )
     return rows
 
 
@@ -321,27 +335,39 @@ def lm_head_peak_bytes(config: ModelConfig, settings: DemoSettings, dtype: torch
     weight.requires_grad_()
     targets = torch.randint(0, config.vocab_size, (tokens,), generator=gen)
     peaks = {}
-    for name, head in (("torch.nn", TorchLinearCrossEntropyLoss()),
-                       ("fuseops", fuseops.nn.LinearCrossEntropyLoss())):
+    for name, head in (
+        ("torch.nn", TorchLinearCrossEntropyLoss()),
+        ("fuseops", fuseops.nn.LinearCrossEntropyLoss()),
+    ):
+
         def step(head=head):
             head(hidden, weight, targets).backward()
             hidden.grad = weight.grad = None
+
         step()  # warm-up: first-call allocations are not the head's
         peaks[name] = peak_memory(step, torch.device("cpu"))
-    return {"tokens": tokens, "vocab_size": config.vocab_size,
-            "logits_bytes": tokens * config.vocab_size * torch.finfo(dtype).bits // 8,
-            "peak_bytes": peaks}
+    return {
+        "tokens": tokens,
+        "vocab_size": config.vocab_size,
+        "logits_bytes": tokens * config.vocab_size * torch.finfo(dtype).bits // 8,
+        "peak_bytes": peaks,
+    }
 
 
 def run_demo(settings: DemoSettings) -> dict:
     """Trains the plain, the fuseops and (optionally) the compiled model;
     returns the summary (losses included)."""
     text, source = corpus()
-    batches = make_batches(text, settings.steps, settings.batch_size, settings.seq_len,
-                           settings.seed)
-    config = ModelConfig(vocab_size=len(batches.vocab), d_model=settings.d_model,
-                         n_layers=settings.n_layers, n_heads=settings.n_heads,
-                         seq_len=settings.seq_len)
+    batches = make_batches(
+        text, settings.steps, settings.batch_size, settings.seq_len, settings.seed
+    )
+    config = ModelConfig(
+        vocab_size=len(batches.vocab),
+        d_model=settings.d_model,
+        n_layers=settings.n_layers,
+        n_heads=settings.n_heads,
+        seq_len=settings.seq_len,
+    )
     dtype = getattr(torch, settings.dtype)
     memory_settings = fuseops.cpu.tune_memory() if settings.tune_memory else None
     torch.manual_seed(settings.seed)
@@ -358,8 +384,13 @@ def run_demo(settings: DemoSettings) -> dict:
 
     quantized = []
     if settings.quantized_eval_batches:
-        held_out = make_batches(text, settings.quantized_eval_batches, settings.batch_size,
-                                settings.seq_len, settings.seed + 1).tokens
+        held_out = make_batches(
+            text,
+            settings.quantized_eval_batches,
+            settings.batch_size,
+            settings.seq_len,
+            settings.seed + 1,
+        ).tokens
         quantized = quantized_inference(with_fuseops, held_out)
 
     base = runs[0]
@@ -368,8 +399,11 @@ def run_demo(settings: DemoSettings) -> dict:
     last = min(20, len(diffs))
     summary = {
         "settings": asdict(settings),
-        "model": {**asdict(config), "ffn_hidden": config.ffn_hidden,
-                  "parameters": sum(p.numel() for p in initial.parameters())},
+        "model": {
+            **asdict(config),
+            "ffn_hidden": config.ffn_hidden,
+            "parameters": sum(p.numel() for p in initial.parameters()),
+        },
         "data": {"source": source, "characters": len(text), "vocab_size": len(batches.vocab)},
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -381,8 +415,8 @@ def run_demo(settings: DemoSettings) -> dict:
         "not_replaced": [
             {"name": name, "type": type(module).__name__}
             for name, module in with_fuseops.named_modules()
-            if type(module) in (nn.RMSNorm, SwiGLUMLP, TorchRotaryEmbedding,
-                                TorchLinearCrossEntropyLoss)
+            if type(module)
+            in (nn.RMSNorm, SwiGLUMLP, TorchRotaryEmbedding, TorchLinearCrossEntropyLoss)
         ],
         "lm_head": lm_head_peak_bytes(config, settings, dtype),
         "quantized_inference": quantized,
@@ -394,12 +428,13 @@ def run_demo(settings: DemoSettings) -> dict:
         "runs": {
             run.name: {
                 "final_loss": run.losses[-1] if run.losses else None,
-                "mean_loss_last_steps": (sum(run.losses[-last:]) / last if run.losses
-                                         else None),
+                "mean_loss_last_steps": (sum(run.losses[-last:]) / last if run.losses else None),
                 "steps_per_second": run.steps_per_second,
-                "speedup_vs_torch_nn": (run.steps_per_second / base.steps_per_second
-                                        if run.steps_per_second and base.steps_per_second
-                                        else None),
+                "speedup_vs_torch_nn": (
+                    run.steps_per_second / base.steps_per_second
+                    if run.steps_per_second and base.steps_per_second
+                    else None
+                ),
                 "peak_step_bytes": run.peak_step_bytes,
                 "warmup_seconds": run.warmup_seconds,
                 "losses": run.losses,
@@ -417,31 +452,45 @@ def report(summary: dict) -> str:
         f"model: {model['n_layers']} layers, d_model {model['d_model']}, {model['n_heads']} "
         f"heads, SwiGLU hidden {model['ffn_hidden']}, {model['parameters'] / 1e6:.2f} M "
         f"parameters, {summary['settings']['dtype']}; data: {summary['data']['characters']} "
-        f"characters of {summary['data']['source']}")
-    lines.append(f"{summary['settings']['steps']} steps of batch "
-                 f"{summary['settings']['batch_size']} x {model['seq_len']}, "
-                 f"{summary['threads']} threads, fuseops CPU build "
-                 f"{summary['fuseops_cpu_capability']}; memory: " + (
-                     f"fuseops.cpu.tune_memory(keep_bytes="
-                     f"{summary['memory_settings']['keep_bytes']}) for every run"
-                     if summary.get("memory_settings") else "process defaults"))
+        f"characters of {summary['data']['source']}"
+    )
+    lines.append(
+        f"{summary['settings']['steps']} steps of batch "
+        f"{summary['settings']['batch_size']} x {model['seq_len']}, "
+        f"{summary['threads']} threads, fuseops CPU build "
+        f"{summary['fuseops_cpu_capability']}; memory: "
+        + (
+            f"fuseops.cpu.tune_memory(keep_bytes="
+            f"{summary['memory_settings']['keep_bytes']}) for every run"
+            if summary.get("memory_settings")
+            else "process defaults"
+        )
+    )
     replaced, kept = summary["replaced"], summary["not_replaced"]
     if replaced:
-        lines.append(f"fuseops replaced {len(replaced)} modules: " + ", ".join(
-            f"{r['name']} ({r['old']} -> {r['new']})" for r in replaced))
+        lines.append(
+            f"fuseops replaced {len(replaced)} modules: "
+            + ", ".join(f"{r['name']} ({r['old']} -> {r['new']})" for r in replaced)
+        )
     else:
-        lines.append("fuseops replaced NOTHING: the installed fuseops.nn has no RMSNorm, "
-                     "SwiGLU or RotaryEmbedding, so the 'fuseops' run executes the same torch "
-                     "code as the 'torch.nn' run, and its figures show run-to-run noise, "
-                     "not fuseops")
+        lines.append(
+            "fuseops replaced NOTHING: the installed fuseops.nn has no RMSNorm, "
+            "SwiGLU or RotaryEmbedding, so the 'fuseops' run executes the same torch "
+            "code as the 'torch.nn' run, and its figures show run-to-run noise, "
+            "not fuseops"
+        )
     if kept:
-        lines.append("still plain torch (no fuseops drop-in installed): " + ", ".join(
-            f"{k['name']} ({k['type']})" for k in kept))
+        lines.append(
+            "still plain torch (no fuseops drop-in installed): "
+            + ", ".join(f"{k['name']} ({k['type']})" for k in kept)
+        )
     lines.append("")
     last_header = f"last {summary['last_steps']} mean"
     width = max(14, *(len(name) for name in summary["runs"]))
-    lines.append(f"{'run':<{width}}  {'final loss':>10}  {last_header:>12}  {'steps/s':>8}  "
-                 f"{'vs torch.nn':>11}  {'peak MiB/step':>13}")
+    lines.append(
+        f"{'run':<{width}}  {'final loss':>10}  {last_header:>12}  {'steps/s':>8}  "
+        f"{'vs torch.nn':>11}  {'peak MiB/step':>13}"
+    )
     for name, run in summary["runs"].items():
         speed = run["steps_per_second"]
         ratio = run["speedup_vs_torch_nn"]
@@ -450,46 +499,61 @@ def report(summary: dict) -> str:
             f"{name:<{width}}  {run['final_loss']:>10.4f}  {run['mean_loss_last_steps']:>12.4f}  "
             f"{'-' if speed is None else f'{speed:.2f}':>8}  "
             f"{'-' if ratio is None else f'{ratio:.2f}x':>11}  "
-            f"{'-' if peak is None else f'{peak / 2**20:.1f}':>13}")
+            f"{'-' if peak is None else f'{peak / 2**20:.1f}':>13}"
+        )
     if any(run.get("other_process") for run in summary["runs"].values()):
         lines.append(
             "+ tune_memory: trained afterwards in a child process under fuseops.cpu."
             f"tune_memory(keep_bytes={summary['memory_settings_tuned']['keep_bytes']}); its "
             "ratio to torch.nn spans two processes, so it carries the machine's drift "
-            "between them, while fuseops vs torch.nn within one process does not")
+            "between them, while fuseops vs torch.nn within one process does not"
+        )
     lines.append("")
-    lines.append(f"loss curves torch.nn vs fuseops: max |difference| "
-                 f"{summary['loss_max_abs_diff_first_steps']:.3g} over the first "
-                 f"{summary['first_steps']} steps, {summary['loss_max_abs_diff']:.3g} over all "
-                 f"{summary['settings']['steps']}. Kernels that round differently start "
-                 "the runs apart by an ulp, and training amplifies any such difference, so "
-                 "later steps agree in trend (the mean of the last steps), not step by step")
+    lines.append(
+        f"loss curves torch.nn vs fuseops: max |difference| "
+        f"{summary['loss_max_abs_diff_first_steps']:.3g} over the first "
+        f"{summary['first_steps']} steps, {summary['loss_max_abs_diff']:.3g} over all "
+        f"{summary['settings']['steps']}. Kernels that round differently start "
+        "the runs apart by an ulp, and training amplifies any such difference, so "
+        "later steps agree in trend (the mean of the last steps), not step by step"
+    )
     head = summary["lm_head"]
-    lines.append(f"LM head alone (projection + loss, forward+backward on {head['tokens']} tokens "
-                 f"x {head['vocab_size']} classes; logits {head['logits_bytes'] / 2**20:.2f} MiB): "
-                 f"peak {head['peak_bytes']['torch.nn'] / 2**20:.2f} MiB torch.nn, "
-                 f"{head['peak_bytes']['fuseops'] / 2**20:.2f} MiB fuseops")
+    lines.append(
+        f"LM head alone (projection + loss, forward+backward on {head['tokens']} tokens "
+        f"x {head['vocab_size']} classes; logits {head['logits_bytes'] / 2**20:.2f} MiB): "
+        f"peak {head['peak_bytes']['torch.nn'] / 2**20:.2f} MiB torch.nn, "
+        f"{head['peak_bytes']['fuseops'] / 2**20:.2f} MiB fuseops"
+    )
     quantized = summary.get("quantized_inference")
     if quantized:
         trained = quantized[0]
         lines.append("")
-        lines.append(f"the trained fuseops model on {summary['settings']['quantized_eval_batches']} "
-                     "held-out batches, as trained and after fuseops.quantize_(model, mode) "
-                     "(linear layers only; the tied embedding stays as trained):")
-        lines.append(f"{'mode':<12}  {'layers':>6}  {'loss':>7}  {'perplexity':>10}  "
-                     f"{'linear weights MiB':>18}  {'forward ms':>10}  {'vs trained':>10}")
+        lines.append(
+            f"the trained fuseops model on {summary['settings']['quantized_eval_batches']} "
+            "held-out batches, as trained and after fuseops.quantize_(model, mode) "
+            "(linear layers only; the tied embedding stays as trained):"
+        )
+        lines.append(
+            f"{'mode':<12}  {'layers':>6}  {'loss':>7}  {'perplexity':>10}  "
+            f"{'linear weights MiB':>18}  {'forward ms':>10}  {'vs trained':>10}"
+        )
         for row in quantized:
             lines.append(
                 f"{row['mode']:<12}  {row['layers_quantized']:>6}  {row['loss']:>7.4f}  "
                 f"{row['perplexity']:>10.3f}  {row['linear_weight_bytes'] / 2**20:>18.3f}  "
                 f"{row['forward_seconds'] * 1e3:>10.2f}  "
-                f"{trained['forward_seconds'] / row['forward_seconds']:>9.2f}x")
-        lines.append("forward ms: median of the batches' inference forward (loss included); "
-                     "2:4 prunes the trained weights without fine-tuning, so its loss shows "
-                     "what pruning alone costs")
-    lines.append(f"steps/s excludes the first {summary['warmup_steps']} steps (warm-up, "
-                 "compilation); peak MiB/step: most memory allocated during one training "
-                 "step above what was allocated before it (torch.profiler memory events)")
+                f"{trained['forward_seconds'] / row['forward_seconds']:>9.2f}x"
+            )
+        lines.append(
+            "forward ms: median of the batches' inference forward (loss included); "
+            "2:4 prunes the trained weights without fine-tuning, so its loss shows "
+            "what pruning alone costs"
+        )
+    lines.append(
+        f"steps/s excludes the first {summary['warmup_steps']} steps (warm-up, "
+        "compilation); peak MiB/step: most memory allocated during one training "
+        "step above what was allocated before it (torch.profiler memory events)"
+    )
     return "\n".join(lines)
 
 
@@ -501,22 +565,29 @@ def write_plot(path: str, summary: dict) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax_diff) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 1]})
+    fig, (ax, ax_diff) = plt.subplots(
+        2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
     styles = {"torch.nn": ("-", 2.5), "fuseops": ("--", 1.2), "torch.compile": (":", 1.2)}
     for name, run in summary["runs"].items():
         style, width = styles.get(name, ("-", 1))
         ax.plot(run["losses"], style, linewidth=width, label=name)
     ax.set_ylabel("training loss (cross entropy)")
     ax.legend()
-    ax.set_title(f"TinyLlama on {os.path.basename(summary['data']['source'].split()[0])}, "
-                 f"{summary['settings']['dtype']}, {summary['threads']} threads", fontsize=10)
+    ax.set_title(
+        f"TinyLlama on {os.path.basename(summary['data']['source'].split()[0])}, "
+        f"{summary['settings']['dtype']}, {summary['threads']} threads",
+        fontsize=10,
+    )
     base = summary["runs"]["torch.nn"]["losses"]
     for name, run in summary["runs"].items():
         if name != "torch.nn":
             # Equal losses (difference 0) sit at the floor of the log scale.
-            ax_diff.plot([max(abs(a - b), 1e-9) for a, b in zip(run["losses"], base)],
-                         label=name, linewidth=1)
+            ax_diff.plot(
+                [max(abs(a - b), 1e-9) for a, b in zip(run["losses"], base)],
+                label=name,
+                linewidth=1,
+            )
     ax_diff.set_yscale("log")
     ax_diff.set_ylabel("|loss - torch.nn|")
     ax_diff.legend(fontsize=8)
@@ -534,61 +605,119 @@ def write_plot(path: str, summary: dict) -> bool:
 #: bounds what fused norms, activations and rotary embeddings can win.
 PRESETS = {
     "small": {},
-    "large": {"d_model": 1024, "n_layers": 3, "n_heads": 8, "seq_len": 512, "batch_size": 4,
-              "steps": 16, "dtype": "bfloat16", "quantized_eval_batches": 2},
+    "large": {
+        "d_model": 1024,
+        "n_layers": 3,
+        "n_heads": 8,
+        "seq_len": 512,
+        "batch_size": 4,
+        "steps": 16,
+        "dtype": "bfloat16",
+        "quantized_eval_batches": 2,
+    },
 }
 
 # Command-line flag -> DemoSettings field, for the settings a preset sets.
-_SIZE_FLAGS = {"steps": "steps", "d_model": "d_model", "layers": "n_layers", "heads": "n_heads",
-               "seq_len": "seq_len", "batch_size": "batch_size", "dtype": "dtype",
-               "quantized_eval_batches": "quantized_eval_batches"}
+_SIZE_FLAGS = {
+    "steps": "steps",
+    "d_model": "d_model",
+    "layers": "n_layers",
+    "heads": "n_heads",
+    "seq_len": "seq_len",
+    "batch_size": "batch_size",
+    "dtype": "dtype",
+    "quantized_eval_batches": "quantized_eval_batches",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = DemoSettings()
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
-                        help="model and run sizes: small (default, the flags' defaults) or "
-                             "large (" + ", ".join(f"{k} {v}" for k, v in PRESETS["large"].items())
-                             + "); flags given explicitly override the preset")
-    parser.add_argument("--steps", type=int, default=None,
-                        help=f"training steps per run (default {defaults.steps})")
-    parser.add_argument("--d-model", type=int, default=None,
-                        help=f"model width (default {defaults.d_model})")
-    parser.add_argument("--layers", type=int, default=None,
-                        help=f"decoder blocks (default {defaults.n_layers})")
-    parser.add_argument("--heads", type=int, default=None,
-                        help=f"attention heads (default {defaults.n_heads})")
-    parser.add_argument("--seq-len", type=int, default=None,
-                        help=f"characters per sequence (default {defaults.seq_len})")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"sequences per step (default {defaults.batch_size})")
-    parser.add_argument("--lr", type=float, default=defaults.lr,
-                        help=f"AdamW learning rate (default {defaults.lr})")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                        help=f"weights and activations dtype (default {defaults.dtype})")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="small",
+        help="model and run sizes: small (default, the flags' defaults) or "
+        "large ("
+        + ", ".join(f"{k} {v}" for k, v in PRESETS["large"].items())
+        + "); flags given explicitly override the preset",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help=f"training steps per run (default {defaults.steps})"
+    )
+    parser.add_argument(
+        "--d-model", type=int, default=None, help=f"model width (default {defaults.d_model})"
+    )
+    parser.add_argument(
+        "--layers", type=int, default=None, help=f"decoder blocks (default {defaults.n_layers})"
+    )
+    parser.add_argument(
+        "--heads", type=int, default=None, help=f"attention heads (default {defaults.n_heads})"
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help=f"characters per sequence (default {defaults.seq_len})",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"sequences per step (default {defaults.batch_size})",
+    )
+    parser.add_argument(
+        "--lr", type=float, default=defaults.lr, help=f"AdamW learning rate (default {defaults.lr})"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help=f"weights and activations dtype (default {defaults.dtype})",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch threads (default {torch.get_num_threads()} here)")
-    parser.add_argument("--compile", action="store_true",
-                        help="also train torch.compile of the plain model")
-    parser.add_argument("--out", default="demo-results",
-                        help="folder for demo.json and demo-loss.png (default demo-results)")
-    parser.add_argument("--tune-memory", action="store_true",
-                        help="apply fuseops.cpu.tune_memory() first (freed memory kept for "
-                             "reuse, process-wide: every run trains under it)")
-    parser.add_argument("--compare-tune-memory", action="store_true",
-                        help="after the runs under the default memory settings, train both "
-                             "models again in a child process under fuseops.cpu.tune_memory() "
-                             "and report all four (the setting is process-wide, so the tuned "
-                             "pair is timed in its own process)")
-    parser.add_argument("--quantized-eval-batches", type=int, default=None,
-                        help="held-out batches on which the trained model is evaluated as "
-                             "trained and after fuseops.quantize_ in each mode (0: skip; "
-                             f"default {defaults.quantized_eval_batches})")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"torch threads (default {torch.get_num_threads()} here)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="also train torch.compile of the plain model"
+    )
+    parser.add_argument(
+        "--out",
+        default="demo-results",
+        help="folder for demo.json and demo-loss.png (default demo-results)",
+    )
+    parser.add_argument(
+        "--tune-memory",
+        action="store_true",
+        help="apply fuseops.cpu.tune_memory() first (freed memory kept for "
+        "reuse, process-wide: every run trains under it)",
+    )
+    parser.add_argument(
+        "--compare-tune-memory",
+        action="store_true",
+        help="after the runs under the default memory settings, train both "
+        "models again in a child process under fuseops.cpu.tune_memory() "
+        "and report all four (the setting is process-wide, so the tuned "
+        "pair is timed in its own process)",
+    )
+    parser.add_argument(
+        "--quantized-eval-batches",
+        type=int,
+        default=None,
+        help="held-out batches on which the trained model is evaluated as "
+        "trained and after fuseops.quantize_ in each mode (0: skip; "
+        f"default {defaults.quantized_eval_batches})",
+    )
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress (default: a bar on a terminal, else a line at each "
-                             "tenth of the steps on stderr)")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (default: a bar on a terminal, else a line at each "
+        "tenth of the steps on stderr)",
+    )
 
 
 def resolve_sizes(args: argparse.Namespace) -> dict:
@@ -605,14 +734,34 @@ def resolve_sizes(args: argparse.Namespace) -> dict:
 
 def _child_arguments(settings: DemoSettings, args: argparse.Namespace, out: str) -> list[str]:
     """Command-line arguments that rerun `settings` in another process."""
-    argv = ["--steps", settings.steps, "--d-model", settings.d_model, "--layers",
-            settings.n_layers, "--heads", settings.n_heads, "--seq-len", settings.seq_len,
-            "--batch-size", settings.batch_size, "--lr", settings.lr, "--dtype",
-            settings.dtype, "--seed", settings.seed, "--out", out, "--no-plot",
-            "--no-progress",
-            # The quantized evaluation concerns the trained model, not the
-            # memory settings: the parent's run reports it.
-            "--quantized-eval-batches", 0]
+    argv = [
+        "--steps",
+        settings.steps,
+        "--d-model",
+        settings.d_model,
+        "--layers",
+        settings.n_layers,
+        "--heads",
+        settings.n_heads,
+        "--seq-len",
+        settings.seq_len,
+        "--batch-size",
+        settings.batch_size,
+        "--lr",
+        settings.lr,
+        "--dtype",
+        settings.dtype,
+        "--seed",
+        settings.seed,
+        "--out",
+        out,
+        "--no-plot",
+        "--no-progress",
+        # The quantized evaluation concerns the trained model, not the
+        # memory settings: the parent's run reports it.
+        "--quantized-eval-batches",
+        0,
+    ]
     if args.threads is not None:
         argv += ["--threads", args.threads]
     if settings.compile:
@@ -625,14 +774,25 @@ def run_tuned_child(settings: DemoSettings, args: argparse.Namespace, out: str) 
     its summary. The child's own report goes to stderr, as progress."""
     import subprocess
 
-    command = [sys.executable, "-m", "fuseops", "demo", "--tune-memory",
-               *_child_arguments(settings, args, out)]
-    print("== the same runs under fuseops.cpu.tune_memory(), in a child process",
-          file=sys.stderr, flush=True)
+    command = [
+        sys.executable,
+        "-m",
+        "fuseops",
+        "demo",
+        "--tune-memory",
+        *_child_arguments(settings, args, out),
+    ]
+    print(
+        "== the same runs under fuseops.cpu.tune_memory(), in a child process",
+        file=sys.stderr,
+        flush=True,
+    )
     result = subprocess.run(command, stdout=sys.stderr)
     if result.returncode != 0:
-        raise RuntimeError(f"fuseops demo: the --tune-memory child failed "
-                           f"(exit {result.returncode}): {' '.join(command)}")
+        raise RuntimeError(
+            f"fuseops demo: the --tune-memory child failed "
+            f"(exit {result.returncode}): {' '.join(command)}"
+        )
     with open(os.path.join(out, "demo.json")) as f:
         return json.load(f)
 
@@ -646,8 +806,10 @@ def add_tuned_runs(summary: dict, tuned: dict) -> None:
     for name, run in tuned["runs"].items():
         speed = run["steps_per_second"]
         summary["runs"][f"{name} + tune_memory"] = {
-            **run, "speedup_vs_torch_nn": speed / base if speed and base else None,
-            "other_process": True}
+            **run,
+            "speedup_vs_torch_nn": speed / base if speed and base else None,
+            "other_process": True,
+        }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -655,9 +817,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     sizes = resolve_sizes(args)
     if args.tune_memory and args.compare_tune_memory:
-        print("fuseops demo: --tune-memory and --compare-tune-memory exclude each other "
-              "(the comparison runs the default settings here and the tuned ones in a "
-              "child process)", file=sys.stderr)
+        print(
+            "fuseops demo: --tune-memory and --compare-tune-memory exclude each other "
+            "(the comparison runs the default settings here and the tuned ones in a "
+            "child process)",
+            file=sys.stderr,
+        )
         return 2
     args.steps, args.d_model, args.heads = sizes["steps"], sizes["d_model"], sizes["n_heads"]
     if args.steps < 3:
@@ -667,12 +832,16 @@ def run(args: argparse.Namespace) -> int:
         print("fuseops demo: --quantized-eval-batches must be at least 0", file=sys.stderr)
         return 2
     if args.d_model % args.heads or (args.d_model // args.heads) % 2:
-        print("fuseops demo: --d-model must split into --heads heads of even size",
-              file=sys.stderr)
+        print("fuseops demo: --d-model must split into --heads heads of even size", file=sys.stderr)
         return 2
     settings = DemoSettings(
-        **sizes, lr=args.lr, seed=args.seed, compile=args.compile,
-        progress=not args.no_progress, tune_memory=args.tune_memory)
+        **sizes,
+        lr=args.lr,
+        seed=args.seed,
+        compile=args.compile,
+        progress=not args.no_progress,
+        tune_memory=args.tune_memory,
+    )
     summary = run_demo(settings)
     summary["preset"] = args.preset
     os.makedirs(args.out, exist_ok=True)

@@ -23,7 +23,13 @@ from .ops.layer_norm import layer_norm
 from .ops.quantize import quantize_per_channel_int8
 from .ops.rms_norm import rms_norm
 from .ops.rope import rope, rope_cache, rope_reference
-from .ops.sparse_2_4 import colsum_2_4, pack_2_4, prune_2_4, sparse_2_4_dynamic_linear, sparse_2_4_linear
+from .ops.sparse_2_4 import (
+    colsum_2_4,
+    pack_2_4,
+    prune_2_4,
+    sparse_2_4_dynamic_linear,
+    sparse_2_4_linear,
+)
 
 # Replaced class (torch.nn's, or SwiGLUMLP) -> (fuseops class, predicate
 # saying whether an instance's configuration is supported; None means always).
@@ -84,13 +90,10 @@ class LayerNorm(torch.nn.LayerNorm):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        params_match = all(
-            p is None or p.dtype == input.dtype for p in (self.weight, self.bias)
-        )
+        params_match = all(p is None or p.dtype == input.dtype for p in (self.weight, self.bias))
         if len(self.normalized_shape) != 1 or not params_match:
             return super().forward(input)
         return layer_norm(input, self.weight, self.bias, self.eps)
-
 
 
 @_replaces(torch.nn.RMSNorm, supported=lambda m: len(m.normalized_shape) == 1)
@@ -144,21 +147,34 @@ class CausalConv1d(torch.nn.Conv1d):
     ``replace_modules`` does not swap plain ``Conv1d`` modules for it.
     """
 
-    def __init__(self, dim: int, width: int = 4, bias: bool = True,
-                 activation: Optional[str] = None, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        width: int = 4,
+        bias: bool = True,
+        activation: Optional[str] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
         if activation not in (None, "silu", "swish"):
             raise ValueError(
-                f"fuseops.nn.CausalConv1d: activation must be None, 'silu' or 'swish', got {activation!r}")
-        super().__init__(dim, dim, width, groups=dim, padding=width - 1, bias=bias,
-                         device=device, dtype=dtype)
+                f"fuseops.nn.CausalConv1d: activation must be None, 'silu' or 'swish', got {activation!r}"
+            )
+        super().__init__(
+            dim, dim, width, groups=dim, padding=width - 1, bias=bias, device=device, dtype=dtype
+        )
         self.activation = activation
 
-    def forward(self, x: torch.Tensor, initial_states: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return causal_conv1d(x, self.weight.squeeze(1), self.bias, initial_states,
-                             activation=self.activation)
+    def forward(
+        self, x: torch.Tensor, initial_states: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        return causal_conv1d(
+            x, self.weight.squeeze(1), self.bias, initial_states, activation=self.activation
+        )
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation!r}"
+
 
 @_replaces(torch.nn.CrossEntropyLoss)
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
@@ -170,10 +186,18 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     dimensions) are fused; probability targets take torch's own path (without
     z_loss or softcap, which they do not support)."""
 
-    def __init__(self, weight: Optional[torch.Tensor] = None, size_average=None,
-                 ignore_index: int = -100, reduce=None, reduction: str = "mean",
-                 label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 softcap: Optional[float] = None, inplace_backward: bool = False) -> None:
+    def __init__(
+        self,
+        weight: Optional[torch.Tensor] = None,
+        size_average=None,
+        ignore_index: int = -100,
+        reduce=None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        softcap: Optional[float] = None,
+        inplace_backward: bool = False,
+    ) -> None:
         super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         self.z_loss = z_loss
         self.softcap = softcap
@@ -185,12 +209,22 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         softcap = getattr(self, "softcap", None)
         if target.is_floating_point():
             if z_loss or softcap is not None:
-                raise ValueError("fuseops.nn.CrossEntropyLoss: z_loss and softcap need class-index targets")
+                raise ValueError(
+                    "fuseops.nn.CrossEntropyLoss: z_loss and softcap need class-index targets"
+                )
             return super().forward(input, target)
         logits = input.movedim(1, -1) if input.dim() > 2 else input
-        return cross_entropy(logits, target, self.weight, self.reduction, self.ignore_index,
-                             self.label_smoothing, z_loss, softcap,
-                             inplace_backward=getattr(self, "inplace_backward", False))
+        return cross_entropy(
+            logits,
+            target,
+            self.weight,
+            self.reduction,
+            self.ignore_index,
+            self.label_smoothing,
+            z_loss,
+            softcap,
+            inplace_backward=getattr(self, "inplace_backward", False),
+        )
 
     def extra_repr(self) -> str:
         return f"z_loss={self.z_loss}, softcap={self.softcap}, inplace_backward={self.inplace_backward}"
@@ -209,9 +243,15 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
     builds to be plain torch and still be found by ``replace_modules``, which
     swaps it for ``LinearCrossEntropyLoss``."""
 
-    def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                 reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 softcap: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        weight: Optional[torch.Tensor] = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        softcap: Optional[float] = None,
+    ) -> None:
         super().__init__()
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
@@ -220,20 +260,34 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
         self.z_loss = z_loss
         self.softcap = softcap
 
-    def forward(self, input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
-                linear_bias: Optional[torch.Tensor] = None,
-                normalizer: Optional[float] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input: torch.Tensor,
+        linear_weight: torch.Tensor,
+        target: torch.Tensor,
+        linear_bias: Optional[torch.Tensor] = None,
+        normalizer: Optional[float] = None,
+    ) -> torch.Tensor:
         logits = torch.nn.functional.linear(input, linear_weight, linear_bias).float()
         weight = None if self.weight is None else self.weight.float()
         loss = cross_entropy_reference(
-            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), weight, self.reduction,
-            self.ignore_index, self.label_smoothing, self.z_loss, self.softcap)
+            logits.reshape(-1, logits.shape[-1]),
+            target.reshape(-1),
+            weight,
+            self.reduction,
+            self.ignore_index,
+            self.label_smoothing,
+            self.z_loss,
+            self.softcap,
+        )
         return loss / normalizer if normalizer is not None else loss
 
     def extra_repr(self) -> str:
-        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
-                f"softcap={self.softcap}")
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+            f"softcap={self.softcap}"
+        )
 
 
 @_replaces(TorchLinearCrossEntropyLoss)
@@ -244,13 +298,27 @@ class LinearCrossEntropyLoss(TorchLinearCrossEntropyLoss):
     logits' statistics and gradients are computed in float32 whatever the
     input dtype."""
 
-    def forward(self, input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
-                linear_bias: Optional[torch.Tensor] = None,
-                normalizer: Optional[float] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input: torch.Tensor,
+        linear_weight: torch.Tensor,
+        target: torch.Tensor,
+        linear_bias: Optional[torch.Tensor] = None,
+        normalizer: Optional[float] = None,
+    ) -> torch.Tensor:
         return linear_cross_entropy(
-            input.reshape(-1, input.shape[-1]), linear_weight, target.reshape(-1), linear_bias,
-            self.weight, self.reduction, self.ignore_index, self.label_smoothing, self.z_loss,
-            self.softcap, normalizer)
+            input.reshape(-1, input.shape[-1]),
+            linear_weight,
+            target.reshape(-1),
+            linear_bias,
+            self.weight,
+            self.reduction,
+            self.ignore_index,
+            self.label_smoothing,
+            self.z_loss,
+            self.softcap,
+            normalizer,
+        )
 
 
 class _GatedMLP(torch.nn.Module):
@@ -361,25 +429,36 @@ class TorchRotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin_cached", sin, persistent=False)
 
     def _cache(self, max_pos: int, device):
-        return rope_cache(self.rotary_dim, max_pos, self.base, self.scaling, self.factor,
-                          interleaved=self.interleaved, device=device)
+        return rope_cache(
+            self.rotary_dim,
+            max_pos,
+            self.base,
+            self.scaling,
+            self.factor,
+            interleaved=self.interleaved,
+            device=device,
+        )
 
     def _grow_for(self, positions: torch.Tensor) -> None:
         if self.grow and positions.numel() > 0:
             needed = int(positions.max()) + 1
             if needed > self.cos_cached.shape[0]:
                 self.cos_cached, self.sin_cached = self._cache(
-                    max(needed, 2 * self.cos_cached.shape[0]), self.cos_cached.device)
+                    max(needed, 2 * self.cos_cached.shape[0]), self.cos_cached.device
+                )
 
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor], positions: torch.Tensor):
         self._grow_for(positions)
-        return rope_reference(query, key, self.cos_cached, self.sin_cached, positions,
-                              self.interleaved)
+        return rope_reference(
+            query, key, self.cos_cached, self.sin_cached, positions, self.interleaved
+        )
 
     def extra_repr(self) -> str:
-        return (f"rotary_dim={self.rotary_dim}, max_pos={self.cos_cached.shape[0]}, "
-                f"base={self.base}, scaling={self.scaling!r}, factor={self.factor}, "
-                f"interleaved={self.interleaved}")
+        return (
+            f"rotary_dim={self.rotary_dim}, max_pos={self.cos_cached.shape[0]}, "
+            f"base={self.base}, scaling={self.scaling!r}, factor={self.factor}, "
+            f"interleaved={self.interleaved}"
+        )
 
 
 @_replaces(TorchRotaryEmbedding)
@@ -392,6 +471,7 @@ class RotaryEmbedding(TorchRotaryEmbedding):
         self._grow_for(positions)
         return rope(query, key, self.cos_cached, self.sin_cached, positions, self.interleaved)
 
+
 class _QuantizedLinear(torch.nn.Module):
     """What the quantized linear layers share: building one from a
     ``torch.nn.Linear`` (its weight packed by the subclass's ``_pack``, its
@@ -402,16 +482,26 @@ class _QuantizedLinear(torch.nn.Module):
 
     def _check_mode(self, mode: str) -> None:
         if mode not in self.MODES:
-            raise ValueError(f"{type(self).__name__}: unknown mode {mode!r}; supported: "
-                             + ", ".join(map(repr, self.MODES)))
+            raise ValueError(
+                f"{type(self).__name__}: unknown mode {mode!r}; supported: "
+                + ", ".join(map(repr, self.MODES))
+            )
 
     @classmethod
     def _from_float(cls, linear: torch.nn.Module, mode: str):
         if not isinstance(linear, torch.nn.Linear):
-            raise TypeError(f"{cls.__name__}.from_float: expected a torch.nn.Linear, got {type(linear).__name__}")
+            raise TypeError(
+                f"{cls.__name__}.from_float: expected a torch.nn.Linear, got {type(linear).__name__}"
+            )
         weight = linear.weight.detach()
-        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                     device=weight.device, dtype=weight.dtype, mode=mode)
+        module = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+            mode=mode,
+        )
         with torch.no_grad():
             for name, tensor in module._pack(weight).items():
                 getattr(module, name).copy_(tensor)
@@ -435,8 +525,10 @@ class _QuantizedLinear(torch.nn.Module):
         return None if self.bias is None else self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, mode={self.mode!r}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, mode={self.mode!r}"
+        )
 
 
 class Int8Linear(_QuantizedLinear):
@@ -460,18 +552,29 @@ class Int8Linear(_QuantizedLinear):
 
     MODES = ("w8a16", "w8a8")
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype: torch.dtype = torch.float32, mode: str = "w8a16") -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+        mode: str = "w8a16",
+    ) -> None:
         super().__init__()
         self._check_mode(mode)
         self.mode = mode
         self.in_features = in_features
         self.out_features = out_features
         blocks, groups = -(-out_features // 16), -(-in_features // 4)
-        self.register_buffer("packed", torch.zeros(blocks, groups, 16, 4, dtype=torch.int8, device=device))
+        self.register_buffer(
+            "packed", torch.zeros(blocks, groups, 16, 4, dtype=torch.int8, device=device)
+        )
         self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
         self.register_buffer("colsum", torch.zeros(out_features, dtype=torch.int32, device=device))
-        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
+        )
 
     @classmethod
     def from_float(cls, linear: torch.nn.Linear, mode: str = "w8a16") -> "Int8Linear":
@@ -524,23 +627,43 @@ class Sparse24Linear(_QuantizedLinear):
 
     MODES = ("2:4", "2:4+w8a16", "2:4+w8a8")
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype: torch.dtype = torch.float32, mode: str = "2:4") -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+        mode: str = "2:4",
+    ) -> None:
         super().__init__()
         self._check_mode(mode)
         if in_features % 4:
-            raise ValueError(f"Sparse24Linear: in_features must be a multiple of 4 (groups of 4), got {in_features}")
+            raise ValueError(
+                f"Sparse24Linear: in_features must be a multiple of 4 (groups of 4), got {in_features}"
+            )
         self.in_features = in_features
         self.out_features = out_features
         # The int8 modes' kernel; which of them applies is an attribute, not state.
         self._int8_mode = "2:4+w8a16" if mode == "2:4" else mode
         values_dtype = dtype if mode == "2:4" else torch.int8
-        self.register_buffer("values", torch.zeros(out_features, in_features // 2, dtype=values_dtype, device=device))
+        self.register_buffer(
+            "values", torch.zeros(out_features, in_features // 2, dtype=values_dtype, device=device)
+        )
         # Positions 0 and 1 of every group: a valid mask for the zero values.
-        self.register_buffer("meta", torch.full((out_features, -(-in_features // 8)), 0x33, dtype=torch.uint8, device=device))
+        self.register_buffer(
+            "meta",
+            torch.full(
+                (out_features, -(-in_features // 8)), 0x33, dtype=torch.uint8, device=device
+            ),
+        )
         self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
-        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
-        self.register_buffer("colsum", torch.zeros(out_features, dtype=torch.int32, device=device), persistent=False)
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
+        )
+        self.register_buffer(
+            "colsum", torch.zeros(out_features, dtype=torch.int32, device=device), persistent=False
+        )
 
     @property
     def mode(self) -> str:
@@ -550,8 +673,10 @@ class Sparse24Linear(_QuantizedLinear):
     def mode(self, mode: str) -> None:
         self._check_mode(mode)
         if (mode == "2:4") != (self.values.dtype != torch.int8):
-            raise ValueError(f"Sparse24Linear: cannot switch from mode {self.mode!r} to {mode!r}: the values are "
-                             f"{self.values.dtype}; build a new module with from_float")
+            raise ValueError(
+                f"Sparse24Linear: cannot switch from mode {self.mode!r} to {mode!r}: the values are "
+                f"{self.values.dtype}; build a new module with from_float"
+            )
         if mode != "2:4":
             self._int8_mode = mode
 
@@ -580,14 +705,15 @@ class Sparse24Linear(_QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "2:4+w8a8":
-            return sparse_2_4_dynamic_linear(x, self.values, self.meta, self.scale, self.colsum, self._bias(x))
+            return sparse_2_4_dynamic_linear(
+                x, self.values, self.meta, self.scale, self.colsum, self._bias(x)
+            )
         values = self.values if self.values.dtype == torch.int8 else self.values.to(x.dtype)
         return sparse_2_4_linear(x, values, self.meta, self.scale, self._bias(x))
 
 
 __all__ = [
     "CausalConv1d",
-
     "CrossEntropyLoss",
     "GELU",
     "GeGLU",

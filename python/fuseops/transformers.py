@@ -133,7 +133,9 @@ def _activation_kind(act) -> Optional[str]:
         return "silu"
     if name in ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation"):
         return "tanh"
-    if name == "GELUActivation" or (name == "GELU" and getattr(act, "approximate", "none") == "none"):
+    if name == "GELUActivation" or (
+        name == "GELU" and getattr(act, "approximate", "none") == "none"
+    ):
         return "none"
     if name == "GELU" and act.approximate == "tanh":
         return "tanh"
@@ -189,8 +191,9 @@ def _rope_forward_of(function: types.FunctionType) -> types.FunctionType:
     name is fuseops' (one function per class, shared by its instances)."""
     scope = dict(function.__globals__)
     scope["apply_rotary_pos_emb"] = _hf_apply_rotary_pos_emb
-    patched = types.FunctionType(function.__code__, scope, function.__name__,
-                                 function.__defaults__, function.__closure__)
+    patched = types.FunctionType(
+        function.__code__, scope, function.__name__, function.__defaults__, function.__closure__
+    )
     patched.__kwdefaults__ = function.__kwdefaults__
     patched.__qualname__ = function.__qualname__
     patched.__doc__ = function.__doc__
@@ -201,8 +204,9 @@ def _rope_forward_of(function: types.FunctionType) -> types.FunctionType:
 # The causal-LM head
 
 
-def _shifted_targets(labels: Optional[torch.Tensor], shift_labels: Optional[torch.Tensor],
-                     ignore_index: int, device) -> torch.Tensor:
+def _shifted_targets(
+    labels: Optional[torch.Tensor], shift_labels: Optional[torch.Tensor], ignore_index: int, device
+) -> torch.Tensor:
     # HF's ForCausalLMLoss: token t predicts label t + 1; the last position
     # has no label.
     if shift_labels is None:
@@ -224,18 +228,26 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
     `logits_mode` ``"always"`` the logits are also computed in training with
     labels, by one more product with the head's weight."""
 
-    from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions, CausalLMOutputWithPast
+    from transformers.modeling_outputs import (
+        CausalLMOutputWithCrossAttentions,
+        CausalLMOutputWithPast,
+    )
 
     signature = inspect.signature(original)
     # Names that positional arguments bind to, in the original's order (it
     # differs between families); plain dict work, which torch.compile traces.
-    positional = [p.name for p in list(signature.parameters.values())[1:]
-                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    positional = [
+        p.name
+        for p in list(signature.parameters.values())[1:]
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
 
     def forward(self, *args, **kwargs):
         if len(args) > len(positional):
-            raise TypeError(f"{type(self).__name__}.forward takes at most {len(positional)} "
-                            f"positional arguments, got {len(args)}")
+            raise TypeError(
+                f"{type(self).__name__}.forward takes at most {len(positional)} "
+                f"positional arguments, got {len(args)}"
+            )
         arguments = dict(zip(positional, args))
         arguments.update(kwargs)
         return_dict = arguments.pop("return_dict", None)
@@ -255,7 +267,11 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
 
         def compute_logits():
             if isinstance(logits_to_keep, int):
-                kept = hidden_states[:, slice(-logits_to_keep, None), :] if logits_to_keep else hidden_states
+                kept = (
+                    hidden_states[:, slice(-logits_to_keep, None), :]
+                    if logits_to_keep
+                    else hidden_states
+                )
             else:
                 kept = hidden_states[:, logits_to_keep, :]
             logits = head(kept)
@@ -265,27 +281,45 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
         if has_labels and self.training:
             # The loss without the [tokens, vocab] logits.
             target = _shifted_targets(labels, shift_labels, ignore_index, hidden_states.device)
-            loss = _reduce(linear_cross_entropy(
-                hidden_states.reshape(-1, hidden_states.shape[-1]), head.weight, target,
-                head.bias, reduction=reduction, ignore_index=ignore_index, softcap=softcap),
-                num_items_in_batch)
+            loss = _reduce(
+                linear_cross_entropy(
+                    hidden_states.reshape(-1, hidden_states.shape[-1]),
+                    head.weight,
+                    target,
+                    head.bias,
+                    reduction=reduction,
+                    ignore_index=ignore_index,
+                    softcap=softcap,
+                ),
+                num_items_in_batch,
+            )
             if logits_mode == "always":
                 logits = compute_logits()
         else:
             logits = compute_logits()
             if has_labels:
                 target = _shifted_targets(labels, shift_labels, ignore_index, logits.device)
-                loss = _reduce(_cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), target, reduction=reduction,
-                    ignore_index=ignore_index), num_items_in_batch)
+                loss = _reduce(
+                    _cross_entropy(
+                        logits.reshape(-1, logits.shape[-1]),
+                        target,
+                        reduction=reduction,
+                        ignore_index=ignore_index,
+                    ),
+                    num_items_in_batch,
+                )
 
-        fields = dict(loss=loss, logits=logits,
-                      past_key_values=getattr(outputs, "past_key_values", None),
-                      hidden_states=getattr(outputs, "hidden_states", None),
-                      attentions=getattr(outputs, "attentions", None))
+        fields = dict(
+            loss=loss,
+            logits=logits,
+            past_key_values=getattr(outputs, "past_key_values", None),
+            hidden_states=getattr(outputs, "hidden_states", None),
+            attentions=getattr(outputs, "attentions", None),
+        )
         if hasattr(outputs, "cross_attentions"):
             result = CausalLMOutputWithCrossAttentions(
-                cross_attentions=outputs.cross_attentions, **fields)
+                cross_attentions=outputs.cross_attentions, **fields
+            )
         else:
             result = CausalLMOutputWithPast(**fields)
         return result if return_dict else result.to_tuple()
@@ -305,10 +339,15 @@ def _family_of(model: torch.nn.Module) -> _Family:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
-        what = f"model type {model_type!r}" if model_type is not None else "a model without config.model_type"
+        what = (
+            f"model type {model_type!r}"
+            if model_type is not None
+            else "a model without config.model_type"
+        )
         raise ValueError(
             f"fuseops.transformers.apply: {what} ({type(model).__name__}) is not supported; "
-            f"supported model types: {', '.join(supported_model_types())}")
+            f"supported model types: {', '.join(supported_model_types())}"
+        )
     return FAMILIES[model_type]
 
 
@@ -323,14 +362,26 @@ def _reproduced_head(model: torch.nn.Module, family: _Family) -> bool:
     ``nn.Linear`` lm_head over its base model."""
     forward = type(model).forward
     prefix = getattr(model, "base_model_prefix", "")
-    return (any(cls.__name__ in family.causal_lm and vars(cls).get("forward") is forward
-                for cls in type(model).__mro__)
-            and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
-            and bool(prefix) and hasattr(model, prefix))
+    return (
+        any(
+            cls.__name__ in family.causal_lm and vars(cls).get("forward") is forward
+            for cls in type(model).__mro__
+        )
+        and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
+        and bool(prefix)
+        and hasattr(model, prefix)
+    )
 
 
-def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp: bool = True,
-          cross_entropy: bool = True, layer_norm: bool = True, logits: str = "auto") -> list[Replacement]:
+def apply(
+    model: torch.nn.Module,
+    rms_norm: bool = True,
+    rope: bool = True,
+    mlp: bool = True,
+    cross_entropy: bool = True,
+    layer_norm: bool = True,
+    logits: str = "auto",
+) -> list[Replacement]:
     """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
     family, see :func:`supported_model_types`) in place to run on fuseops
     ops and returns what was patched, one :class:`fuseops.nn.Replacement` per
@@ -361,17 +412,25 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
     ``apply`` again with another `logits` raises ``ValueError``.
     """
     if not isinstance(logits, str) or logits not in LOGITS:
-        raise ValueError(f"fuseops.transformers.apply: logits must be one of "
-                         f"{', '.join(map(repr, LOGITS))}, got {logits!r}")
+        raise ValueError(
+            f"fuseops.transformers.apply: logits must be one of "
+            f"{', '.join(map(repr, LOGITS))}, got {logits!r}"
+        )
     family = _family_of(model)
     patched_with = model.__dict__.get(_LOGITS_ATTRIBUTE)
     if cross_entropy and patched_with is not None and patched_with != logits:
         raise ValueError(
             f"fuseops.transformers.apply: logits={logits!r}, but the head of this "
             f"{type(model).__name__} was patched with logits={patched_with!r}; the mode is "
-            f"fixed when the head is patched (patch an unpatched model to change it)")
-    wanted = {"rms_norm": rms_norm, "rope": rope, "mlp": mlp, "layer_norm": layer_norm,
-              "cross_entropy": cross_entropy}
+            f"fixed when the head is patched (patch an unpatched model to change it)"
+        )
+    wanted = {
+        "rms_norm": rms_norm,
+        "rope": rope,
+        "mlp": mlp,
+        "layer_norm": layer_norm,
+        "cross_entropy": cross_entropy,
+    }
     replaced: list[Replacement] = []
 
     def record(name: str, module: torch.nn.Module, forward: Callable, kind: str, new: str) -> None:
@@ -385,10 +444,18 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
         cls_name = type(module).__name__
         if wanted["rms_norm"] and cls_name == f"{family.prefix}RMSNorm":
             if family.rms_offset:
-                record(name, module, _rms_norm_offset_forward, "rms_norm", "fuseops.rms_norm(1 + weight)")
+                record(
+                    name,
+                    module,
+                    _rms_norm_offset_forward,
+                    "rms_norm",
+                    "fuseops.rms_norm(1 + weight)",
+                )
             else:
                 record(name, module, _rms_norm_forward, "rms_norm", "fuseops.rms_norm")
-        elif wanted["rope"] and cls_name.startswith(family.prefix) and cls_name.endswith("Attention"):
+        elif (
+            wanted["rope"] and cls_name.startswith(family.prefix) and cls_name.endswith("Attention")
+        ):
             # Only an attention whose own forward calls apply_rotary_pos_emb
             # (not one wrapped by a decorator, nor one without rotary).
             function = type(module).forward
@@ -396,7 +463,9 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
             if code is not None and "apply_rotary_pos_emb" in code.co_names:
                 record(name, module, _rope_forward_of(function), "rope", "fuseops.rope")
         elif wanted["mlp"] and cls_name == mlp_class:
-            act = next((getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None)
+            act = next(
+                (getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None
+            )
             kind = _activation_kind(act) if act is not None else None
             if family.mlp in ("gated", "packed"):
                 if kind is None:
@@ -419,8 +488,13 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, rope: bool = True, mlp:
 
     if wanted["cross_entropy"] and MARKER not in model.__dict__ and _reproduced_head(model, family):
         setattr(model, _LOGITS_ATTRIBUTE, logits)
-        record("", model, _causal_lm_forward(type(model).forward, logits), "cross_entropy",
-               "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy")
+        record(
+            "",
+            model,
+            _causal_lm_forward(type(model).forward, logits),
+            "cross_entropy",
+            "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy",
+        )
     return replaced
 
 

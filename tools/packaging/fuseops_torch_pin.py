@@ -83,8 +83,9 @@ class TorchPin:
         # from it pins another torch than the range it states.
         return {"dependencies": True}
 
-    def dynamic_metadata(self, settings: Mapping[str, Any],
-                         project: Mapping[str, Any]) -> dict[str, Any]:
+    def dynamic_metadata(
+        self, settings: Mapping[str, Any], project: Mapping[str, Any]
+    ) -> dict[str, Any]:
         source = settings.get("dependencies")
         if not isinstance(source, list) or not all(isinstance(r, str) for r in source):
             raise RuntimeError("fuseops_torch_pin: set `dependencies` to a list of requirements")

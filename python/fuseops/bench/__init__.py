@@ -63,16 +63,24 @@ PRESETS = {
     "quick": Preset(
         "one case per op family and dtype at 1024x2048 (linear layers: 32 tokens), "
         "forward+backward (forward for inference ops)",
-        cases="per-family", modes=("forward+backward", "forward"), first_mode_only=True),
+        cases="per-family",
+        modes=("forward+backward", "forward"),
+        first_mode_only=True,
+    ),
     "standard": Preset(
         "every op but the variants, forward, forward+backward and out= at 1024x2048 "
         "(linear layers: 1, 8, 32 and 256 tokens)",
-        cases="no-variants", modes=results.DEFAULT_MODES),
+        cases="no-variants",
+        modes=results.DEFAULT_MODES,
+    ),
     "full": Preset(
         "the shapes of the speed targets ("
         + ", ".join("x".join(map(str, s)) for s in SHAPE_PRESETS["full"])
         + f"), variants included, min time {FULL_MIN_TIME} s; tens of minutes on 2 cores",
-        cases="all", modes=results.DEFAULT_MODES, min_time=FULL_MIN_TIME),
+        cases="all",
+        modes=results.DEFAULT_MODES,
+        min_time=FULL_MIN_TIME,
+    ),
 }
 DEFAULT_PRESET = "quick"
 #: The longer runs a preset's run points to when it ends.
@@ -81,15 +89,22 @@ LONGER_RUNS = {
     "standard": ("python -m fuseops bench --full",),
 }
 MODE_ALIASES = {
-    "forward": "forward", "fwd": "forward",
-    "forward+backward": "forward+backward", "fwd+bwd": "forward+backward",
+    "forward": "forward",
+    "fwd": "forward",
+    "forward+backward": "forward+backward",
+    "fwd+bwd": "forward+backward",
     "backward": "forward+backward",
-    "out": "out", "fwd-out": "out",
-    results.FRESH_GRAD: results.FRESH_GRAD, "fresh-grad": results.FRESH_GRAD,
-    "fwd+bwd-fresh": results.FRESH_GRAD, "train": results.FRESH_GRAD,
+    "out": "out",
+    "fwd-out": "out",
+    results.FRESH_GRAD: results.FRESH_GRAD,
+    "fresh-grad": results.FRESH_GRAD,
+    "fwd+bwd-fresh": results.FRESH_GRAD,
+    "train": results.FRESH_GRAD,
 }
-MODES_HELP = ("forward, forward+backward, out, fresh-grad (forward+backward with a fresh "
-              "upstream gradient handed over as in training; alias train)")
+MODES_HELP = (
+    "forward, forward+backward, out, fresh-grad (forward+backward with a fresh "
+    "upstream gradient handed over as in training; alias train)"
+)
 
 
 def _split(text: str) -> list[str]:
@@ -102,7 +117,8 @@ def parse_dtypes(text: str) -> list[torch.dtype]:
         dtype = getattr(torch, name, None)
         if dtype not in correctness.TOLERANCES:
             raise argparse.ArgumentTypeError(
-                f"unsupported dtype {name!r}: use float32, bfloat16, float16 or float64")
+                f"unsupported dtype {name!r}: use float32, bfloat16, float16 or float64"
+            )
         dtypes.append(dtype)
     return dtypes
 
@@ -117,7 +133,8 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"bad shape {item!r}: use ROWSxHIDDEN, e.g. 4096x4096, or a preset "
-                f"({', '.join(SHAPE_PRESETS)})") from None
+                f"({', '.join(SHAPE_PRESETS)})"
+            ) from None
         shapes.append((rows, hidden))
     return shapes
 
@@ -134,61 +151,101 @@ def parse_modes(text: str) -> list[str]:
     modes = []
     for name in _split(text):
         if name not in MODE_ALIASES:
-            raise argparse.ArgumentTypeError(
-                f"unknown mode {name!r}: use {MODES_HELP}")
+            raise argparse.ArgumentTypeError(f"unknown mode {name!r}: use {MODES_HELP}")
         modes.append(MODE_ALIASES[name])
     return [mode for mode in results.MODES if mode in modes]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=list(PRESETS), default=None,
-                        help="what to run: " + "; ".join(
-                            f"{name}{' (default)' if name == DEFAULT_PRESET else ''}: {p.help}"
-                            for name, p in PRESETS.items())
-                        + ". --ops, --modes, --shapes and --min-time override their part")
+    parser.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="what to run: "
+        + "; ".join(
+            f"{name}{' (default)' if name == DEFAULT_PRESET else ''}: {p.help}"
+            for name, p in PRESETS.items()
+        )
+        + ". --ops, --modes, --shapes and --min-time override their part",
+    )
     parser.add_argument("--full", action="store_true", help="--preset full")
-    parser.add_argument("--ops", type=_split, default=None,
-                        help="comma-separated ops (default: the preset's). Registered: "
-                             + ", ".join(c.name + (" (variant)" if c.variant else "")
-                                         for c in cases.CASES))
-    parser.add_argument("--dtype", type=parse_dtypes, default="float32,bfloat16",
-                        help="comma-separated dtypes (default float32,bfloat16)")
-    parser.add_argument("--shapes", type=parse_shapes, default=None,
-                        help="a shape preset (" + ", ".join(
-                            f"{name}: {', '.join('x'.join(map(str, s)) for s in shapes)}"
-                            for name, shapes in SHAPE_PRESETS.items())
-                        + "; default: the preset's) or ROWSxHIDDEN,... (the op works over "
-                          "HIDDEN; explicit shapes apply to every op, linear layers too)")
-    parser.add_argument("--modes", type=parse_modes, default=None,
-                        help=f"comma-separated: {MODES_HELP} (default: the preset's; every op "
-                             "runs each of them it has)")
+    parser.add_argument(
+        "--ops",
+        type=_split,
+        default=None,
+        help="comma-separated ops (default: the preset's). Registered: "
+        + ", ".join(c.name + (" (variant)" if c.variant else "") for c in cases.CASES),
+    )
+    parser.add_argument(
+        "--dtype",
+        type=parse_dtypes,
+        default="float32,bfloat16",
+        help="comma-separated dtypes (default float32,bfloat16)",
+    )
+    parser.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=None,
+        help="a shape preset ("
+        + ", ".join(
+            f"{name}: {', '.join('x'.join(map(str, s)) for s in shapes)}"
+            for name, shapes in SHAPE_PRESETS.items()
+        )
+        + "; default: the preset's) or ROWSxHIDDEN,... (the op works over "
+        "HIDDEN; explicit shapes apply to every op, linear layers too)",
+    )
+    parser.add_argument(
+        "--modes",
+        type=parse_modes,
+        default=None,
+        help=f"comma-separated: {MODES_HELP} (default: the preset's; every op "
+        "runs each of them it has)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's default, "
-                             f"{torch.get_num_threads()} here)")
-    parser.add_argument("--tune-memory", action="store_true",
-                        help="apply fuseops.cpu.tune_memory() first (freed memory kept for "
-                             "reuse, process-wide: every peer runs under it too)")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="skip the torch.compile(reference) peer (its compilation "
-                             "takes seconds per op and shape)")
-    parser.add_argument("--min-time", type=float, default=None,
-                        help="seconds of timed calls per implementation and row, at least "
-                             f"(default {timing.TimerSettings().min_time}, "
-                             f"{FULL_MIN_TIME} with --preset full); at least "
-                             f"{timing.TimerSettings().min_blocks} samples are taken anyway")
-    parser.add_argument("--out", default="bench-results",
-                        help="output folder (default bench-results)")
-    parser.add_argument("--json", default=None,
-                        help="JSON results file (default OUT/bench.json)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"torch threads (default: torch's default, {torch.get_num_threads()} here)",
+    )
+    parser.add_argument(
+        "--tune-memory",
+        action="store_true",
+        help="apply fuseops.cpu.tune_memory() first (freed memory kept for "
+        "reuse, process-wide: every peer runs under it too)",
+    )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="skip the torch.compile(reference) peer (its compilation "
+        "takes seconds per op and shape)",
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="seconds of timed calls per implementation and row, at least "
+        f"(default {timing.TimerSettings().min_time}, "
+        f"{FULL_MIN_TIME} with --preset full); at least "
+        f"{timing.TimerSettings().min_blocks} samples are taken anyway",
+    )
+    parser.add_argument(
+        "--out", default="bench-results", help="output folder (default bench-results)"
+    )
+    parser.add_argument("--json", default=None, help="JSON results file (default OUT/bench.json)")
     parser.add_argument("--csv", default=None, help="CSV results file (default OUT/bench.csv)")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG chart")
-    parser.add_argument("--profile", action="store_true",
-                        help="also write a torch.profiler Chrome trace and a memory table per "
-                             "row into OUT/profile/")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress (default: a bar on a terminal, else one line per "
-                             "finished row on stderr)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also write a torch.profiler Chrome trace and a memory table per "
+        "row into OUT/profile/",
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (default: a bar on a terminal, else one line per finished row on stderr)",
+    )
     hf_models.add_arguments(parser)
 
 
@@ -225,8 +282,9 @@ class Progress:
         if self.bar is not None:
             self.bar.update(1)
         elif self.enabled:
-            print(f"[{self.done}/{self.total}] {report.row_line(row)}", file=self.stream,
-                  flush=True)
+            print(
+                f"[{self.done}/{self.total}] {report.row_line(row)}", file=self.stream, flush=True
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -256,8 +314,9 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         torch.set_num_threads(args.threads)
     memory_settings = _apply_memory_settings(args)
     if args.full and args.preset not in (None, "full"):
-        print(f"fuseops bench: --full is --preset full, not --preset {args.preset}",
-              file=sys.stderr)
+        print(
+            f"fuseops bench: --full is --preset full, not --preset {args.preset}", file=sys.stderr
+        )
         return 2
     preset_name = "full" if args.full else (args.preset or DEFAULT_PRESET)
     preset = PRESETS[preset_name]
@@ -284,10 +343,15 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     min_time = args.min_time if args.min_time is not None else preset.min_time
     os.makedirs(args.out, exist_ok=True)
     config = runner.Config(
-        cases=selected, dtypes=dtypes, shapes=shapes, modes=modes, device=device,
+        cases=selected,
+        dtypes=dtypes,
+        shapes=shapes,
+        modes=modes,
+        device=device,
         first_mode_only=preset.first_mode_only and args.modes is None,
         compile_peer=not args.no_compile,
-        timer=timing.TimerSettings(min_time=min_time) if min_time is not None
+        timer=timing.TimerSettings(min_time=min_time)
+        if min_time is not None
         else timing.TimerSettings(),
         profile_dir=os.path.join(args.out, "profile") if args.profile else None,
         preset=_preset_of(shapes),
@@ -323,8 +387,9 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         else:
             written.append("no chart: matplotlib is not installed (pip install 'fuseops[bench]')")
     if config.profile_dir:
-        written.append(f"profiler traces {config.profile_dir}/ (open in chrome://tracing "
-                       "or Perfetto)")
+        written.append(
+            f"profiler traces {config.profile_dir}/ (open in chrome://tracing or Perfetto)"
+        )
     print("wrote " + "; ".join(written))
     if preset_name in LONGER_RUNS and case_list is None and not args.ops:
         print("longer runs: " + "; ".join(LONGER_RUNS[preset_name]) + " (see --help)")

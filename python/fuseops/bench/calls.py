@@ -165,12 +165,10 @@ def make_sets(case: Case, dtype, shape, device, count: int, seed: int) -> list[I
         gen = torch.Generator(device=device).manual_seed(seed + index)
         args = case.make_inputs(rows, hidden, dtype, device, gen)
         grad_args = tuple(
-            a.detach().clone().requires_grad_(i in case.differentiable)
-            for i, a in enumerate(args)
+            a.detach().clone().requires_grad_(i in case.differentiable) for i, a in enumerate(args)
         )
         sets.append(InputSet(args=args, grad_args=grad_args))
     return sets
-
 
 
 def copy_call(bytes_moved: int, set_count: int, device: torch.device) -> Callable[[], object]:

@@ -135,8 +135,11 @@ def packed(rows, hidden, dtype, device, gen):
 def _collect() -> list[Case]:
     from .. import ops
 
-    return [replace(case, family=module.__name__.rsplit(".", 1)[-1])
-            for module in ops.MODULES for case in module.bench_cases()]
+    return [
+        replace(case, family=module.__name__.rsplit(".", 1)[-1])
+        for module in ops.MODULES
+        for case in module.bench_cases()
+    ]
 
 
 CASES: list[Case] = _collect()
@@ -150,9 +153,7 @@ def by_name(names: Optional[Sequence[str]] = None, variants: bool = True) -> lis
     known = {case.name: case for case in CASES}
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(
-            f"unknown op(s) {', '.join(unknown)}; known: {', '.join(known)}"
-        )
+        raise ValueError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return [known[name] for name in names]
 
 

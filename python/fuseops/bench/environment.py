@@ -63,8 +63,10 @@ def check_device(device: torch.device) -> Optional[str]:
     if device.type != "cuda":
         return f"unsupported device {device}: use cpu or cuda"
     if torch.version.cuda is None:
-        return (f"no CUDA here: this torch ({torch.__version__}) is a CPU-only build, "
-                "so there is nothing to benchmark on --device cuda")
+        return (
+            f"no CUDA here: this torch ({torch.__version__}) is a CPU-only build, "
+            "so there is nothing to benchmark on --device cuda"
+        )
     if not torch.cuda.is_available():
         return f"no CUDA device found (torch {torch.__version__}, CUDA {torch.version.cuda})"
     import fuseops

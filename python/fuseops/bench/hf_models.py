@@ -48,42 +48,88 @@ class Preset:
 
 PRESETS = {
     # Seconds: the tests' run of the command.
-    "smoke": Preset(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
-                    vocab=1000, seq=64, batch=2, steps=2),
+    "smoke": Preset(
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        intermediate=64,
+        vocab=1000,
+        seq=64,
+        batch=2,
+        steps=2,
+    ),
     # About a minute per dtype on 2 cores (torch.compile's compilation
     # included): 18M parameters, 1024 tokens.
-    "small": Preset(hidden=256, layers=2, heads=4, kv_heads=2, intermediate=688,
-                    vocab=32000, seq=512, batch=2, steps=3),
+    "small": Preset(
+        hidden=256,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=688,
+        vocab=32000,
+        seq=512,
+        batch=2,
+        steps=3,
+    ),
     # The loss without logits at a Llama-3 vocabulary: 140M parameters
     # (most of them the embedding and the head), 1024 tokens whose
     # [tokens, vocab] float32 logits take 500 MiB each copy. Minutes on 2
     # cores.
-    "large": Preset(hidden=512, layers=2, heads=8, kv_heads=4, intermediate=1408,
-                    vocab=128000, seq=512, batch=2, steps=2),
+    "large": Preset(
+        hidden=512,
+        layers=2,
+        heads=8,
+        kv_heads=4,
+        intermediate=1408,
+        vocab=128000,
+        seq=512,
+        batch=2,
+        steps=2,
+    ),
 }
 
-LOSS_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2, torch.float64: 1e-10}
+LOSS_TOLERANCE = {
+    torch.float32: 1e-4,
+    torch.bfloat16: 2e-2,
+    torch.float16: 2e-2,
+    torch.float64: 1e-10,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transformers", nargs="?", const="small", default=None,
-                        choices=sorted(PRESETS), metavar="PRESET",
-                        help="instead of the ops: a Hugging Face Llama model from a config, "
-                             "training step and prefill with and without fuseops.transformers."
-                             "apply (presets: " + ", ".join(
-                                 f"{name}: hidden {p.hidden}, {p.layers} layers, vocab {p.vocab}, "
-                                 f"{p.batch}x{p.seq} tokens" for name, p in PRESETS.items())
-                             + "; default small); --dtype, --no-compile, --threads and --out apply")
+    parser.add_argument(
+        "--transformers",
+        nargs="?",
+        const="small",
+        default=None,
+        choices=sorted(PRESETS),
+        metavar="PRESET",
+        help="instead of the ops: a Hugging Face Llama model from a config, "
+        "training step and prefill with and without fuseops.transformers."
+        "apply (presets: "
+        + ", ".join(
+            f"{name}: hidden {p.hidden}, {p.layers} layers, vocab {p.vocab}, "
+            f"{p.batch}x{p.seq} tokens"
+            for name, p in PRESETS.items()
+        )
+        + "; default small); --dtype, --no-compile, --threads and --out apply",
+    )
 
 
 def _model(preset: Preset, dtype: torch.dtype):
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=preset.vocab, hidden_size=preset.hidden, intermediate_size=preset.intermediate,
-        num_hidden_layers=preset.layers, num_attention_heads=preset.heads,
-        num_key_value_heads=preset.kv_heads, max_position_embeddings=max(2048, preset.seq),
-        tie_word_embeddings=False)
+        vocab_size=preset.vocab,
+        hidden_size=preset.hidden,
+        intermediate_size=preset.intermediate,
+        num_hidden_layers=preset.layers,
+        num_attention_heads=preset.heads,
+        num_key_value_heads=preset.kv_heads,
+        max_position_embeddings=max(2048, preset.seq),
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).to(dtype)
 
@@ -131,8 +177,9 @@ def _bench_dtype(preset: Preset, dtype: torch.dtype, compile_peer: bool) -> dict
         loss = _train_step(call, ids, labels).item()  # warm-up (compilation included)
         rows.append({"variant": name, "first_loss": loss, "warmup_s": time.perf_counter() - start})
         module.zero_grad(set_to_none=True)
-    steps = _interleaved([lambda call=call: _train_step(call, ids, labels) for _, _, call in variants],
-                         preset.steps)
+    steps = _interleaved(
+        [lambda call=call: _train_step(call, ids, labels) for _, _, call in variants], preset.steps
+    )
     for row, (_, module, call), step_s in zip(rows, variants, steps):
         row["step_s"] = step_s
         row["tokens_per_s"] = ids.numel() / step_s
@@ -153,13 +200,22 @@ def _bench_dtype(preset: Preset, dtype: torch.dtype, compile_peer: bool) -> dict
         row["prefill_s"] = prefill_s
         row["prefill_peak_bytes"] = peak_memory(lambda: prefill(model), ids.device)
     for row in rows:
-        print(f"  {row['variant']}: step {row['step_s']:.3f} s, peak {row['peak_bytes'] / 2**20:.0f} MiB"
-              + (f", prefill {row['prefill_s']:.3f} s" if "prefill_s" in row else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"  {row['variant']}: step {row['step_s']:.3f} s, peak {row['peak_bytes'] / 2**20:.0f} MiB"
+            + (f", prefill {row['prefill_s']:.3f} s" if "prefill_s" in row else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     reference = rows[0]["first_loss"]
     error = abs(rows[1]["first_loss"] - reference) / abs(reference)
-    return {"dtype": str(dtype)[6:], "parameters": params, "patched_modules": len(replaced),
-            "loss_relative_error": error, "loss_ok": error <= LOSS_TOLERANCE[dtype], "rows": rows}
+    return {
+        "dtype": str(dtype)[6:],
+        "parameters": params,
+        "patched_modules": len(replaced),
+        "loss_relative_error": error,
+        "loss_ok": error <= LOSS_TOLERANCE[dtype],
+        "rows": rows,
+    }
 
 
 def table(results: list[dict], preset_name: str) -> str:
@@ -178,14 +234,19 @@ def table(results: list[dict], preset_name: str) -> str:
         hf = result["rows"][0]
         for row in result["rows"]:
             prefill = f"{row['prefill_s'] * 1e3:.0f} ms" if "prefill_s" in row else "-"
-            prefill_ratio = f"{hf['prefill_s'] / row['prefill_s']:.2f}x" if "prefill_s" in row else "-"
+            prefill_ratio = (
+                f"{hf['prefill_s'] / row['prefill_s']:.2f}x" if "prefill_s" in row else "-"
+            )
             lines.append(
                 f"| {result['dtype']} | {row['variant']} | {row['step_s']:.3f} s | "
                 f"{hf['step_s'] / row['step_s']:.2f}x | {row['peak_bytes'] / 2**20:.0f} | "
-                f"{100 * row['peak_bytes'] / hf['peak_bytes']:.0f}% | {prefill} | {prefill_ratio} |")
-        lines.append(f"| {result['dtype']} | loss check | first step's loss, fuseops vs HF: "
-                     f"{result['loss_relative_error']:.1e} relative "
-                     f"({'ok' if result['loss_ok'] else 'FAILED'}) | | | | | |")
+                f"{100 * row['peak_bytes'] / hf['peak_bytes']:.0f}% | {prefill} | {prefill_ratio} |"
+            )
+        lines.append(
+            f"| {result['dtype']} | loss check | first step's loss, fuseops vs HF: "
+            f"{result['loss_relative_error']:.1e} relative "
+            f"({'ok' if result['loss_ok'] else 'FAILED'}) | | | | | |"
+        )
     return "\n".join(lines)
 
 
@@ -193,8 +254,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        print("fuseops bench --transformers: transformers is not installed "
-              "(pip install 'fuseops[transformers]')", file=sys.stderr)
+        print(
+            "fuseops bench --transformers: transformers is not installed "
+            "(pip install 'fuseops[transformers]')",
+            file=sys.stderr,
+        )
         return 2
     if args.device != "cpu":
         print("fuseops bench --transformers: runs on cpu only", file=sys.stderr)
@@ -211,10 +275,19 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "transformers.json")
     with open(path, "w") as f:
-        json.dump({"preset": args.transformers, "config": asdict(preset),
-                   "threads": torch.get_num_threads(), "torch": torch.__version__,
-                   "transformers": transformers.__version__,
-                   "peak_memory_method": PEAK_MEMORY_METHOD, "results": results}, f, indent=2)
+        json.dump(
+            {
+                "preset": args.transformers,
+                "config": asdict(preset),
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "peak_memory_method": PEAK_MEMORY_METHOD,
+                "results": results,
+            },
+            f,
+            indent=2,
+        )
     with open(os.path.join(args.out, "transformers.txt"), "w") as f:
         f.write(text + "\n")
     print(f"wrote {path}")

@@ -37,7 +37,8 @@ def header_lines(env: dict) -> list[str]:
     lines = [
         f"fuseops {env['fuseops_version']}, torch {env['torch_version']}, "
         f"Python {env['python_version']}",
-        f"device {env['device']}" + (f" ({env['gpu']})" if env.get("gpu") else "")
+        f"device {env['device']}"
+        + (f" ({env['gpu']})" if env.get("gpu") else "")
         + f"; CPU {env['cpu_model']}, {env['logical_cpus']} logical CPUs, "
         f"last-level cache {env['last_level_cache_bytes'] / 2**20:.0f} MiB",
         f"threads {env['threads']}"
@@ -48,18 +49,27 @@ def header_lines(env: dict) -> list[str]:
     if env.get("preset"):
         lines.append(f"preset {env['preset']} (python -m fuseops bench --help: the presets)")
     memory = env.get("memory_settings")
-    lines.append("memory: " + (
-        f"fuseops.cpu.tune_memory(keep_bytes={memory['keep_bytes']}) for every peer"
-        if memory else "process defaults"))
+    lines.append(
+        "memory: "
+        + (
+            f"fuseops.cpu.tune_memory(keep_bytes={memory['keep_bytes']}) for every peer"
+            if memory
+            else "process defaults"
+        )
+    )
     if not env["compile_peer"]:
         lines.append("torch.compile peer skipped (--no-compile)")
     load = env.get("load_average_at_start")
     if env["device"] == "cpu" and load is not None and load >= 1.0:
-        lines.append(f"note: the load average was {load:.1f} at the start (other processes "
-                     f"share these {env['logical_cpus']} CPUs): expect noisy times and ratios")
+        lines.append(
+            f"note: the load average was {load:.1f} at the start (other processes "
+            f"share these {env['logical_cpus']} CPUs): expect noisy times and ratios"
+        )
         if (env.get("omp_wait_policy") or "").upper() != "PASSIVE":
-            lines.append("      (OpenMP threads spin while they wait for a busy core; "
-                         "OMP_WAIT_POLICY=PASSIVE makes that cheaper)")
+            lines.append(
+                "      (OpenMP threads spin while they wait for a busy core; "
+                "OMP_WAIT_POLICY=PASSIVE makes that cheaper)"
+            )
     return lines
 
 
@@ -90,67 +100,121 @@ def allocation_table(rows: Sequence[Row]) -> list[str]:
     fresh = [row for row in rows if row.mode == FRESH_GRAD and row.allocated_bytes is not None]
     if not fresh:
         return []
-    held = {(row.op, row.dtype, row.shape): row.allocated_bytes for row in rows
-            if row.mode == "forward+backward" and row.allocated_bytes is not None}
-    columns = ["op", "dtype", "shape", "fuseops", "held grad", "eager", "compile", "native",
-               "saved vs held", "vs eager", "vs compile"]
+    held = {
+        (row.op, row.dtype, row.shape): row.allocated_bytes
+        for row in rows
+        if row.mode == "forward+backward" and row.allocated_bytes is not None
+    }
+    columns = [
+        "op",
+        "dtype",
+        "shape",
+        "fuseops",
+        "held grad",
+        "eager",
+        "compile",
+        "native",
+        "saved vs held",
+        "vs eager",
+        "vs compile",
+    ]
     body = []
     for row in fresh:
-        peer = {name: (row.peers[name].allocated_bytes if name in row.peers else None)
-                for name in PEERS}
+        peer = {
+            name: (row.peers[name].allocated_bytes if name in row.peers else None) for name in PEERS
+        }
         kept = held.get((row.op, row.dtype, row.shape))
-        body.append([row.op, row.dtype, row.shape, _mib(row.allocated_bytes), _mib(kept),
-                     *[_mib(peer[name]) for name in PEERS],
-                     _saved(kept, row.allocated_bytes), _saved(peer["eager"], row.allocated_bytes),
-                     _saved(peer["compiled"], row.allocated_bytes)])
-    return ["", f"MiB allocated per call, {MODE_LABELS[FRESH_GRAD]}:"] + _aligned(
-        columns, body, numeric=range(3, len(columns))) + [
-        "fuseops / eager / compile / native: all the allocations of one call (however soon "
-        "freed); held grad: fuseops in the fwd+bwd row, whose upstream gradient the caller "
-        "keeps; saved: the difference to fuseops here"]
+        body.append(
+            [
+                row.op,
+                row.dtype,
+                row.shape,
+                _mib(row.allocated_bytes),
+                _mib(kept),
+                *[_mib(peer[name]) for name in PEERS],
+                _saved(kept, row.allocated_bytes),
+                _saved(peer["eager"], row.allocated_bytes),
+                _saved(peer["compiled"], row.allocated_bytes),
+            ]
+        )
+    return (
+        ["", f"MiB allocated per call, {MODE_LABELS[FRESH_GRAD]}:"]
+        + _aligned(columns, body, numeric=range(3, len(columns)))
+        + [
+            "fuseops / eager / compile / native: all the allocations of one call (however soon "
+            "freed); held grad: fuseops in the fwd+bwd row, whose upstream gradient the caller "
+            "keeps; saved: the difference to fuseops here"
+        ]
+    )
 
 
 def table(rows: Sequence[Row], env: dict) -> str:
     """The results as an aligned text table, with notes on failures, errors
     and ops that are not built."""
-    columns = ["op", "dtype", "shape", "mode", "time", "+-", *PEER_COLUMNS.values(),
-               "GB/s", "copy%", "peak MiB", "cmp MiB", "max err", "status"]
+    columns = [
+        "op",
+        "dtype",
+        "shape",
+        "mode",
+        "time",
+        "+-",
+        *PEER_COLUMNS.values(),
+        "GB/s",
+        "copy%",
+        "peak MiB",
+        "cmp MiB",
+        "max err",
+        "status",
+    ]
     body = []
     for row in rows:
         if row.status == "not built":
             continue
         compiled = row.peers.get("compiled")
-        body.append([
-            row.op, row.dtype, row.shape, MODE_LABELS.get(row.mode, row.mode),
-            _time(row.time.median_s if row.time else None),
-            f"{row.time.spread * 100:.0f}%" if row.time else "-",
-            *[_ratio(row.speedup(peer)) for peer in PEER_COLUMNS],
-            "-" if row.gbps is None else f"{row.gbps:.1f}",
-            "-" if row.roofline_fraction is None else f"{row.roofline_fraction * 100:.0f}%",
-            _mib(row.peak_bytes),
-            _mib(compiled.peak_bytes if compiled else None),
-            "-" if row.max_abs_err is None else f"{row.max_abs_err:.1e}",
-            row.status,
-        ])
+        body.append(
+            [
+                row.op,
+                row.dtype,
+                row.shape,
+                MODE_LABELS.get(row.mode, row.mode),
+                _time(row.time.median_s if row.time else None),
+                f"{row.time.spread * 100:.0f}%" if row.time else "-",
+                *[_ratio(row.speedup(peer)) for peer in PEER_COLUMNS],
+                "-" if row.gbps is None else f"{row.gbps:.1f}",
+                "-" if row.roofline_fraction is None else f"{row.roofline_fraction * 100:.0f}%",
+                _mib(row.peak_bytes),
+                _mib(compiled.peak_bytes if compiled else None),
+                "-" if row.max_abs_err is None else f"{row.max_abs_err:.1e}",
+                row.status,
+            ]
+        )
     out = header_lines(env) + [""]
     if body:
         out += _aligned(columns, body, numeric=range(4, len(columns) - 1))
-    out += ["", "time: median per call (+- interquartile range); vs X: X's time / fuseops' time "
-            "(>1: fuseops faster); GB/s: least bytes the op must move / time; copy%: a copy of "
-            "the same bytes, same run, as a fraction of whose time fuseops takes; peak MiB / "
-            "cmp MiB: most memory allocated during one call by fuseops / by "
-            "torch.compile(reference); fwd out= rows compare against the peers' allocating "
-            "forward, except native ops that have out="]
+    out += [
+        "",
+        "time: median per call (+- interquartile range); vs X: X's time / fuseops' time "
+        "(>1: fuseops faster); GB/s: least bytes the op must move / time; copy%: a copy of "
+        "the same bytes, same run, as a fraction of whose time fuseops takes; peak MiB / "
+        "cmp MiB: most memory allocated during one call by fuseops / by "
+        "torch.compile(reference); fwd out= rows compare against the peers' allocating "
+        "forward, except native ops that have out=",
+    ]
     out += allocation_table(rows)
     problems = [row for row in rows if row.status in ("FAILED", "ERROR")]
     for row in problems:
-        out.append(f"!! {row.status}: {row.op} {row.dtype} {row.shape} "
-                   f"{MODE_LABELS.get(row.mode, row.mode)}: {row.message}")
-    peer_errors = [(row, name, peer) for row in rows for name, peer in row.peers.items()
-                   if peer.error]
+        out.append(
+            f"!! {row.status}: {row.op} {row.dtype} {row.shape} "
+            f"{MODE_LABELS.get(row.mode, row.mode)}: {row.message}"
+        )
+    peer_errors = [
+        (row, name, peer) for row in rows for name, peer in row.peers.items() if peer.error
+    ]
     for row, name, peer in peer_errors:
-        out.append(f"note: peer {peer.label} could not run for {row.op} {row.dtype} "
-                   f"{row.shape} {MODE_LABELS.get(row.mode, row.mode)}: {peer.error}")
+        out.append(
+            f"note: peer {peer.label} could not run for {row.op} {row.dtype} "
+            f"{row.shape} {MODE_LABELS.get(row.mode, row.mode)}: {peer.error}"
+        )
     for row in rows:
         if row.status == "not built":
             out.append(f"not built: {row.op} ({row.message})")
@@ -159,10 +223,14 @@ def table(rows: Sequence[Row], env: dict) -> str:
 
 
 def summary(rows: Sequence[Row]) -> str:
-    count = {status: sum(row.status == status for row in rows)
-             for status in ("ok", "FAILED", "ERROR", "not built")}
-    return (f"rows: {count['ok']} correct and timed, {count['FAILED']} FAILED, "
-            f"{count['ERROR']} ERROR; ops not built: {count['not built']}")
+    count = {
+        status: sum(row.status == status for row in rows)
+        for status in ("ok", "FAILED", "ERROR", "not built")
+    }
+    return (
+        f"rows: {count['ok']} correct and timed, {count['FAILED']} FAILED, "
+        f"{count['ERROR']} ERROR; ops not built: {count['not built']}"
+    )
 
 
 def write_json(path: str, rows: Sequence[Row], env: dict) -> None:
@@ -178,12 +246,31 @@ def write_json(path: str, rows: Sequence[Row], env: dict) -> None:
 
 
 def write_csv(path: str, rows: Sequence[Row], env: dict) -> None:
-    fields = ["op", "dtype", "shape", "mode", "status", "time_median_s", "time_iqr_s",
-              "samples", "bytes_moved", "gbps", "copy_gbps", "roofline_fraction", "peak_bytes",
-              "max_abs_err", "error_ratio"]
+    fields = [
+        "op",
+        "dtype",
+        "shape",
+        "mode",
+        "status",
+        "time_median_s",
+        "time_iqr_s",
+        "samples",
+        "bytes_moved",
+        "gbps",
+        "copy_gbps",
+        "roofline_fraction",
+        "peak_bytes",
+        "max_abs_err",
+        "error_ratio",
+    ]
     for peer in PEERS:
-        fields += [f"{peer}_time_s", f"{peer}_speedup", f"{peer}_peak_bytes",
-                   f"{peer}_max_abs_err", f"{peer}_variant"]
+        fields += [
+            f"{peer}_time_s",
+            f"{peer}_speedup",
+            f"{peer}_peak_bytes",
+            f"{peer}_max_abs_err",
+            f"{peer}_variant",
+        ]
     fields += ["threads", "fuseops_cpu_capability", "device", "message", "allocated_bytes"]
     fields += [f"{peer}_allocated_bytes" for peer in PEERS]
     with open(path, "w", newline="") as f:
@@ -191,17 +278,25 @@ def write_csv(path: str, rows: Sequence[Row], env: dict) -> None:
         writer.writeheader()
         for row in rows:
             record = {
-                "op": row.op, "dtype": row.dtype, "shape": row.shape, "mode": row.mode,
+                "op": row.op,
+                "dtype": row.dtype,
+                "shape": row.shape,
+                "mode": row.mode,
                 "status": row.status,
                 "time_median_s": row.time.median_s if row.time else None,
                 "time_iqr_s": row.time.iqr_s if row.time else None,
                 "samples": row.time.samples if row.time else None,
-                "bytes_moved": row.bytes_moved, "gbps": row.gbps, "copy_gbps": row.copy_gbps,
-                "roofline_fraction": row.roofline_fraction, "peak_bytes": row.peak_bytes,
-                "max_abs_err": row.max_abs_err, "error_ratio": row.error_ratio,
+                "bytes_moved": row.bytes_moved,
+                "gbps": row.gbps,
+                "copy_gbps": row.copy_gbps,
+                "roofline_fraction": row.roofline_fraction,
+                "peak_bytes": row.peak_bytes,
+                "max_abs_err": row.max_abs_err,
+                "error_ratio": row.error_ratio,
                 "threads": env["threads"],
                 "fuseops_cpu_capability": env["fuseops_cpu_capability"],
-                "device": env["device"], "message": row.message,
+                "device": env["device"],
+                "message": row.message,
                 "allocated_bytes": row.allocated_bytes,
             }
             for name, peer in row.peers.items():
@@ -221,10 +316,16 @@ def row_line(row: Row) -> str:
     name = f"{row.op} {row.dtype} {row.shape} {MODE_LABELS.get(row.mode, row.mode)}"
     if row.time is None:
         return f"{name}: {row.status}"
-    ratios = ", ".join(f"{PEER_COLUMNS[peer]} {_ratio(row.speedup(peer))}" for peer in PEERS
-                       if row.speedup(peer) is not None)
-    return f"{name}: {_time(row.time.median_s)}" + (f" ({ratios})" if ratios else "") + (
-        f", {row.status}")
+    ratios = ", ".join(
+        f"{PEER_COLUMNS[peer]} {_ratio(row.speedup(peer))}"
+        for peer in PEERS
+        if row.speedup(peer) is not None
+    )
+    return (
+        f"{name}: {_time(row.time.median_s)}"
+        + (f" ({ratios})" if ratios else "")
+        + (f", {row.status}")
+    )
 
 
 #: The chart's layout, in inches: one cell per ratio, a label per line.
@@ -265,21 +366,28 @@ def chart_panels(rows: Sequence[Row]) -> tuple[list[tuple[list, list]], dict]:
             if value is not None:
                 ratios[(row.family, row.op, row.dtype, row.shape), (row.mode, peer)] = value
     backward = {line for line, (mode, _) in ratios if mode in BACKWARD_MODES}
-    groups = [group for group in ([line for line in lines if line in backward],
-                                  [line for line in lines if line not in backward]) if group]
+    groups = [
+        group
+        for group in (
+            [line for line in lines if line in backward],
+            [line for line in lines if line not in backward],
+        )
+        if group
+    ]
     grouped = []
     for group in groups:
         members = set(group)
         present = {column for line, column in ratios if line in members}
-        grouped.append((group, [(mode, peer) for mode in MODES for peer in PEERS
-                                if (mode, peer) in present]))
+        grouped.append(
+            (group, [(mode, peer) for mode in MODES for peer in PEERS if (mode, peer) in present])
+        )
 
     def split(per_panel: int) -> list[tuple[list, list]]:
         panels = []
         for group, columns in grouped:
             count = math.ceil(len(group) / per_panel)
             size = math.ceil(len(group) / count)
-            panels += [(group[i:i + size], columns) for i in range(0, len(group), size)]
+            panels += [(group[i : i + size], columns) for i in range(0, len(group), size)]
         return panels
 
     def width(panels) -> float:
@@ -306,8 +414,11 @@ def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
     from matplotlib import colors as mcolors
 
     panels, ratios = chart_panels(rows)
-    problems = [f"{row.op} {row.dtype} {row.shape} {MODE_LABELS.get(row.mode, row.mode)}: "
-                f"{row.status}" for row in rows if row.status in ("FAILED", "ERROR")]
+    problems = [
+        f"{row.op} {row.dtype} {row.shape} {MODE_LABELS.get(row.mode, row.mode)}: {row.status}"
+        for row in rows
+        if row.status in ("FAILED", "ERROR")
+    ]
     not_built = [row.op for row in rows if row.status == "not built"]
     notes = []
     if problems:
@@ -326,9 +437,14 @@ def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
     left = margin
     for (chunk, columns), panel_width in zip(panels, widths):
         cells = max(1, len(columns))
-        ax = fig.add_axes([(left + panel_width - CELL_WIDTH * cells) / width,
-                           (height - top - CELL_HEIGHT * max(1, len(chunk))) / height,
-                           CELL_WIDTH * cells / width, CELL_HEIGHT * max(1, len(chunk)) / height])
+        ax = fig.add_axes(
+            [
+                (left + panel_width - CELL_WIDTH * cells) / width,
+                (height - top - CELL_HEIGHT * max(1, len(chunk))) / height,
+                CELL_WIDTH * cells / width,
+                CELL_HEIGHT * max(1, len(chunk)) / height,
+            ]
+        )
         left += panel_width
         values = np.full((max(1, len(chunk)), cells), np.nan)
         for i, line in enumerate(chunk):
@@ -338,21 +454,36 @@ def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
                     continue
                 values[i, j] = math.log2(value)
                 dark = abs(math.log2(value)) > 0.6 * RATIO_RANGE_LOG2
-                ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=6.5,
-                        color="white" if dark else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.2g}",
+                    ha="center",
+                    va="center",
+                    fontsize=6.5,
+                    color="white" if dark else "black",
+                )
         image = ax.imshow(values, cmap=cmap, norm=norm, aspect="auto", interpolation="none")
         ax.set_yticks(range(len(chunk)))
         ax.set_yticklabels([_chart_label(line) for line in chunk], fontsize=7)
         ax.set_xticks(range(len(columns)))
-        ax.set_xticklabels([PEER_COLUMNS[peer].removeprefix("vs ") for _, peer in columns],
-                           fontsize=7)
+        ax.set_xticklabels(
+            [PEER_COLUMNS[peer].removeprefix("vs ") for _, peer in columns], fontsize=7
+        )
         ax.xaxis.tick_top()
         ax.tick_params(length=0)
         for j, (mode, _) in enumerate(columns):
             if j == 0 or columns[j - 1][0] != mode:
                 span = sum(1 for m, _ in columns if m == mode)
-                ax.text(j + (span - 1) / 2, -1.6, MODE_LABELS[mode], ha="center",
-                        va="bottom", fontsize=7.5, fontweight="bold")
+                ax.text(
+                    j + (span - 1) / 2,
+                    -1.6,
+                    MODE_LABELS[mode],
+                    ha="center",
+                    va="bottom",
+                    fontsize=7.5,
+                    fontweight="bold",
+                )
                 if j:
                     ax.axvline(j - 0.5, color="white", linewidth=2)
         for i in range(1, len(chunk)):
@@ -362,20 +493,36 @@ def write_chart(path: str, rows: Sequence[Row], env: dict) -> bool:
             spine.set_visible(False)
         if not chunk:
             ax.text(0, 0, "no timed rows", ha="center", va="center")
-    fig.text(margin / width, 1 - 0.12 / height,
-             "fuseops speedup: peer's time / fuseops' time (above 1, blue: fuseops faster)\n"
-             f"{env['device']}, {env['threads']} threads, {env['cpu_model']}"
-             + (f"; preset {env['preset']}" if env.get("preset") else ""),
-             fontsize=8, va="top")
-    bar = fig.add_axes([margin / width, (bottom - 0.45) / height,
-                        min(3.5, width - 2 * margin) / width, 0.12 / height])
+    fig.text(
+        margin / width,
+        1 - 0.12 / height,
+        "fuseops speedup: peer's time / fuseops' time (above 1, blue: fuseops faster)\n"
+        f"{env['device']}, {env['threads']} threads, {env['cpu_model']}"
+        + (f"; preset {env['preset']}" if env.get("preset") else ""),
+        fontsize=8,
+        va="top",
+    )
+    bar = fig.add_axes(
+        [
+            margin / width,
+            (bottom - 0.45) / height,
+            min(3.5, width - 2 * margin) / width,
+            0.12 / height,
+        ]
+    )
     ticks = list(range(-RATIO_RANGE_LOG2, RATIO_RANGE_LOG2 + 1))
     colorbar = fig.colorbar(image, cax=bar, orientation="horizontal", ticks=ticks)
-    colorbar.ax.set_xticklabels([f"{2.0 ** t:g}x" for t in ticks], fontsize=7)
+    colorbar.ax.set_xticklabels([f"{2.0**t:g}x" for t in ticks], fontsize=7)
     colorbar.ax.set_title("ratio (grey: no such peer or mode)", fontsize=7, loc="left")
     for i, note in enumerate(notes):
-        fig.text(margin / width, (0.05 + 0.2 * i) / height, note, fontsize=7,
-                 color="firebrick", wrap=True)
+        fig.text(
+            margin / width,
+            (0.05 + 0.2 * i) / height,
+            note,
+            fontsize=7,
+            color="firebrick",
+            wrap=True,
+        )
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return True

@@ -16,8 +16,12 @@ MODES = ("forward", "forward+backward", "out", FRESH_GRAD)
 DEFAULT_MODES = ("forward", "forward+backward", "out")
 #: Modes that run the backward (left out for inference cases).
 BACKWARD_MODES = ("forward+backward", FRESH_GRAD)
-MODE_LABELS = {"forward": "fwd", "forward+backward": "fwd+bwd", "out": "fwd out=",
-               FRESH_GRAD: "fwd+bwd fresh grad"}
+MODE_LABELS = {
+    "forward": "fwd",
+    "forward+backward": "fwd+bwd",
+    "out": "fwd out=",
+    FRESH_GRAD: "fwd+bwd fresh grad",
+}
 PEERS = ("eager", "compiled", "native")
 PEER_LABELS = {
     "eager": "eager reference",
@@ -129,4 +133,3 @@ class Row:
             "peers": {name: peer.as_dict(fuseops_time) for name, peer in self.peers.items()},
             "trace": self.trace,
         }
-

@@ -13,16 +13,37 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from . import timing
-from .calls import (as_tuple, backward_call, copy_call, forward_call, fresh_grad_call,
-                    make_sets, native_out_call, out_call, resolve, rotating)
+from .calls import (
+    as_tuple,
+    backward_call,
+    copy_call,
+    forward_call,
+    fresh_grad_call,
+    make_sets,
+    native_out_call,
+    out_call,
+    resolve,
+    rotating,
+)
 from .cases import Case
 from .correctness import TOLERANCES, compare, expected
 from .environment import cache_bytes
-from .results import (BACKWARD_MODES, DEFAULT_MODES, FRESH_GRAD, MODE_LABELS, PEER_LABELS,
-                      PeerResult, Row)
+from .results import (
+    BACKWARD_MODES,
+    DEFAULT_MODES,
+    FRESH_GRAD,
+    MODE_LABELS,
+    PEER_LABELS,
+    PeerResult,
+    Row,
+)
 
-MAKE_CALL = {"forward": forward_call, "forward+backward": backward_call, "out": out_call,
-             FRESH_GRAD: fresh_grad_call}
+MAKE_CALL = {
+    "forward": forward_call,
+    "forward+backward": backward_call,
+    "out": out_call,
+    FRESH_GRAD: fresh_grad_call,
+}
 
 
 @dataclass
@@ -64,9 +85,11 @@ class Runner:
         return self.config.shapes
 
     def modes(self, case: Case) -> list[str]:
-        modes = [m for m in self.config.modes
-                 if (m != "out" or case.has_out)
-                 and (m not in BACKWARD_MODES or case.differentiable)]
+        modes = [
+            m
+            for m in self.config.modes
+            if (m != "out" or case.has_out) and (m not in BACKWARD_MODES or case.differentiable)
+        ]
         return modes[:1] if self.config.first_mode_only else modes
 
     def row_count(self) -> int:
@@ -103,23 +126,24 @@ class Runner:
         element_size = torch.empty((), dtype=dtype).element_size()
         for mode in self.modes(case):
             self.progress(f"{case.name} {dtype_name} {shape_name} {MODE_LABELS[mode]}")
-            row = Row(op=case.name, family=case.family, dtype=dtype_name, shape=shape_name,
-                      mode=mode)
+            row = Row(
+                op=case.name, family=case.family, dtype=dtype_name, shape=shape_name, mode=mode
+            )
             traffic = case.forward_traffic.bytes(*shape, element_size)
             if mode in BACKWARD_MODES:
                 traffic += case.backward_traffic.bytes(*shape, element_size)
             row.bytes_moved = traffic
             row.tolerance = dict(zip(("rtol", "atol"), TOLERANCES[dtype]))
             try:
-                self._run_row(row, case, fuseops_fn, reference_fn, compiled_fn, dtype, shape,
-                              mode)
+                self._run_row(row, case, fuseops_fn, reference_fn, compiled_fn, dtype, shape, mode)
             except Exception as error:  # reported in the row; the run goes on
                 row.status = "ERROR"
                 row.message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
             yield row
 
-    def _run_row(self, row, case, fuseops_fn, reference_fn, compiled_fn, dtype, shape,
-                 mode) -> None:
+    def _run_row(
+        self, row, case, fuseops_fn, reference_fn, compiled_fn, dtype, shape, mode
+    ) -> None:
         config = self.config
         device = config.device
         row.input_sets = _input_set_count(row.bytes_moved, self.cache_bytes)
@@ -132,9 +156,13 @@ class Runner:
             gen = torch.Generator(device=device).manual_seed(config.seed + 1000 + index)
             # Inference cases (nothing differentiable) may return integer
             # tensors, and need no gradients.
-            inputs.grad_outputs = tuple(
-                torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in first
-            ) if case.differentiable else ()
+            inputs.grad_outputs = (
+                tuple(
+                    torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in first
+                )
+                if case.differentiable
+                else ()
+            )
             inputs.outs = tuple(torch.empty_like(o) for o in first)
             if mode == FRESH_GRAD:
                 inputs.refill_fresh_grads()
@@ -160,8 +188,11 @@ class Runner:
         # compares against the peers' allocating forward, except for native
         # ops that have an out= variant.
         peer_calls: dict[str, tuple[Callable, Callable]] = {}
-        for name, fn in (("eager", reference_fn), ("compiled", compiled_fn),
-                         ("native", case.native)):
+        for name, fn in (
+            ("eager", reference_fn),
+            ("compiled", compiled_fn),
+            ("native", case.native),
+        ):
             if fn is None:
                 continue
             label = case.native_label if name == "native" else PEER_LABELS[name]
@@ -187,8 +218,11 @@ class Runner:
             peer_calls[name] = (peer_make_call, fn)
 
         if not row.error_ratio <= 1.0:
-            peer_errors = ", ".join(f"{peer.label} {peer.max_abs_err:.3g}"
-                                    for peer in row.peers.values() if peer.max_abs_err is not None)
+            peer_errors = ", ".join(
+                f"{peer.label} {peer.max_abs_err:.3g}"
+                for peer in row.peers.values()
+                if peer.max_abs_err is not None
+            )
             row.status = "FAILED"
             row.message = (
                 f"MISMATCH vs reference: max abs error {row.max_abs_err:.3g} is "

@@ -85,6 +85,7 @@ def call_untimed(fn: Callable[[], object]) -> None:
 
 def _block_timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:
     if device.type == "cuda":
+
         def run_block(fn, number):
             if hasattr(fn, "refill"):
                 # One pair of events per call; the refill is queued after
@@ -108,6 +109,7 @@ def _block_timer(device: torch.device) -> Callable[[Callable[[], object], int], 
             end.record()
             end.synchronize()
             return start.elapsed_time(end) / 1e3
+
         return run_block
 
     def run_block(fn, number):
@@ -139,8 +141,9 @@ def _calibrate(run_block, fn, settings: TimerSettings) -> tuple[int, float]:
         number *= max(2, min(10, int(settings.block_time / max(elapsed, 1e-9)) + 1))
 
 
-def measure_many(fns: dict[str, Callable[[], object]], device: torch.device,
-                 settings: TimerSettings) -> dict[str, Timing]:
+def measure_many(
+    fns: dict[str, Callable[[], object]], device: torch.device, settings: TimerSettings
+) -> dict[str, Timing]:
     """Times several callables side by side: after warm-up and calibration
     they take turns, one block each per round, until every one has
     `min_blocks` samples and `min_time` seconds. Whatever else the machine
@@ -159,8 +162,10 @@ def measure_many(fns: dict[str, Callable[[], object]], device: torch.device,
         totals[name] = elapsed
 
     def wanting() -> bool:
-        return any(len(samples[name]) < settings.min_blocks or totals[name] < settings.min_time
-                   for name in fns)
+        return any(
+            len(samples[name]) < settings.min_blocks or totals[name] < settings.min_time
+            for name in fns
+        )
 
     while wanting():
         for name, fn in fns.items():
@@ -225,8 +230,10 @@ def memory_use(fn: Callable[[], object], device: torch.device) -> MemoryUse:
         result = fn()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
-        allocated = torch.cuda.memory_stats(device).get(
-            "allocated_bytes.all.allocated", 0) - allocated_before
+        allocated = (
+            torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
+            - allocated_before
+        )
         del result
         refill(fn)
         return MemoryUse(peak=max(peak, 0), allocated=allocated)

@@ -28,7 +28,9 @@ from ._sample import Sample
 def _discover() -> tuple[ModuleType, ...]:
     # Sorted by name, so that everything collected from the modules (exports,
     # bench rows, samples) comes in the same order on every machine.
-    names = sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
+    names = sorted(
+        info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")
+    )
     return tuple(importlib.import_module(f"{__name__}.{name}") for name in names)
 
 

@@ -31,7 +31,9 @@ class Draw:
     """Draws the parts of one random call from ``integer(lo, hi)`` (a
     uniform-ish integer in [lo, hi])."""
 
-    def __init__(self, integer: Callable[[int, int], int], device="cpu", regime: Optional[str] = None):
+    def __init__(
+        self, integer: Callable[[int, int], int], device="cpu", regime: Optional[str] = None
+    ):
         self._integer = integer
         self.device = device
         self.regime = regime if regime is not None else self.choice(REGIMES)
@@ -53,7 +55,9 @@ class Draw:
         """A dimension's size: 0 and 1 as often as any larger size."""
         return self.choice((0, 1, self.int(2, hi)) if hi >= 2 else (0, 1))
 
-    def shape(self, min_dims: builtins.int = 0, max_dims: builtins.int = 3, hi: builtins.int = 9) -> tuple:
+    def shape(
+        self, min_dims: builtins.int = 0, max_dims: builtins.int = 3, hi: builtins.int = 9
+    ) -> tuple:
         return tuple(self.size(hi) for _ in range(self.int(min_dims, max_dims)))
 
     def dtype(self) -> torch.dtype:
@@ -63,8 +67,9 @@ class Draw:
         """``make()`` or None."""
         return make() if self.flag() else None
 
-    def tensor(self, shape, dtype=None, scale: float = 1.0, grad: bool = False,
-               writable: bool = False) -> torch.Tensor:
+    def tensor(
+        self, shape, dtype=None, scale: float = 1.0, grad: bool = False, writable: bool = False
+    ) -> torch.Tensor:
         """A tensor of `shape` and `dtype` (drawn when None) in a random
         layout: contiguous, permuted, sliced with a step, or expanded (stride
         0) along a dimension; values in this call's regime. With `grad`, a
@@ -85,19 +90,28 @@ class Draw:
         if layout == "permuted":
             order = list(range(len(shape)))
             order.insert(0, order.pop(dim))  # `dim` outermost in memory
-            values = values.permute(order).contiguous().permute(
-                sorted(range(len(shape)), key=order.__getitem__))
+            values = (
+                values.permute(order)
+                .contiguous()
+                .permute(sorted(range(len(shape)), key=order.__getitem__))
+            )
         elif layout == "sliced":
-            values = values.narrow(dim, 1, 2 * shape[dim])[(slice(None),) * dim + (slice(None, None, 2),)]
+            values = values.narrow(dim, 1, 2 * shape[dim])[
+                (slice(None),) * dim + (slice(None, None, 2),)
+            ]
         elif layout == "expanded":
             values = values.expand(shape)
         assert tuple(values.shape) == shape, (values.shape, shape, layout)
         return values.to(self.device).detach().requires_grad_(grad)
 
-    def integers(self, shape, lo: builtins.int, hi: builtins.int, dtype=torch.int64) -> torch.Tensor:
+    def integers(
+        self, shape, lo: builtins.int, hi: builtins.int, dtype=torch.int64
+    ) -> torch.Tensor:
         """Integers in [lo, hi) of `shape` (indices, positions)."""
         gen = torch.Generator().manual_seed(self.int(0, 2**31 - 1))
-        return torch.randint(lo, max(hi, lo + 1), tuple(shape), generator=gen, dtype=dtype).to(self.device)
+        return torch.randint(lo, max(hi, lo + 1), tuple(shape), generator=gen, dtype=dtype).to(
+            self.device
+        )
 
     def _values(self, shape, dtype, scale, gen) -> torch.Tensor:
         info = torch.finfo(dtype)
@@ -107,8 +121,10 @@ class Draw:
         else:
             x = x * scale
         if self.regime == "special" and x.numel():
-            specials = torch.tensor([float("nan"), float("inf"), -float("inf"), info.max, -info.max],
-                                    dtype=torch.float64)
+            specials = torch.tensor(
+                [float("nan"), float("inf"), -float("inf"), info.max, -info.max],
+                dtype=torch.float64,
+            )
             for _ in range(self.int(1, 3)):
                 x.view(-1)[self.int(0, x.numel() - 1)] = specials[self.int(0, len(specials) - 1)]
         return x.to(dtype)

@@ -13,7 +13,19 @@ from ._sample import DTYPES, Sample, tensor
 
 #: Inputs where the activations' special cases live: signed zeros, the
 #: saturated tails, infinities and NaN.
-SPECIAL_VALUES = (0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, float("inf"), float("-inf"), float("nan"))
+SPECIAL_VALUES = (
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    30.0,
+    -30.0,
+    100.0,
+    -100.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+)
 
 
 def gelu(
@@ -31,7 +43,10 @@ def gelu(
 
 
 def gelu_backward(
-    grad_output: torch.Tensor, x: torch.Tensor, approximate: str = "none", *,
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    approximate: str = "none",
+    *,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``grad_output * gelu'(x)``. ``out=`` may be ``grad_output`` itself
@@ -52,8 +67,9 @@ def silu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor
     return torch.ops.fuseops.silu(x)
 
 
-def silu_backward(grad_output: torch.Tensor, x: torch.Tensor, *,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def silu_backward(
+    grad_output: torch.Tensor, x: torch.Tensor, *, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``grad_output * silu'(x)``; ``out=`` as in :func:`gelu_backward`."""
     if out is not None:
         torch.ops.fuseops.silu_backward.out(grad_output, x, out=out)
@@ -94,8 +110,9 @@ def bias_gelu_backward(
     if grad_input is not None or grad_bias is not None:
         if grad_input is None or grad_bias is None:
             raise TypeError("fuseops.bias_gelu_backward: grad_input= and grad_bias= go together")
-        torch.ops.fuseops.bias_gelu_backward.out(grad_output, x, bias, approximate,
-                                                 grad_input=grad_input, grad_bias=grad_bias)
+        torch.ops.fuseops.bias_gelu_backward.out(
+            grad_output, x, bias, approximate, grad_input=grad_input, grad_bias=grad_bias
+        )
         return grad_input, grad_bias
     return torch.ops.fuseops.bias_gelu_backward(grad_output, x, bias, approximate)
 
@@ -133,7 +150,9 @@ def silu_backward_reference(grad_output: torch.Tensor, x: torch.Tensor) -> torch
     return grad_output * s * (1 + x * (1 - s))
 
 
-def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def bias_gelu_reference(
+    x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
+) -> torch.Tensor:
     return gelu_reference(x + bias, approximate)
 
 
@@ -154,7 +173,11 @@ def bench_cases():
 
     return [
         Case(
-            "gelu", "gelu", "gelu", x, options={"approximate": "none"},
+            "gelu",
+            "gelu",
+            "gelu",
+            x,
+            options={"approximate": "none"},
             forward_traffic=Traffic(rows=2),
             backward_traffic=Traffic(rows=3),  # dy, x in; dx out
             native=lambda x, *, approximate: F.gelu(x, approximate=approximate),
@@ -163,7 +186,11 @@ def bench_cases():
             description="exact (erf) GELU",
         ),
         Case(
-            "gelu_tanh", "gelu", "gelu", x, options={"approximate": "tanh"},
+            "gelu_tanh",
+            "gelu",
+            "gelu",
+            x,
+            options={"approximate": "tanh"},
             forward_traffic=Traffic(rows=2),
             backward_traffic=Traffic(rows=3),
             native=lambda x, *, approximate: F.gelu(x, approximate=approximate),
@@ -173,15 +200,23 @@ def bench_cases():
             variant=True,
         ),
         Case(
-            "silu", "silu", "silu", x,
+            "silu",
+            "silu",
+            "silu",
+            x,
             forward_traffic=Traffic(rows=2),
             backward_traffic=Traffic(rows=3),
-            native=F.silu, native_label="F.silu",
+            native=F.silu,
+            native_label="F.silu",
             native_out=lambda x, *, out: torch.ops.aten.silu.out(x, out=out),
             description="x * sigmoid(x)",
         ),
         Case(
-            "bias_gelu", "bias_gelu", "bias_gelu", x_bias, options={"approximate": "none"},
+            "bias_gelu",
+            "bias_gelu",
+            "bias_gelu",
+            x_bias,
+            options={"approximate": "none"},
             forward_traffic=Traffic(rows=2, vectors=1),  # x, bias in; y out
             backward_traffic=Traffic(rows=3, vectors=2),  # dy, x, bias in; dx, dbias out
             native=lambda x, b, *, approximate: F.gelu(x + b, approximate=approximate),
@@ -209,32 +244,60 @@ def samples(device) -> list[Sample]:
         Sample(ops.gelu.default, (t(()), "none"), gelu),
         Sample(ops.gelu.out, (x, "tanh"), gelu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.gelu_backward.default, (t((5, 7)), x, "tanh"), gelu_backward),
-        Sample(ops.gelu_backward.out, (t((5, 7)), x, "tanh"), gelu_backward,
-               {"out": torch.empty(5, 7, device=device)}),
-        Sample(ops.gelu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True), "none"), gelu_backward),
+        Sample(
+            ops.gelu_backward.out,
+            (t((5, 7)), x, "tanh"),
+            gelu_backward,
+            {"out": torch.empty(5, 7, device=device)},
+        ),
+        Sample(
+            ops.gelu_backward.default,
+            (t((5, 7), grad=True), t((5, 7), grad=True), "none"),
+            gelu_backward,
+        ),
         Sample(ops.silu.default, (t((4, 3), grad=True),), silu),
         Sample(ops.silu.default, (t((3, 8), torch.float16, "sliced", True),), silu),
         Sample(ops.silu.out, (x,), silu, {"out": torch.empty(5, 7, device=device)}),
-        Sample(ops.silu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True)), silu_backward),
-        Sample(ops.silu_backward.out, (t((5, 7)), x), silu_backward,
-               {"out": torch.empty(5, 7, device=device)}),
-        Sample(ops.bias_gelu.default, (t((5, 7), grad=True), t((7,), grad=True), "tanh"), bias_gelu),
+        Sample(
+            ops.silu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True)), silu_backward
+        ),
+        Sample(
+            ops.silu_backward.out,
+            (t((5, 7)), x),
+            silu_backward,
+            {"out": torch.empty(5, 7, device=device)},
+        ),
+        Sample(
+            ops.bias_gelu.default, (t((5, 7), grad=True), t((7,), grad=True), "tanh"), bias_gelu
+        ),
         Sample(
             ops.bias_gelu.default,
-            (t((6, 7), torch.bfloat16, "transposed", True), t((7,), torch.bfloat16, "sliced", True), "none"),
+            (
+                t((6, 7), torch.bfloat16, "transposed", True),
+                t((7,), torch.bfloat16, "sliced", True),
+                "none",
+            ),
             bias_gelu,
         ),
         Sample(ops.bias_gelu.default, (t((0, 7)), b, "none"), bias_gelu),
-        Sample(ops.bias_gelu.out, (x, b, "none"), bias_gelu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(
+            ops.bias_gelu.out, (x, b, "none"), bias_gelu, {"out": torch.empty(5, 7, device=device)}
+        ),
         Sample(ops.bias_gelu_backward.default, (t((5, 7)), x, b, "none"), bias_gelu_backward),
         Sample(
             ops.bias_gelu_backward.default,
             (t((4, 5), torch.float16), t((4, 5), torch.float16), t((5,), torch.float16), "tanh"),
             bias_gelu_backward,
         ),
-        Sample(ops.bias_gelu_backward.out, (t((5, 7)), x, b, "tanh"), bias_gelu_backward,
-               {"grad_input": torch.empty(5, 7, device=device),
-                "grad_bias": torch.empty(7, device=device)}),
+        Sample(
+            ops.bias_gelu_backward.out,
+            (t((5, 7)), x, b, "tanh"),
+            bias_gelu_backward,
+            {
+                "grad_input": torch.empty(5, 7, device=device),
+                "grad_bias": torch.empty(7, device=device),
+            },
+        ),
     ]
     # Every CPU build on the special values, and on 301 rows of 67 (several
     # tasks per thread, a vector tail in every row).
@@ -246,7 +309,12 @@ def samples(device) -> list[Sample]:
     for dtype in DTYPES:
         for approximate in ("none", "tanh"):
             result += [
-                Sample(ops.gelu.default, (t((301, 67), dtype, grad=True), approximate), gelu, large=True),
+                Sample(
+                    ops.gelu.default,
+                    (t((301, 67), dtype, grad=True), approximate),
+                    gelu,
+                    large=True,
+                ),
                 Sample(
                     ops.bias_gelu.default,
                     (t((301, 67), dtype, grad=True), t((67,), dtype, grad=True), approximate),

@@ -43,7 +43,8 @@ def causal_conv1d(
     if out is not None:
         if return_final_states:
             raise ValueError(
-                "fuseops.causal_conv1d: out= is not supported with return_final_states=True")
+                "fuseops.causal_conv1d: out= is not supported with return_final_states=True"
+            )
         torch.ops.fuseops.causal_conv1d.out(x, weight, bias, initial_states, activation, out=out)
         return out
     if return_final_states:
@@ -79,7 +80,8 @@ def causal_conv1d_backward(
     and grad_initial_states are returned whether or not the forward had them
     (the latter is then the gradient with respect to the zero states)."""
     return torch.ops.fuseops.causal_conv1d_backward(
-        grad_output, x, weight, bias, initial_states, grad_final_states, activation)
+        grad_output, x, weight, bias, initial_states, grad_final_states, activation
+    )
 
 
 def causal_conv1d_update(
@@ -127,7 +129,7 @@ def causal_conv1d_reference(
     if not return_final_states:
         return out
     pad = width - 1 - x.shape[-1]
-    final_states = F.pad(x, (pad, 0)) if pad > 0 else x[..., x.shape[-1] - (width - 1):]
+    final_states = F.pad(x, (pad, 0)) if pad > 0 else x[..., x.shape[-1] - (width - 1) :]
     return out, final_states.to(dtype)
 
 
@@ -172,7 +174,9 @@ def _bench_inputs(channel_last: bool):
         x = torch.randn(shape, dtype=dtype, device=device, generator=gen)
         if channel_last:
             x = x.transpose(1, 2)
-        weight = (0.5 * torch.randn(hidden, 4, dtype=torch.float32, device=device, generator=gen)).to(dtype)
+        weight = (
+            0.5 * torch.randn(hidden, 4, dtype=torch.float32, device=device, generator=gen)
+        ).to(dtype)
         return x, weight, vector(hidden, dtype, device, gen, offset=0.0)
 
     return make
@@ -190,13 +194,19 @@ def bench_cases():
     )
     return [
         Case(
-            "causal_conv1d", "causal_conv1d", "causal_conv1d", _bench_inputs(False),
+            "causal_conv1d",
+            "causal_conv1d",
+            "causal_conv1d",
+            _bench_inputs(False),
             description="Mamba's depthwise causal conv1d, width 4, bias, SiLU; x (batch 4, dim, "
-                        "seqlen) contiguous",
+            "seqlen) contiguous",
             **common,
         ),
         Case(
-            "causal_conv1d_channel_last", "causal_conv1d", "causal_conv1d", _bench_inputs(True),
+            "causal_conv1d_channel_last",
+            "causal_conv1d",
+            "causal_conv1d",
+            _bench_inputs(True),
             description="causal_conv1d with x channel-last (a transposed (batch, seqlen, dim))",
             **common,
         ),
@@ -213,12 +223,21 @@ def samples(device) -> list[Sample]:
         return t((batch, seqlen, dim), dtype).transpose(1, 2).detach().requires_grad_(grad)
 
     def conv(x, w, b=None, init=None, activation=None, **kwargs):
-        return Sample(ops.causal_conv1d.default, (x, w, b, init, activation), causal_conv1d,
-                      wrapper_args=(x, w, b, init, False, activation), **kwargs)
+        return Sample(
+            ops.causal_conv1d.default,
+            (x, w, b, init, activation),
+            causal_conv1d,
+            wrapper_args=(x, w, b, init, False, activation),
+            **kwargs,
+        )
 
     def forward(x, w, b=None, init=None, activation=None):
-        return Sample(ops.causal_conv1d_forward.default, (x, w, b, init, activation), causal_conv1d,
-                      wrapper_args=(x, w, b, init, True, activation))
+        return Sample(
+            ops.causal_conv1d_forward.default,
+            (x, w, b, init, activation),
+            causal_conv1d,
+            wrapper_args=(x, w, b, init, True, activation),
+        )
 
     x, w, b = t((2, 6, 9)), t((6, 4)), t((6,))
     init = t((2, 6, 3))
@@ -228,42 +247,116 @@ def samples(device) -> list[Sample]:
         conv(x, w, b, None, "silu"),
         conv(x, t((6, 2)), None, t((2, 6, 1)), None),
         conv(channel_last(2, 8, 5), t((8, 3)), t((8,)), t((2, 8, 2)), "silu"),
-        conv(t((2, 6, 9), grad=True), t((6, 4), grad=True), t((6,), grad=True), t((2, 6, 3), grad=True), "silu"),
+        conv(
+            t((2, 6, 9), grad=True),
+            t((6, 4), grad=True),
+            t((6,), grad=True),
+            t((2, 6, 3), grad=True),
+            "silu",
+        ),
         conv(channel_last(2, 8, 11, grad=True), t((8, 4), grad=True), None, None, "silu"),
-        conv(t((3, 5, 7), torch.bfloat16, "sliced", True), t((5, 3), grad=True), t((5,), grad=True), None, "silu"),
-        conv(t((2, 4, 2), torch.float16), t((4, 4), torch.float16), None, t((2, 4, 3), torch.float16), None),
-        conv(t((2, 4, 6), torch.float64, "expanded", True), t((4, 3), torch.float64, "sliced", True), None, None, None),
+        conv(
+            t((3, 5, 7), torch.bfloat16, "sliced", True),
+            t((5, 3), grad=True),
+            t((5,), grad=True),
+            None,
+            "silu",
+        ),
+        conv(
+            t((2, 4, 2), torch.float16),
+            t((4, 4), torch.float16),
+            None,
+            t((2, 4, 3), torch.float16),
+            None,
+        ),
+        conv(
+            t((2, 4, 6), torch.float64, "expanded", True),
+            t((4, 3), torch.float64, "sliced", True),
+            None,
+            None,
+            None,
+        ),
         conv(t((0, 4, 6), grad=True), t((4, 4), grad=True), t((4,), grad=True), None, "silu"),
-        Sample(ops.causal_conv1d.out, (x, w, b, init, "silu"), causal_conv1d,
-               {"out": torch.empty(2, 6, 9, device=device)}, wrapper_args=(x, w, b, init, False, "silu")),
+        Sample(
+            ops.causal_conv1d.out,
+            (x, w, b, init, "silu"),
+            causal_conv1d,
+            {"out": torch.empty(2, 6, 9, device=device)},
+            wrapper_args=(x, w, b, init, False, "silu"),
+        ),
         forward(x, w, b, init, "silu"),
-        forward(t((2, 6, 2), grad=True), t((6, 4), grad=True), None, t((2, 6, 3), grad=True), "silu"),
-        forward(channel_last(2, 8, 11, torch.bfloat16, True), t((8, 4), torch.bfloat16, grad=True), None, None, None),
-        Sample(ops.causal_conv1d_backward.default, (t((2, 6, 9)), x, w, b, init, t((2, 6, 3)), "silu"),
-               causal_conv1d_backward),
-        Sample(ops.causal_conv1d_backward.default, (t((2, 6, 9)), x, w, None, None, None, None),
-               causal_conv1d_backward),
+        forward(
+            t((2, 6, 2), grad=True), t((6, 4), grad=True), None, t((2, 6, 3), grad=True), "silu"
+        ),
+        forward(
+            channel_last(2, 8, 11, torch.bfloat16, True),
+            t((8, 4), torch.bfloat16, grad=True),
+            None,
+            None,
+            None,
+        ),
+        Sample(
+            ops.causal_conv1d_backward.default,
+            (t((2, 6, 9)), x, w, b, init, t((2, 6, 3)), "silu"),
+            causal_conv1d_backward,
+        ),
+        Sample(
+            ops.causal_conv1d_backward.default,
+            (t((2, 6, 9)), x, w, None, None, None, None),
+            causal_conv1d_backward,
+        ),
         # First: a state that each call leaves as it was (x repeats the
         # state's constant rows), as the compiler tests call the op twice on
         # one conv_state and compare the results.
-        Sample(ops.causal_conv1d_update.default, (steady, steady_state, w, b, "silu"),
-               causal_conv1d_update),
-        Sample(ops.causal_conv1d_update.default, (t((2, 6)), t((2, 6, 3)), w, b, "silu"),
-               causal_conv1d_update),
-        Sample(ops.causal_conv1d_update.default, (t((2, 6, 3)), t((2, 6, 5)), w, None, None),
-               causal_conv1d_update),
-        Sample(ops.causal_conv1d_update.default,
-               (t((2, 8), torch.bfloat16), t((2, 9, 8), torch.bfloat16).transpose(1, 2)[:, :, :3],
-                t((8, 4), torch.bfloat16), None, "silu"),
-               causal_conv1d_update),
+        Sample(
+            ops.causal_conv1d_update.default,
+            (steady, steady_state, w, b, "silu"),
+            causal_conv1d_update,
+        ),
+        Sample(
+            ops.causal_conv1d_update.default,
+            (t((2, 6)), t((2, 6, 3)), w, b, "silu"),
+            causal_conv1d_update,
+        ),
+        Sample(
+            ops.causal_conv1d_update.default,
+            (t((2, 6, 3)), t((2, 6, 5)), w, None, None),
+            causal_conv1d_update,
+        ),
+        Sample(
+            ops.causal_conv1d_update.default,
+            (
+                t((2, 8), torch.bfloat16),
+                t((2, 9, 8), torch.bfloat16).transpose(1, 2)[:, :, :3],
+                t((8, 4), torch.bfloat16),
+                None,
+                "silu",
+            ),
+            causal_conv1d_update,
+        ),
     ]
     for dtype in DTYPES:
         for batch, dim, seqlen in [(2, 37, 1000), (2, 4100, 140)]:
-            result.append(conv(t((batch, dim, seqlen), dtype, grad=True), t((dim, 4), dtype, grad=True),
-                               t((dim,), dtype, grad=True), t((batch, dim, 3), dtype, grad=True), "silu",
-                               large=True))
-            result.append(conv(channel_last(batch, dim, seqlen, dtype, True), t((dim, 3), dtype, grad=True),
-                               t((dim,), dtype, grad=True), None, "silu", large=True))
+            result.append(
+                conv(
+                    t((batch, dim, seqlen), dtype, grad=True),
+                    t((dim, 4), dtype, grad=True),
+                    t((dim,), dtype, grad=True),
+                    t((batch, dim, 3), dtype, grad=True),
+                    "silu",
+                    large=True,
+                )
+            )
+            result.append(
+                conv(
+                    channel_last(batch, dim, seqlen, dtype, True),
+                    t((dim, 3), dtype, grad=True),
+                    t((dim,), dtype, grad=True),
+                    None,
+                    "silu",
+                    large=True,
+                )
+            )
     return result
 
 
@@ -274,16 +367,31 @@ def fuzz(d) -> Sample:
     ops, activation = torch.ops.fuseops, d.choice((None, "silu", "swish"))
     batch, dim, width = d.size(4), d.int(1, 9), d.int(2, 4)
     x = d.tensor((batch, dim, d.int(1, 9)), grad=True)
-    param = d.choice((x.dtype, torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype))
-    w, b = d.tensor((dim, width), param, 0.5, grad=True), d.maybe(lambda: d.tensor((dim,), param, grad=True))
+    param = d.choice(
+        (x.dtype, torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype)
+    )
+    w, b = (
+        d.tensor((dim, width), param, 0.5, grad=True),
+        d.maybe(lambda: d.tensor((dim,), param, grad=True)),
+    )
     if d.flag():
         state = d.tensor((batch, dim, width - 1 + d.int(0, 2)), x.dtype, writable=True)
         step = d.tensor((batch, dim) + ((d.int(1, 3),) if d.flag() else ()), x.dtype)
         w, b = w.detach(), b if b is None else b.detach()  # an inference step
-        return Sample(ops.causal_conv1d_update.default, (step, state, w, b, activation), causal_conv1d_update)
+        return Sample(
+            ops.causal_conv1d_update.default, (step, state, w, b, activation), causal_conv1d_update
+        )
     init = d.maybe(lambda: d.tensor((batch, dim, width - 1), x.dtype, grad=True))
     if d.flag():
-        return Sample(ops.causal_conv1d_forward.default, (x, w, b, init, activation), causal_conv1d_forward)
+        return Sample(
+            ops.causal_conv1d_forward.default, (x, w, b, init, activation), causal_conv1d_forward
+        )
     return Sample(ops.causal_conv1d.default, (x, w, b, init, activation), causal_conv1d)
 
-__all__ = ["causal_conv1d", "causal_conv1d_backward", "causal_conv1d_forward", "causal_conv1d_update"]
+
+__all__ = [
+    "causal_conv1d",
+    "causal_conv1d_backward",
+    "causal_conv1d_forward",
+    "causal_conv1d_update",
+]

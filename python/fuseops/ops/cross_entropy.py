@@ -99,8 +99,17 @@ def cross_entropy_backward(
     """The gradient of :func:`cross_entropy` with respect to ``logits``, in
     one pass: the softmax is recomputed from ``logits`` and ``lse``."""
     return torch.ops.fuseops.cross_entropy_backward(
-        grad_output, logits, target, weight, lse, total_weight, reduction, ignore_index,
-        label_smoothing, z_loss, softcap,
+        grad_output,
+        logits,
+        target,
+        weight,
+        lse,
+        total_weight,
+        reduction,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
     )
 
 
@@ -128,8 +137,17 @@ def linear_cross_entropy(
     accumulation over micro-batches). Every option of :func:`cross_entropy`
     applies. Differentiable in ``input``, ``linear_weight``, ``linear_bias``."""
     return torch.ops.fuseops.linear_cross_entropy(
-        input, linear_weight, linear_bias, target, weight, reduction, ignore_index,
-        label_smoothing, z_loss, softcap, normalizer,
+        input,
+        linear_weight,
+        linear_bias,
+        target,
+        weight,
+        reduction,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
+        normalizer,
     )
 
 
@@ -150,8 +168,17 @@ def linear_cross_entropy_forward(
     :func:`linear_cross_entropy` for a grad_output of 1 (``grad_linear_bias``
     is empty without a bias); not differentiable."""
     return torch.ops.fuseops.linear_cross_entropy_forward(
-        input, linear_weight, linear_bias, target, weight, reduction, ignore_index,
-        label_smoothing, z_loss, softcap, normalizer,
+        input,
+        linear_weight,
+        linear_bias,
+        target,
+        weight,
+        reduction,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
+        normalizer,
     )
 
 
@@ -173,8 +200,12 @@ def cross_entropy_reference(
         logits = softcap * torch.tanh(logits / softcap)
     flat = logits.reshape(-1, logits.shape[-1])
     loss = F.cross_entropy(
-        flat, target.reshape(-1), weight, ignore_index=ignore_index,
-        reduction=reduction, label_smoothing=label_smoothing,
+        flat,
+        target.reshape(-1),
+        weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
     )
     if z_loss:
         lse = torch.logsumexp(flat, dim=-1)
@@ -209,8 +240,14 @@ def linear_cross_entropy_reference(
     normalizer: Optional[float] = None,
 ) -> torch.Tensor:
     loss = cross_entropy_reference(
-        F.linear(input, linear_weight, linear_bias), target, weight, reduction, ignore_index,
-        label_smoothing, z_loss, softcap,
+        F.linear(input, linear_weight, linear_bias),
+        target,
+        weight,
+        reduction,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
     )
     return loss / normalizer if normalizer is not None else loss
 
@@ -241,23 +278,36 @@ def bench_cases():
 
     return [
         Case(
-            "cross_entropy", "cross_entropy", "cross_entropy", _logits_target,
+            "cross_entropy",
+            "cross_entropy",
+            "cross_entropy",
+            _logits_target,
             forward_traffic=Traffic(rows=1),  # logits in
             backward_traffic=Traffic(rows=2),  # logits in, their gradient out
-            native=F.cross_entropy, native_label="F.cross_entropy", has_out=False,
+            native=F.cross_entropy,
+            native_label="F.cross_entropy",
+            has_out=False,
             differentiable=(0,),
             description="softmax + cross-entropy over the last dimension (rows x classes), mean",
         ),
         Case(
-            "cross_entropy_inplace", "cross_entropy_inplace", "cross_entropy", _logits_target,
+            "cross_entropy_inplace",
+            "cross_entropy_inplace",
+            "cross_entropy",
+            _logits_target,
             forward_traffic=Traffic(rows=2),  # logits in, their gradient out
             backward_traffic=Traffic(rows=2),  # the gradient scaled in place
-            native=F.cross_entropy, native_label="F.cross_entropy", has_out=False,
-            differentiable=(0,), variant=True,
+            native=F.cross_entropy,
+            native_label="F.cross_entropy",
+            has_out=False,
+            differentiable=(0,),
+            variant=True,
             description="cross_entropy writing the gradient into the logits (inplace_backward)",
         ),
         Case(
-            "linear_cross_entropy", "linear_cross_entropy", "linear_cross_entropy",
+            "linear_cross_entropy",
+            "linear_cross_entropy",
+            "linear_cross_entropy",
             _linear_inputs,
             # Bound by its GEMMs, not by memory; the least traffic counted is
             # the projection weight [V, H] (H = 2048 "vectors" of V from
@@ -265,8 +315,11 @@ def bench_cases():
             # written in the backward.
             forward_traffic=Traffic(rows=0, vectors=2048),
             backward_traffic=Traffic(rows=0, vectors=2 * 2048),
-            native=_torch_linear_cross_entropy, native_label="F.linear_cross_entropy (chunked)",
-            has_out=False, differentiable=(0, 1), variant=True,
+            native=_torch_linear_cross_entropy,
+            native_label="F.linear_cross_entropy (chunked)",
+            has_out=False,
+            differentiable=(0, 1),
+            variant=True,
             description="LM head: x [rows, min(2048, V)] @ W.T then cross-entropy, V = hidden",
         ),
     ]
@@ -285,43 +338,140 @@ def samples(device) -> list[Sample]:
         return tgt
 
     ce = ops.cross_entropy.default
-    w10 = (torch.rand(10, device=device) + 0.5)
+    w10 = torch.rand(10, device=device) + 0.5
     x, tg = t((6, 10)), target((6,), 10)
     _, lse, total = cross_entropy_forward(x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0)
     result = [
         Sample(ce, (x, tg, None, "mean", -100, 0.0, 0.0, None), cross_entropy),
         Sample(ce, (t((6, 10), grad=True), tg, w10, "mean", -100, 0.1, 1e-3, 3.0), cross_entropy),
-        Sample(ce, (t((6, 10), torch.float64, "transposed", True), tg, None, "sum", -100, 0.0, 0.0, None), cross_entropy),
-        Sample(ce, (t((2, 3, 17), torch.bfloat16, "sliced", True), target((2, 3), 17), None, "none", -100, 0.2, 0.0, None), cross_entropy),
-        Sample(ce, (t((4, 9), torch.float16, grad=True), target((4,), 9, ignore=False).int(), None, "mean", 2, 0.0, 1e-2, 5.0), cross_entropy),
-        Sample(ce, (t((0, 9), grad=True), target((0,), 9), None, "sum", -100, 0.0, 0.0, None), cross_entropy),
-        Sample(ce, (t((5, 8), layout="expanded", grad=True), target((5,), 8), None, "mean", -100, 0.0, 0.0, None), cross_entropy),
-        Sample(ops.cross_entropy_inplace.default, (t((6, 10)), tg, w10, "mean", -100, 0.1, 1e-3, 3.0), cross_entropy_inplace),
-        Sample(ops.cross_entropy_inplace.default, (t((7, 33), torch.bfloat16, "transposed", True), target((7,), 33), None, "none", -100, 0.0, 0.0, None), cross_entropy_inplace),
-        Sample(ops.cross_entropy_forward.default, (x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0), cross_entropy_forward),
-        Sample(ops.cross_entropy_forward.default, (t((6, 10), grad=True), tg, None, "none", -100, 0.0, 0.0, None), cross_entropy_forward),
+        Sample(
+            ce,
+            (t((6, 10), torch.float64, "transposed", True), tg, None, "sum", -100, 0.0, 0.0, None),
+            cross_entropy,
+        ),
+        Sample(
+            ce,
+            (
+                t((2, 3, 17), torch.bfloat16, "sliced", True),
+                target((2, 3), 17),
+                None,
+                "none",
+                -100,
+                0.2,
+                0.0,
+                None,
+            ),
+            cross_entropy,
+        ),
+        Sample(
+            ce,
+            (
+                t((4, 9), torch.float16, grad=True),
+                target((4,), 9, ignore=False).int(),
+                None,
+                "mean",
+                2,
+                0.0,
+                1e-2,
+                5.0,
+            ),
+            cross_entropy,
+        ),
+        Sample(
+            ce,
+            (t((0, 9), grad=True), target((0,), 9), None, "sum", -100, 0.0, 0.0, None),
+            cross_entropy,
+        ),
+        Sample(
+            ce,
+            (
+                t((5, 8), layout="expanded", grad=True),
+                target((5,), 8),
+                None,
+                "mean",
+                -100,
+                0.0,
+                0.0,
+                None,
+            ),
+            cross_entropy,
+        ),
+        Sample(
+            ops.cross_entropy_inplace.default,
+            (t((6, 10)), tg, w10, "mean", -100, 0.1, 1e-3, 3.0),
+            cross_entropy_inplace,
+        ),
+        Sample(
+            ops.cross_entropy_inplace.default,
+            (
+                t((7, 33), torch.bfloat16, "transposed", True),
+                target((7,), 33),
+                None,
+                "none",
+                -100,
+                0.0,
+                0.0,
+                None,
+            ),
+            cross_entropy_inplace,
+        ),
+        Sample(
+            ops.cross_entropy_forward.default,
+            (x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0),
+            cross_entropy_forward,
+        ),
+        Sample(
+            ops.cross_entropy_forward.default,
+            (t((6, 10), grad=True), tg, None, "none", -100, 0.0, 0.0, None),
+            cross_entropy_forward,
+        ),
         Sample(
             ops.cross_entropy_backward.default,
             (torch.randn((), device=device), x, tg, w10, lse, total, "mean", -100, 0.1, 1e-3, 3.0),
             cross_entropy_backward,
         ),
     ]
-    lx, lw, lb, lt = t((70, 8), grad=True, scale=1.0), t((12, 8), grad=True, scale=0.5), t((12,), grad=True), target((70,), 12)
+    lx, lw, lb, lt = (
+        t((70, 8), grad=True, scale=1.0),
+        t((12, 8), grad=True, scale=0.5),
+        t((12,), grad=True),
+        target((70,), 12),
+    )
     options = ("mean", -100, 0.1, 1e-3, 4.0, None)
-    result.append(Sample(ops.linear_cross_entropy.default, (lx, lw, lb, lt, None) + options,
-                         linear_cross_entropy, wrapper_args=(lx, lw, lt, lb, None) + options))
+    result.append(
+        Sample(
+            ops.linear_cross_entropy.default,
+            (lx, lw, lb, lt, None) + options,
+            linear_cross_entropy,
+            wrapper_args=(lx, lw, lt, lb, None) + options,
+        )
+    )
     fx, fw, ft, cw = t((9, 8)), t((12, 8)), target((9,), 12), torch.rand(12, device=device) + 0.5
     forward_options = ("sum", -100, 0.0, 0.0, None, 4.0)
-    result.append(Sample(ops.linear_cross_entropy_forward.default, (fx, fw, None, ft, cw) + forward_options,
-                         linear_cross_entropy_forward,
-                         wrapper_args=(fx, fw, ft, None, cw) + forward_options))
+    result.append(
+        Sample(
+            ops.linear_cross_entropy_forward.default,
+            (fx, fw, None, ft, cw) + forward_options,
+            linear_cross_entropy_forward,
+            wrapper_args=(fx, fw, ft, None, cw) + forward_options,
+        )
+    )
     for dtype in DTYPES:
         for shape in [(3, 7), (37, 1000), (5, 4099)]:
             for reduction in ("sum", "none"):
                 result.append(
                     Sample(
                         ce,
-                        (t(shape, dtype, grad=True), target(shape[:1], shape[1]), None, reduction, -100, 0.0, 0.0, None),
+                        (
+                            t(shape, dtype, grad=True),
+                            target(shape[:1], shape[1]),
+                            None,
+                            reduction,
+                            -100,
+                            0.0,
+                            0.0,
+                            None,
+                        ),
                         cross_entropy,
                         large=True,
                     )
@@ -332,21 +482,42 @@ def samples(device) -> list[Sample]:
 def fuzz(d) -> Sample:
     """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
     ops, vocab, reduction = torch.ops.fuseops, d.int(1, 12), d.choice(("mean", "sum", "none"))
-    options = (d.choice((-100, 0)), d.choice((0.0, 0.1)), d.choice((0.0, 1e-3)), d.choice((None, 4.0)))
+    options = (
+        d.choice((-100, 0)),
+        d.choice((0.0, 0.1)),
+        d.choice((0.0, 1e-3)),
+        d.choice((None, 4.0)),
+    )
     if d.flag():
         rows = d.size()
         x = d.tensor((rows, d.int(1, 9)), grad=True)
         w = d.tensor((vocab, x.shape[1]), x.dtype, 0.5, grad=True)
-        bias, weight = d.maybe(lambda: d.tensor((vocab,), x.dtype, grad=True)), d.maybe(lambda: d.tensor((vocab,), x.dtype).abs())
-        args = (x, w, d.integers((rows,), 0, vocab), bias, weight, d.choice(("mean", "sum"))) + options
+        bias, weight = (
+            d.maybe(lambda: d.tensor((vocab,), x.dtype, grad=True)),
+            d.maybe(lambda: d.tensor((vocab,), x.dtype).abs()),
+        )
+        args = (
+            x,
+            w,
+            d.integers((rows,), 0, vocab),
+            bias,
+            weight,
+            d.choice(("mean", "sum")),
+        ) + options
         normalizer = d.choice((None, 3.0)) if args[5] == "sum" else None
-        return Sample(ops.linear_cross_entropy.default, (x, w, bias, args[2], weight) + args[5:] + (normalizer,),
-                      linear_cross_entropy, wrapper_args=args + (normalizer,))
+        return Sample(
+            ops.linear_cross_entropy.default,
+            (x, w, bias, args[2], weight) + args[5:] + (normalizer,),
+            linear_cross_entropy,
+            wrapper_args=args + (normalizer,),
+        )
     logits = d.tensor(d.shape(0, 2, hi=6) + (vocab,), scale=2.0, grad=True, writable=True)
     target = d.integers(logits.shape[:-1], 0, vocab, d.choice((torch.int64, torch.int32)))
     weight = d.maybe(lambda: d.tensor((vocab,), logits.dtype).abs())
     if d.flag():
-        return Sample(ops.cross_entropy.default, (logits, target, weight, reduction) + options, cross_entropy)
+        return Sample(
+            ops.cross_entropy.default, (logits, target, weight, reduction) + options, cross_entropy
+        )
     inputs = (logits.detach(), target, weight, reduction) + options
     return Sample(ops.cross_entropy_inplace.default, inputs, cross_entropy_inplace)
 

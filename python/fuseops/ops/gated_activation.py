@@ -42,14 +42,19 @@ def _backward_outs(op: str, up, grad_gate, grad_up) -> bool:
     if grad_gate is None and grad_up is None:
         return False
     if grad_gate is None or grad_up is None or up is None:
-        raise TypeError(f"fuseops.{op}: grad_gate= and grad_up= go together, with separate "
-                        "gate and up tensors")
+        raise TypeError(
+            f"fuseops.{op}: grad_gate= and grad_up= go together, with separate gate and up tensors"
+        )
     return True
 
 
 def swiglu_backward(
-    grad_output: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor] = None, *,
-    grad_gate: Optional[torch.Tensor] = None, grad_up: Optional[torch.Tensor] = None,
+    grad_output: torch.Tensor,
+    gate: torch.Tensor,
+    up: Optional[torch.Tensor] = None,
+    *,
+    grad_gate: Optional[torch.Tensor] = None,
+    grad_up: Optional[torch.Tensor] = None,
 ):
     """``(grad_gate, grad_up)`` of swiglu in one pass; with ``up`` omitted,
     ``gate`` is the packed input and the packed ``[..., 2*H]`` gradient is
@@ -57,8 +62,9 @@ def swiglu_backward(
     may be ``grad_output``, ``gate`` or ``up`` themselves (computed in place),
     as swiglu's autograd does with a gradient nothing else refers to."""
     if _backward_outs("swiglu_backward", up, grad_gate, grad_up):
-        torch.ops.fuseops.swiglu_backward.out(grad_output, gate, up, grad_gate=grad_gate,
-                                              grad_up=grad_up)
+        torch.ops.fuseops.swiglu_backward.out(
+            grad_output, gate, up, grad_gate=grad_gate, grad_up=grad_up
+        )
         return grad_gate, grad_up
     if up is None:
         return torch.ops.fuseops.swiglu_backward.packed(grad_output, gate)
@@ -98,8 +104,9 @@ def geglu_backward(
     """``(grad_gate, grad_up)`` of geglu; packed gradient when ``up`` is
     omitted, and preallocated gradients, as in :func:`swiglu_backward`."""
     if _backward_outs("geglu_backward", up, grad_gate, grad_up):
-        torch.ops.fuseops.geglu_backward.out(grad_output, gate, up, approximate,
-                                             grad_gate=grad_gate, grad_up=grad_up)
+        torch.ops.fuseops.geglu_backward.out(
+            grad_output, gate, up, approximate, grad_gate=grad_gate, grad_up=grad_up
+        )
         return grad_gate, grad_up
     if up is None:
         return torch.ops.fuseops.geglu_backward.packed(grad_output, gate, approximate)
@@ -122,19 +129,27 @@ def geglu_reference(
 ) -> torch.Tensor:
     gate, up = _split_packed(gate, up)
     return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
 def bench_cases():
     from ..bench.cases import Case, Traffic, gate_up, packed
 
     return [
         Case(
-            "swiglu", "swiglu", "swiglu", gate_up,
+            "swiglu",
+            "swiglu",
+            "swiglu",
+            gate_up,
             forward_traffic=Traffic(rows=3),  # gate, up in; out
             backward_traffic=Traffic(rows=5),  # dy, gate, up in; dgate, dup out
             differentiable=(0, 1),
             description="silu(gate) * up (the reference is the native composite)",
         ),
         Case(
-            "swiglu_packed", "swiglu", "swiglu", packed,
+            "swiglu_packed",
+            "swiglu",
+            "swiglu",
+            packed,
             forward_traffic=Traffic(rows=3),  # both halves in; out
             backward_traffic=Traffic(rows=5),  # dy, both halves in; the packed gradient out
             description="silu(x[..., :H]) * x[..., H:] on one packed [..., 2H] tensor "
@@ -142,7 +157,11 @@ def bench_cases():
             variant=True,
         ),
         Case(
-            "geglu", "geglu", "geglu", gate_up, options={"approximate": "none"},
+            "geglu",
+            "geglu",
+            "geglu",
+            gate_up,
+            options={"approximate": "none"},
             forward_traffic=Traffic(rows=3),
             backward_traffic=Traffic(rows=5),
             differentiable=(0, 1),
@@ -161,8 +180,12 @@ def samples(device) -> list[Sample]:
         # geglu's wrappers take a packed input as (..., input, None, approximate).
         wrapper = geglu_backward if op._schema.name.endswith("_backward") else geglu
         return Sample(
-            op, (*tensors, approximate), wrapper, kwargs or {},
-            wrapper_args=(*tensors, None, approximate), large=large,
+            op,
+            (*tensors, approximate),
+            wrapper,
+            kwargs or {},
+            wrapper_args=(*tensors, None, approximate),
+            large=large,
         )
 
     packed = t((5, 14))
@@ -173,35 +196,67 @@ def samples(device) -> list[Sample]:
     result = [
         Sample(ops.swiglu.default, (gate, up), swiglu),
         Sample(ops.swiglu.default, (view_gate, view_up), swiglu),
-        Sample(ops.swiglu.default, (t((4, 6), torch.float64, "expanded", True), t((4, 6), torch.float64, grad=True)), swiglu),
+        Sample(
+            ops.swiglu.default,
+            (t((4, 6), torch.float64, "expanded", True), t((4, 6), torch.float64, grad=True)),
+            swiglu,
+        ),
         Sample(ops.swiglu.default, (t((0, 3), torch.float16), t((0, 3), torch.float16)), swiglu),
         Sample(ops.swiglu.out, (gate, up), swiglu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.swiglu.packed, (t((5, 14), grad=True),), swiglu),
         Sample(ops.swiglu.packed, (t((5, 14), torch.bfloat16, "transposed"),), swiglu),
         Sample(ops.swiglu.packed_out, (packed,), swiglu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.swiglu_backward.default, (grad, gate, up), swiglu_backward),
-        Sample(ops.swiglu_backward.out, (grad, gate, up), swiglu_backward,
-               {"grad_gate": torch.empty(5, 7, device=device),
-                "grad_up": torch.empty(5, 7, device=device)}),
+        Sample(
+            ops.swiglu_backward.out,
+            (grad, gate, up),
+            swiglu_backward,
+            {
+                "grad_gate": torch.empty(5, 7, device=device),
+                "grad_up": torch.empty(5, 7, device=device),
+            },
+        ),
         Sample(ops.swiglu_backward.packed, (grad, packed), swiglu_backward),
         Sample(ops.geglu.default, (t((5, 7), grad=True), up, "tanh"), geglu),
-        Sample(ops.geglu.default, (t((2, 3, 4), torch.float16, "sliced"), t((2, 3, 4), torch.float16), "none"), geglu),
+        Sample(
+            ops.geglu.default,
+            (t((2, 3, 4), torch.float16, "sliced"), t((2, 3, 4), torch.float16), "none"),
+            geglu,
+        ),
         Sample(ops.geglu.out, (gate, up, "none"), geglu, {"out": torch.empty(5, 7, device=device)}),
         packed_geglu(ops.geglu.packed, (t((5, 14), grad=True),), "tanh"),
-        packed_geglu(ops.geglu.packed_out, (packed,), "none", {"out": torch.empty(5, 7, device=device)}),
+        packed_geglu(
+            ops.geglu.packed_out, (packed,), "none", {"out": torch.empty(5, 7, device=device)}
+        ),
         Sample(ops.geglu_backward.default, (grad, gate, up, "tanh"), geglu_backward),
-        Sample(ops.geglu_backward.out, (grad, gate, up, "tanh"), geglu_backward,
-               {"grad_gate": torch.empty(5, 7, device=device),
-                "grad_up": torch.empty(5, 7, device=device)}),
+        Sample(
+            ops.geglu_backward.out,
+            (grad, gate, up, "tanh"),
+            geglu_backward,
+            {
+                "grad_gate": torch.empty(5, 7, device=device),
+                "grad_up": torch.empty(5, 7, device=device),
+            },
+        ),
         packed_geglu(ops.geglu_backward.packed, (grad, packed), "none"),
-        packed_geglu(ops.geglu_backward.packed, (t((4, 3), torch.bfloat16), t((4, 6), torch.bfloat16)), "tanh"),
+        packed_geglu(
+            ops.geglu_backward.packed,
+            (t((4, 3), torch.bfloat16), t((4, 6), torch.bfloat16)),
+            "tanh",
+        ),
     ]
     # 301 rows of a packed 2 x 67: several tasks per thread, a vector tail in
     # every half row.
     for dtype in DTYPES:
-        result.append(Sample(ops.swiglu.packed, (t((301, 134), dtype, grad=True),), swiglu, large=True))
+        result.append(
+            Sample(ops.swiglu.packed, (t((301, 134), dtype, grad=True),), swiglu, large=True)
+        )
         for approximate in ("none", "tanh"):
-            result.append(packed_geglu(ops.geglu.packed, (t((301, 134), dtype, grad=True),), approximate, large=True))
+            result.append(
+                packed_geglu(
+                    ops.geglu.packed, (t((301, 134), dtype, grad=True),), approximate, large=True
+                )
+            )
     return result
 
 
@@ -215,7 +270,10 @@ def fuzz(d) -> Sample:
         lambda: Sample(ops.swiglu.default, (gate, up), swiglu),
         lambda: Sample(ops.swiglu.packed, (packed,), swiglu),
         lambda: Sample(ops.geglu.default, (gate, up, approximate), geglu),
-        lambda: Sample(ops.geglu.packed, (packed, approximate), geglu, wrapper_args=(packed, None, approximate)),
+        lambda: Sample(
+            ops.geglu.packed, (packed, approximate), geglu, wrapper_args=(packed, None, approximate)
+        ),
     ][d.int(0, 3)]()
+
 
 __all__ = ["geglu", "geglu_backward", "swiglu", "swiglu_backward"]

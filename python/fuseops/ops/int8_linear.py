@@ -31,7 +31,9 @@ from ._sample import Sample, tensor
 QUANTIZE_MODES = ("w8a16", "w8a8", "2:4", "2:4+w8a16", "2:4+w8a8")
 
 
-def pack_int8_weight(wq: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_int8_weight(
+    wq: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(packed, scale, colsum)`` of an int8 weight ``wq [N, K]`` with
     per-channel float32 ``scale [N]`` (module docstring for the layout)."""
     return torch.ops.fuseops.pack_int8_weight(wq, scale)
@@ -96,7 +98,11 @@ def int8_dynamic_linear_reference(x, packed, scale, colsum, bias=None):
 
     xq, x_scale = quantize_per_token_int8_reference(x)
     w = unpack_int8_weight(packed, scale.shape[0], x.shape[-1]).to(torch.float64)
-    y = (xq.to(torch.float64) @ w.T) * x_scale.to(torch.float64).unsqueeze(-1) * scale.to(torch.float64)
+    y = (
+        (xq.to(torch.float64) @ w.T)
+        * x_scale.to(torch.float64).unsqueeze(-1)
+        * scale.to(torch.float64)
+    )
     y = y if bias is None else y + bias.to(torch.float64)
     return y.to(x.dtype)
 
@@ -200,7 +206,9 @@ def _dynamic_peer_weight(packed, scale, n, k, engine):
         # torch.ao's quantized tensors are deprecated (a UserWarning).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            qweight = torch._make_per_channel_quantized_tensor(wq, scale.double(), torch.zeros(n, dtype=torch.long), 0)
+            qweight = torch._make_per_channel_quantized_tensor(
+                wq, scale.double(), torch.zeros(n, dtype=torch.long), 0
+            )
             module = nnqd.Linear(k, n, bias_=False)
             module.set_weight_bias(qweight, None)
         _PEER_WEIGHTS[key] = (module,)
@@ -266,32 +274,66 @@ def bench_cases():
     # scales read once.
     traffic = Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 4 * hidden)
     common = dict(
-        fuseops="int8_weight_only_linear", reference="int8_weight_only_linear",
-        make_inputs=_x_and_weight, forward_traffic=traffic, backward_traffic=Traffic(rows=0),
-        has_out=False, differentiable=(), shapes=shapes,
+        fuseops="int8_weight_only_linear",
+        reference="int8_weight_only_linear",
+        make_inputs=_x_and_weight,
+        forward_traffic=traffic,
+        backward_traffic=Traffic(rows=0),
+        has_out=False,
+        differentiable=(),
+        shapes=shapes,
     )
     # W8A8: the same traffic plus the int32 column sums.
     dynamic = dict(
-        common, fuseops="int8_dynamic_linear", reference="int8_dynamic_linear",
+        common,
+        fuseops="int8_dynamic_linear",
+        reference="int8_dynamic_linear",
         make_inputs=_x_and_dynamic_weight,
         forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 8 * hidden),
     )
     return [
-        Case("int8_dynamic_linear", native=_f_linear_dynamic, native_label="F.linear (dequantized weight)",
-             description="W8A8 dynamic: x quantized per token, int8 x int8 in int32", **dynamic),
-        Case("int8_dynamic_linear_ao_fbgemm", native=_ao_dynamic_linear("fbgemm"),
-             native_label="torch.ao dynamic Linear (fbgemm)",
-             description="W8A8 against torch.ao.nn.quantized.dynamic.Linear, fbgemm engine", **dynamic),
-        Case("int8_dynamic_linear_ao_onednn", native=_ao_dynamic_linear("onednn"),
-             native_label="torch.ao dynamic Linear (onednn)",
-             description="W8A8 against torch.ao.nn.quantized.dynamic.Linear, onednn engine", **dynamic),
-        Case("int8_dynamic_linear_int_mm", native=_int_mm, native_label="torch._int_mm (x pre-quantized)",
-             description="W8A8 against ATen's int8 matmul on pre-quantized activations", **dynamic),
-        Case("int8_weight_only_linear", native=_f_linear, native_label="F.linear (dequantized weight)",
-             description="W8A16: x @ (wq * scale).T, int8 weight per channel", **common),
-        Case("int8_weight_only_linear_int8pack", native=_weight_int8pack_mm,
-             native_label="torch._weight_int8pack_mm",
-             description="W8A16 against ATen's int8 weight-only matmul", **common),
+        Case(
+            "int8_dynamic_linear",
+            native=_f_linear_dynamic,
+            native_label="F.linear (dequantized weight)",
+            description="W8A8 dynamic: x quantized per token, int8 x int8 in int32",
+            **dynamic,
+        ),
+        Case(
+            "int8_dynamic_linear_ao_fbgemm",
+            native=_ao_dynamic_linear("fbgemm"),
+            native_label="torch.ao dynamic Linear (fbgemm)",
+            description="W8A8 against torch.ao.nn.quantized.dynamic.Linear, fbgemm engine",
+            **dynamic,
+        ),
+        Case(
+            "int8_dynamic_linear_ao_onednn",
+            native=_ao_dynamic_linear("onednn"),
+            native_label="torch.ao dynamic Linear (onednn)",
+            description="W8A8 against torch.ao.nn.quantized.dynamic.Linear, onednn engine",
+            **dynamic,
+        ),
+        Case(
+            "int8_dynamic_linear_int_mm",
+            native=_int_mm,
+            native_label="torch._int_mm (x pre-quantized)",
+            description="W8A8 against ATen's int8 matmul on pre-quantized activations",
+            **dynamic,
+        ),
+        Case(
+            "int8_weight_only_linear",
+            native=_f_linear,
+            native_label="F.linear (dequantized weight)",
+            description="W8A16: x @ (wq * scale).T, int8 weight per channel",
+            **common,
+        ),
+        Case(
+            "int8_weight_only_linear_int8pack",
+            native=_weight_int8pack_mm,
+            native_label="torch._weight_int8pack_mm",
+            description="W8A16 against ATen's int8 weight-only matmul",
+            **common,
+        ),
     ]
 
 
@@ -315,13 +357,41 @@ def samples(device) -> list[Sample]:
         Sample(ops.pack_int8_weight.default, weight(37, 10), pack_int8_weight),
         Sample(ops.pack_int8_weight.default, weight(16, 4), pack_int8_weight),
         Sample(ops.pack_int8_weight.default, weight(0, 5), pack_int8_weight),
-        Sample(ops.int8_weight_only_linear.default, (t((3, 10)), w37, s37, None), int8_weight_only_linear),
-        Sample(ops.int8_weight_only_linear.default, (t((3, 10)), w37, s37, t((37,))), int8_weight_only_linear),
-        Sample(ops.int8_weight_only_linear.default, (t((2, 4, 10), torch.bfloat16, "transposed"), w37, s37, t((37,), torch.bfloat16)), int8_weight_only_linear),
-        Sample(ops.int8_weight_only_linear.default, (t((5, 10), torch.float16, "sliced"), w37, s37, None), int8_weight_only_linear),
-        Sample(ops.int8_weight_only_linear.default, (t((10,), torch.float64), w37, s37, None), int8_weight_only_linear),
-        Sample(ops.int8_weight_only_linear.default, (t((0, 10)), w37, s37, None), int8_weight_only_linear),
-        Sample(ops.int8_weight_only_linear.default, (t((3, 0)), *packed(5, 0), t((5,))), int8_weight_only_linear),
+        Sample(
+            ops.int8_weight_only_linear.default,
+            (t((3, 10)), w37, s37, None),
+            int8_weight_only_linear,
+        ),
+        Sample(
+            ops.int8_weight_only_linear.default,
+            (t((3, 10)), w37, s37, t((37,))),
+            int8_weight_only_linear,
+        ),
+        Sample(
+            ops.int8_weight_only_linear.default,
+            (t((2, 4, 10), torch.bfloat16, "transposed"), w37, s37, t((37,), torch.bfloat16)),
+            int8_weight_only_linear,
+        ),
+        Sample(
+            ops.int8_weight_only_linear.default,
+            (t((5, 10), torch.float16, "sliced"), w37, s37, None),
+            int8_weight_only_linear,
+        ),
+        Sample(
+            ops.int8_weight_only_linear.default,
+            (t((10,), torch.float64), w37, s37, None),
+            int8_weight_only_linear,
+        ),
+        Sample(
+            ops.int8_weight_only_linear.default,
+            (t((0, 10)), w37, s37, None),
+            int8_weight_only_linear,
+        ),
+        Sample(
+            ops.int8_weight_only_linear.default,
+            (t((3, 0)), *packed(5, 0), t((5,))),
+            int8_weight_only_linear,
+        ),
     ]
     wd = pack_int8_weight(*weight(37, 10))
     zero_rows = t((4, 10))
@@ -329,25 +399,53 @@ def samples(device) -> list[Sample]:
     result += [
         Sample(ops.int8_dynamic_linear.default, (t((3, 10)), *wd, None), int8_dynamic_linear),
         Sample(ops.int8_dynamic_linear.default, (zero_rows, *wd, t((37,))), int8_dynamic_linear),
-        Sample(ops.int8_dynamic_linear.default, (t((2, 4, 10), torch.bfloat16, "transposed"), *wd, t((37,), torch.bfloat16)), int8_dynamic_linear),
-        Sample(ops.int8_dynamic_linear.default, (t((5, 10), torch.float16, "sliced"), *wd, None), int8_dynamic_linear),
-        Sample(ops.int8_dynamic_linear.default, (t((10,), torch.float64), *wd, None), int8_dynamic_linear),
+        Sample(
+            ops.int8_dynamic_linear.default,
+            (t((2, 4, 10), torch.bfloat16, "transposed"), *wd, t((37,), torch.bfloat16)),
+            int8_dynamic_linear,
+        ),
+        Sample(
+            ops.int8_dynamic_linear.default,
+            (t((5, 10), torch.float16, "sliced"), *wd, None),
+            int8_dynamic_linear,
+        ),
+        Sample(
+            ops.int8_dynamic_linear.default,
+            (t((10,), torch.float64), *wd, None),
+            int8_dynamic_linear,
+        ),
         Sample(ops.int8_dynamic_linear.default, (t((0, 10)), *wd, None), int8_dynamic_linear),
-        Sample(ops.int8_dynamic_linear.default, (t((3, 0)), *pack_int8_weight(*weight(5, 0)), t((5,))), int8_dynamic_linear),
+        Sample(
+            ops.int8_dynamic_linear.default,
+            (t((3, 0)), *pack_int8_weight(*weight(5, 0)), t((5,))),
+            int8_dynamic_linear,
+        ),
     ]
     # Every CPU build: more rows than a register tile and than a task's
     # chunk (the widened-weight path), partial blocks of channels and groups.
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         wp, sp = packed(37, 129)
         for m in (1, 5, 61):
-            result.append(Sample(ops.int8_weight_only_linear.default,
-                                 (t((m, 129), dtype), wp, sp, t((37,), dtype)), int8_weight_only_linear, large=True))
+            result.append(
+                Sample(
+                    ops.int8_weight_only_linear.default,
+                    (t((m, 129), dtype), wp, sp, t((37,), dtype)),
+                    int8_weight_only_linear,
+                    large=True,
+                )
+            )
         # W8A8: one tile, several, several chunks and slices of 128 groups
         # (K = 600: 150 groups).
         wd = pack_int8_weight(*weight(37, 600))
         for m in (1, 5, 61):
-            result.append(Sample(ops.int8_dynamic_linear.default,
-                                 (t((m, 600), dtype), *wd, t((37,), dtype)), int8_dynamic_linear, large=True))
+            result.append(
+                Sample(
+                    ops.int8_dynamic_linear.default,
+                    (t((m, 600), dtype), *wd, t((37,), dtype)),
+                    int8_dynamic_linear,
+                    large=True,
+                )
+            )
     return result
 
 
@@ -363,8 +461,18 @@ def fuzz(d) -> Sample:
     packed, scale, colsum = pack_int8_weight(wq, scale)
     d.math_dtype = torch.float32  # float64 x is summed in float32
     if kind == 1:
-        return Sample(ops.int8_weight_only_linear.default, (x, packed, scale, bias), int8_weight_only_linear)
-    return Sample(ops.int8_dynamic_linear.default, (x, packed, scale, colsum, bias), int8_dynamic_linear)
+        return Sample(
+            ops.int8_weight_only_linear.default, (x, packed, scale, bias), int8_weight_only_linear
+        )
+    return Sample(
+        ops.int8_dynamic_linear.default, (x, packed, scale, colsum, bias), int8_dynamic_linear
+    )
 
 
-__all__ = ["int8_dynamic_linear", "int8_weight_only_linear", "pack_int8_weight", "quantize_", "unpack_int8_weight"]
+__all__ = [
+    "int8_dynamic_linear",
+    "int8_weight_only_linear",
+    "pack_int8_weight",
+    "quantize_",
+    "unpack_int8_weight",
+]

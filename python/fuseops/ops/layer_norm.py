@@ -71,11 +71,19 @@ def layer_norm_backward(
     outs = (grad_input, grad_weight, grad_bias)
     if any(o is not None for o in outs):
         if any(o is None for o in outs):
-            raise TypeError("fuseops.layer_norm_backward: grad_input=, grad_weight= and "
-                            "grad_bias= go together")
-        torch.ops.fuseops.layer_norm_backward.out(grad_output, x, weight, mean, rstd,
-                                                  grad_input=grad_input, grad_weight=grad_weight,
-                                                  grad_bias=grad_bias)
+            raise TypeError(
+                "fuseops.layer_norm_backward: grad_input=, grad_weight= and grad_bias= go together"
+            )
+        torch.ops.fuseops.layer_norm_backward.out(
+            grad_output,
+            x,
+            weight,
+            mean,
+            rstd,
+            grad_input=grad_input,
+            grad_weight=grad_weight,
+            grad_bias=grad_bias,
+        )
         return outs
     return torch.ops.fuseops.layer_norm_backward(grad_output, x, weight, mean, rstd)
 
@@ -123,7 +131,11 @@ def bench_cases():
 
     return [
         Case(
-            "layer_norm", "layer_norm", "layer_norm", x_weight_bias, options={"eps": 1e-5},
+            "layer_norm",
+            "layer_norm",
+            "layer_norm",
+            x_weight_bias,
+            options={"eps": 1e-5},
             forward_traffic=Traffic(rows=2, vectors=2),  # x, w, b in; y out
             backward_traffic=Traffic(rows=3, vectors=3),  # dy, x, w in; dx, dw, db out
             native=lambda x, w, b, *, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
@@ -150,16 +162,38 @@ def samples(device) -> list[Sample]:
             (t((6, 20), torch.bfloat16, "transposed"), None, t((20,), torch.bfloat16), 1e-5),
             layer_norm,
         ),
-        Sample(ops.layer_norm.default, (t((3, 4, 24), grad=True), t((24,), grad=True), t((24,), grad=True), 1e-5), layer_norm),
+        Sample(
+            ops.layer_norm.default,
+            (t((3, 4, 24), grad=True), t((24,), grad=True), t((24,), grad=True), 1e-5),
+            layer_norm,
+        ),
         Sample(ops.layer_norm.default, (t((3, 24), grad=True), None, None, 1e-5), layer_norm),
         Sample(
             ops.layer_norm.default,
-            (t((4, 16), torch.float64, "expanded", True), t((16,), torch.float64, "sliced", True), None, 1e-5),
+            (
+                t((4, 16), torch.float64, "expanded", True),
+                t((16,), torch.float64, "sliced", True),
+                None,
+                1e-5,
+            ),
             layer_norm,
         ),
-        Sample(ops.layer_norm.default, (t((2, 3, 16), torch.float16, "sliced"), None, None, 1e-5), layer_norm),
-        Sample(ops.layer_norm.default, (t((0, 16), grad=True), t((16,), grad=True), t((16,), grad=True), 1e-5), layer_norm),
-        Sample(ops.layer_norm.out, (x, w, b, 1e-5), layer_norm, {"out": torch.empty(5, 24, device=device)}),
+        Sample(
+            ops.layer_norm.default,
+            (t((2, 3, 16), torch.float16, "sliced"), None, None, 1e-5),
+            layer_norm,
+        ),
+        Sample(
+            ops.layer_norm.default,
+            (t((0, 16), grad=True), t((16,), grad=True), t((16,), grad=True), 1e-5),
+            layer_norm,
+        ),
+        Sample(
+            ops.layer_norm.out,
+            (x, w, b, 1e-5),
+            layer_norm,
+            {"out": torch.empty(5, 24, device=device)},
+        ),
         Sample(ops.layer_norm_forward.default, (x, w, None, 1e-5), layer_norm_forward),
         Sample(
             ops.layer_norm_forward.default,
@@ -172,20 +206,39 @@ def samples(device) -> list[Sample]:
             layer_norm_forward,
         ),
         # Statistics as torch.native_layer_norm keeps them (a trailing 1).
-        Sample(ops.layer_norm_backward.default, (t((5, 24)), x, w, mean[:, None], rstd[:, None]), layer_norm_backward),
-        Sample(ops.layer_norm_backward.default, (t((5, 24)), x, w, mean, rstd), layer_norm_backward),
-        Sample(ops.layer_norm_backward.default, (t((5, 24)), x, None, mean, rstd), layer_norm_backward),
-        Sample(ops.layer_norm_backward.out, (t((5, 24)), x, w, mean, rstd), layer_norm_backward,
-               {"grad_input": torch.empty(5, 24, device=device),
+        Sample(
+            ops.layer_norm_backward.default,
+            (t((5, 24)), x, w, mean[:, None], rstd[:, None]),
+            layer_norm_backward,
+        ),
+        Sample(
+            ops.layer_norm_backward.default, (t((5, 24)), x, w, mean, rstd), layer_norm_backward
+        ),
+        Sample(
+            ops.layer_norm_backward.default, (t((5, 24)), x, None, mean, rstd), layer_norm_backward
+        ),
+        Sample(
+            ops.layer_norm_backward.out,
+            (t((5, 24)), x, w, mean, rstd),
+            layer_norm_backward,
+            {
+                "grad_input": torch.empty(5, 24, device=device),
                 "grad_weight": torch.empty(24, device=device),
-                "grad_bias": torch.empty(24, device=device)}),
+                "grad_bias": torch.empty(24, device=device),
+            },
+        ),
     ]
     for dtype in DTYPES:
         for shape in [(3, 7), (37, 1000), (5, 4099)]:
             result.append(
                 Sample(
                     ops.layer_norm.default,
-                    (t(shape, dtype, grad=True), t(shape[-1:], dtype, grad=True), t(shape[-1:], dtype, grad=True), 1e-5),
+                    (
+                        t(shape, dtype, grad=True),
+                        t(shape[-1:], dtype, grad=True),
+                        t(shape[-1:], dtype, grad=True),
+                        1e-5,
+                    ),
                     layer_norm,
                     large=True,
                 )
@@ -201,8 +254,11 @@ def fuzz(d) -> Sample:
     if d.flag():
         return Sample(ops.layer_norm.default, (x, w, b, eps), layer_norm)
     _, mean, rstd = layer_norm_forward(x.detach(), None if w is None else w.detach(), None, eps)
-    return Sample(ops.layer_norm_backward.default, (d.tensor(x.shape, x.dtype), x, w, mean, rstd),
-                  layer_norm_backward)
+    return Sample(
+        ops.layer_norm_backward.default,
+        (d.tensor(x.shape, x.dtype), x, w, mean, rstd),
+        layer_norm_backward,
+    )
 
 
 __all__ = ["layer_norm", "layer_norm_backward", "layer_norm_forward"]

@@ -21,8 +21,9 @@ def relu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor
     return torch.ops.fuseops.relu(x)
 
 
-def relu_backward(grad_output: torch.Tensor, result: torch.Tensor, *,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def relu_backward(
+    grad_output: torch.Tensor, result: torch.Tensor, *, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Gradient of relu given its output: ``grad_output`` where ``result > 0``.
 
     ``out=`` may be ``grad_output`` itself (computed in place), as relu's
@@ -49,10 +50,14 @@ def bench_cases():
 
     return [
         Case(
-            "relu", "relu", "relu", x,
+            "relu",
+            "relu",
+            "relu",
+            x,
             forward_traffic=Traffic(rows=2),  # x in, y out
             backward_traffic=Traffic(rows=3),  # dy, y in; dx out
-            native=torch.relu, native_label="torch.relu",
+            native=torch.relu,
+            native_label="torch.relu",
             native_out=lambda x, *, out: torch.clamp_min(x, 0, out=out),
             description="max(x, 0)",
         ),
@@ -62,7 +67,9 @@ def bench_cases():
 def samples(device) -> list[Sample]:
     ops = torch.ops.fuseops
     x = tensor((5, 7), device=device)
-    specials = torch.tensor([0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1.5, -2.0], device=device)
+    specials = torch.tensor(
+        [0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1.5, -2.0], device=device
+    )
     result = []
     for layout, dtype, shape, grad in [
         ("contiguous", torch.float32, (5, 7), False),
@@ -77,8 +84,12 @@ def samples(device) -> list[Sample]:
     result += [
         Sample(ops.relu.out, (x,), relu, {"out": torch.empty(5, 7, device=device)}),
         Sample(ops.relu_backward.default, (tensor((5, 7), device=device), relu(x)), relu_backward),
-        Sample(ops.relu_backward.out, (tensor((5, 7), device=device), relu(x)), relu_backward,
-               {"out": torch.empty(5, 7, device=device)}),
+        Sample(
+            ops.relu_backward.out,
+            (tensor((5, 7), device=device), relu(x)),
+            relu_backward,
+            {"out": torch.empty(5, 7, device=device)},
+        ),
         Sample(
             ops.relu_backward.default,
             (tensor((7, 5), device=device, layout="transposed", grad=True), relu(x.t())),
@@ -100,8 +111,11 @@ def fuzz(d) -> Sample:
     x = d.tensor(d.shape(), grad=True)
     if d.flag():
         return Sample(torch.ops.fuseops.relu.default, (x,), relu)
-    return Sample(torch.ops.fuseops.relu_backward.default,
-                  (d.tensor(x.shape, x.dtype, grad=True), relu(x.detach())), relu_backward)
+    return Sample(
+        torch.ops.fuseops.relu_backward.default,
+        (d.tensor(x.shape, x.dtype, grad=True), relu(x.detach())),
+        relu_backward,
+    )
 
 
 __all__ = ["relu", "relu_backward"]

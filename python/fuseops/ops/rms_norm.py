@@ -64,8 +64,9 @@ def rms_norm_backward(
     if grad_input is not None or grad_weight is not None:
         if grad_input is None or grad_weight is None:
             raise TypeError("fuseops.rms_norm_backward: grad_input= and grad_weight= go together")
-        torch.ops.fuseops.rms_norm_backward.out(grad_output, x, weight, rstd,
-                                                grad_input=grad_input, grad_weight=grad_weight)
+        torch.ops.fuseops.rms_norm_backward.out(
+            grad_output, x, weight, rstd, grad_input=grad_input, grad_weight=grad_weight
+        )
         return grad_input, grad_weight
     return torch.ops.fuseops.rms_norm_backward(grad_output, x, weight, rstd)
 
@@ -129,11 +130,18 @@ def fused_add_rms_norm_backward(
     autograd does with an output gradient nothing else refers to."""
     if grad_input is not None or grad_weight is not None:
         if grad_input is None or grad_weight is None:
-            raise TypeError("fuseops.fused_add_rms_norm_backward: grad_input= and grad_weight= "
-                            "go together")
+            raise TypeError(
+                "fuseops.fused_add_rms_norm_backward: grad_input= and grad_weight= go together"
+            )
         torch.ops.fuseops.fused_add_rms_norm_backward.out(
-            grad_output, grad_new_residual, new_residual, weight, rstd,
-            grad_input=grad_input, grad_weight=grad_weight)
+            grad_output,
+            grad_new_residual,
+            new_residual,
+            weight,
+            rstd,
+            grad_input=grad_input,
+            grad_weight=grad_weight,
+        )
         return grad_input, grad_weight
     return torch.ops.fuseops.fused_add_rms_norm_backward(
         grad_output, grad_new_residual, new_residual, weight, rstd
@@ -202,7 +210,8 @@ def fused_add_rms_norm_backward_reference(
     grad_new_residual, added before rounding to the dtype."""
     compute = rstd.dtype
     grad_input, grad_weight = rms_norm_backward_reference(
-        grad_output, new_residual.to(compute), weight, rstd)
+        grad_output, new_residual.to(compute), weight, rstd
+    )
     if grad_new_residual is not None:
         grad_input = grad_input + grad_new_residual.to(compute)
     if weight is None:
@@ -224,7 +233,11 @@ def bench_cases():
 
     return [
         Case(
-            "rms_norm", "rms_norm", "rms_norm", x_weight, options={"eps": EPS},
+            "rms_norm",
+            "rms_norm",
+            "rms_norm",
+            x_weight,
+            options={"eps": EPS},
             forward_traffic=Traffic(rows=2, vectors=1),  # x, w in; y out
             backward_traffic=Traffic(rows=3, vectors=2),  # dy, x, w in; dx, dw out
             native=lambda x, w, *, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
@@ -233,14 +246,18 @@ def bench_cases():
             description="RMSNorm over the last dimension, with weight",
         ),
         Case(
-            "fused_add_rms_norm", "fused_add_rms_norm", "fused_add_rms_norm", x_residual_weight,
+            "fused_add_rms_norm",
+            "fused_add_rms_norm",
+            "fused_add_rms_norm",
+            x_residual_weight,
             options={"eps": EPS},
             # x, residual, w in; out, new_residual out
             forward_traffic=Traffic(rows=4, vectors=1),
             # d_out, d_new_residual, new_residual, w in; one gradient for x and
             # residual (they are equal), dw out
             backward_traffic=Traffic(rows=4, vectors=2),
-            native=_native_fused_add_rms_norm, native_label="x + residual, F.rms_norm",
+            native=_native_fused_add_rms_norm,
+            native_label="x + residual, F.rms_norm",
             differentiable=(0, 1, 2),
             call_out=_fused_add_rms_norm_out,
             description="residual add then RMSNorm; returns (out, new residual)",
@@ -260,38 +277,82 @@ def samples(device) -> list[Sample]:
     result = [
         Sample(ops.rms_norm.default, (x, w, 1e-6), rms_norm),
         Sample(ops.rms_norm.default, (x, None, None), rms_norm),
-        Sample(ops.rms_norm.default, (t((6, 24), torch.bfloat16, "transposed"), None, 1e-5), rms_norm),
-        Sample(ops.rms_norm.default, (t((3, 4, 24), grad=True), t((24,), grad=True), 1e-6), rms_norm),
-        Sample(ops.rms_norm.default, (t((4, 16), torch.float64, "expanded", True), None, None), rms_norm),
-        Sample(ops.rms_norm.default, (t((3, 16), torch.float16, "sliced"), t((16,), torch.float16, "sliced"), 1e-6), rms_norm),
+        Sample(
+            ops.rms_norm.default, (t((6, 24), torch.bfloat16, "transposed"), None, 1e-5), rms_norm
+        ),
+        Sample(
+            ops.rms_norm.default, (t((3, 4, 24), grad=True), t((24,), grad=True), 1e-6), rms_norm
+        ),
+        Sample(
+            ops.rms_norm.default,
+            (t((4, 16), torch.float64, "expanded", True), None, None),
+            rms_norm,
+        ),
+        Sample(
+            ops.rms_norm.default,
+            (t((3, 16), torch.float16, "sliced"), t((16,), torch.float16, "sliced"), 1e-6),
+            rms_norm,
+        ),
         # A weight of another floating dtype than the input.
         Sample(ops.rms_norm.default, (t((4, 8), torch.bfloat16), t((8,)), 1e-6), rms_norm),
         Sample(ops.rms_norm.default, (t((0, 16), grad=True), t((16,), grad=True), 1e-6), rms_norm),
-        Sample(ops.rms_norm.out, (x, w, 1e-6), rms_norm, {"out": torch.empty(5, 24, device=device)}),
+        Sample(
+            ops.rms_norm.out, (x, w, 1e-6), rms_norm, {"out": torch.empty(5, 24, device=device)}
+        ),
         Sample(ops.rms_norm_forward.default, (x, w, None), rms_norm_forward),
-        Sample(ops.rms_norm_forward.default, (t((4, 5), torch.float16), t((5,), torch.float16), None), rms_norm_forward),
-        Sample(ops.rms_norm_forward.default, (t((5, 24), grad=True), t((24,), grad=True), 1e-6), rms_norm_forward),
+        Sample(
+            ops.rms_norm_forward.default,
+            (t((4, 5), torch.float16), t((5,), torch.float16), None),
+            rms_norm_forward,
+        ),
+        Sample(
+            ops.rms_norm_forward.default,
+            (t((5, 24), grad=True), t((24,), grad=True), 1e-6),
+            rms_norm_forward,
+        ),
         Sample(ops.rms_norm_backward.default, (t((5, 24)), x, w, rstd), rms_norm_backward),
         Sample(ops.rms_norm_backward.default, (t((5, 24)), x, None, rstd), rms_norm_backward),
-        Sample(ops.rms_norm_backward.out, (t((5, 24)), x, w, rstd), rms_norm_backward,
-               {"grad_input": torch.empty(5, 24, device=device),
-                "grad_weight": torch.empty(24, device=device)}),
-        Sample(ops.rms_norm_backward.out, (t((5, 24)), x, None, rstd), rms_norm_backward,
-               {"grad_input": torch.empty(5, 24, device=device),
-                "grad_weight": torch.empty(0, device=device)}),
+        Sample(
+            ops.rms_norm_backward.out,
+            (t((5, 24)), x, w, rstd),
+            rms_norm_backward,
+            {
+                "grad_input": torch.empty(5, 24, device=device),
+                "grad_weight": torch.empty(24, device=device),
+            },
+        ),
+        Sample(
+            ops.rms_norm_backward.out,
+            (t((5, 24)), x, None, rstd),
+            rms_norm_backward,
+            {
+                "grad_input": torch.empty(5, 24, device=device),
+                "grad_weight": torch.empty(0, device=device),
+            },
+        ),
         Sample(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), fused_add_rms_norm),
         Sample(
             ops.fused_add_rms_norm.default,
-            (t((5, 24), grad=True), t((5, 24), layout="transposed", grad=True), t((24,), grad=True), None),
+            (
+                t((5, 24), grad=True),
+                t((5, 24), layout="transposed", grad=True),
+                t((24,), grad=True),
+                None,
+            ),
             fused_add_rms_norm,
         ),
         Sample(
             ops.fused_add_rms_norm.out,
             (x, r, w, 1e-6),
             fused_add_rms_norm,
-            {"out": torch.empty(5, 24, device=device), "residual_out": torch.empty(5, 24, device=device)},
+            {
+                "out": torch.empty(5, 24, device=device),
+                "residual_out": torch.empty(5, 24, device=device),
+            },
         ),
-        Sample(ops.fused_add_rms_norm_forward.default, (x, r, None, 1e-6), fused_add_rms_norm_forward),
+        Sample(
+            ops.fused_add_rms_norm_forward.default, (x, r, None, 1e-6), fused_add_rms_norm_forward
+        ),
         Sample(
             ops.fused_add_rms_norm_forward.default,
             (t((5, 24), grad=True), t((5, 24), grad=True), t((24,), grad=True), 1e-6),
@@ -311,15 +372,19 @@ def samples(device) -> list[Sample]:
             ops.fused_add_rms_norm_backward.out,
             (t((5, 24)), t((5, 24)), new_residual, w, rstd2),
             fused_add_rms_norm_backward,
-            {"grad_input": torch.empty(5, 24, device=device),
-             "grad_weight": torch.empty(24, device=device)},
+            {
+                "grad_input": torch.empty(5, 24, device=device),
+                "grad_weight": torch.empty(24, device=device),
+            },
         ),
         Sample(
             ops.fused_add_rms_norm_backward.out,
             (t((5, 24)), None, new_residual, None, rstd2),
             fused_add_rms_norm_backward,
-            {"grad_input": torch.empty(5, 24, device=device),
-             "grad_weight": torch.empty(0, device=device)},
+            {
+                "grad_input": torch.empty(5, 24, device=device),
+                "grad_weight": torch.empty(0, device=device),
+            },
         ),
     ]
     # 300 rows of 1027: several tasks per thread, a tail in every row.
@@ -333,8 +398,12 @@ def samples(device) -> list[Sample]:
             ),
             Sample(
                 ops.fused_add_rms_norm.default,
-                (t((300, 1027), dtype, grad=True), t((300, 1027), dtype, grad=True),
-                 t((1027,), dtype, grad=True), 1e-6),
+                (
+                    t((300, 1027), dtype, grad=True),
+                    t((300, 1027), dtype, grad=True),
+                    t((1027,), dtype, grad=True),
+                    1e-6,
+                ),
                 fused_add_rms_norm,
                 large=True,
             ),
@@ -358,11 +427,18 @@ def fuzz(d) -> Sample:
         return Sample(ops.fused_add_rms_norm.default, (x, residual, w, eps), fused_add_rms_norm)
     rstd = rms_norm_forward(x.detach(), None if w is None else w.detach(), eps)[1]
     if kind == 2:
-        return Sample(ops.rms_norm_backward.default, (d.tensor(x.shape, x.dtype), x, w, rstd), rms_norm_backward)
+        return Sample(
+            ops.rms_norm_backward.default,
+            (d.tensor(x.shape, x.dtype), x, w, rstd),
+            rms_norm_backward,
+        )
     # x as new_residual; the gradient of new_residual may be absent.
     grad_new_residual = d.maybe(lambda: d.tensor(x.shape, x.dtype))
-    return Sample(ops.fused_add_rms_norm_backward.default,
-                  (d.tensor(x.shape, x.dtype), grad_new_residual, x, w, rstd), fused_add_rms_norm_backward)
+    return Sample(
+        ops.fused_add_rms_norm_backward.default,
+        (d.tensor(x.shape, x.dtype), grad_new_residual, x, w, rstd),
+        fused_add_rms_norm_backward,
+    )
 
 
 __all__ = [

@@ -123,18 +123,26 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int =
     (``position_ids`` is unused, as in Hugging Face). Returns
     ``(q_embed, k_embed)`` in q's and k's layout."""
     if unsqueeze_dim not in (1, 2):
-        raise ValueError(f"fuseops.apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+        raise ValueError(
+            f"fuseops.apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}"
+        )
     if unsqueeze_dim == 1:
         q_out, k_out = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
     return rope(q, k, cos, sin)
 
 
-def _inverse_frequencies(rotary_dim: int, base: float, scaling: Optional[str], factor: float, dtype):
+def _inverse_frequencies(
+    rotary_dim: int, base: float, scaling: Optional[str], factor: float, dtype
+):
     if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"fuseops.rope_cache: rotary_dim must be a positive even number, got {rotary_dim}")
+        raise ValueError(
+            f"fuseops.rope_cache: rotary_dim must be a positive even number, got {rotary_dim}"
+        )
     if scaling not in (None, "linear", "ntk"):
-        raise ValueError(f"fuseops.rope_cache: scaling must be None, 'linear' or 'ntk', got {scaling!r}")
+        raise ValueError(
+            f"fuseops.rope_cache: scaling must be None, 'linear' or 'ntk', got {scaling!r}"
+        )
     if scaling is not None and not factor > 0:
         raise ValueError(f"fuseops.rope_cache: factor must be positive, got {factor}")
     if scaling == "ntk" and rotary_dim > 2:
@@ -169,8 +177,10 @@ def rope_cache(
         positions = positions / factor
     freqs = torch.outer(positions, inv)
     full = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat([freqs, freqs], dim=-1)
-    return (full.cos().to(device=device, dtype=torch.float32),
-            full.sin().to(device=device, dtype=torch.float32))
+    return (
+        full.cos().to(device=device, dtype=torch.float32),
+        full.sin().to(device=device, dtype=torch.float32),
+    )
 
 
 def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -204,7 +214,11 @@ def _apply(x, cos, sin, positions, interleaved, transposed):
 
 
 def _apply_with_optional_key(query, key, cos, sin, positions, interleaved, transposed):
-    outs = [_apply(x, cos, sin, positions, interleaved, transposed) for x in (query, key) if x is not None]
+    outs = [
+        _apply(x, cos, sin, positions, interleaved, transposed)
+        for x in (query, key)
+        if x is not None
+    ]
     return outs[0] if key is None else tuple(outs)
 
 
@@ -218,7 +232,9 @@ def rope_backward_reference(grad_query, grad_key, cos, sin, positions=None, inte
     return _apply_with_optional_key(grad_query, grad_key, cos, sin, positions, interleaved, True)
 
 
-def rope_cache_reference(rotary_dim, max_pos, base=10000.0, scaling=None, factor=1.0, *, interleaved=False):
+def rope_cache_reference(
+    rotary_dim, max_pos, base=10000.0, scaling=None, factor=1.0, *, interleaved=False
+):
     """rope_cache in float64, angle by angle with Python's math module."""
     if scaling == "ntk":
         base = base * factor ** (rotary_dim / (rotary_dim - 2))
@@ -228,7 +244,7 @@ def rope_cache_reference(rotary_dim, max_pos, base=10000.0, scaling=None, factor
         pos = p / factor if scaling == "linear" else p
         for i in range(rotary_dim // 2):
             angle = pos * base ** (-2 * i / rotary_dim)
-            for j in ((2 * i, 2 * i + 1) if interleaved else (i, i + rotary_dim // 2)):
+            for j in (2 * i, 2 * i + 1) if interleaved else (i, i + rotary_dim // 2):
                 cos[p, j], sin[p, j] = math.cos(angle), math.sin(angle)
     return cos, sin
 
@@ -275,7 +291,10 @@ def bench_cases():
 
     return [
         Case(
-            "rope", "rope", "rope", _bench_inputs,
+            "rope",
+            "rope",
+            "rope",
+            _bench_inputs,
             forward_traffic=_QkTraffic(passes=2),  # q, k in; q_out, k_out out
             backward_traffic=_QkTraffic(passes=2),  # dq_out, dk_out in; dq, dk out
             differentiable=(0, 1),
@@ -293,9 +312,14 @@ def fuzz(d) -> Sample:
     rotary, max_pos, dtype = 2 * d.int(1, head_dim // 2), d.int(1, 40), d.dtype()
     q = d.tensor(tokens + (d.int(1, 4), head_dim), dtype, grad=True)
     k = d.maybe(lambda: d.tensor(tokens + (d.int(1, 3), head_dim), dtype, grad=True))
-    cached, table_dtype = d.flag(), d.choice((torch.float32, dtype))  # a cache and positions, or one row per token
+    cached, table_dtype = (
+        d.flag(),
+        d.choice((torch.float32, dtype)),
+    )  # a cache and positions, or one row per token
     cos, sin = (d.tensor(((max_pos,) if cached else tokens) + (rotary,), table_dtype) for _ in "cs")
-    positions = d.integers(tokens, 0, max_pos, d.choice((torch.int64, torch.int32))) if cached else None
+    positions = (
+        d.integers(tokens, 0, max_pos, d.choice((torch.int64, torch.int32))) if cached else None
+    )
     rest = (cos, sin, positions, interleaved)
     forward, wrapper = (ops.rope, rope) if d.flag() else (ops.rope_backward, rope_backward)
     if k is None:
@@ -325,28 +349,119 @@ def samples(device) -> list[Sample]:
 
     def single(op, tensors, rest, kwargs=None, large=False):
         wrapper = rope_backward if op._schema.name.endswith("_backward") else rope
-        return Sample(op, (*tensors, *rest), wrapper, kwargs or {}, wrapper_args=(tensors[0], None, *rest), large=large)
+        return Sample(
+            op,
+            (*tensors, *rest),
+            wrapper,
+            kwargs or {},
+            wrapper_args=(tensors[0], None, *rest),
+            large=large,
+        )
 
     result = [
         Sample(ops.rope.default, (q, k, cos, sin, positions, False), rope),
-        Sample(ops.rope.default, (t((5, 4, 16), grad=True), t((5, 1, 16), grad=True), cos_i, sin_i, positions, True), rope),
+        Sample(
+            ops.rope.default,
+            (t((5, 4, 16), grad=True), t((5, 1, 16), grad=True), cos_i, sin_i, positions, True),
+            rope,
+        ),
         Sample(ops.rope.default, (view_q, view_k, cos, sin, positions, False), rope),
-        Sample(ops.rope.default, (t((2, 3, 2, 16), torch.bfloat16, grad=True), t((2, 3, 1, 16), torch.bfloat16), cos, sin, batch_positions, False), rope),
-        Sample(ops.rope.default, (t((5, 2, 16), torch.float16, "sliced"), t((5, 2, 16), torch.float16, "transposed"), cos, sin, positions, False), rope),
-        Sample(ops.rope.default, (t((5, 3, 24), torch.float64, grad=True), t((5, 1, 24), torch.float64, grad=True), per_token_cos, per_token_sin, None, False), rope),
-        Sample(ops.rope.default, (t((0, 3, 16), grad=True), t((0, 1, 16), grad=True), cos, sin, positions[:0], False), rope),
-        single(ops.rope.single, (t((5, 2, 16), torch.bfloat16, grad=True),), (cos.bfloat16(), sin.bfloat16(), positions, False)),
-        single(ops.rope.single, (t((4, 3, 12), torch.float32, "expanded"),), (cos_i, sin_i, positions[:4], True)),
-        Sample(ops.rope.out, (q, k, cos, sin, positions, False), rope,
-               {"out": torch.empty(5, 4, 16, device=device), "key_out": torch.empty(5, 2, 16, device=device)}),
-        single(ops.rope.single_out, (q,), (cos_i, sin_i, positions, True), {"out": torch.empty(5, 4, 16, device=device)}),
-        Sample(ops.rope_backward.default, (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False), rope_backward),
-        Sample(ops.rope_backward.default, (t((5, 4, 16), grad=True), t((5, 2, 16)), cos_i, sin_i, positions, True), rope_backward),
-        single(ops.rope_backward.single, (t((5, 2, 16), torch.float16),), (per_token_cos, per_token_sin, None, False)),
-        Sample(ops.rope_backward.out, (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False), rope_backward,
-               {"out": torch.empty(5, 4, 16, device=device), "key_out": torch.empty(5, 2, 16, device=device)}),
-        single(ops.rope_backward.single_out, (t((5, 2, 16)),), (cos_i, sin_i, positions, True),
-               {"out": torch.empty(5, 2, 16, device=device)}),
+        Sample(
+            ops.rope.default,
+            (
+                t((2, 3, 2, 16), torch.bfloat16, grad=True),
+                t((2, 3, 1, 16), torch.bfloat16),
+                cos,
+                sin,
+                batch_positions,
+                False,
+            ),
+            rope,
+        ),
+        Sample(
+            ops.rope.default,
+            (
+                t((5, 2, 16), torch.float16, "sliced"),
+                t((5, 2, 16), torch.float16, "transposed"),
+                cos,
+                sin,
+                positions,
+                False,
+            ),
+            rope,
+        ),
+        Sample(
+            ops.rope.default,
+            (
+                t((5, 3, 24), torch.float64, grad=True),
+                t((5, 1, 24), torch.float64, grad=True),
+                per_token_cos,
+                per_token_sin,
+                None,
+                False,
+            ),
+            rope,
+        ),
+        Sample(
+            ops.rope.default,
+            (t((0, 3, 16), grad=True), t((0, 1, 16), grad=True), cos, sin, positions[:0], False),
+            rope,
+        ),
+        single(
+            ops.rope.single,
+            (t((5, 2, 16), torch.bfloat16, grad=True),),
+            (cos.bfloat16(), sin.bfloat16(), positions, False),
+        ),
+        single(
+            ops.rope.single,
+            (t((4, 3, 12), torch.float32, "expanded"),),
+            (cos_i, sin_i, positions[:4], True),
+        ),
+        Sample(
+            ops.rope.out,
+            (q, k, cos, sin, positions, False),
+            rope,
+            {
+                "out": torch.empty(5, 4, 16, device=device),
+                "key_out": torch.empty(5, 2, 16, device=device),
+            },
+        ),
+        single(
+            ops.rope.single_out,
+            (q,),
+            (cos_i, sin_i, positions, True),
+            {"out": torch.empty(5, 4, 16, device=device)},
+        ),
+        Sample(
+            ops.rope_backward.default,
+            (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False),
+            rope_backward,
+        ),
+        Sample(
+            ops.rope_backward.default,
+            (t((5, 4, 16), grad=True), t((5, 2, 16)), cos_i, sin_i, positions, True),
+            rope_backward,
+        ),
+        single(
+            ops.rope_backward.single,
+            (t((5, 2, 16), torch.float16),),
+            (per_token_cos, per_token_sin, None, False),
+        ),
+        Sample(
+            ops.rope_backward.out,
+            (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False),
+            rope_backward,
+            {
+                "out": torch.empty(5, 4, 16, device=device),
+                "key_out": torch.empty(5, 2, 16, device=device),
+            },
+        ),
+        single(
+            ops.rope_backward.single_out,
+            (t((5, 2, 16)),),
+            (cos_i, sin_i, positions, True),
+            {"out": torch.empty(5, 2, 16, device=device)},
+        ),
     ]
     # 301 tokens, 3 + 1 heads, head_dim 70 (several tasks per thread, a vector
     # tail in every half row) and a partial rotary of 40, both layouts. The
@@ -356,8 +471,32 @@ def samples(device) -> list[Sample]:
     part_cos, part_sin = rope_cache(40, 301, interleaved=True, device=device)
     for dtype in DTYPES:
         result += [
-            Sample(ops.rope.default, (t((301, 3, 70), dtype, grad=True), t((301, 1, 70), dtype, grad=True), full_cos, full_sin, None, False), rope, large=True),
-            Sample(ops.rope.default, (t((301, 3, 70), dtype, grad=True), t((301, 1, 70), dtype, grad=True), part_cos, part_sin, None, True), rope, large=True),
+            Sample(
+                ops.rope.default,
+                (
+                    t((301, 3, 70), dtype, grad=True),
+                    t((301, 1, 70), dtype, grad=True),
+                    full_cos,
+                    full_sin,
+                    None,
+                    False,
+                ),
+                rope,
+                large=True,
+            ),
+            Sample(
+                ops.rope.default,
+                (
+                    t((301, 3, 70), dtype, grad=True),
+                    t((301, 1, 70), dtype, grad=True),
+                    part_cos,
+                    part_sin,
+                    None,
+                    True,
+                ),
+                rope,
+                large=True,
+            ),
         ]
     return result
 

@@ -103,7 +103,11 @@ def unpack_2_4(values: torch.Tensor, meta: torch.Tensor, k: int) -> torch.Tensor
     """The dense ``[N, k]`` weight (in values' dtype) a packed one holds."""
     n = values.shape[0]
     shifts = torch.arange(8, device=meta.device)
-    kept = ((meta.to(torch.int64).unsqueeze(-1) >> shifts) & 1).bool().reshape(n, 8 * meta.shape[1])[:, :k]
+    kept = (
+        ((meta.to(torch.int64).unsqueeze(-1) >> shifts) & 1)
+        .bool()
+        .reshape(n, 8 * meta.shape[1])[:, :k]
+    )
     dense = torch.zeros(n, k, dtype=values.dtype, device=values.device)
     dense[kept] = values.reshape(-1)
     return dense
@@ -114,7 +118,9 @@ def prune_2_4_reference(weight):
     a = weight.abs().nan_to_num(nan=float("inf")).reshape(n, k // 4, 4)
     index = torch.arange(4, device=weight.device)
     # rank i: the group's values larger than i, or equal at a lower index.
-    beats = (a.unsqueeze(-1) > a.unsqueeze(-2)) | ((a.unsqueeze(-1) == a.unsqueeze(-2)) & (index[:, None] < index[None, :]))
+    beats = (a.unsqueeze(-1) > a.unsqueeze(-2)) | (
+        (a.unsqueeze(-1) == a.unsqueeze(-2)) & (index[:, None] < index[None, :])
+    )
     rank = beats.sum(-2)
     return torch.where(rank.reshape(n, k) < 2, weight, torch.zeros_like(weight))
 
@@ -126,7 +132,9 @@ def pack_2_4_reference(weight, scale=None):
     keep = nonzero | (~nonzero & (zero_rank <= (2 - nonzero.sum(-1, keepdim=True))))
     values = weight[keep.reshape(n, k)].reshape(n, k // 2)
     # Sizes spelled out: -1 is ambiguous when there are no rows.
-    bits = torch.nn.functional.pad(keep.reshape(n, k), (0, 8 * (-(-k // 8)) - k)).reshape(n, -(-k // 8), 8)
+    bits = torch.nn.functional.pad(keep.reshape(n, k), (0, 8 * (-(-k // 8)) - k)).reshape(
+        n, -(-k // 8), 8
+    )
     meta = (bits.to(torch.int64) << torch.arange(8, device=weight.device)).sum(-1).to(torch.uint8)
     scale = torch.ones(n, device=weight.device) if scale is None else scale.float().clone()
     return values, meta, scale
@@ -148,7 +156,11 @@ def sparse_2_4_dynamic_linear_reference(x, values, meta, scale, colsum, bias=Non
 
     xq, x_scale = quantize_per_token_int8_reference(x)
     w = unpack_2_4(values, meta, x.shape[-1]).to(torch.float64)
-    y = (xq.to(torch.float64) @ w.T) * x_scale.to(torch.float64).unsqueeze(-1) * scale.to(torch.float64)
+    y = (
+        (xq.to(torch.float64) @ w.T)
+        * x_scale.to(torch.float64).unsqueeze(-1)
+        * scale.to(torch.float64)
+    )
     y = y if bias is None else y + bias.to(torch.float64)
     return y.to(x.dtype)
 
@@ -207,13 +219,17 @@ def _ao_dynamic_linear(engine):
 
 def _x_and_float_weight(rows, hidden, dtype, device, gen):
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
-    w = (torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02).to(dtype)
+    w = (torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02).to(
+        dtype
+    )
     return (x, *pack_2_4(prune_2_4(w)))
 
 
 def _x_and_int8_weight(rows, hidden, dtype, device, gen):
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
-    w = prune_2_4(torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02)
+    w = prune_2_4(
+        torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
+    )
     return (x, *pack_2_4(*torch.ops.fuseops.quantize_per_channel_int8(w)))
 
 
@@ -230,7 +246,11 @@ def bench_cases():
         # x read and y written in the dtype, the kept half of the weight in
         # the dtype, its mask (1/8 byte per weight) and the float32 scales.
         def bytes(self, rows, hidden, element_size):
-            return element_size * (2 * rows * hidden + hidden * hidden // 2) + hidden * hidden // 8 + 4 * hidden
+            return (
+                element_size * (2 * rows * hidden + hidden * hidden // 2)
+                + hidden * hidden // 8
+                + 4 * hidden
+            )
 
     # rows = tokens (M), hidden = in = out features (K = N), as the int8
     # rows: decode (1, 8), a short prefill (32) and a batch (256); the quick
@@ -241,36 +261,77 @@ def bench_cases():
         "full": [(m, 8192) for m in (1, 8, 32, 256)],
     }
     common = dict(
-        fuseops="sparse_2_4_linear", reference="sparse_2_4_linear", backward_traffic=Traffic(rows=0),
-        has_out=False, differentiable=(), shapes=shapes,
+        fuseops="sparse_2_4_linear",
+        reference="sparse_2_4_linear",
+        backward_traffic=Traffic(rows=0),
+        has_out=False,
+        differentiable=(),
+        shapes=shapes,
     )
     # int8 values: half the int8 weight, the mask and the scales.
-    int8 = dict(common, make_inputs=_x_and_int8_weight,
-                forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 4 * hidden))
+    int8 = dict(
+        common,
+        make_inputs=_x_and_int8_weight,
+        forward_traffic=Traffic(
+            rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 4 * hidden
+        ),
+    )
     # W8A8: the same weight bytes plus the int32 column sums.
-    dynamic = dict(common, fuseops="sparse_2_4_dynamic_linear", reference="sparse_2_4_dynamic_linear",
-                   make_inputs=_x_and_dynamic_weight,
-                   forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 8 * hidden))
+    dynamic = dict(
+        common,
+        fuseops="sparse_2_4_dynamic_linear",
+        reference="sparse_2_4_dynamic_linear",
+        make_inputs=_x_and_dynamic_weight,
+        forward_traffic=Traffic(
+            rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 8 * hidden
+        ),
+    )
     return [
-        Case("sparse_2_4_dynamic_linear", native=_dense_int8_dynamic,
-             native_label="fuseops.int8_dynamic_linear (dense int8 weight)",
-             description="2:4 sparse int8 weight, W8A8 dynamic, against the dense W8A8 kernel", **dynamic),
-        Case("sparse_2_4_dynamic_linear_ao_fbgemm", native=_ao_dynamic_linear("fbgemm"),
-             native_label="torch.ao dynamic Linear (fbgemm, dense weight)",
-             description="2:4 sparse W8A8 against torch.ao.nn.quantized.dynamic.Linear, fbgemm engine",
-             **dynamic),
-        Case("sparse_2_4_dynamic_linear_ao_onednn", native=_ao_dynamic_linear("onednn"),
-             native_label="torch.ao dynamic Linear (onednn, dense weight)",
-             description="2:4 sparse W8A8 against torch.ao.nn.quantized.dynamic.Linear, onednn engine",
-             **dynamic),
-        Case("sparse_2_4_linear", make_inputs=_x_and_float_weight, forward_traffic=FloatWeightTraffic(rows=2),
-             native=_f_linear, native_label="F.linear (dense pruned weight)",
-             description="2:4 sparse float weight: kept values + bitmask", **common),
-        Case("sparse_2_4_linear_int8", native=_dense_int8,
-             native_label="fuseops.int8_weight_only_linear (dense int8 weight)",
-             description="2:4 sparse int8 weight (W8A16) against the dense int8 kernel", **int8),
-        Case("sparse_2_4_linear_int8_f_linear", native=_f_linear, native_label="F.linear (dequantized weight)",
-             description="2:4 sparse int8 weight (W8A16) against F.linear", variant=True, **int8),
+        Case(
+            "sparse_2_4_dynamic_linear",
+            native=_dense_int8_dynamic,
+            native_label="fuseops.int8_dynamic_linear (dense int8 weight)",
+            description="2:4 sparse int8 weight, W8A8 dynamic, against the dense W8A8 kernel",
+            **dynamic,
+        ),
+        Case(
+            "sparse_2_4_dynamic_linear_ao_fbgemm",
+            native=_ao_dynamic_linear("fbgemm"),
+            native_label="torch.ao dynamic Linear (fbgemm, dense weight)",
+            description="2:4 sparse W8A8 against torch.ao.nn.quantized.dynamic.Linear, fbgemm engine",
+            **dynamic,
+        ),
+        Case(
+            "sparse_2_4_dynamic_linear_ao_onednn",
+            native=_ao_dynamic_linear("onednn"),
+            native_label="torch.ao dynamic Linear (onednn, dense weight)",
+            description="2:4 sparse W8A8 against torch.ao.nn.quantized.dynamic.Linear, onednn engine",
+            **dynamic,
+        ),
+        Case(
+            "sparse_2_4_linear",
+            make_inputs=_x_and_float_weight,
+            forward_traffic=FloatWeightTraffic(rows=2),
+            native=_f_linear,
+            native_label="F.linear (dense pruned weight)",
+            description="2:4 sparse float weight: kept values + bitmask",
+            **common,
+        ),
+        Case(
+            "sparse_2_4_linear_int8",
+            native=_dense_int8,
+            native_label="fuseops.int8_weight_only_linear (dense int8 weight)",
+            description="2:4 sparse int8 weight (W8A16) against the dense int8 kernel",
+            **int8,
+        ),
+        Case(
+            "sparse_2_4_linear_int8_f_linear",
+            native=_f_linear,
+            native_label="F.linear (dequantized weight)",
+            description="2:4 sparse int8 weight (W8A16) against F.linear",
+            variant=True,
+            **int8,
+        ),
     ]
 
 
@@ -311,28 +372,83 @@ def samples(device) -> list[Sample]:
     result += [
         Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *w37, None), sparse_2_4_linear),
         Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *w37, t((37,))), sparse_2_4_linear),
-        Sample(ops.sparse_2_4_linear.default, (t((2, 4, 12), torch.bfloat16, "transposed"), *w37_bf16, t((37,), torch.bfloat16)), sparse_2_4_linear),
-        Sample(ops.sparse_2_4_linear.default, (t((5, 12), torch.float16, "sliced"), *w37_f16, None), sparse_2_4_linear),
-        Sample(ops.sparse_2_4_linear.default, (t((12,), torch.float64), *w37_f64, None), sparse_2_4_linear),
+        Sample(
+            ops.sparse_2_4_linear.default,
+            (t((2, 4, 12), torch.bfloat16, "transposed"), *w37_bf16, t((37,), torch.bfloat16)),
+            sparse_2_4_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_linear.default,
+            (t((5, 12), torch.float16, "sliced"), *w37_f16, None),
+            sparse_2_4_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_linear.default,
+            (t((12,), torch.float64), *w37_f64, None),
+            sparse_2_4_linear,
+        ),
         Sample(ops.sparse_2_4_linear.default, (t((0, 12)), *w37, None), sparse_2_4_linear),
-        Sample(ops.sparse_2_4_linear.default, (t((3, 0)), *pack_2_4(t((5, 0))), t((5,))), sparse_2_4_linear),
+        Sample(
+            ops.sparse_2_4_linear.default,
+            (t((3, 0)), *pack_2_4(t((5, 0))), t((5,))),
+            sparse_2_4_linear,
+        ),
         Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *q37, t((37,))), sparse_2_4_linear),
-        Sample(ops.sparse_2_4_linear.default, (t((4, 12), torch.bfloat16), *q37, None), sparse_2_4_linear),
-        Sample(ops.sparse_2_4_linear.default, (t((2, 12), torch.float64), *q37, None), sparse_2_4_linear),
+        Sample(
+            ops.sparse_2_4_linear.default,
+            (t((4, 12), torch.bfloat16), *q37, None),
+            sparse_2_4_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_linear.default,
+            (t((2, 12), torch.float64), *q37, None),
+            sparse_2_4_linear,
+        ),
     ]
     d37 = (*q37, colsum_2_4(q37[0]))
     zero_rows = t((4, 12))
     zero_rows[1] = 0  # scale 1, the bias alone
     result += [
-        Sample(ops.sparse_2_4_dynamic_linear.default, (t((3, 12)), *d37, None), sparse_2_4_dynamic_linear),
-        Sample(ops.sparse_2_4_dynamic_linear.default, (zero_rows, *d37, t((37,))), sparse_2_4_dynamic_linear),
-        Sample(ops.sparse_2_4_dynamic_linear.default, (t((2, 4, 12), torch.bfloat16, "transposed"), *d37, t((37,), torch.bfloat16)), sparse_2_4_dynamic_linear),
-        Sample(ops.sparse_2_4_dynamic_linear.default, (t((5, 12), torch.float16, "sliced"), *d37, None), sparse_2_4_dynamic_linear),
-        Sample(ops.sparse_2_4_dynamic_linear.default, (t((12,), torch.float64), *d37, None), sparse_2_4_dynamic_linear),
-        Sample(ops.sparse_2_4_dynamic_linear.default, (t((0, 12)), *d37, None), sparse_2_4_dynamic_linear),
-        Sample(ops.sparse_2_4_dynamic_linear.default,
-               (t((3, 0)), *pack_2_4(*int8_weight(5, 0)), torch.zeros(5, dtype=torch.int32, device=device), t((5,))),
-               sparse_2_4_dynamic_linear),
+        Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (t((3, 12)), *d37, None),
+            sparse_2_4_dynamic_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (zero_rows, *d37, t((37,))),
+            sparse_2_4_dynamic_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (t((2, 4, 12), torch.bfloat16, "transposed"), *d37, t((37,), torch.bfloat16)),
+            sparse_2_4_dynamic_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (t((5, 12), torch.float16, "sliced"), *d37, None),
+            sparse_2_4_dynamic_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (t((12,), torch.float64), *d37, None),
+            sparse_2_4_dynamic_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (t((0, 12)), *d37, None),
+            sparse_2_4_dynamic_linear,
+        ),
+        Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (
+                t((3, 0)),
+                *pack_2_4(*int8_weight(5, 0)),
+                torch.zeros(5, dtype=torch.int32, device=device),
+                t((5,)),
+            ),
+            sparse_2_4_dynamic_linear,
+        ),
     ]
     # Every CPU build: more rows than a register tile and a task's chunk,
     # partial tiles and blocks of channels, a tail of features shorter than
@@ -341,16 +457,33 @@ def samples(device) -> list[Sample]:
         wf = pack_2_4(float_weight(37, 140, dtype))
         wq = pack_2_4(*int8_weight(37, 140))
         for m in (1, 5, 61):
-            result.append(Sample(ops.sparse_2_4_linear.default, (t((m, 140), dtype), *wf, t((37,), dtype)),
-                                 sparse_2_4_linear, large=True))
-            result.append(Sample(ops.sparse_2_4_linear.default, (t((m, 140), dtype), *wq, t((37,), dtype)),
-                                 sparse_2_4_linear, large=True))
+            result.append(
+                Sample(
+                    ops.sparse_2_4_linear.default,
+                    (t((m, 140), dtype), *wf, t((37,), dtype)),
+                    sparse_2_4_linear,
+                    large=True,
+                )
+            )
+            result.append(
+                Sample(
+                    ops.sparse_2_4_linear.default,
+                    (t((m, 140), dtype), *wq, t((37,), dtype)),
+                    sparse_2_4_linear,
+                    large=True,
+                )
+            )
         # W8A8: K = 200 (3 steps of 64 features + 8; 12 vectors of 16 + 8).
         wd = pack_2_4(*int8_weight(37, 200))
         for m in (1, 5, 61):
-            result.append(Sample(ops.sparse_2_4_dynamic_linear.default,
-                                 (t((m, 200), dtype), *wd, colsum_2_4(wd[0]), t((37,), dtype)),
-                                 sparse_2_4_dynamic_linear, large=True))
+            result.append(
+                Sample(
+                    ops.sparse_2_4_dynamic_linear.default,
+                    (t((m, 200), dtype), *wd, colsum_2_4(wd[0]), t((37,), dtype)),
+                    sparse_2_4_dynamic_linear,
+                    large=True,
+                )
+            )
     return result
 
 
@@ -361,7 +494,10 @@ def fuzz(d) -> Sample:
         return Sample(ops.prune_2_4.default, (d.tensor((n, k)),), prune_2_4)
     if kind == 3 or d.flag():  # int8 values, 2 of every 4 kept, with their scale
         keep = prune_2_4(d.tensor((n, k), torch.float32)) != 0
-        weight, scale = d.integers((n, k), -127, 128, torch.int8) * keep, d.tensor((n,), torch.float32, 0.02)
+        weight, scale = (
+            d.integers((n, k), -127, 128, torch.int8) * keep,
+            d.tensor((n,), torch.float32, 0.02),
+        )
         x_dtype = None
     else:
         weight, scale = prune_2_4(d.tensor((n, k))), d.maybe(lambda: d.tensor((n,), torch.float32))
@@ -373,9 +509,21 @@ def fuzz(d) -> Sample:
     if kind == 3:  # W8A8: float64 x is quantized from float32, summed exactly
         values, meta, scale = pack_2_4(weight, scale)
         d.math_dtype = torch.float32
-        return Sample(ops.sparse_2_4_dynamic_linear.default, (x, values, meta, scale, colsum_2_4(values), bias),
-                      sparse_2_4_dynamic_linear)
-    return Sample(ops.sparse_2_4_linear.default, (x, *pack_2_4(weight, scale), bias), sparse_2_4_linear)
+        return Sample(
+            ops.sparse_2_4_dynamic_linear.default,
+            (x, values, meta, scale, colsum_2_4(values), bias),
+            sparse_2_4_dynamic_linear,
+        )
+    return Sample(
+        ops.sparse_2_4_linear.default, (x, *pack_2_4(weight, scale), bias), sparse_2_4_linear
+    )
 
 
-__all__ = ["colsum_2_4", "pack_2_4", "prune_2_4", "sparse_2_4_dynamic_linear", "sparse_2_4_linear", "unpack_2_4"]
+__all__ = [
+    "colsum_2_4",
+    "pack_2_4",
+    "prune_2_4",
+    "sparse_2_4_dynamic_linear",
+    "sparse_2_4_linear",
+    "unpack_2_4",
+]

@@ -29,7 +29,7 @@ README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 # for a missing field; say how to get the full description.
 TYPES_HINT = (
     "the program's debug information only declares it; run `fuseops-load-types` "
-    f"(see {README}, \"Type information\")"
+    f'(see {README}, "Type information")'
 )
 
 
@@ -52,7 +52,10 @@ def member(value: gdb.Value, name: str) -> gdb.Value:
     try:
         return value[name]
     except gdb.error as error:
-        if "no member named" not in str(error).lower() and "there is no member" not in str(error).lower():
+        if (
+            "no member named" not in str(error).lower()
+            and "there is no member" not in str(error).lower()
+        ):
             raise
         if is_incomplete(value.type):
             raise LayoutError(f"{_describe(value.type)} has no layout: {TYPES_HINT}") from None

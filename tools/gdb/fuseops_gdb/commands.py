@@ -50,12 +50,12 @@ def _impl_pointer(value: gdb.Value) -> gdb.Value:
 class TensorCommand(gdb.Command):
     """Print a tensor with up to N values.
 
-Usage: fuseops-tensor [-grad] EXPR [N]
-EXPR is an at::Tensor, at::TensorBase, c10::TensorImpl, a pointer or
-c10::intrusive_ptr to one, or a std::optional<at::Tensor>. N (default: the
-setting fuseops-max-elements) is how many values are shown before the middle
-of each dimension is elided; 0 shows all. -grad prints the tensor's .grad
-instead (read from memory, so it works on a core file too)."""
+    Usage: fuseops-tensor [-grad] EXPR [N]
+    EXPR is an at::Tensor, at::TensorBase, c10::TensorImpl, a pointer or
+    c10::intrusive_ptr to one, or a std::optional<at::Tensor>. N (default: the
+    setting fuseops-max-elements) is how many values are shown before the middle
+    of each dimension is elided; 0 shows all. -grad prints the tensor's .grad
+    instead (read from memory, so it works on a core file too)."""
 
     def __init__(self):
         super().__init__("fuseops-tensor", gdb.COMMAND_DATA, gdb.COMPLETE_EXPRESSION)
@@ -66,7 +66,7 @@ instead (read from memory, so it works on a core file too)."""
             raise gdb.GdbError("usage: fuseops-tensor [-grad] EXPR [N]")
         grad = argument.startswith("-grad ")
         if grad:
-            argument = argument[len("-grad "):].strip()
+            argument = argument[len("-grad ") :].strip()
         limit = settings.max_elements()
         parts = argument.rsplit(None, 1)
         if len(parts) == 2 and parts[1].isdigit():
@@ -81,10 +81,12 @@ instead (read from memory, so it works on a core file too)."""
             if info.requires_grad is None:
                 raise LayoutError(
                     "the grad is unknown: torch::autograd::AutogradMeta has no layout; run "
-                    f"`fuseops-load-types` (see {README}, \"Type information\")"
+                    f'`fuseops-load-types` (see {README}, "Type information")'
                 )
             # No autograd metadata, or an undefined grad: torch's `.grad is None`.
-            return "Tensor undefined" if info.grad is None else tensor_text("Tensor", info.grad, limit)
+            return (
+                "Tensor undefined" if info.grad is None else tensor_text("Tensor", info.grad, limit)
+            )
 
         gdb.write(safe("tensor", text) + "\n")
 
@@ -110,10 +112,10 @@ def _has_debug_info(path: str) -> bool:
 class LoadTypesCommand(gdb.Command):
     """Load the layout of torch's tensor classes for the fuseops printers.
 
-Usage: fuseops-load-types [FILE]
-For programs whose debug information only declares c10::TensorImpl and
-friends (the printers then say so): adds the symbols of fuseops_gdb_types.so,
-which ships with the printers, or of FILE."""
+    Usage: fuseops-load-types [FILE]
+    For programs whose debug information only declares c10::TensorImpl and
+    friends (the printers then say so): adds the symbols of fuseops_gdb_types.so,
+    which ships with the printers, or of FILE."""
 
     def __init__(self):
         super().__init__("fuseops-load-types", gdb.COMMAND_FILES, gdb.COMPLETE_FILENAME)
@@ -137,7 +139,9 @@ which ships with the printers, or of FILE."""
             for _ in range(level):
                 frame = frame.older()
             frame.select()
-        missing = [text for name, fields in LAYOUTS.items() if (text := missing_layout(name, fields))]
+        missing = [
+            text for name, fields in LAYOUTS.items() if (text := missing_layout(name, fields))
+        ]
         if missing:
             stripped = "" if _has_debug_info(path) else " (it has no debug information: stripped)"
             raise gdb.GdbError(

@@ -51,7 +51,20 @@ SCALAR_TYPES: dict[str, tuple[str, str | None]] = {
     "Undefined": ("undefined", None),
 }
 
-_ITEM_SIZES = {"B": 1, "b": 1, "h": 2, "H": 2, "i": 4, "I": 4, "q": 8, "Q": 8, "e": 2, "f": 4, "d": 8, "?": 1}
+_ITEM_SIZES = {
+    "B": 1,
+    "b": 1,
+    "h": 2,
+    "H": 2,
+    "i": 4,
+    "I": 4,
+    "q": 8,
+    "Q": 8,
+    "e": 2,
+    "f": 4,
+    "d": 8,
+    "?": 1,
+}
 
 
 def _minifloat(bits: int, exponent_bits: int, mantissa_bits: int, bias: int, kind: str) -> float:
@@ -62,7 +75,11 @@ def _minifloat(bits: int, exponent_bits: int, mantissa_bits: int, bias: int, kin
         return math.nan
     if kind == "ieee" and exponent == (1 << exponent_bits) - 1:
         return sign * math.inf if mantissa == 0 else math.nan
-    if kind == "fn" and exponent == (1 << exponent_bits) - 1 and mantissa == (1 << mantissa_bits) - 1:
+    if (
+        kind == "fn"
+        and exponent == (1 << exponent_bits) - 1
+        and mantissa == (1 << mantissa_bits) - 1
+    ):
         return math.nan
     if exponent == 0:
         return sign * mantissa * 2.0 ** (1 - bias - mantissa_bits)

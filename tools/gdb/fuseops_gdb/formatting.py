@@ -13,6 +13,7 @@ from ._layout import Invalid, LayoutError
 from .decode import DType
 from .reader import TensorInfo, read_elements, read_tensor
 
+
 def _plan(sizes: list[int], limit: int | None) -> list[list[int | None]]:
     """Per dimension, the indices shown (None marks the elided middle)."""
     total = math.prod(sizes)
@@ -49,7 +50,8 @@ def _float_formatter(values: list[float]):
     magnitudes = [abs(v) for v in finite if v != 0]
     integral = all(v == math.floor(v) for v in finite)
     scientific = bool(magnitudes) and (
-        max(magnitudes) > 1e8 or (not integral and (max(magnitudes) / min(magnitudes) > 1000 or min(magnitudes) < 1e-4))
+        max(magnitudes) > 1e8
+        or (not integral and (max(magnitudes) / min(magnitudes) > 1000 or min(magnitudes) < 1e-4))
     )
 
     def fmt(v: float) -> str:

@@ -13,7 +13,16 @@ import gdb
 import gdb.printing
 
 from . import settings
-from ._layout import Invalid, LayoutError, address_of, deref, enumerators, member, pointer_of, type_name
+from ._layout import (
+    Invalid,
+    LayoutError,
+    address_of,
+    deref,
+    enumerators,
+    member,
+    pointer_of,
+    type_name,
+)
 from .decode import SCALAR_TYPES, device_name, read_symint, type_meta_dtype
 from .formatting import format_tensor, safe
 from .reader import read_tensor
@@ -24,7 +33,9 @@ def impl_of_tensor(tensor: gdb.Value) -> gdb.Value:
     return pointer_of(member(tensor, "impl_"))
 
 
-def tensor_text(kind: str, impl_pointer: gdb.Value, limit: int | None, with_values: bool = True) -> str:
+def tensor_text(
+    kind: str, impl_pointer: gdb.Value, limit: int | None, with_values: bool = True
+) -> str:
     def action() -> str:
         if address_of(impl_pointer) == 0:
             return f"{kind} nullptr"
@@ -77,7 +88,9 @@ class TensorImplPointerPrinter(Printer):
             address = address_of(pointer)
             if address == 0:
                 return "nullptr"
-            return f"0x{address:x} -> " + tensor_text("TensorImpl", pointer, None, with_values=False)
+            return f"0x{address:x} -> " + tensor_text(
+                "TensorImpl", pointer, None, with_values=False
+            )
 
         return safe("c10::TensorImpl pointer", action)
 
@@ -89,7 +102,9 @@ class ArrayRefPrinter(Printer):
         return member(self.value, "Data"), int(member(self.value, "Length"))
 
     def to_string(self) -> str:
-        return safe("c10::ArrayRef", lambda: f"c10::ArrayRef of length {self._data_and_length()[1]}")
+        return safe(
+            "c10::ArrayRef", lambda: f"c10::ArrayRef of length {self._data_and_length()[1]}"
+        )
 
     def children(self):
         try:

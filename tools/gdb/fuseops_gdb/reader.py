@@ -107,8 +107,12 @@ def _symbolic_shape(impl: gdb.Value, info: TensorInfo) -> None:
         raise Invalid("symbolic sizes without their metadata")
     meta = deref(meta)
     symint = lookup_type("c10::SymInt")
-    info.sizes = [read_symint(v) for v in _small_vector_items(member(meta, "sizes_"), symint, MAX_DIMS)]
-    info.strides = [read_symint(v) for v in _small_vector_items(member(meta, "strides_"), symint, MAX_DIMS)]
+    info.sizes = [
+        read_symint(v) for v in _small_vector_items(member(meta, "sizes_"), symint, MAX_DIMS)
+    ]
+    info.strides = [
+        read_symint(v) for v in _small_vector_items(member(meta, "strides_"), symint, MAX_DIMS)
+    ]
     info.storage_offset = read_symint(member(meta, "storage_offset_"))
     if len(info.sizes) != len(info.strides):
         raise Invalid(f"{len(info.sizes)} sizes but {len(info.strides)} strides")
@@ -118,9 +122,16 @@ def _symbolic_shape(impl: gdb.Value, info: TensorInfo) -> None:
 # provides; `fuseops-load-types` checks that all of it is described.
 LAYOUTS = {
     "c10::TensorImpl": (
-        "data_type_", "device_opt_", "has_symbolic_sizes_strides_", "sizes_and_strides_",
-        "storage_offset_", "numel_", "autograd_meta_", "storage_access_should_throw_",
-        "storage_", "extra_meta_",
+        "data_type_",
+        "device_opt_",
+        "has_symbolic_sizes_strides_",
+        "sizes_and_strides_",
+        "storage_offset_",
+        "numel_",
+        "autograd_meta_",
+        "storage_access_should_throw_",
+        "storage_",
+        "extra_meta_",
     ),
     "c10::StorageImpl": ("data_ptr_", "size_bytes_"),
     "torch::autograd::AutogradMeta": ("requires_grad_", "grad_fn_", "grad_"),
@@ -233,7 +244,9 @@ def read_tensor(pointer: gdb.Value) -> TensorInfo:
     return info
 
 
-def read_elements(info: TensorInfo, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], object]:
+def read_elements(
+    info: TensorInfo, indices: list[tuple[int, ...]]
+) -> dict[tuple[int, ...], object]:
     """The decoded values of the elements at `indices` of a strided tensor.
 
     Raises Invalid when the view reaches outside its storage and

@@ -16,7 +16,6 @@ import sys
 import zipfile
 
 import pytest
-import torch
 
 import fuseops
 

@@ -85,12 +85,25 @@ def import_lines(module: str, names: list[str], alias=None) -> list[str]:
     return [f"from .ops.{module} import (", *items, ")"]
 
 
+# What fuseops/__init__.py itself defines or imports besides the ops.
+PACKAGE_EXPORTS = [
+    "__version__",
+    "build_info",
+    "cmake_prefix_path",
+    "cpu",
+    "include_dir",
+    "library_path",
+    "nn",
+    "reference",
+]
+
+
 def init_block(ops: dict[str, list[str]]) -> list[str]:
     lines = []
     for module, names in ops.items():
         lines += import_lines(module, names)
-    everything = sorted(name for names in ops.values() for name in names)
-    lines += ["", "_OP_EXPORTS = ["] + [f'    "{name}",' for name in everything] + ["]"]
+    everything = sorted(PACKAGE_EXPORTS + [name for names in ops.values() for name in names])
+    lines += ["", "__all__ = ["] + [f'    "{name}",' for name in everything] + ["]"]
     return lines
 
 

@@ -12,7 +12,7 @@ from . import _loader
 
 _loader.load()
 
-from . import _C as _C  # noqa: E402  (needs the library loaded first)
+from . import _C  # type: ignore[attr-defined]  # noqa: E402  (needs the library loaded first)
 from . import cpu, nn, reference  # noqa: E402
 from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
 
@@ -92,15 +92,19 @@ from .ops.sparse_2_4 import (
     unpack_2_4,
 )
 
-_OP_EXPORTS = [
+__all__ = [
+    "__version__",
     "apply_rotary_pos_emb",
     "bias_gelu",
     "bias_gelu_backward",
+    "build_info",
     "causal_conv1d",
     "causal_conv1d_backward",
     "causal_conv1d_forward",
     "causal_conv1d_update",
+    "cmake_prefix_path",
     "colsum_2_4",
+    "cpu",
     "cross_entropy",
     "cross_entropy_backward",
     "cross_entropy_forward",
@@ -113,19 +117,23 @@ _OP_EXPORTS = [
     "geglu_backward",
     "gelu",
     "gelu_backward",
+    "include_dir",
     "int8_dynamic_linear",
     "int8_weight_only_linear",
     "layer_norm",
     "layer_norm_backward",
     "layer_norm_forward",
+    "library_path",
     "linear_cross_entropy",
     "linear_cross_entropy_forward",
+    "nn",
     "pack_2_4",
     "pack_int8_weight",
     "prune_2_4",
     "quantize_",
     "quantize_per_channel_int8",
     "quantize_per_token_int8",
+    "reference",
     "relu",
     "relu_backward",
     "rms_norm",
@@ -158,18 +166,3 @@ library_path = _loader.LIBRARY_PATH
 def build_info() -> dict:
     """How this fuseops was built: versions, C++ ABI, CPU capabilities, CUDA."""
     return _C.build_info()
-
-
-__all__ = sorted(
-    [
-        "__version__",
-        "build_info",
-        "cmake_prefix_path",
-        "cpu",
-        "include_dir",
-        "library_path",
-        "nn",
-        "reference",
-    ]
-    + _OP_EXPORTS
-)

@@ -326,7 +326,7 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
 
     # The original's signature, for the callers that read it (generate's
     # argument checks, Trainer's column selection and loss-kwargs detection).
-    forward.__signature__ = signature
+    forward.__signature__ = signature  # type: ignore[attr-defined]
     forward.__doc__ = original.__doc__
     return forward
 
@@ -467,6 +467,7 @@ def apply(
                 (getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None
             )
             kind = _activation_kind(act) if act is not None else None
+            forward: Callable[..., object]
             if family.mlp in ("gated", "packed"):
                 if kind is None:
                     continue  # an activation without a fused gated form: left to HF

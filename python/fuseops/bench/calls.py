@@ -116,7 +116,7 @@ def fresh_grad_call(fn: Callable, case: Case, inputs: InputSet) -> Callable[[], 
         grads = torch.autograd.grad(_HandOver.apply(inputs, *outputs), wrt)
         return tuple(o.detach() for o in outputs) + tuple(grads)
 
-    call.refill = inputs.refill_fresh_grads
+    call.refill = inputs.refill_fresh_grads  # type: ignore[attr-defined]
     return call
 
 
@@ -147,7 +147,7 @@ class _Rotation:
         self.calls = calls
         self.index = -1
         if all(hasattr(call, "refill") for call in calls):
-            self.refill = lambda: self.calls[self.index].refill()
+            self.refill = lambda: self.calls[self.index].refill()  # type: ignore[attr-defined]
 
     def __call__(self):
         self.index = (self.index + 1) % len(self.calls)

@@ -210,7 +210,7 @@ def table(rows: Sequence[Row], env: dict) -> str:
     peer_errors = [
         (row, name, peer) for row in rows for name, peer in row.peers.items() if peer.error
     ]
-    for row, name, peer in peer_errors:
+    for row, _name, peer in peer_errors:
         out.append(
             f"note: peer {peer.label} could not run for {row.op} {row.dtype} "
             f"{row.shape} {MODE_LABELS.get(row.mode, row.mode)}: {peer.error}"

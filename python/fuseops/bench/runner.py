@@ -271,6 +271,7 @@ class Runner:
             with timing.quiet_stderr():
                 prof.stop()
         name = f"{row.op}-{row.dtype}-{row.shape}-{row.mode.replace('+', '_')}"
+        assert self.config.profile_dir is not None  # profile() runs only with one
         os.makedirs(self.config.profile_dir, exist_ok=True)
         path = os.path.join(self.config.profile_dir, f"{name}.json")
         prof.export_chrome_trace(path)

@@ -86,7 +86,7 @@ def call_untimed(fn: Callable[[], object]) -> None:
 def _block_timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:
     if device.type == "cuda":
 
-        def run_block(fn, number):
+        def run_cuda_block(fn, number):
             if hasattr(fn, "refill"):
                 # One pair of events per call; the refill is queued after
                 # the call's end event, outside what is timed.
@@ -110,7 +110,7 @@ def _block_timer(device: torch.device) -> Callable[[Callable[[], object], int], 
             end.synchronize()
             return start.elapsed_time(end) / 1e3
 
-        return run_block
+        return run_cuda_block
 
     def run_block(fn, number):
         if hasattr(fn, "refill"):

@@ -1,0 +1,38 @@
+"""Drop-in replacements for ``torch.nn`` modules, backed by fuseops ops.
+
+Each module subclasses its ``torch.nn`` counterpart and only overrides
+``forward``: constructor arguments, parameters and ``state_dict`` keys are the
+same, so an existing checkpoint loads unchanged. ``replace_modules(model)``
+swaps them into an existing model in place. For gated MLPs, which torch.nn
+lacks, ``SwiGLUMLP`` is the plain-torch counterpart that ``SwiGLU`` replaces.
+"""
+
+from __future__ import annotations
+
+from ._replace import Replacement, replace_modules
+from .activation import GELU, GeGLU, SiLU, SwiGLU, SwiGLUMLP
+from .conv import CausalConv1d
+from .loss import CrossEntropyLoss, LinearCrossEntropyLoss, TorchLinearCrossEntropyLoss
+from .norm import LayerNorm, RMSNorm
+from .quantized import Int8Linear, Sparse24Linear
+from .rope import RotaryEmbedding, TorchRotaryEmbedding
+
+__all__ = [
+    "CausalConv1d",
+    "CrossEntropyLoss",
+    "GELU",
+    "GeGLU",
+    "Int8Linear",
+    "LayerNorm",
+    "LinearCrossEntropyLoss",
+    "RMSNorm",
+    "Replacement",
+    "RotaryEmbedding",
+    "SiLU",
+    "Sparse24Linear",
+    "SwiGLU",
+    "SwiGLUMLP",
+    "TorchLinearCrossEntropyLoss",
+    "TorchRotaryEmbedding",
+    "replace_modules",
+]

@@ -1,0 +1,258 @@
+"""fuseops.nn quantized linear layers: ``Int8Linear`` (W8A16 / W8A8) and
+``Sparse24Linear`` (2:4 sparse, float or int8), sharing one base."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..ops.int8_linear import int8_dynamic_linear, int8_weight_only_linear, pack_int8_weight
+from ..ops.quantize import quantize_per_channel_int8
+from ..ops.sparse_2_4 import (
+    colsum_2_4,
+    pack_2_4,
+    prune_2_4,
+    sparse_2_4_dynamic_linear,
+    sparse_2_4_linear,
+)
+
+
+class _QuantizedLinear(torch.nn.Module):
+    """What the quantized linear layers share: building one from a
+    ``torch.nn.Linear`` (its weight packed by the subclass's ``_pack``, its
+    bias kept), the float32 scales kept through ``module.to(dtype)``, the
+    bias in the activations' dtype, and the repr."""
+
+    MODES: tuple[str, ...] = ()
+
+    def _check_mode(self, mode: str) -> None:
+        if mode not in self.MODES:
+            raise ValueError(
+                f"{type(self).__name__}: unknown mode {mode!r}; supported: "
+                + ", ".join(map(repr, self.MODES))
+            )
+
+    @classmethod
+    def _from_float(cls, linear: torch.nn.Module, mode: str):
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(
+                f"{cls.__name__}.from_float: expected a torch.nn.Linear, got {type(linear).__name__}"
+            )
+        weight = linear.weight.detach()
+        module = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+            mode=mode,
+        )
+        with torch.no_grad():
+            for name, tensor in module._pack(weight).items():
+                getattr(module, name).copy_(tensor)
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias.detach())
+        return module
+
+    def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The buffers (name -> tensor) holding `weight` in this mode."""
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        # module.to(dtype) casts floating buffers; the scales stay float32
+        # (what the kernels take) and only follow device moves.
+        scale = self.scale
+        super()._apply(fn, recurse)
+        self._buffers["scale"] = scale.to(device=self.scale.device)
+        return self
+
+    def _bias(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        return None if self.bias is None else self.bias.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, mode={self.mode!r}"
+        )
+
+
+class Int8Linear(_QuantizedLinear):
+    """A linear layer with int8 weights for inference: ``y = x @
+    (wq * scale[:, None]).T + bias``, activations float32, bfloat16, float16
+    or float64 (the result has x's dtype). ``mode`` picks the kernel:
+    ``"w8a16"`` (default) runs ``fuseops.int8_weight_only_linear`` (float
+    activations), ``"w8a8"`` runs ``fuseops.int8_dynamic_linear`` (activations
+    quantized per token on the fly, int8 x int8 products). The mode is an
+    attribute, not state: both use the same buffers, so a state_dict saved in
+    one mode loads in the other, and ``module.mode`` may be switched. Build it from a trained layer with ``Int8Linear.from_float(linear)``
+    or let ``fuseops.quantize_(model)`` swap a model's ``nn.Linear`` layers.
+
+    The weight lives in buffers, the form ``fuseops.pack_int8_weight``
+    returns: ``packed`` (int8 ``[ceil(N/16), ceil(K/4), 16, 4]``), ``scale``
+    (float32 ``[N]``) and ``colsum`` (int32 ``[N]``), plus ``bias`` (the
+    layer's, in its dtype, or None), so ``state_dict()`` saves and
+    ``load_state_dict()`` restores them like any buffers. No gradients: run
+    it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+
+    MODES = ("w8a16", "w8a8")
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+        mode: str = "w8a16",
+    ) -> None:
+        super().__init__()
+        self._check_mode(mode)
+        self.mode = mode
+        self.in_features = in_features
+        self.out_features = out_features
+        blocks, groups = -(-out_features // 16), -(-in_features // 4)
+        self.register_buffer(
+            "packed", torch.zeros(blocks, groups, 16, 4, dtype=torch.int8, device=device)
+        )
+        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.register_buffer("colsum", torch.zeros(out_features, dtype=torch.int32, device=device))
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
+        )
+
+    @classmethod
+    def from_float(cls, linear: torch.nn.Linear, mode: str = "w8a16") -> "Int8Linear":
+        """The layer's weight quantized per output channel
+        (``fuseops.quantize_per_channel_int8``) and packed; its bias kept."""
+        return cls._from_float(linear, mode)
+
+    def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        packed = pack_int8_weight(*quantize_per_channel_int8(weight))
+        return dict(zip(("packed", "scale", "colsum"), packed))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "w8a8":
+            return int8_dynamic_linear(x, self.packed, self.scale, self.colsum, self._bias(x))
+        return int8_weight_only_linear(x, self.packed, self.scale, self._bias(x))
+
+
+class Sparse24Linear(_QuantizedLinear):
+    """A linear layer with a 2:4 semi-structured sparse weight for inference:
+    in every group of 4 input features of an output channel at most 2
+    weights are nonzero, and only those are stored. ``y = x @ (W *
+    scale[:, None]).T + bias``. Modes: ``"2:4"`` keeps the kept values in
+    the layer's float dtype (``scale`` is ones) and runs
+    ``fuseops.sparse_2_4_linear``; ``"2:4+w8a16"`` quantizes them to int8
+    with one float32 scale per output channel (int8 weights, float
+    activations: ``fuseops.sparse_2_4_linear``); ``"2:4+w8a8"`` has the same
+    int8 weights and quantizes the activations per token on the fly
+    (``fuseops.sparse_2_4_dynamic_linear``, the math of
+    ``int8_dynamic_linear``). The two int8 modes use the same buffers: a
+    state_dict saved in one loads in the other, and ``module.mode`` may be
+    switched between them (not to or from ``"2:4"``, whose values are
+    float). Build it from a trained layer with
+    ``Sparse24Linear.from_float(linear, mode)`` (which prunes with
+    ``fuseops.prune_2_4``: the 2 largest magnitudes of each group) or let
+    ``fuseops.quantize_(model, mode="2:4")`` swap a model's ``nn.Linear``
+    layers. ``in_features`` must be a multiple of 4.
+
+    The weight lives in buffers, the form ``fuseops.pack_2_4`` returns:
+    ``values`` (``[N, K/2]``, the float dtype or int8), ``meta`` (uint8
+    ``[N, ceil(K/8)]``) and ``scale`` (float32 ``[N]``), plus ``bias``, so
+    ``state_dict()`` saves and ``load_state_dict()`` restores them like any
+    buffers. ``colsum`` (int32 ``[N]``, ``fuseops.colsum_2_4(values)``, the
+    W8A8 kernels' column sums) is derived from the values when they are
+    packed or loaded, and is not saved. Float values follow
+    ``module.to(dtype)``; activations of another dtype are met by converting
+    the values on each call, so cast the module to the activations' dtype.
+    No gradients: run it under ``torch.no_grad()`` or
+    ``torch.inference_mode()``.
+    """
+
+    MODES = ("2:4", "2:4+w8a16", "2:4+w8a8")
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+        mode: str = "2:4",
+    ) -> None:
+        super().__init__()
+        self._check_mode(mode)
+        if in_features % 4:
+            raise ValueError(
+                f"Sparse24Linear: in_features must be a multiple of 4 (groups of 4), got {in_features}"
+            )
+        self.in_features = in_features
+        self.out_features = out_features
+        # The int8 modes' kernel; which of them applies is an attribute, not state.
+        self._int8_mode = "2:4+w8a16" if mode == "2:4" else mode
+        values_dtype = dtype if mode == "2:4" else torch.int8
+        self.register_buffer(
+            "values", torch.zeros(out_features, in_features // 2, dtype=values_dtype, device=device)
+        )
+        # Positions 0 and 1 of every group: a valid mask for the zero values.
+        self.register_buffer(
+            "meta",
+            torch.full(
+                (out_features, -(-in_features // 8)), 0x33, dtype=torch.uint8, device=device
+            ),
+        )
+        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
+        )
+        self.register_buffer(
+            "colsum", torch.zeros(out_features, dtype=torch.int32, device=device), persistent=False
+        )
+
+    @property
+    def mode(self) -> str:
+        return self._int8_mode if self.values.dtype == torch.int8 else "2:4"
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._check_mode(mode)
+        if (mode == "2:4") != (self.values.dtype != torch.int8):
+            raise ValueError(
+                f"Sparse24Linear: cannot switch from mode {self.mode!r} to {mode!r}: the values are "
+                f"{self.values.dtype}; build a new module with from_float"
+            )
+        if mode != "2:4":
+            self._int8_mode = mode
+
+    @classmethod
+    def from_float(cls, linear: torch.nn.Linear, mode: str = "2:4") -> "Sparse24Linear":
+        """The layer's weight pruned to 2:4 (``fuseops.prune_2_4``), quantized
+        per output channel for the int8 modes, and packed; its bias kept."""
+        return cls._from_float(linear, mode)
+
+    def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        pruned = prune_2_4(weight)
+        if self.values.dtype == torch.int8:
+            values, meta, scale = pack_2_4(*quantize_per_channel_int8(pruned))
+        else:
+            values, meta, scale = pack_2_4(pruned)
+        return {"values": values, "meta": meta, "scale": scale, "colsum": self._colsum(values)}
+
+    def _colsum(self, values: torch.Tensor) -> torch.Tensor:
+        # Float values have no W8A8 kernel: their colsum stays 0.
+        return colsum_2_4(values) if values.dtype == torch.int8 else torch.zeros_like(self.colsum)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        with torch.no_grad():
+            self.colsum.copy_(self._colsum(self.values))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "2:4+w8a8":
+            return sparse_2_4_dynamic_linear(
+                x, self.values, self.meta, self.scale, self.colsum, self._bias(x)
+            )
+        values = self.values if self.values.dtype == torch.int8 else self.values.to(x.dtype)
+        return sparse_2_4_linear(x, values, self.meta, self.scale, self._bias(x))

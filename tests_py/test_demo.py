@@ -243,7 +243,7 @@ def test_cli_rejects_tune_memory_with_compare(tmp_path, capsys):
 
 
 def test_quantized_inference_of_the_trained_model_in_every_mode():
-    from fuseops.ops.int8_linear import QUANTIZE_MODES
+    from fuseops.quantization import QUANTIZE_MODES
 
     summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}, quantized_eval_batches=2))
     rows = {row["mode"]: row for row in summary["quantized_inference"]}

@@ -94,6 +94,8 @@ PACKAGE_EXPORTS = [
     "include_dir",
     "library_path",
     "nn",
+    "quantization",
+    "quantize_",
     "reference",
 ]
 

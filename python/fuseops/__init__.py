@@ -13,7 +13,8 @@ from . import _loader
 _loader.load()
 
 from . import _C  # type: ignore[attr-defined]  # noqa: E402  (needs the library loaded first)
-from . import cpu, nn, reference  # noqa: E402
+from . import cpu, nn, quantization, reference  # noqa: E402
+from .quantization import quantize_  # noqa: E402
 from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
 
 # Every op module's public wrappers (its __all__), imported by name.
@@ -51,7 +52,6 @@ from .ops.int8_linear import (
     int8_dynamic_linear,
     int8_weight_only_linear,
     pack_int8_weight,
-    quantize_,
     unpack_int8_weight,
 )
 from .ops.layer_norm import (
@@ -130,6 +130,7 @@ __all__ = [
     "pack_2_4",
     "pack_int8_weight",
     "prune_2_4",
+    "quantization",
     "quantize_",
     "quantize_per_channel_int8",
     "quantize_per_token_int8",

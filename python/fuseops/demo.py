@@ -284,7 +284,7 @@ def quantized_inference(model: nn.Module, tokens: torch.Tensor) -> list[dict]:
     linear layers' weights and its forward time, as trained and after
     ``fuseops.quantize_`` in each mode (on a copy). The embedding, which is
     also the tied output projection, stays as trained in every mode."""
-    from .ops.int8_linear import QUANTIZE_MODES
+    from .quantization import QUANTIZE_MODES
 
     rows = []
     for mode in (None, *QUANTIZE_MODES):

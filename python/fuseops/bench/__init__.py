@@ -24,7 +24,8 @@ from typing import Optional
 
 import torch
 
-from . import cases, correctness, environment, hf_models, report, results, runner, timing
+from . import cases, environment, hf_models, report, results, runner, timing
+from .correctness import parse_dtypes
 
 SHAPE_PRESETS = {
     # Each tensor 4-8 MiB; the op rotates through enough input sets that the
@@ -109,18 +110,6 @@ MODES_HELP = (
 
 def _split(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def parse_dtypes(text: str) -> list[torch.dtype]:
-    dtypes = []
-    for name in _split(text):
-        dtype = getattr(torch, name, None)
-        if dtype not in correctness.TOLERANCES:
-            raise argparse.ArgumentTypeError(
-                f"unsupported dtype {name!r}: use float32, bfloat16, float16 or float64"
-            )
-        dtypes.append(dtype)
-    return dtypes
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:

@@ -1,135 +1,36 @@
 """The benchmark's case registry: one small declarative entry per op, defined
-by the op's own module (``fuseops.ops.<module>.bench_cases()``) and collected
-here, module by module in name order.
+by the op's own module (``fuseops.ops.<module>.bench_cases()``, with the
+types of ``fuseops.ops._bench_case``, re-exported here) and collected here,
+module by module in name order.
 
 An entry names the fuseops function and its reference by attribute (looked up
 at run time, so an op that is not in the installed build is reported as "not
 built" instead of disappearing), says how to make inputs for a
 ``(rows, hidden)`` shape, which native PyTorch op is its peer, and how many
 bytes the op must move at the least.
-
-Traffic is counted in "rows" (tensors of ``rows * hidden`` elements) and
-"vectors" (``hidden`` elements), each read or written once. Per-row statistics
-(mean, rstd) are ignored: they are ``hidden`` times smaller than a row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Callable, Optional, Sequence
+from dataclasses import replace
+from typing import Optional, Sequence
 
-import torch
-
-EPS = 1e-6
-
-#: Builds the positional inputs for one shape: (rows, hidden, dtype, device, generator).
-InputMaker = Callable[[int, int, torch.dtype, torch.device, torch.Generator], tuple]
-
-TRAFFIC_METHOD = "each input read once and each output written once, at the least"
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """Least memory traffic, counted in row-sized and vector-sized tensors."""
-
-    rows: int
-    vectors: int = 0
-    #: Bytes whose size does not follow the dtype (an int8 weight and its
-    #: scales), as a function of (rows, hidden).
-    extra: Optional[Callable[[int, int], int]] = None
-
-    def bytes(self, rows: int, hidden: int, element_size: int) -> int:
-        extra = self.extra(rows, hidden) if self.extra is not None else 0
-        return element_size * (self.rows * rows * hidden + self.vectors * hidden) + extra
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    #: Attribute of `fuseops` (a string, looked up at run time) or a callable
-    #: (tests inject deliberately wrong implementations this way).
-    fuseops: str | Callable
-    #: Attribute of `fuseops.reference`, or a callable.
-    reference: str | Callable
-    make_inputs: InputMaker
-    forward_traffic: Traffic
-    backward_traffic: Traffic
-    #: PyTorch's own op, called like the fuseops function, or None.
-    native: Optional[Callable] = None
-    native_label: str = ""
-    #: ATen's preallocated-output variant of the native op, `f(*inputs, **options, out=)`.
-    native_out: Optional[Callable] = None
-    has_out: bool = True
-    #: Keyword arguments after the tensors (eps, approximate), passed to
-    #: fuseops, the reference and the native op alike.
-    options: dict = field(default_factory=dict)
-    #: Which inputs are differentiable (indices into make_inputs' tuple);
-    #: none (an inference op) leaves out the forward+backward rows.
-    differentiable: Sequence[int] = (0,)
-    #: The case's own (rows, hidden) shapes per shape preset ("quick",
-    #: "standard", "full"), for ops that are not timed at the presets' row x
-    #: hidden tensors (a linear layer: rows = tokens, hidden = its features);
-    #: shapes given explicitly on the command line apply to every case.
-    shapes: Optional[dict] = None
-    #: Calls the fuseops function writing into preallocated outputs.
-    call_out: Callable = field(
-        default=lambda fn, args, options, outs: fn(*args, **options, out=outs[0])
-    )
-    description: str = ""
-    #: Variants of an op already in the registry run only when asked for (by
-    #: --ops or the full preset), keeping the other presets short.
-    variant: bool = False
-    #: The op module that registers the case (its family: the quick preset
-    #: runs one case of each); the registry sets it.
-    family: str = ""
-
-
-# Input makers the op modules' cases share.
-
-
-def row(rows, hidden, dtype, device, gen):
-    return torch.randn(rows, hidden, dtype=dtype, device=device, generator=gen)
-
-
-def vector(hidden, dtype, device, gen, offset=1.0, scale=0.1):
-    v = torch.randn(hidden, dtype=torch.float32, device=device, generator=gen)
-    return (offset + scale * v).to(dtype)
-
-
-def x(rows, hidden, dtype, device, gen):
-    return (row(rows, hidden, dtype, device, gen),)
-
-
-def x_weight(rows, hidden, dtype, device, gen):
-    return (row(rows, hidden, dtype, device, gen), vector(hidden, dtype, device, gen))
-
-
-def x_residual_weight(rows, hidden, dtype, device, gen):
-    return (
-        row(rows, hidden, dtype, device, gen),
-        row(rows, hidden, dtype, device, gen),
-        vector(hidden, dtype, device, gen),
-    )
-
-
-def x_weight_bias(rows, hidden, dtype, device, gen):
-    return (
-        row(rows, hidden, dtype, device, gen),
-        vector(hidden, dtype, device, gen),
-        vector(hidden, dtype, device, gen, offset=0.0),
-    )
-
-
-def x_bias(rows, hidden, dtype, device, gen):
-    return (row(rows, hidden, dtype, device, gen), vector(hidden, dtype, device, gen, 0.0))
-
-
-def gate_up(rows, hidden, dtype, device, gen):
-    return (row(rows, hidden, dtype, device, gen), row(rows, hidden, dtype, device, gen))
-
-
-def packed(rows, hidden, dtype, device, gen):
-    return (row(rows, 2 * hidden, dtype, device, gen),)
+from ..ops._bench_case import (  # noqa: F401  (re-exported)
+    EPS,
+    InputMaker,
+    TRAFFIC_METHOD,
+    Traffic,
+    Case,
+    row,
+    vector,
+    x,
+    x_weight,
+    x_residual_weight,
+    x_weight_bias,
+    x_bias,
+    gate_up,
+    packed,
+)
 
 
 def _collect() -> list[Case]:

@@ -3,6 +3,8 @@ on the same inputs, within a tolerance per dtype."""
 
 from __future__ import annotations
 
+import argparse
+
 import math
 from typing import Callable
 
@@ -74,3 +76,15 @@ def compare(got: tuple, want: tuple, dtype) -> tuple[float, float]:
         max_err = max(max_err, diff.max().item())
         worst = max(worst, diff.div_(allowed).max().item())
     return max_err, worst
+
+
+def parse_dtypes(text: str) -> list[torch.dtype]:
+    dtypes = []
+    for name in (item.strip() for item in text.split(",") if item.strip()):
+        dtype = getattr(torch, name, None)
+        if dtype not in TOLERANCES:
+            raise argparse.ArgumentTypeError(
+                f"unsupported dtype {name!r}: use float32, bfloat16, float16 or float64"
+            )
+        dtypes.append(dtype)
+    return dtypes

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .correctness import parse_dtypes
 from .timing import PEAK_MEMORY_METHOD, peak_memory
 
 
@@ -265,7 +266,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from . import parse_dtypes
 
     dtypes = parse_dtypes(args.dtype) if isinstance(args.dtype, str) else args.dtype
     preset = PRESETS[args.transformers]

@@ -14,7 +14,7 @@ from .activation import GELU, GeGLU, SiLU, SwiGLU, SwiGLUMLP
 from .conv import CausalConv1d
 from .loss import CrossEntropyLoss, LinearCrossEntropyLoss, TorchLinearCrossEntropyLoss
 from .norm import LayerNorm, RMSNorm
-from .quantized import Int8Linear, Sparse24Linear
+from ..quantization import Int8Linear, Sparse24Linear
 from .rope import RotaryEmbedding, TorchRotaryEmbedding
 
 __all__ = [

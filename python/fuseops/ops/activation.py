@@ -169,7 +169,7 @@ def _gelu_out(x, *, approximate, out):
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic, x, x_bias
+    from ._bench_case import Case, Traffic, x, x_bias
 
     return [
         Case(

@@ -167,7 +167,7 @@ def _batch_seqlen(rows: int) -> tuple[int, int]:
 
 def _bench_inputs(channel_last: bool):
     def make(rows, hidden, dtype, device, gen):
-        from ..bench.cases import vector
+        from ._bench_case import vector
 
         batch, seqlen = _batch_seqlen(rows)
         shape = (batch, seqlen, hidden) if channel_last else (batch, hidden, seqlen)
@@ -183,7 +183,7 @@ def _bench_inputs(channel_last: bool):
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic
+    from ._bench_case import Case, Traffic
 
     common = dict(
         options={"activation": "silu"},

@@ -274,7 +274,7 @@ def _torch_linear_cross_entropy(x, w, target):
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic
+    from ._bench_case import Case, Traffic
 
     return [
         Case(

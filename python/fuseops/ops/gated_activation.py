@@ -132,7 +132,7 @@ def geglu_reference(
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic, gate_up, packed
+    from ._bench_case import Case, Traffic, gate_up, packed
 
     return [
         Case(

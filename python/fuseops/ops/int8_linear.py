@@ -20,17 +20,14 @@ require grad with grad mode on they raise (use ``torch.no_grad()`` or
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Optional
 
 import torch
 
 from ._sample import Sample, tensor
 
+
 #: The modes ``quantize_`` has.
-QUANTIZE_MODES = ("w8a16", "w8a8", "2:4", "2:4+w8a16", "2:4+w8a8")
-
-
 def pack_int8_weight(
     wq: torch.Tensor, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,65 +102,6 @@ def int8_dynamic_linear_reference(x, packed, scale, colsum, bias=None):
     )
     y = y if bias is None else y + bias.to(torch.float64)
     return y.to(x.dtype)
-
-
-@dataclass(frozen=True)
-class Quantized:
-    name: str  # qualified module name in the model
-    in_features: int
-    out_features: int
-    mode: str
-
-
-def quantize_(
-    model: torch.nn.Module,
-    mode: str = "w8a16",
-    skip: Optional[Iterable[str] | Callable[[str, torch.nn.Module], bool]] = None,
-) -> list[Quantized]:
-    """Replaces, in place, the ``torch.nn.Linear`` layers of `model` (exact
-    type) by ``fuseops.nn.Int8Linear`` in `mode`, and returns what it
-    replaced. ``skip`` leaves layers alone: qualified names (a name also
-    skips everything under it), or a predicate ``skip(name, module)``.
-    `model` itself is replaced only through its parent, so pass the model
-    that holds the layers. Modes: ``"w8a16"`` (int8 weights per channel,
-    float activations) and ``"w8a8"`` (the same weights, activations
-    quantized per token on the fly: ``int8_dynamic_linear``) give
-    ``fuseops.nn.Int8Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
-    kept values in the layer's dtype), ``"2:4+w8a16"`` (pruned, then int8
-    per channel) and ``"2:4+w8a8"`` (the same int8 weights, activations
-    quantized per token on the fly: ``sparse_2_4_dynamic_linear``) give
-    ``fuseops.nn.Sparse24Linear``, and leave layers whose ``in_features``
-    is not a multiple of 4 alone. Any other name raises ValueError."""
-    if mode not in QUANTIZE_MODES:
-        raise ValueError(
-            f"fuseops.quantize_: unknown mode {mode!r}; supported: "
-            + ", ".join(repr(m) for m in QUANTIZE_MODES)
-        )
-    from ..nn import Int8Linear, Sparse24Linear
-
-    if skip is None:
-        skipped = lambda name, module: False  # noqa: E731
-    elif callable(skip):
-        skipped = skip
-    else:
-        names = set(skip)
-        skipped = lambda name, module: any(name == s or name.startswith(s + ".") for s in names)  # noqa: E731
-    replaced: list[Quantized] = []
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if type(child) is not torch.nn.Linear:
-                continue
-            name = f"{parent_name}.{child_name}" if parent_name else child_name
-            if skipped(name, child):
-                continue
-            if mode.startswith("2:4"):
-                if child.in_features % 4:
-                    continue
-                setattr(parent, child_name, Sparse24Linear.from_float(child, mode=mode))
-            else:
-                setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))
-            replaced.append(Quantized(name, child.in_features, child.out_features, mode))
-    return replaced
 
 
 # The peers' own forms of a bench weight, made on their first (untimed,
@@ -258,7 +196,7 @@ def _f_linear_dynamic(x, packed, scale, colsum):
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic
+    from ._bench_case import Case, Traffic
 
     # rows = tokens (M), hidden = in = out features (K = N): decode (M = 1,
     # 8), a short prefill (32) and a batch (256); the quick preset's one row
@@ -473,6 +411,5 @@ __all__ = [
     "int8_dynamic_linear",
     "int8_weight_only_linear",
     "pack_int8_weight",
-    "quantize_",
     "unpack_int8_weight",
 ]

@@ -127,7 +127,7 @@ def layer_norm_backward_reference(
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic, x_weight_bias
+    from ._bench_case import Case, Traffic, x_weight_bias
 
     return [
         Case(

@@ -73,7 +73,7 @@ def dequantize_int8_reference(
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic, x
+    from ._bench_case import Case, Traffic, x
 
     return [
         Case(

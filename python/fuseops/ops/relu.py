@@ -46,7 +46,7 @@ def relu_backward_reference(grad_output: torch.Tensor, result: torch.Tensor) -> 
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic, x
+    from ._bench_case import Case, Traffic, x
 
     return [
         Case(

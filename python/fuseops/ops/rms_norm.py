@@ -229,7 +229,7 @@ def _fused_add_rms_norm_out(fn, args, options, outs):
 
 
 def bench_cases():
-    from ..bench.cases import EPS, Case, Traffic, x_residual_weight, x_weight
+    from ._bench_case import EPS, Case, Traffic, x_residual_weight, x_weight
 
     return [
         Case(

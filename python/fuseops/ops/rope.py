@@ -287,7 +287,7 @@ def _rope_out(fn, args, options, outs):
 
 
 def bench_cases():
-    from ..bench.cases import Case
+    from ._bench_case import Case
 
     return [
         Case(

@@ -239,7 +239,7 @@ def _x_and_dynamic_weight(rows, hidden, dtype, device, gen):
 
 
 def bench_cases():
-    from ..bench.cases import Case, Traffic
+    from ._bench_case import Case, Traffic
 
     @dataclass(frozen=True)
     class FloatWeightTraffic(Traffic):

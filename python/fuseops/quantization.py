@@ -1,21 +1,30 @@
-"""fuseops.nn quantized linear layers: ``Int8Linear`` (W8A16 / W8A8) and
-``Sparse24Linear`` (2:4 sparse, float or int8), sharing one base."""
+"""Quantization of models: ``quantize_(model, mode)`` and the layers it puts
+in place of ``torch.nn.Linear``, ``Int8Linear`` (W8A16 / W8A8) and
+``Sparse24Linear`` (2:4 sparse, float or int8), with their shared base.
+
+The model-level layer over the quantized ops of ``fuseops.ops``
+(``int8_linear``, ``sparse_2_4``, ``quantize``), which import nothing from
+here; ``fuseops.nn`` re-exports the two layers."""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
 
 import torch
 
-from ..ops.int8_linear import int8_dynamic_linear, int8_weight_only_linear, pack_int8_weight
-from ..ops.quantize import quantize_per_channel_int8
-from ..ops.sparse_2_4 import (
+from .ops.int8_linear import int8_dynamic_linear, int8_weight_only_linear, pack_int8_weight
+from .ops.quantize import quantize_per_channel_int8
+from .ops.sparse_2_4 import (
     colsum_2_4,
     pack_2_4,
     prune_2_4,
     sparse_2_4_dynamic_linear,
     sparse_2_4_linear,
 )
+
+#: The modes of ``quantize_`` (and of the layers' ``mode``).
+QUANTIZE_MODES = ("w8a16", "w8a8", "2:4", "2:4+w8a16", "2:4+w8a8")
 
 
 class _QuantizedLinear(torch.nn.Module):
@@ -256,3 +265,63 @@ class Sparse24Linear(_QuantizedLinear):
             )
         values = self.values if self.values.dtype == torch.int8 else self.values.to(x.dtype)
         return sparse_2_4_linear(x, values, self.meta, self.scale, self._bias(x))
+
+
+@dataclass(frozen=True)
+class Quantized:
+    name: str  # qualified module name in the model
+    in_features: int
+    out_features: int
+    mode: str
+
+
+def quantize_(
+    model: torch.nn.Module,
+    mode: str = "w8a16",
+    skip: Optional[Iterable[str] | Callable[[str, torch.nn.Module], bool]] = None,
+) -> list[Quantized]:
+    """Replaces, in place, the ``torch.nn.Linear`` layers of `model` (exact
+    type) by ``fuseops.nn.Int8Linear`` in `mode`, and returns what it
+    replaced. ``skip`` leaves layers alone: qualified names (a name also
+    skips everything under it), or a predicate ``skip(name, module)``.
+    `model` itself is replaced only through its parent, so pass the model
+    that holds the layers. Modes: ``"w8a16"`` (int8 weights per channel,
+    float activations) and ``"w8a8"`` (the same weights, activations
+    quantized per token on the fly: ``int8_dynamic_linear``) give
+    ``fuseops.nn.Int8Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
+    kept values in the layer's dtype), ``"2:4+w8a16"`` (pruned, then int8
+    per channel) and ``"2:4+w8a8"`` (the same int8 weights, activations
+    quantized per token on the fly: ``sparse_2_4_dynamic_linear``) give
+    ``fuseops.nn.Sparse24Linear``, and leave layers whose ``in_features``
+    is not a multiple of 4 alone. Any other name raises ValueError."""
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(
+            f"fuseops.quantize_: unknown mode {mode!r}; supported: "
+            + ", ".join(repr(m) for m in QUANTIZE_MODES)
+        )
+    if skip is None:
+        skipped = lambda name, module: False  # noqa: E731
+    elif callable(skip):
+        skipped = skip
+    else:
+        names = set(skip)
+        skipped = lambda name, module: any(name == s or name.startswith(s + ".") for s in names)  # noqa: E731
+    replaced: list[Quantized] = []
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear:
+                continue
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if skipped(name, child):
+                continue
+            if mode.startswith("2:4"):
+                if child.in_features % 4:
+                    continue
+                setattr(parent, child_name, Sparse24Linear.from_float(child, mode=mode))
+            else:
+                setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))
+            replaced.append(Quantized(name, child.in_features, child.out_features, mode))
+    return replaced
+
+
+__all__ = ["Int8Linear", "QUANTIZE_MODES", "Quantized", "Sparse24Linear", "quantize_"]

@@ -90,7 +90,7 @@ def test_summary_reports_what_the_fused_lm_head_saves():
 
 
 def test_report_says_when_nothing_was_replaced(monkeypatch):
-    monkeypatch.setattr(fuseops.nn, "_REPLACEMENTS", {})
+    monkeypatch.setattr(fuseops.nn._replace, "_REPLACEMENTS", {})
     summary = demo.run_demo(demo.DemoSettings(**{**TINY, "steps": 3}))
     assert summary["replaced"] == []
     assert {k["type"] for k in summary["not_replaced"]} == {

@@ -269,6 +269,20 @@ def test_quantized_inference_of_the_trained_model_in_every_mode():
             # (absmax / 254) each: on a barely trained model (loss near
             # log(vocab) ~ 4.4) that moves the mean loss by far less than 0.02.
             assert row["loss"] == pytest.approx(trained["loss"], abs=0.02), mode
+        elif mode == "w4a16":
+            # Half a byte per weight (K padded to the group of 128, channels
+            # to blocks of 16) plus a float32 scale and zero point per group
+            # and channel.
+            def int4_bytes(n, k):
+                groups = -(-k // 128)
+                return (-(-n // 16) * 16) * groups * 128 // 2 + groups * 2 * n * 4
+
+            shapes = [(3 * d, d), (d, d), (hidden, d), (hidden, d), (d, hidden)]
+            assert row["linear_weight_bytes"] == sum(int4_bytes(n, k) for n, k in shapes)
+            # int4 steps of a sixteenth of a group's range: the barely
+            # trained model's loss (near log(vocab) ~ 4.4) moves by far less
+            # than 0.1.
+            assert row["loss"] == pytest.approx(trained["loss"], abs=0.1), mode
         else:
             # Half the values and a 1-bit mask per weight, plus a scale (and
             # for int8 activations a column sum) per channel: float32 values

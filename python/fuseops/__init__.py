@@ -48,6 +48,13 @@ from .ops.gated_activation import (
     swiglu,
     swiglu_backward,
 )
+from .ops.int4_linear import (
+    dequantize_int4_weight,
+    int4_weight_only_linear,
+    pack_int4_weight,
+    quantize_per_group_int4,
+    unpack_int4_weight,
+)
 from .ops.int8_linear import (
     int8_dynamic_linear,
     int8_weight_only_linear,
@@ -109,6 +116,7 @@ __all__ = [
     "cross_entropy_backward",
     "cross_entropy_forward",
     "cross_entropy_inplace",
+    "dequantize_int4_weight",
     "dequantize_int8",
     "fused_add_rms_norm",
     "fused_add_rms_norm_backward",
@@ -118,6 +126,7 @@ __all__ = [
     "gelu",
     "gelu_backward",
     "include_dir",
+    "int4_weight_only_linear",
     "int8_dynamic_linear",
     "int8_weight_only_linear",
     "layer_norm",
@@ -128,11 +137,13 @@ __all__ = [
     "linear_cross_entropy_forward",
     "nn",
     "pack_2_4",
+    "pack_int4_weight",
     "pack_int8_weight",
     "prune_2_4",
     "quantization",
     "quantize_",
     "quantize_per_channel_int8",
+    "quantize_per_group_int4",
     "quantize_per_token_int8",
     "reference",
     "relu",
@@ -151,6 +162,7 @@ __all__ = [
     "swiglu",
     "swiglu_backward",
     "unpack_2_4",
+    "unpack_int4_weight",
     "unpack_int8_weight",
 ]
 # --- end generated ---

@@ -251,13 +251,16 @@ def train(trainers: list[Trainer], batches: Batches, progress: bool) -> None:
 
 def _linear_weight_bytes(model: nn.Module) -> int:
     """Bytes of the weights of the model's linear layers as stored: a float
-    nn.Linear's weight, or the int8/2:4 buffers (values, mask, scales, column
-    sums; biases excluded) of the fuseops layers that replace it."""
+    nn.Linear's weight, or the int8/int4/2:4 buffers (values, mask, scales,
+    zero points, column sums; biases excluded) of the fuseops layers that
+    replace it."""
     total = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             total += module.weight.numel() * module.weight.element_size()
-        elif isinstance(module, (fuseops.nn.Int8Linear, fuseops.nn.Sparse24Linear)):
+        elif isinstance(
+            module, (fuseops.nn.Int8Linear, fuseops.nn.Int4Linear, fuseops.nn.Sparse24Linear)
+        ):
             total += sum(
                 b.numel() * b.element_size()
                 for name, b in module.named_buffers(recurse=False)

@@ -1,10 +1,11 @@
 """Quantization of models: ``quantize_(model, mode)`` and the layers it puts
-in place of ``torch.nn.Linear``, ``Int8Linear`` (W8A16 / W8A8) and
-``Sparse24Linear`` (2:4 sparse, float or int8), with their shared base.
+in place of ``torch.nn.Linear``, ``Int8Linear`` (W8A16 / W8A8),
+``Int4Linear`` (W4A16, groups along K) and ``Sparse24Linear`` (2:4 sparse,
+float or int8), with their shared base.
 
 The model-level layer over the quantized ops of ``fuseops.ops``
-(``int8_linear``, ``sparse_2_4``, ``quantize``), which import nothing from
-here; ``fuseops.nn`` re-exports the two layers."""
+(``int8_linear``, ``int4_linear``, ``sparse_2_4``, ``quantize``), which
+import nothing from here; ``fuseops.nn`` re-exports the layers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from .ops.int4_linear import int4_weight_only_linear, pack_int4_weight, quantize_per_group_int4
 from .ops.int8_linear import int8_dynamic_linear, int8_weight_only_linear, pack_int8_weight
 from .ops.quantize import quantize_per_channel_int8
 from .ops.sparse_2_4 import (
@@ -24,7 +26,7 @@ from .ops.sparse_2_4 import (
 )
 
 #: The modes of ``quantize_`` (and of the layers' ``mode``).
-QUANTIZE_MODES = ("w8a16", "w8a8", "2:4", "2:4+w8a16", "2:4+w8a8")
+QUANTIZE_MODES = ("w8a16", "w8a8", "w4a16", "2:4", "2:4+w8a16", "2:4+w8a8")
 
 
 class _QuantizedLinear(torch.nn.Module):
@@ -34,6 +36,8 @@ class _QuantizedLinear(torch.nn.Module):
     bias in the activations' dtype, and the repr."""
 
     MODES: tuple[str, ...] = ()
+    #: Buffers the kernels take in float32 whatever the module's dtype.
+    FLOAT32_BUFFERS: tuple[str, ...] = ("scale",)
 
     def _check_mode(self, mode: str) -> None:
         if mode not in self.MODES:
@@ -43,7 +47,7 @@ class _QuantizedLinear(torch.nn.Module):
             )
 
     @classmethod
-    def _from_float(cls, linear: torch.nn.Module, mode: str):
+    def _from_float(cls, linear: torch.nn.Module, mode: str, **options):
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(
                 f"{cls.__name__}.from_float: expected a torch.nn.Linear, got {type(linear).__name__}"
@@ -56,6 +60,7 @@ class _QuantizedLinear(torch.nn.Module):
             device=weight.device,
             dtype=weight.dtype,
             mode=mode,
+            **options,
         )
         with torch.no_grad():
             for name, tensor in module._pack(weight).items():
@@ -71,9 +76,10 @@ class _QuantizedLinear(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         # module.to(dtype) casts floating buffers; the scales stay float32
         # (what the kernels take) and only follow device moves.
-        scale = self.scale
+        kept = {name: self._buffers[name] for name in self.FLOAT32_BUFFERS}
         super()._apply(fn, recurse)
-        self._buffers["scale"] = scale.to(device=self.scale.device)
+        for name, buffer in kept.items():
+            self._buffers[name] = buffer.to(device=self._buffers[name].device)
         return self
 
     def _bias(self, x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -145,6 +151,86 @@ class Int8Linear(_QuantizedLinear):
         if self.mode == "w8a8":
             return int8_dynamic_linear(x, self.packed, self.scale, self.colsum, self._bias(x))
         return int8_weight_only_linear(x, self.packed, self.scale, self._bias(x))
+
+
+class Int4Linear(_QuantizedLinear):
+    """A linear layer with int4 weights for inference (W4A16): ``y = x @ w.T
+    + bias`` with ``w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]``, one
+    scale and zero point per group of ``group_size`` input features of an
+    output channel (``fuseops.quantize_per_group_int4``: symmetric, llama.cpp's
+    Q4_0 rule, by default; ``symmetric=False`` for a zero point per group),
+    run by ``fuseops.int4_weight_only_linear``; activations float32,
+    bfloat16, float16 or float64 (the result has x's dtype). Build it from a
+    trained layer with ``Int4Linear.from_float(linear, group_size=128)`` or
+    let ``fuseops.quantize_(model, "w4a16", group_size=128)`` swap a model's
+    ``nn.Linear`` layers.
+
+    The weight lives in buffers, the form ``fuseops.pack_int4_weight``
+    returns: ``packed`` (uint8 ``[ceil(N/16), groups * group_size / 2, 16]``,
+    two values per byte) and ``scale_zero`` (float32 ``[groups, 2, N]``),
+    plus ``bias`` (the layer's, in its dtype, or None), so ``state_dict()``
+    saves and ``load_state_dict()`` restores them like any buffers; the
+    group size is an argument of the layer, not state. No gradients: run it
+    under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+
+    MODES = ("w4a16",)
+    FLOAT32_BUFFERS = ("scale_zero",)
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+        mode: str = "w4a16",
+        group_size: int = 128,
+        symmetric: bool = True,
+    ) -> None:
+        super().__init__()
+        self._check_mode(mode)
+        if group_size <= 0 or group_size % 2:
+            raise ValueError(
+                f"Int4Linear: group_size must be a positive even number, got {group_size}"
+            )
+        self.mode = mode
+        self.in_features = in_features
+        self.out_features = out_features
+        self.group_size = group_size
+        self.symmetric = symmetric
+        blocks, groups = -(-out_features // 16), -(-in_features // group_size)
+        self.register_buffer(
+            "packed",
+            torch.zeros(blocks, groups * group_size // 2, 16, dtype=torch.uint8, device=device),
+        )
+        self.register_buffer(
+            "scale_zero", torch.zeros(groups, 2, out_features, dtype=torch.float32, device=device)
+        )
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
+        )
+
+    @classmethod
+    def from_float(
+        cls, linear: torch.nn.Linear, group_size: int = 128, symmetric: bool = True
+    ) -> "Int4Linear":
+        """The layer's weight quantized in groups of `group_size` along K
+        (``fuseops.quantize_per_group_int4``) and packed; its bias kept."""
+        return cls._from_float(linear, "w4a16", group_size=group_size, symmetric=symmetric)
+
+    def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        quantized = quantize_per_group_int4(weight, self.group_size, self.symmetric)
+        packed, scale_zero = pack_int4_weight(*quantized, self.group_size)
+        return {"packed": packed, "scale_zero": scale_zero}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int4_weight_only_linear(
+            x, self.packed, self.scale_zero, self.group_size, self._bias(x)
+        )
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", group_size={self.group_size}, symmetric={self.symmetric}"
 
 
 class Sparse24Linear(_QuantizedLinear):
@@ -279,6 +365,7 @@ def quantize_(
     model: torch.nn.Module,
     mode: str = "w8a16",
     skip: Optional[Iterable[str] | Callable[[str, torch.nn.Module], bool]] = None,
+    group_size: int = 128,
 ) -> list[Quantized]:
     """Replaces, in place, the ``torch.nn.Linear`` layers of `model` (exact
     type) by ``fuseops.nn.Int8Linear`` in `mode`, and returns what it
@@ -288,7 +375,9 @@ def quantize_(
     that holds the layers. Modes: ``"w8a16"`` (int8 weights per channel,
     float activations) and ``"w8a8"`` (the same weights, activations
     quantized per token on the fly: ``int8_dynamic_linear``) give
-    ``fuseops.nn.Int8Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
+    ``fuseops.nn.Int8Linear``; ``"w4a16"`` (int4 weights, one scale per
+    group of `group_size` input features, symmetric; float activations)
+    gives ``fuseops.nn.Int4Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
     kept values in the layer's dtype), ``"2:4+w8a16"`` (pruned, then int8
     per channel) and ``"2:4+w8a8"`` (the same int8 weights, activations
     quantized per token on the fly: ``sparse_2_4_dynamic_linear``) give
@@ -318,10 +407,12 @@ def quantize_(
                 if child.in_features % 4:
                     continue
                 setattr(parent, child_name, Sparse24Linear.from_float(child, mode=mode))
+            elif mode == "w4a16":
+                setattr(parent, child_name, Int4Linear.from_float(child, group_size=group_size))
             else:
                 setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))
             replaced.append(Quantized(name, child.in_features, child.out_features, mode))
     return replaced
 
 
-__all__ = ["Int8Linear", "QUANTIZE_MODES", "Quantized", "Sparse24Linear", "quantize_"]
+__all__ = ["Int4Linear", "Int8Linear", "QUANTIZE_MODES", "Quantized", "Sparse24Linear", "quantize_"]

@@ -33,6 +33,11 @@ from .ops.gated_activation import (
     geglu_reference as geglu,
     swiglu_reference as swiglu,
 )
+from .ops.int4_linear import (
+    int4_weight_only_linear_reference as int4_weight_only_linear,
+    pack_int4_weight_reference as pack_int4_weight,
+    quantize_per_group_int4_reference as quantize_per_group_int4,
+)
 from .ops.int8_linear import (
     int8_dynamic_linear_reference as int8_dynamic_linear,
     int8_weight_only_linear_reference as int8_weight_only_linear,
@@ -83,15 +88,18 @@ __all__ = [
     "geglu",
     "gelu",
     "gelu_backward",
+    "int4_weight_only_linear",
     "int8_dynamic_linear",
     "int8_weight_only_linear",
     "layer_norm",
     "layer_norm_backward",
     "linear_cross_entropy",
     "pack_2_4",
+    "pack_int4_weight",
     "pack_int8_weight",
     "prune_2_4",
     "quantize_per_channel_int8",
+    "quantize_per_group_int4",
     "quantize_per_token_int8",
     "relu",
     "relu_backward",

@@ -80,25 +80,6 @@ C10_ALWAYS_INLINE FloatVec repeat4(const float* p) {
 #endif
 }
 
-// a * b + c rounded once, in every build: the AVX builds' fused multiply-add,
-// and std::fma lane by lane in the DEFAULT build (whose target has no FMA
-// instruction), so every build returns the same bits.
-C10_ALWAYS_INLINE FloatVec fused_multiply_add(const FloatVec& a, const FloatVec& b,
-                                              const FloatVec& c) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  return at::vec::fmadd(a, b, c);
-#else
-  float la[W], lb[W], lc[W];
-  a.store(la);
-  b.store(lb);
-  c.store(lc);
-  for (int64_t l = 0; l < W; ++l) {
-    lc[l] = std::fma(la[l], lb[l], lc[l]);
-  }
-  return FloatVec::loadu(lc);
-#endif
-}
-
 // Accumulates, for R rows (x rows `x_stride` floats apart, from group 0 of
 // this call) and one block of 16 channels, sum_k x[r][k] * w[c][k] over
 // `groups` groups into partial[r * 64 + lane], lane = 4 * c + k % 4 (lane l

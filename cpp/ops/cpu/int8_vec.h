@@ -1,10 +1,12 @@
 #pragma once
-// int8 <-> float32 vector conversions shared by the int8 kernel files
-// (compiled once per CPU capability). Values converted to int8 are already
-// whole numbers in [-127, 127].
+// Vector helpers shared by the quantized linear kernel files (int8, int4,
+// 2:4; compiled once per CPU capability): int8 <-> float32 conversions
+// (values converted to int8 are already whole numbers in [-127, 127]) and
+// the fused multiply-add every build rounds alike.
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,6 +16,26 @@ namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
 
 using FloatVec = at::vec::Vectorized<float>;
+
+// a * b + c rounded once, in every build: the AVX builds' fused multiply-add,
+// and std::fma lane by lane in the DEFAULT build (whose target has no FMA
+// instruction), so every build returns the same bits.
+C10_ALWAYS_INLINE FloatVec fused_multiply_add(const FloatVec& a, const FloatVec& b,
+                                              const FloatVec& c) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmadd(a, b, c);
+#else
+  constexpr int64_t W = FloatVec::size();
+  float la[W], lb[W], lc[W];
+  a.store(la);
+  b.store(lb);
+  c.store(lc);
+  for (int64_t l = 0; l < W; ++l) {
+    lc[l] = std::fma(la[l], lb[l], lc[l]);
+  }
+  return FloatVec::loadu(lc);
+#endif
+}
 
 // `count` (at most FloatVec::size()) int8 values widened to float32; lanes
 // past `count` are 0.

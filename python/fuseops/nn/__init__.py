@@ -14,7 +14,7 @@ from .activation import GELU, GeGLU, SiLU, SwiGLU, SwiGLUMLP
 from .conv import CausalConv1d
 from .loss import CrossEntropyLoss, LinearCrossEntropyLoss, TorchLinearCrossEntropyLoss
 from .norm import LayerNorm, RMSNorm
-from ..quantization import Int8Linear, Sparse24Linear
+from ..quantization import Int4Linear, Int8Linear, Sparse24Linear
 from .rope import RotaryEmbedding, TorchRotaryEmbedding
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "CrossEntropyLoss",
     "GELU",
     "GeGLU",
+    "Int4Linear",
     "Int8Linear",
     "LayerNorm",
     "LinearCrossEntropyLoss",

@@ -1,0 +1,109 @@
+// int4 linear CUDA kernel and its registration; checks and allocation are
+// shared with the CPU and Meta backends (cpp/ops/int4_linear.cpp).
+//
+// State: a simple, correct kernel, not a tuned one (no shared-memory
+// tiling, no tensor cores). One thread per output element (row m, channel
+// n): it walks the channel's groups, reading one byte per pair of K
+// positions (threads of a warp take consecutive channels of a block, so
+// their bytes are adjacent), and sums exactly as the CPU kernels do (two
+// fused multiply-add chains per group, even and odd positions, then the
+// group's scale applied to their sum by one more), so both devices give the
+// same bits.
+
+#include <cstdint>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <torch/library.h>
+
+#include "elementwise.cuh"
+#include "ops/int4_linear.h"
+
+namespace fuseops::cuda {
+namespace {
+
+template <typename scalar_t>
+__global__ void int4_weight_only_linear_cuda(scalar_t* __restrict__ out,
+                                             const scalar_t* __restrict__ x,
+                                             const uint8_t* __restrict__ packed,
+                                             const float* __restrict__ scale_zero,
+                                             const scalar_t* __restrict__ bias, int64_t m_total,
+                                             int64_t n, int64_t k, int64_t groups,
+                                             int64_t group_size) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t total = m_total * n;
+  const int64_t pairs = group_size / 2;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n;
+    const int64_t ch = i % n;
+    const int64_t block = ch / detail::kInt4BlockN;
+    const uint8_t* w =
+        packed + block * groups * pairs * detail::kInt4BlockN + ch % detail::kInt4BlockN;
+    const scalar_t* row = x + m * k;
+    float result = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float scale = scale_zero[(2 * g) * n + ch];
+      const float zero = scale_zero[(2 * g + 1) * n + ch];
+      float even = 0.0f;
+      float odd = 0.0f;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const uint8_t byte = w[(g * pairs + p) * detail::kInt4BlockN];
+        const int64_t k0 = g * group_size + 2 * p;
+        // Past K the activations are 0, as in the CPU kernels' padded rows.
+        const float x0 = k0 < k ? static_cast<float>(row[k0]) : 0.0f;
+        const float x1 = k0 + 1 < k ? static_cast<float>(row[k0 + 1]) : 0.0f;
+        even = fmaf(static_cast<float>(byte & 0xF) - zero, x0, even);
+        odd = fmaf(static_cast<float>(byte >> 4) - zero, x1, odd);
+      }
+      result = fmaf(scale, even + odd, result);
+    }
+    opmath_t value = static_cast<opmath_t>(result);
+    if (bias != nullptr) {
+      value += static_cast<opmath_t>(bias[ch]);
+    }
+    out[i] = static_cast<scalar_t>(value);
+  }
+}
+
+void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
+                                    const at::Tensor& packed, const at::Tensor& scale_zero,
+                                    int64_t group_size, const at::Tensor& bias) {
+  c10::cuda::CUDAGuard device_guard(input.device());
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = scale_zero.size(2);
+  const int64_t total = m_total * n;
+  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
+                                           65535);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_weight_only_linear", [&] {
+        int4_weight_only_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+            out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+            packed.const_data_ptr<uint8_t>(), scale_zero.const_data_ptr<float>(),
+            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k,
+            scale_zero.size(0), group_size);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+
+struct Kernels {
+  static detail::Int4WeightOnlyLinearKernel weight_only() {
+    return &int4_weight_only_linear_kernel;
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
+  detail::Int4LinearRegistrations<Kernels>::register_all(m);
+}
+
+}  // namespace fuseops::cuda

@@ -1,0 +1,360 @@
+"""int4 linear layers: group-wise int4 quantization
+(``quantize_per_group_int4``), weight packing (``pack_int4_weight``) and the
+W4A16 linear (``int4_weight_only_linear``).
+
+A weight ``[N, K]`` is cut along K into groups of ``group_size`` values per
+output channel; each group has a float32 scale and an integer zero point and
+``w[n, k] ~= (wq[n, k] - zero[n, g]) * scale[n, g]`` with ``wq`` in [0, 15].
+Symmetric quantization (the default) is llama.cpp's Q4_0 rule: zero point 8,
+``scale = m / -8`` for the group's value ``m`` of largest magnitude (which so
+comes back exactly); asymmetric spreads ``[min(w, 0), max(w, 0)]`` over 15
+steps. ``pack_int4_weight`` then packs two values per byte in the layout the
+kernels stream, ``packed[b, p, c] = wq[16b + c, 2p] | wq[16b + c, 2p + 1] << 4``
+(uint8 ``[ceil(N/16), groups * group_size / 2, 16]``, zeros past N and K),
+with the scales and zero points as float32 ``scale_zero [groups, 2, N]``. Both
+are ordinary tensors: a module keeps them as buffers, ``state_dict``
+round-trips them, and ``torch.compile``/``torch.export`` see plain tensors.
+
+These are inference ops: they have no derivative, and called on tensors that
+require grad with grad mode on they raise (use ``torch.no_grad()`` or
+``torch.inference_mode()``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._sample import Sample, tensor
+
+
+def quantize_per_group_int4(
+    weight: torch.Tensor, group_size: int = 128, symmetric: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(wq, scale, zero)`` of a weight ``[N, K]``: ``wq`` uint8 ``[N, K]``
+    in [0, 15], float32 ``scale`` and uint8 ``zero`` ``[N, ceil(K /
+    group_size)]`` (module docstring for the rule). Computed in float32; a
+    weight holding Inf or NaN raises."""
+    return torch.ops.fuseops.quantize_per_group_int4(weight, group_size, symmetric)
+
+
+def pack_int4_weight(
+    wq: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed, scale_zero)`` of ``quantize_per_group_int4``'s result
+    (module docstring for the layout)."""
+    return torch.ops.fuseops.pack_int4_weight(wq, scale, zero, group_size)
+
+
+def int4_weight_only_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_zero: torch.Tensor,
+    group_size: int,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """W4A16: ``x @ w.T + bias`` with ``w[n, k] = (q[n, k] - zero[n, g]) *
+    scale[n, g]`` from the packed weight: ``x [..., K]`` float32, bfloat16,
+    float16 or float64, result ``[..., N]`` in x's dtype. Each group's
+    products are summed in float32 (float64 activations are rounded to
+    float32) and its scale applied once to the group's sum; every CPU build
+    returns the same bits."""
+    return torch.ops.fuseops.int4_weight_only_linear(x, packed, scale_zero, group_size, bias)
+
+
+def unpack_int4_weight(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The ``[n, k]`` values (uint8, in [0, 15]) a packed tensor holds."""
+    blocks, pairs, _ = packed.shape
+    # Also for the bytes held in another dtype (the reference checks hand
+    # every tensor over in float64).
+    packed = packed.to(torch.uint8)
+    low, high = packed & 0xF, packed >> 4
+    pairs_first = torch.stack((low, high), dim=-1).permute(0, 2, 1, 3)
+    return pairs_first.reshape(blocks * 16, pairs * 2)[:n, :k]
+
+
+def dequantize_int4_weight(
+    packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int, k: int, dtype=torch.float64
+) -> torch.Tensor:
+    """The weight ``[N, k]`` the packed form stands for, ``(q - zero) *
+    scale``, computed in `dtype` (exact in float64)."""
+    n = scale_zero.shape[-1]
+    q = unpack_int4_weight(packed, n, k).to(dtype)
+    group = torch.arange(k, device=packed.device) // group_size
+    scale = scale_zero[:, 0, :].t().to(dtype)[:, group]
+    zero = scale_zero[:, 1, :].t().to(dtype)[:, group]
+    return (q - zero) * scale
+
+
+def quantize_per_group_int4_reference(weight, group_size=128, symmetric=True):
+    # The rule in float32, group by group, written out without the op's
+    # padding: the op must give these very values.
+    w = weight.to(torch.float32)
+    n, k = w.shape
+    groups = -(-k // group_size)
+    wq = torch.empty(n, k, dtype=torch.uint8, device=w.device)
+    scale = torch.empty(n, groups, dtype=torch.float32, device=w.device)
+    zero = torch.empty(n, groups, dtype=torch.uint8, device=w.device)
+    for g in range(groups):
+        part = w[:, g * group_size : (g + 1) * group_size]
+        if symmetric:
+            extreme = part.gather(1, part.abs().argmax(1, keepdim=True)).squeeze(1)
+            s = extreme / -8.0
+            z = torch.full_like(s, 8.0)
+        else:
+            lo = part.amin(1).clamp(max=0)
+            hi = part.amax(1).clamp(min=0)
+            s = hi / 15.0 - lo / 15.0
+            z = torch.round(-lo / torch.where(s == 0, 1.0, s)).clamp(0, 15)
+        s = torch.where(s == 0, 1.0, s)
+        wq[:, g * group_size : (g + 1) * group_size] = (
+            (torch.round(part / s[:, None]) + z[:, None]).clamp(0, 15).to(torch.uint8)
+        )
+        scale[:, g] = s
+        zero[:, g] = z.to(torch.uint8)
+    return wq, scale, zero
+
+
+def pack_int4_weight_reference(wq, scale, zero, group_size):
+    wq, zero = wq.to(torch.uint8), zero.to(torch.uint8)
+    n, k = wq.shape
+    groups = scale.shape[1]
+    blocks, k_padded = -(-n // 16), groups * group_size
+    padded = torch.nn.functional.pad(wq, (0, k_padded - k, 0, 16 * blocks - n))
+    pairs = padded.view(blocks, 16, k_padded // 2, 2)
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 1).contiguous()
+    scale_zero = torch.stack((scale.t(), zero.t().to(scale.dtype)), dim=1)
+    return packed, scale_zero
+
+
+def int4_weight_only_linear_reference(x, packed, scale_zero, group_size, bias=None):
+    # In x's dtype, which the conformance suite and the bench make float64
+    # (float32 for reduced-precision rows): the weight dequantized exactly.
+    w = dequantize_int4_weight(packed, scale_zero, group_size, x.shape[-1], x.dtype)
+    y = x @ w.T
+    return y if bias is None else y + bias.to(x.dtype)
+
+
+# The peers' own forms of a bench weight, made on their first (untimed,
+# correctness-checking) call and reused: (packed's address, dtype, form) ->
+# tensors.
+_PEER_WEIGHTS: dict = {}
+
+
+def _f_linear(x, packed, scale_zero, group_size):
+    key = (packed.data_ptr(), x.dtype, "float")
+    if key not in _PEER_WEIGHTS:
+        w = dequantize_int4_weight(packed, scale_zero, group_size, x.shape[-1], torch.float32)
+        _PEER_WEIGHTS[key] = w.to(x.dtype)
+    return torch.nn.functional.linear(x, _PEER_WEIGHTS[key])
+
+
+def _weight_int4pack_mm(x, packed, scale_zero, group_size):
+    # ATen's int4 weight-only matmul for CPU (torchao's int4 CPU layout):
+    # weights (q - 8) * scale + offset per group, so the offset is
+    # (8 - zero) * scale; its scales and offsets are in x's dtype.
+    key = (packed.data_ptr(), x.dtype, "int4pack")
+    if key not in _PEER_WEIGHTS:
+        k = x.shape[-1]
+        n = scale_zero.shape[-1]
+        q = unpack_int4_weight(packed, n, k).to(torch.int32).contiguous()
+        weight = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        scale = scale_zero[:, 0, :]
+        offset = (8 - scale_zero[:, 1, :]) * scale
+        scales_and_offsets = torch.stack((scale, offset), dim=-1).to(x.dtype).contiguous()
+        _PEER_WEIGHTS[key] = (weight, scales_and_offsets)
+    weight, scales_and_offsets = _PEER_WEIGHTS[key]
+    return torch._weight_int4pack_mm_for_cpu(x, weight, group_size, scales_and_offsets)
+
+
+def _x_and_weight(rows, hidden, dtype, device, gen):
+    """Activations [rows, hidden] and a packed int4 weight [hidden, hidden]
+    quantized from a random one in groups of 128."""
+    x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
+    w = torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
+    packed, scale_zero = pack_int4_weight(*quantize_per_group_int4(w, 128), 128)
+    return x, packed, scale_zero
+
+
+def bench_cases():
+    from ._bench_case import Case, Traffic
+
+    # rows = tokens (M), hidden = in = out features (K = N), as the int8
+    # linear cases: decode (M = 1, 8), a short prefill (32), a batch (256).
+    shapes = {
+        "quick": [(32, 2048)],
+        "standard": [(m, 2048) for m in (1, 8, 32, 256)],
+        "full": [(m, 8192) for m in (1, 8, 32, 256)],
+    }
+    # x read and y written in the dtype; the int4 weight (half a byte per
+    # value) and its float32 scales and zero points (8 bytes per group of
+    # 128) read once.
+    common = dict(
+        fuseops="int4_weight_only_linear",
+        reference="int4_weight_only_linear",
+        make_inputs=_x_and_weight,
+        forward_traffic=Traffic(
+            rows=2, extra=lambda rows, hidden: hidden * hidden // 2 + hidden * hidden // 16
+        ),
+        backward_traffic=Traffic(rows=0),
+        has_out=False,
+        differentiable=(),
+        shapes=shapes,
+        options=dict(group_size=128),
+    )
+    cases = [
+        Case(
+            "int4_weight_only_linear",
+            native=_f_linear,
+            native_label="F.linear (dequantized weight)",
+            description="W4A16: x @ w.T, int4 weight in groups of 128 along K",
+            **common,
+        )
+    ]
+    if hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        cases.append(
+            Case(
+                "int4_weight_only_linear_int4pack",
+                native=_weight_int4pack_mm,
+                native_label="torch._weight_int4pack_mm_for_cpu",
+                description="W4A16 against ATen's int4 weight-only matmul for CPU",
+                **common,
+            )
+        )
+    return cases
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+    gen = torch.Generator(device="cpu").manual_seed(4)
+
+    def weight(n, k, scale=1.0):
+        return (torch.randn(n, k, generator=gen) * scale).to(device)
+
+    def packed(n, k, group_size, symmetric=True):
+        q = quantize_per_group_int4(weight(n, k), group_size, symmetric)
+        return pack_int4_weight(*q, group_size)
+
+    def t(shape, dtype=torch.float32, layout="contiguous"):
+        return tensor(shape, dtype, device, layout)
+
+    quantized = quantize_per_group_int4(weight(37, 10), 4)
+    result = [
+        Sample(
+            ops.quantize_per_group_int4.default, (weight(37, 10), 4, True), quantize_per_group_int4
+        ),
+        Sample(
+            ops.quantize_per_group_int4.default, (weight(5, 70), 32, False), quantize_per_group_int4
+        ),
+        Sample(
+            ops.quantize_per_group_int4.default,
+            (weight(3, 16).to(torch.bfloat16), 16, True),
+            quantize_per_group_int4,
+        ),
+        Sample(
+            ops.quantize_per_group_int4.default, (weight(0, 5), 4, True), quantize_per_group_int4
+        ),
+        Sample(ops.pack_int4_weight.default, (*quantized, 4), pack_int4_weight),
+        Sample(
+            ops.pack_int4_weight.default,
+            (*quantize_per_group_int4(weight(16, 64), 32, False), 32),
+            pack_int4_weight,
+        ),
+        Sample(
+            ops.pack_int4_weight.default,
+            (*quantize_per_group_int4(weight(0, 5), 2), 2),
+            pack_int4_weight,
+        ),
+    ]
+    w37, sz37 = packed(37, 10, 4)
+    w_asym, sz_asym = packed(37, 10, 4, symmetric=False)
+    result += [
+        Sample(
+            ops.int4_weight_only_linear.default,
+            (t((3, 10)), w37, sz37, 4, None),
+            int4_weight_only_linear,
+        ),
+        Sample(
+            ops.int4_weight_only_linear.default,
+            (t((3, 10)), w_asym, sz_asym, 4, t((37,))),
+            int4_weight_only_linear,
+        ),
+        Sample(
+            ops.int4_weight_only_linear.default,
+            (t((2, 4, 10), torch.bfloat16, "transposed"), w37, sz37, 4, t((37,), torch.bfloat16)),
+            int4_weight_only_linear,
+        ),
+        Sample(
+            ops.int4_weight_only_linear.default,
+            (t((5, 10), torch.float16, "sliced"), w37, sz37, 4, None),
+            int4_weight_only_linear,
+        ),
+        Sample(
+            ops.int4_weight_only_linear.default,
+            (t((10,), torch.float64), w37, sz37, 4, None),
+            int4_weight_only_linear,
+        ),
+        Sample(
+            ops.int4_weight_only_linear.default,
+            (t((0, 10)), w37, sz37, 4, None),
+            int4_weight_only_linear,
+        ),
+        Sample(
+            ops.int4_weight_only_linear.default,
+            (t((3, 0)), *packed(5, 0, 2), 2, t((5,))),
+            int4_weight_only_linear,
+        ),
+    ]
+    # Every CPU build: the decode path (rows in registers) and the buffered
+    # one (more rows than it takes, several tiles and chunks), partial
+    # blocks of channels and a short last group.
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for symmetric in (True, False):
+            wp, szp = packed(37, 300, 64, symmetric)
+            for m in (1, 2, 5, 61):
+                result.append(
+                    Sample(
+                        ops.int4_weight_only_linear.default,
+                        (t((m, 300), dtype), wp, szp, 64, t((37,), dtype)),
+                        int4_weight_only_linear,
+                        large=True,
+                    )
+                )
+    return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    ops, n, k = torch.ops.fuseops, d.size(40), d.size(40)
+    group_size = d.choice((2, 4, 16, 32))
+    symmetric = d.flag()
+    kind = d.int(0, 2)
+    if kind == 0:
+        return Sample(
+            ops.quantize_per_group_int4.default,
+            (d.tensor((n, k)), group_size, symmetric),
+            quantize_per_group_int4,
+        )
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(d.int(0, 1000)))
+    quantized = quantize_per_group_int4(w.to(d.device), group_size, symmetric)
+    if kind == 1:
+        return Sample(ops.pack_int4_weight.default, (*quantized, group_size), pack_int4_weight)
+    x = d.tensor(d.shape(0, 2) + (k,))
+    bias = d.maybe(lambda: d.tensor((n,), x.dtype))
+    packed, scale_zero = pack_int4_weight(*quantized, group_size)
+    d.math_dtype = torch.float32  # float64 x is summed in float32
+    return Sample(
+        ops.int4_weight_only_linear.default,
+        (x, packed, scale_zero, group_size, bias),
+        int4_weight_only_linear,
+    )
+
+
+__all__ = [
+    "dequantize_int4_weight",
+    "int4_weight_only_linear",
+    "pack_int4_weight",
+    "quantize_per_group_int4",
+    "unpack_int4_weight",
+]

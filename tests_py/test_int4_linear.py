@@ -1,0 +1,374 @@
+"""fuseops int4 linear layers: quantize_per_group_int4, pack_int4_weight,
+int4_weight_only_linear, fuseops.nn.Int4Linear and quantize_(model,
+"w4a16") (opcheck, compilers, Meta, pybind and every CPU build are in
+test_conformance.py, fed by fuseops/ops/int4_linear.py's samples).
+
+The quantizer computes in float32 and is compared exactly with its rule
+written out group by group (fuseops.reference.quantize_per_group_int4).
+
+int4_weight_only_linear is compared with a float64 reference of the same
+quantized math, x @ w.T + bias with w = (q - zero) * scale dequantized
+exactly in float64. The op sums each group's products in float32 (the
+weights q - zero are small integers, exact; each product rounds once,
+2^-24 relative), scales the group's sum and adds it to the row's result
+(two more roundings per group), so its error is at most about K * 2^-24 *
+sum|x * w|; the tolerance, 2e-6 * sqrt(K) of max|y| plus one unit in the
+last place of bfloat16/float16 results (2^-8, 2^-11), holds that for random
+data with margin while still catching a wrong element. The error against
+the unquantized float layer is reported and compared with plain
+round-to-nearest int4 (scale absmax / 7), not used as the criterion.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import fuseops
+from fuseops import reference
+
+from conftest import CAPABILITY_ORDER, DTYPES, expect_error_mentions, run_under_cpu_capability
+from int8_math import ROUNDING
+
+
+def packed_weight(n, k, group_size, device, symmetric=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(device)
+    quantized = fuseops.quantize_per_group_int4(w, group_size, symmetric)
+    return w, quantized, fuseops.pack_int4_weight(*quantized, group_size)
+
+
+def dequantized(wq, scale, zero, group_size):
+    group = torch.arange(wq.shape[1], device=wq.device) // group_size
+    return (wq.double() - zero.double()[:, group]) * scale.double()[:, group]
+
+
+def assert_matches(y, want, k):
+    tolerance = 2e-6 * max(1.0, k) ** 0.5 + ROUNDING[y.dtype]
+    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+    torch.testing.assert_close(y.double(), want, rtol=ROUNDING[y.dtype], atol=tolerance * scale)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n,k,group_size", [(5, 70, 32), (16, 128, 128), (3, 7, 2), (1, 300, 64)])
+def test_quantize_matches_its_rule(symmetric, dtype, n, k, group_size, device):
+    w = torch.randn(n, k, device=device).to(dtype)
+    w[0, : min(k, group_size)] = 0  # an all-zero group: scale 1
+    got = fuseops.quantize_per_group_int4(w, group_size, symmetric)
+    want = reference.quantize_per_group_int4(w, group_size, symmetric)
+    for g, r in zip(got, want):
+        assert g.dtype == r.dtype and torch.equal(g, r)
+    wq, scale, zero = got
+    assert int(wq.max()) <= 15 and int(zero.max()) <= 15
+    assert (scale[0, 0] == 1).item()
+    back = dequantized(wq, scale, zero, group_size)
+    step = scale.abs().double().repeat_interleave(group_size, 1)[:, :k]
+    # Round to nearest: within half a step, but for the symmetric rule's
+    # values near -m, which round to 8 steps and are clamped to 7.
+    steps = 1.0 if symmetric else 0.5
+    assert ((back - w.double()).abs() <= step * (steps + 1e-6)).all()
+    if symmetric:
+        assert (zero == 8).all()
+        for g in range(scale.shape[1]):
+            part = w[:, g * group_size : (g + 1) * group_size].float()
+            largest = part.abs().argmax(1, keepdim=True)
+            exact = back[:, g * group_size : (g + 1) * group_size].gather(1, largest)
+            assert torch.equal(exact, part.double().gather(1, largest))
+
+
+def test_pack_layout(device):
+    wq = torch.randint(0, 16, (37, 10), dtype=torch.uint8, device=device)
+    scale = torch.rand(37, 3, device=device)
+    zero = torch.randint(0, 16, (37, 3), dtype=torch.uint8, device=device)
+    packed, scale_zero = fuseops.pack_int4_weight(wq, scale, zero, 4)
+    assert packed.shape == (3, 6, 16) and packed.dtype == torch.uint8
+    assert scale_zero.shape == (3, 2, 37) and scale_zero.dtype == torch.float32
+    for n in range(48):
+        for k in range(12):
+            want = wq[n, k].item() if n < 37 and k < 10 else 0
+            byte = packed[n // 16, k // 2, n % 16].item()
+            assert (byte & 0xF if k % 2 == 0 else byte >> 4) == want
+    assert torch.equal(fuseops.unpack_int4_weight(packed, 37, 10), wq)
+    for got, want in zip((packed, scale_zero), reference.pack_int4_weight(wq, scale, zero, 4)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "m,n,k,group_size",
+    [
+        (1, 16, 32, 32),
+        (1, 37, 129, 64),
+        (3, 5, 1, 2),
+        (8, 64, 256, 128),
+        (33, 40, 67, 16),
+        (257, 48, 130, 128),
+    ],
+)
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_matches_float64_reference(dtype, m, n, k, group_size, symmetric, device):
+    _, quantized, (packed, scale_zero) = packed_weight(n, k, group_size, device, symmetric)
+    x = torch.randn(m, k, device=device).to(dtype)
+    bias = torch.randn(n, device=device).to(dtype)
+    y = fuseops.int4_weight_only_linear(x, packed, scale_zero, group_size, bias)
+    assert y.dtype == dtype and y.shape == (m, n) and y.is_contiguous()
+    want = x.double() @ dequantized(*quantized, group_size).T + bias.double()
+    assert_matches(y, want, k)
+
+
+def test_rows_do_not_depend_on_the_batch(device):
+    # Every row sums in the same order whatever the number of rows (the
+    # decode path and the buffered one), so a row computed alone equals the
+    # same row in a batch (decode vs prefill).
+    _, _, (packed, scale_zero) = packed_weight(40, 300, 64, device)
+    x = torch.randn(100, 300, device=device)
+    batch = fuseops.int4_weight_only_linear(x, packed, scale_zero, 64)
+    for row in (0, 5, 6, 47, 48, 99):
+        alone = fuseops.int4_weight_only_linear(x[row : row + 1], packed, scale_zero, 64)
+        assert torch.equal(alone, batch[row : row + 1])
+
+
+_BUILDS_CODE = """
+import torch, fuseops
+inputs, want = torch.load({path!r})
+with torch.inference_mode():
+    for (x, packed, scale_zero, group_size, bias), y in zip(inputs, want):
+        got = fuseops.int4_weight_only_linear(x, packed, scale_zero, group_size, bias)
+        torch.testing.assert_close(got, y, rtol=0, atol=0, equal_nan=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def builds_calls(tmp_path_factory):
+    # The decode path (1 and 2 rows), the buffered one (61 rows), both
+    # quantizers, a short last group and a partial block of channels.
+    inputs = []
+    for dtype in DTYPES:
+        for m, symmetric in [(1, True), (2, False), (61, False)]:
+            _, _, weight = packed_weight(37, 300, 64, "cpu", symmetric, seed=m)
+            x = torch.randn(m, 300).to(dtype)
+            if m > 1:
+                x[-1, 1] = float("nan")
+            inputs.append((x, *weight, 64, torch.randn(37).to(dtype)))
+    with torch.inference_mode():
+        want = [fuseops.int4_weight_only_linear(*call) for call in inputs]
+    path = tmp_path_factory.mktemp("int4") / "calls.pt"
+    torch.save((inputs, want), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("capability", [c.lower() for c in CAPABILITY_ORDER])
+def test_same_bits_in_every_cpu_build(capability, builds_calls):
+    run_under_cpu_capability(capability, _BUILDS_CODE.format(path=builds_calls))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])
+def test_any_layout_and_leading_dims(layout, device):
+    _, _, (packed, scale_zero) = packed_weight(24, 20, 4, device)
+    if layout == "transposed":
+        x = torch.randn(20, 6, device=device).t()
+    elif layout == "sliced":
+        x = torch.randn(6, 40, device=device)[:, ::2]
+    else:
+        x = torch.randn(2, 3, 20, device=device)
+    y = fuseops.int4_weight_only_linear(x, packed, scale_zero, 4)
+    assert y.shape == x.shape[:-1] + (24,)
+    assert torch.equal(y, fuseops.int4_weight_only_linear(x.contiguous(), packed, scale_zero, 4))
+
+
+def test_empty_inputs(device):
+    _, _, (packed, scale_zero) = packed_weight(8, 12, 4, device)
+    y = fuseops.int4_weight_only_linear(torch.randn(0, 12, device=device), packed, scale_zero, 4)
+    assert y.shape == (0, 8)
+    empty_k = fuseops.pack_int4_weight(
+        *fuseops.quantize_per_group_int4(torch.zeros(5, 0, device=device), 2), 2
+    )
+    bias = torch.randn(5, device=device)
+    y = fuseops.int4_weight_only_linear(torch.randn(3, 0, device=device), *empty_k, 2, bias)
+    assert torch.equal(y, bias.expand(3, 5))
+
+
+def test_special_values_propagate_as_in_the_reference(device):
+    _, _, (packed, scale_zero) = packed_weight(20, 64, 32, device)
+    x = torch.randn(4, 64, device=device)
+    x[1, 3] = float("nan")
+    x[2, 40] = float("inf")
+    y = fuseops.int4_weight_only_linear(x, packed, scale_zero, 32)
+    want = reference.int4_weight_only_linear(x.double(), packed, scale_zero, 32)
+    assert torch.equal(y[0].isnan(), want[0].isnan()) and not y[0].isnan().any()
+    assert y[1].isnan().all() and y[3].isfinite().all()
+    # Inf times a weight that quantized to 0 is NaN in both; else +-Inf.
+    assert torch.equal(y[2].isnan(), want[2].isnan())
+    assert torch.equal(y[2][~y[2].isnan()], want[2][~want[2].isnan()].float())
+
+
+def _rtn_int4(w, group_size):
+    # Plain symmetric round-to-nearest int4: scale absmax / 7, q in [-7, 7].
+    n, k = w.shape
+    groups = w.view(n, k // group_size, group_size)
+    scale = groups.abs().amax(-1, keepdim=True) / 7
+    return (torch.round(groups / scale).clamp(-7, 7) * scale).view(n, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_error_against_the_float_layer(dtype, device):
+    """Reported, not the correctness criterion: int4 in groups of 128 costs
+    ~10% relative error on a random Gaussian layer, less than plain
+    round-to-nearest int4 (absmax / 7); asymmetric about the same."""
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(256, 1024, generator=gen) * 0.05).to(device)
+    x = torch.randn(16, 1024, generator=gen).to(device).to(dtype)
+    exact = x.double() @ w.double().T
+    errors = {}
+    for symmetric in (True, False):
+        quantized = fuseops.quantize_per_group_int4(w, 128, symmetric)
+        packed = fuseops.pack_int4_weight(*quantized, 128)
+        y = fuseops.int4_weight_only_linear(x, *packed, 128).double()
+        errors["symmetric" if symmetric else "asymmetric"] = (
+            (y - exact).norm() / exact.norm()
+        ).item()
+    rtn = x.double() @ _rtn_int4(w, 128).double().T
+    errors["rtn absmax/7"] = ((rtn - exact).norm() / exact.norm()).item()
+    print(f"int4 vs float layer ({dtype}): " + ", ".join(f"{k} {v:.3e}" for k, v in errors.items()))
+    assert errors["symmetric"] < errors["rtn absmax/7"] < 0.2
+    assert errors["asymmetric"] < 0.2
+
+
+def test_inference_only(device):
+    w, quantized, (packed, scale_zero) = packed_weight(8, 12, 4, device)
+    x = torch.randn(2, 12, device=device, requires_grad=True)
+    expect_error_mentions(
+        lambda: fuseops.int4_weight_only_linear(x, packed, scale_zero, 4),
+        ["fuseops::int4_weight_only_linear", "inference op", "torch.no_grad()"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_group_int4(w.requires_grad_(), 4),
+        ["fuseops::quantize_per_group_int4", "inference op"],
+    )
+    with torch.no_grad():
+        assert not fuseops.int4_weight_only_linear(x, packed, scale_zero, 4).requires_grad
+    with torch.inference_mode():
+        fuseops.int4_weight_only_linear(x, packed, scale_zero, 4)
+
+
+def test_bad_inputs(device):
+    _, (wq, scale, zero), (packed, scale_zero) = packed_weight(20, 64, 32, device)
+    op = "fuseops::int4_weight_only_linear"
+    x = torch.randn(2, 64, device=device)
+
+    def linear(*args, **kwargs):
+        return lambda: fuseops.int4_weight_only_linear(*args, **kwargs)
+
+    expect_error_mentions(
+        linear(torch.randn(2, 65, device=device), packed, scale_zero, 32), [op, "'input'", "K = 65"]
+    )
+    expect_error_mentions(linear(x, packed, scale_zero, 64), [op, "'packed'", "group_size"])
+    expect_error_mentions(linear(x, packed, scale_zero, 5), [op, "'group_size'", "even"])
+    expect_error_mentions(
+        linear(x, packed.to(torch.int8), scale_zero, 32), [op, "'packed'", "uint8"]
+    )
+    expect_error_mentions(linear(x, packed[:, :, :8], scale_zero, 32), [op, "'packed'", "shape"])
+    expect_error_mentions(
+        linear(x, packed, scale_zero[:, :, :5], 32), [op, "'scale_zero'", "N = 5"]
+    )
+    expect_error_mentions(linear(x, packed, scale_zero.half(), 32), [op, "'scale_zero'", "float32"])
+    expect_error_mentions(
+        linear(x, packed, scale_zero, 32, torch.randn(19, device=device)), [op, "'bias'", "[20]"]
+    )
+    expect_error_mentions(
+        linear(x, packed, scale_zero, 32, torch.randn(20, device=device).half()),
+        [op, "'bias'", "dtype"],
+    )
+    expect_error_mentions(linear(x.int(), packed, scale_zero, 32), [op, "'input'", "dtype"])
+    pack = "fuseops::pack_int4_weight"
+    expect_error_mentions(
+        lambda: fuseops.pack_int4_weight(wq.to(torch.int8), scale, zero, 32),
+        [pack, "'wq'", "uint8"],
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_int4_weight(wq | 16, scale, zero, 32), [pack, "'wq'", "[0, 15]"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_int4_weight(wq, scale, zero | 32, 32), [pack, "'zero'", "[0, 15]"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_int4_weight(wq, scale, zero, 16), [pack, "'scale'", "group_size"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.pack_int4_weight(wq, scale, zero.float(), 32), [pack, "'zero'", "uint8"]
+    )
+    quantize = "fuseops::quantize_per_group_int4"
+    bad = torch.randn(4, 8, device=device)
+    bad[1, 2] = float("nan")
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_group_int4(bad, 4), [quantize, "'weight'", "finite"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_group_int4(bad[0], 4), [quantize, "'weight'", "2-D"]
+    )
+    expect_error_mentions(
+        lambda: fuseops.quantize_per_group_int4(bad, -2), [quantize, "'group_size'", "positive"]
+    )
+
+
+# --- fuseops.nn.Int4Linear and quantize_(model, "w4a16") ------------------------
+
+
+def test_int4_linear_module_from_float_and_state_dict(device):
+    linear = torch.nn.Linear(70, 33, device=device)
+    module = fuseops.nn.Int4Linear.from_float(linear, group_size=32)
+    x = torch.randn(4, 70, device=device)
+    with torch.no_grad():
+        y = module(x)
+        quantized = fuseops.quantize_per_group_int4(linear.weight, 32)
+        want = x.double() @ dequantized(*quantized, 32).T + linear.bias.double()
+        assert_matches(y, want, 70)
+        assert ((y - linear(x)).norm() / linear(x).norm()).item() < 0.2
+    assert set(module.state_dict()) == {"packed", "scale_zero", "bias"}
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    buffer.seek(0)
+    restored = fuseops.nn.Int4Linear(70, 33, device=device, group_size=32)
+    restored.load_state_dict(torch.load(buffer))
+    with torch.no_grad():
+        assert torch.equal(restored(x), y)
+    assert "group_size=32" in repr(module) and "mode='w4a16'" in repr(module)
+    module.to(torch.bfloat16)
+    assert module.scale_zero.dtype == torch.float32 and module.bias.dtype == torch.bfloat16
+    assert module.packed.dtype == torch.uint8
+    with pytest.raises(ValueError, match="group_size must be a positive even number"):
+        fuseops.nn.Int4Linear(8, 8, group_size=3)
+
+
+def test_quantize_w4a16_swaps_linear_layers(device):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8, bias=False)
+    ).to(device)
+    x = torch.randn(5, 64, device=device)
+    with torch.no_grad():
+        before = model(x)
+    changed = fuseops.quantize_(model, "w4a16", group_size=64)
+    assert [(c.name, c.mode) for c in changed] == [("0", "w4a16"), ("2", "w4a16")]
+    assert all(isinstance(model[i], fuseops.nn.Int4Linear) for i in (0, 2))
+    assert model[0].group_size == 64
+    with torch.no_grad():
+        after = model(x)
+    assert ((after - before).norm() / before.norm()).item() < 0.2
+
+
+def test_w4a16_model_compiles_and_exports():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    fuseops.quantize_(model, "w4a16", group_size=16)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(compiled, eager)
+    exported = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert "fuseops.int4_weight_only_linear.default" in targets
+    with torch.no_grad():
+        assert torch.equal(exported.module()(x), eager)

@@ -1,0 +1,247 @@
+"""Decoding with fuseops.transformers.apply, plain and quantized, on a
+tiny Llama built from a config (float32, random weights from a fixed seed,
+nothing downloaded).
+
+Greedy generation of the patched model must make exactly HF's tokens: the
+float32 models differ only in the order of float32 sums inside the fused
+ops (about 1e-6 of the logits, test_transformers.py), and the test checks
+that the logits' lead over the runner-up stays far above that at every step,
+so equal tokens are what a correct patch must give.
+
+Quantized models: int8 per output channel rounds each weight to the nearest
+multiple of its row's scale s = absmax / 127, an error uniform in +-s/2 of
+RMS s / sqrt(12) = absmax / 440. The rows of these Gaussian weights have an
+absmax of about 2.5-3 times their RMS, so each weight, and so each layer's
+output, carries about 0.7% relative error; through the 2 layers' 7
+projections each and the head the logits moved by 0.8-0.9% (w8a16) and
+1.2% (w8a8, whose activations are rounded to int8 per token as well)
+relative (in norm) over 5 seeds. The bound, 3%, leaves 2.5x margin; a wrong
+scale, a transposed or a float weight gives an error of order 100% or 0.
+The exact check is against the float math of the same int8 numbers: the
+w8a16 model against the float model whose linear weights are the
+dequantized int8 weights (q * s), to float32 accumulation (measured 3e-7 of
+the largest logit, bound 1e-5); the w8a8 layers, each on the inputs it got,
+against their float64 reference (tests_py/int8_math.py), since a float32
+difference of 1e-7 upstream can move an activation across an int8 rounding
+boundary and one such step moves the logits by about 1e-3.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install 'fuseops[transformers]')"
+)
+
+import fuseops.transformers as fot  # noqa: E402
+from fuseops import quantization  # noqa: E402
+from fuseops.ops.quantize import quantize_per_channel_int8  # noqa: E402
+from int8_math import assert_dynamic_matches, dynamic_reference  # noqa: E402
+
+VOCAB = 256
+CONFIG = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+)
+NEW_TOKENS = 32
+PAD = 0
+
+#: Relative error (in norm) of the quantized model's logits against the
+#: float model's (derivation in the module docstring).
+QUANTIZED_LOGITS_BOUND = 3e-2
+#: The w8a16 model against the float model of its dequantized weights, of
+#: the largest logit: float32 accumulation in another order.
+DEQUANTIZED_BOUND = 1e-5
+
+
+def tiny_model(seed: int = 0):
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+
+
+def prompts(batch: int):
+    """`batch` prompts of different lengths, left-padded, and their mask."""
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(1, VOCAB, (batch, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):
+        ids[row, : 3 * row] = PAD
+        mask[row, : 3 * row] = 0
+    return ids, mask
+
+
+def greedy(model, ids, mask, new_tokens=NEW_TOKENS):
+    return model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=PAD,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+
+
+# --- greedy generation: the patched model makes HF's tokens ---
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_generate_makes_hf_tokens(batch):
+    ref = tiny_model()
+    patched = copy.deepcopy(ref)
+    assert fot.apply(patched)
+    ids, mask = prompts(batch)
+    want, got = greedy(ref, ids, mask), greedy(patched, ids, mask)
+    assert got.sequences.shape == (batch, ids.shape[1] + NEW_TOKENS)
+    torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
+    # Equal tokens mean something only if no step was a near tie.
+    for want_scores, got_scores in zip(want.scores, got.scores):
+        top2 = want_scores.topk(2, dim=-1).values
+        lead = (top2[:, 0] - top2[:, 1]).min().item()
+        # min_new_tokens sets the end-of-sequence score to -inf in both.
+        finite = torch.isfinite(want_scores)
+        assert torch.equal(finite, torch.isfinite(got_scores))
+        difference = (got_scores - want_scores)[finite].abs().max().item()
+        assert lead > 100 * difference, (lead, difference)
+    assert len(set(want.sequences[:, ids.shape[1] :].flatten().tolist())) > 4
+
+
+# --- apply(model, quantize=...) ---
+
+
+def _linear_names(model):
+    return sorted(name for name, m in model.named_modules() if type(m) is torch.nn.Linear)
+
+
+@pytest.mark.parametrize("mode", ["w8a16", "w8a8"])
+def test_quantized_logits_against_the_float_model(mode):
+    float_model = tiny_model()
+    quantized = copy.deepcopy(float_model)
+    fot.apply(quantized, quantize=mode)
+    ids, mask = prompts(2)
+    with torch.no_grad():
+        want = float_model(input_ids=ids, attention_mask=mask).logits
+        got = quantized(input_ids=ids, attention_mask=mask).logits
+    error = ((got - want).norm() / want.norm()).item()
+    assert 1e-4 < error < QUANTIZED_LOGITS_BOUND, error
+
+
+def _dequantized(model):
+    """A copy of `model` whose linear weights are their int8 per-channel
+    quantization, dequantized (q * scale) in float32."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module) is torch.nn.Linear:
+                q, scale = quantize_per_channel_int8(module.weight)
+                module.weight.copy_(q.float() * scale[:, None])
+    return model
+
+
+def test_w8a16_matches_the_float_model_of_its_dequantized_weights():
+    float_model = tiny_model()
+    quantized = copy.deepcopy(float_model)
+    fot.apply(quantized, quantize="w8a16")
+    reference = _dequantized(float_model)
+    fot.apply(reference)  # the same fused ops around the linear layers
+    ids, mask = prompts(2)
+    with torch.no_grad():
+        want = reference(input_ids=ids, attention_mask=mask).logits
+        got = quantized(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=DEQUANTIZED_BOUND * want.abs().max().item())
+
+
+def test_w8a8_layers_match_their_int8_math():
+    float_model = tiny_model()
+    quantized = copy.deepcopy(float_model)
+    fot.apply(quantized, quantize="w8a8")
+    weights = {
+        name: module.weight.detach()
+        for name, module in float_model.named_modules()
+        if type(module) is torch.nn.Linear
+    }
+    calls = []
+    for name, module in quantized.named_modules():
+        if name in weights:
+            module.register_forward_hook(
+                lambda module, args, out, name=name: calls.append((name, args[0], out))
+            )
+    ids, mask = prompts(2)
+    with torch.no_grad():
+        quantized(input_ids=ids, attention_mask=mask)
+    assert sorted({name for name, _, _ in calls}) == sorted(weights)
+    for name, x, y in calls:
+        wq, scale = quantize_per_channel_int8(weights[name])
+        assert_dynamic_matches(y, dynamic_reference(x, wq, scale))
+
+
+@pytest.mark.parametrize("mode", fot.quantize_modes())
+def test_quantize_replaces_every_linear_and_generates(mode):
+    model = tiny_model()
+    linears = _linear_names(model)
+    assert "lm_head" in linears
+    replaced = fot.apply(model, quantize=mode)
+    quantized = [r for r in replaced if r.old == "Linear"]
+    assert sorted(r.name for r in quantized) == linears
+    assert all(f"({mode!r})" in r.new for r in quantized)
+    assert _linear_names(model) == []
+    assert fot.is_patched(model)  # the head is patched, then quantized
+    # A second call re-quantizes nothing, patches nothing.
+    assert fot.apply(model, quantize=mode) == []
+    assert fot.apply(model) == []
+    ids, mask = prompts(2)
+    out = greedy(model, ids, mask, new_tokens=4)
+    assert out.sequences.shape == (2, ids.shape[1] + 4)
+
+
+def test_quantized_head_is_called_for_the_logits():
+    model = tiny_model()
+    fot.apply(model, quantize="w8a16")
+    assert isinstance(model.lm_head, quantization.Int8Linear)
+    heads = []
+    model.lm_head.register_forward_hook(lambda module, args, out: heads.append(out))
+    ids, mask = prompts(1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits
+    [head_out] = heads
+    torch.testing.assert_close(logits, head_out, rtol=0, atol=0)
+    assert logits.shape == (1, 1, VOCAB)
+
+
+def test_quantized_model_refuses_training_and_computes_the_loss_without_grad():
+    model = tiny_model()
+    fot.apply(model, quantize="w8a8")
+    model.train()
+    ids, _ = prompts(1)
+    with pytest.raises(RuntimeError, match=r"quantize='w8a8'.*inference-only"):
+        model(input_ids=ids, labels=ids)
+    # Training mode under no_grad (a validation loss): the logits path.
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=ids)
+    assert out.logits is not None
+    want = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:])
+    torch.testing.assert_close(out.loss, want, rtol=1e-6, atol=0)
+
+
+def test_quantize_mode_errors():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="unknown quantize mode 'int3'; supported: None, 'w8a16'"):
+        fot.apply(model, quantize="int3")
+    if "w4a16" not in quantization.QUANTIZE_MODES:
+        with pytest.raises(ValueError, match="unknown quantize mode 'w4a16'"):
+            fot.apply(model, quantize="w4a16")
+    assert not fot.is_patched(model)  # a refused call changes nothing
+    fot.apply(model, quantize="w8a16")
+    with pytest.raises(ValueError, match="quantized with quantize='w8a16'"):
+        fot.apply(model, quantize="w8a8")

@@ -1,6 +1,6 @@
-"""Decoding with fuseops.transformers.apply, plain and quantized, on a
-tiny Llama built from a config (float32, random weights from a fixed seed,
-nothing downloaded).
+"""Decoding with fuseops.transformers.apply, plain and quantized, and the
+``python -m fuseops bench --decode`` command, on a tiny Llama built from a
+config (float32, random weights from a fixed seed, nothing downloaded).
 
 Greedy generation of the patched model must make exactly HF's tokens: the
 float32 models differ only in the order of float32 sums inside the fused
@@ -29,6 +29,9 @@ boundary and one such step moves the logits by about 1e-3.
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -39,6 +42,7 @@ transformers = pytest.importorskip(
 
 import fuseops.transformers as fot  # noqa: E402
 from fuseops import quantization  # noqa: E402
+from fuseops.bench import decode  # noqa: E402
 from fuseops.ops.quantize import quantize_per_channel_int8  # noqa: E402
 from int8_math import assert_dynamic_matches, dynamic_reference  # noqa: E402
 
@@ -245,3 +249,123 @@ def test_quantize_mode_errors():
     fot.apply(model, quantize="w8a16")
     with pytest.raises(ValueError, match="quantized with quantize='w8a16'"):
         fot.apply(model, quantize="w8a8")
+
+
+# --- the bench's accounting and command ---
+
+
+def test_bytes_read_per_step():
+    model = tiny_model().to(torch.bfloat16)
+    hidden, vocab = CONFIG["hidden_size"], VOCAB
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    weights = sum(m.weight.numel() for m in linears)
+    norms = (2 * CONFIG["num_hidden_layers"] + 1) * hidden
+    # The rotary frequencies and their spare copy, a few bytes.
+    rotary = sum(b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())
+    float_bytes = 2 * (weights + norms) + rotary
+    for batch in (1, 8):
+        want = float_bytes + 2 * batch * hidden  # one embedding row per sequence
+        assert decode.bytes_read_per_step(model, batch) == want
+    assert decode.stored_bytes(model) == float_bytes + 2 * vocab * hidden
+
+    # Quantized: int8 weights (packed in blocks of 16 x 4, the sizes here
+    # are multiples), float32 scales, the int32 column sums in W8A8 only.
+    outputs = sum(m.out_features for m in linears)
+    fot.apply(model, quantize="w8a16")
+    int8_bytes = weights + 4 * outputs + 2 * norms + rotary
+    assert decode.bytes_read_per_step(model, 1) == int8_bytes + 2 * hidden
+    for module in model.modules():
+        if isinstance(module, quantization.Int8Linear):
+            module.mode = "w8a8"
+    assert decode.bytes_read_per_step(model, 1) == int8_bytes + 4 * outputs + 2 * hidden
+
+
+def test_bytes_of_torch_ao_dynamic_linear():
+    model = decode._torch_ao_dynamic(torch.nn.Sequential(torch.nn.Linear(64, 32)))
+    assert decode.bytes_read_per_step(model, 1) == 64 * 32 + 4 * 32  # int8 weight, float bias
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/clear_refs")
+def test_resident_peak_sees_memory_touched_and_freed_inside():
+    with decode.resident_peak() as peak:
+        block = torch.ones(64 << 20, dtype=torch.uint8)  # every page touched
+        del block
+    assert peak["bytes"] >= 60 << 20
+    with decode.resident_peak() as idle:
+        pass
+    assert idle["bytes"] < 16 << 20
+
+
+def test_bench_decode_command(tmp_path):
+    json_path = tmp_path / "decode.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fuseops",
+            "bench",
+            "--decode",
+            "--decode-size",
+            "tiny",
+            "--decode-new-tokens",
+            "4",
+            "--decode-prompt",
+            "8",
+            "--decode-repeats",
+            "1",
+            # One thread: two OpenMP threads on busy cores wait for each
+            # other at every one of a step's many parallel regions.
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--json",
+            str(json_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    expected = ["HF bf16", "fuseops bf16", "fuseops w8a16", "fuseops w8a8"]
+    if "w4a16" in quantization.QUANTIZE_MODES:
+        expected.append("fuseops w4a16")
+    expected.append("torch.ao dynamic int8 (float32 activations)")
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("OMP_WAIT_POLICY ") for line in lines)
+    [columns] = [line for line in lines if line.startswith("| variant |")]
+    assert [c.strip() for c in columns.strip("|").split("|")] == [
+        "variant",
+        "batch",
+        "ms/token",
+        "tokens/s",
+        "MB read/step",
+        "GB/s",
+        "% of copy",
+        "weights MiB",
+        "peak MiB",
+    ]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in lines
+        if line.startswith("| ") and not line.startswith(("| variant", "| ---"))
+    ]
+    assert [(r[0], r[1]) for r in rows] == [(v, b) for v in expected for b in ("1", "8")]
+    assert any(line.startswith("llama.cpp anchor") for line in lines)
+
+    report = json.loads(json_path.read_text())
+    assert report["copy_gb_per_s"] > 0 and report["new_tokens"] == 4
+    assert set(report["method"]) == {"timing", "bytes_read", "copy", "peak_memory"}
+    [size] = report["results"]
+    assert size["size"] == "tiny" and size["parameters"] > 0
+    assert [row["variant"] for row in size["rows"]] == expected
+    for row in size["rows"]:
+        assert "error" not in row and row["weights_bytes"] > 0
+        assert [b["batch"] for b in row["batches"]] == [1, 8]
+        for b in row["batches"]:
+            assert b["bytes_read_per_step"] > 0 and b["generate_s"] > 0 and b["prefill_s"] > 0
+            assert isinstance(b["ms_per_token"], float)
+            # None where the timing noise of so short a run left no decode time.
+            for key in ("tokens_per_s", "gb_per_s", "percent_of_copy"):
+                assert b[key] is None or isinstance(b[key], float), (key, b)
+    assert (tmp_path / "decode.txt").read_text().strip() == result.stdout.split("\nwrote ")[0]

@@ -281,8 +281,13 @@ def test_bytes_read_per_step():
 
 
 def test_bytes_of_torch_ao_dynamic_linear():
-    model = decode._torch_ao_dynamic(torch.nn.Sequential(torch.nn.Linear(64, 32)))
-    assert decode.bytes_read_per_step(model, 1) == 64 * 32 + 4 * 32  # int8 weight, float bias
+    # Several layers: each one's weight is unpacked for the count, and each
+    # counts, whatever addresses the unpacked copies get.
+    layers = [torch.nn.Linear(64, 32), torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)]
+    model = decode._torch_ao_dynamic(torch.nn.Sequential(*layers))
+    want = sum(layer.weight.numel() + 4 * layer.out_features for layer in layers)
+    assert decode.bytes_read_per_step(model, 1) == want  # int8 weights, float biases
+    assert decode.stored_bytes(model) == want
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/clear_refs")

@@ -296,38 +296,45 @@ def _module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
     yield from ((name, b) for name, b in module.named_buffers(recurse=False) if b is not None)
 
 
-def _bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+class _Counted:
+    """Tensors counted once each: shared ones (a tied head) by their
+    storage. The tensors are kept, so that the address of one unpacked for
+    the count (torch.ao's) is not reused by the next and taken for it."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.bytes = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        if tensor.data_ptr() not in self.tensors:
+            self.tensors[tensor.data_ptr()] = tensor
+            self.bytes += tensor.numel() * tensor.element_size()
 
 
 def stored_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's parameters and buffers as stored, shared ones once."""
-    seen, total = set(), 0
+    counted = _Counted()
     for module in model.modules():
         for _, tensor in _module_tensors(module):
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                total += _bytes(tensor)
-    return total
+            counted.add(tensor)
+    return counted.bytes
 
 
 def bytes_read_per_step(model: torch.nn.Module, batch: int) -> int:
     """Bytes of the parameters and buffers one decode step of `batch`
     sequences reads (method in BYTES_METHOD)."""
-    seen, total = set(), 0
+    counted, rows = _Counted(), 0
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             # One row per sequence; a head tied to it still reads it in full.
-            total += batch * module.embedding_dim * module.weight.element_size()
+            rows += batch * module.embedding_dim * module.weight.element_size()
             continue
         # The column sums serve the W8A8 kernels only.
         w8a8 = str(getattr(module, "mode", "")).endswith("w8a8")
         for name, tensor in _module_tensors(module):
-            if (name == "colsum" and not w8a8) or tensor.data_ptr() in seen:
-                continue
-            seen.add(tensor.data_ptr())
-            total += _bytes(tensor)
-    return total
+            if name != "colsum" or w8a8:
+                counted.add(tensor)
+    return rows + counted.bytes
 
 
 # ---------------------------------------------------------------------------

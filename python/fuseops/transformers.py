@@ -23,6 +23,11 @@ in the process stay as they are) and returns what it patched:
   ``ignore_index``, ``shift_labels``, ``num_items_in_batch`` (sum divided by
   it, as HF's loss does) and the config's ``final_logit_softcapping``.
 
+With ``quantize="w8a16"``, ``"w8a8"`` (or ``"w4a16"`` where
+``fuseops.quantization.QUANTIZE_MODES`` has it) the model is then
+quantized for inference: every ``torch.nn.Linear``, the LM head included,
+becomes a quantized layer through ``fuseops.quantize_``.
+
 Patching is idempotent: patched modules carry a marker and a second
 ``apply`` (with the same ``logits``) changes nothing and returns an empty
 list. Parameters, buffers and
@@ -37,11 +42,12 @@ import functools
 import inspect
 import types
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
+from . import quantization
 from .nn import Replacement
 from .ops.activation import bias_gelu
 from .ops.cross_entropy import cross_entropy as _cross_entropy
@@ -58,6 +64,13 @@ KINDS = ("rms_norm", "rope", "mlp", "layer_norm", "cross_entropy")
 
 # Set on a model whose head is patched: the `logits` mode it was patched with.
 _LOGITS_ATTRIBUTE = "_fuseops_logits"
+
+#: The ``quantize`` modes of :func:`apply`, where ``fuseops.quantization``
+#: has them (:func:`quantize_modes`): int8 or int4 weights, for inference.
+QUANTIZE = ("w8a16", "w8a8", "w4a16")
+
+# Set on a model that apply quantized: the mode it was quantized with.
+_QUANTIZE_ATTRIBUTE = "_fuseops_quantize"
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,13 @@ LOGITS = ("auto", "always")
 def supported_model_types() -> list[str]:
     """The ``config.model_type`` values :func:`apply` accepts."""
     return sorted(FAMILIES)
+
+
+def quantize_modes() -> list[str]:
+    """The ``quantize`` values :func:`apply` accepts in this installation:
+    those of :data:`QUANTIZE` that ``fuseops.quantization.QUANTIZE_MODES``
+    has."""
+    return [mode for mode in QUANTIZE if mode in quantization.QUANTIZE_MODES]
 
 
 # ---------------------------------------------------------------------------
@@ -258,12 +278,14 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
         num_items_in_batch = arguments.pop("num_items_in_batch", None)
         ignore_index = arguments.pop("ignore_index", -100)
         shift_labels = arguments.pop("shift_labels", None)
+        has_labels = labels is not None or shift_labels is not None
+        if has_labels and self.training and torch.is_grad_enabled():
+            _refuse_training_if_quantized(self)
         outputs = getattr(self, self.base_model_prefix)(**arguments)
         hidden_states = outputs[0]
         head = self.lm_head
         softcap = getattr(self.config, "final_logit_softcapping", None)
         reduction = "mean" if num_items_in_batch is None else "sum"
-        has_labels = labels is not None or shift_labels is not None
 
         def compute_logits():
             if isinstance(logits_to_keep, int):
@@ -278,7 +300,9 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
             return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
         logits = loss = None
-        if has_labels and self.training:
+        # A quantized head has no float weight to fuse with: its logits
+        # (under no_grad, in training mode) take the path below.
+        if has_labels and self.training and isinstance(head, torch.nn.Linear):
             # The loss without the [tokens, vocab] logits.
             target = _shifted_targets(labels, shift_labels, ignore_index, hidden_states.device)
             loss = _reduce(
@@ -331,6 +355,18 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
     return forward
 
 
+def _refuse_training_if_quantized(model: torch.nn.Module) -> None:
+    mode = model.__dict__.get(_QUANTIZE_ATTRIBUTE)
+    if mode is not None:
+        raise RuntimeError(
+            f"{type(model).__name__}: its linear layers were quantized by "
+            f"fuseops.transformers.apply(quantize={mode!r}) and are inference-only (no "
+            "gradients): a training step cannot run through them. Run the quantized model "
+            "under torch.no_grad() or torch.inference_mode() (generate does), and train the "
+            "model before quantizing it"
+        )
+
+
 # ---------------------------------------------------------------------------
 # apply
 
@@ -381,12 +417,15 @@ def apply(
     cross_entropy: bool = True,
     layer_norm: bool = True,
     logits: str = "auto",
+    quantize: Optional[str] = None,
+    group_size: int = 128,
 ) -> list[Replacement]:
     """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
     family, see :func:`supported_model_types`) in place to run on fuseops
     ops and returns what was patched, one :class:`fuseops.nn.Replacement` per
     module (``name``: qualified module name, ``old``: its class, ``new``: the
-    fuseops op now computing it). Each flag turns one kind of patch on or off.
+    fuseops op now computing it, or for a quantized layer the fuseops layer
+    that replaced it). Each flag turns one kind of patch on or off.
     A module already patched is left alone, so a second call returns ``[]``.
     An unsupported model type raises ``ValueError`` naming the supported ones.
 
@@ -410,11 +449,43 @@ def apply(
     loss and its gradients stay fused. Outside training with labels, both
     return HF's logits. The mode is fixed when the head is patched: calling
     ``apply`` again with another `logits` raises ``ValueError``.
+
+    `quantize` (default None: the weights stay as they are) makes the
+    patched model an inference model with quantized weights: after the
+    patches, ``fuseops.quantize_(model, quantize)`` replaces every
+    ``torch.nn.Linear`` (exact type; attention and MLP projections and the
+    LM head) by a quantized layer, each listed in the returned list as
+    ``Replacement(name, "Linear", "fuseops.quantization.Int8Linear('w8a16')")``.
+    ``"w8a16"``: int8 weights, one scale per output channel, activations
+    in the model's dtype; ``"w8a8"``: the same weights, activations
+    quantized per token on the fly; ``"w4a16"``, where
+    ``fuseops.quantization.QUANTIZE_MODES`` has it, int4 weights with one
+    scale per `group_size` input features (`group_size` is used by that
+    mode only). :func:`quantize_modes` lists the modes this installation
+    has; another value raises ``ValueError`` naming them. The patched model
+    then runs under ``torch.no_grad()`` or ``torch.inference_mode()``
+    (``generate`` does): quantized layers have no gradients, and a training
+    step with labels raises ``RuntimeError``. The embedding stays in the
+    model's dtype (a tied LM head gets its own quantized copy). Layers
+    already quantized are left alone, so a second call with the same
+    `quantize` returns ``[]``; with another mode it raises ``ValueError``.
     """
     if not isinstance(logits, str) or logits not in LOGITS:
         raise ValueError(
             f"fuseops.transformers.apply: logits must be one of "
             f"{', '.join(map(repr, LOGITS))}, got {logits!r}"
+        )
+    if quantize is not None and quantize not in quantize_modes():
+        raise ValueError(
+            f"fuseops.transformers.apply: unknown quantize mode {quantize!r}; supported: None, "
+            + ", ".join(map(repr, quantize_modes()))
+        )
+    quantized_with = model.__dict__.get(_QUANTIZE_ATTRIBUTE)
+    if quantize is not None and quantized_with is not None and quantized_with != quantize:
+        raise ValueError(
+            f"fuseops.transformers.apply: quantize={quantize!r}, but this "
+            f"{type(model).__name__} was quantized with quantize={quantized_with!r}; its "
+            f"float weights are gone (quantize an unquantized model to change the mode)"
         )
     family = _family_of(model)
     patched_with = model.__dict__.get(_LOGITS_ATTRIBUTE)
@@ -496,6 +567,22 @@ def apply(
             "cross_entropy",
             "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy",
         )
+    if quantize is not None:
+        replaced += _quantize(model, quantize, group_size)
+    return replaced
+
+
+def _quantize(model: torch.nn.Module, mode: str, group_size: int) -> list[Replacement]:
+    # Only w4a16 groups its scales; the int8 modes take one per channel.
+    options: dict[str, Any] = {"group_size": group_size} if mode == "w4a16" else {}
+    quantized = quantization.quantize_(model, mode, **options)
+    setattr(model, _QUANTIZE_ATTRIBUTE, mode)
+    replaced = []
+    for q in quantized:
+        layer = type(model.get_submodule(q.name))
+        replaced.append(
+            Replacement(q.name, "Linear", f"{layer.__module__}.{layer.__qualname__}({mode!r})")
+        )
     return replaced
 
 
@@ -504,4 +591,14 @@ def is_patched(module: torch.nn.Module) -> bool:
     return MARKER in module.__dict__
 
 
-__all__ = ["FAMILIES", "KINDS", "LOGITS", "MARKER", "apply", "is_patched", "supported_model_types"]
+__all__ = [
+    "FAMILIES",
+    "KINDS",
+    "LOGITS",
+    "MARKER",
+    "QUANTIZE",
+    "apply",
+    "is_patched",
+    "quantize_modes",
+    "supported_model_types",
+]

@@ -11,7 +11,9 @@ mode calls an op and its peers; ``correctness``, the check against the
 reference; ``timing``, how time and memory are measured; ``environment``, the
 machine and method recorded with the results; ``results`` and ``report``, the
 rows and their table, JSON, CSV and chart; ``hf_models``, the
-``--transformers`` run (a Hugging Face model with and without fuseops).
+``--transformers`` run (a Hugging Face model with and without fuseops);
+``decode``, the ``--decode`` run (``generate`` token by token, fuseops
+patched and quantized against HF and torch.ao).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from . import cases, environment, hf_models, report, results, runner, timing
+from . import cases, decode, environment, hf_models, report, results, runner, timing
 from .correctness import parse_dtypes
 
 SHAPE_PRESETS = {
@@ -236,6 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="no progress (default: a bar on a terminal, else one line per finished row on stderr)",
     )
     hf_models.add_arguments(parser)
+    decode.add_arguments(parser)
 
 
 def _is_terminal(stream) -> bool:
@@ -294,6 +297,8 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     """Runs the benchmark for parsed `args` (tests pass their own cases)."""
     if getattr(args, "transformers", None):
         return hf_models.run(args)
+    if getattr(args, "decode", False):
+        return decode.run(args)
     device = torch.device(args.device)
     problem = environment.check_device(device)
     if problem:

@@ -1,0 +1,634 @@
+"""``python -m fuseops bench --decode``: token-by-token decoding as a CPU
+user of ``model.generate()`` meets it, for a Hugging Face Llama model built
+from a config (random weights, nothing downloaded): HF's bfloat16 model as
+shipped (and, with ``--decode-compile``, under ``torch.compile`` with a
+static cache), the same model after ``fuseops.transformers.apply``, with
+``quantize="w8a16"``, ``"w8a8"`` and, where the installation has it,
+``"w4a16"``, and torch.ao's dynamic int8 ``Linear`` on a float32 copy.
+
+Each variant builds the model afresh from the same seed and runs greedy
+``generate`` with ``min_new_tokens == max_new_tokens``, so every variant
+makes the same number of tokens. The decode time per token is ``(t_N -
+t_1) / (N - 1)``: ``t_N`` is a generate of N new tokens (the prefill of the
+prompt, which gives the first token, then N - 1 decode steps), ``t_1`` a
+generate of one token (the prefill alone), each the median of
+``--decode-repeats`` runs after a warm-up generate of each of 1 and 2
+tokens. One step
+makes one token for every sequence of the batch: tokens/s is batch * 1000
+/ (ms per token). The bytes a step reads are those of every parameter and
+buffer the forward reads (quantized layers: their packed weights and
+scales), the embedding counted as one row per sequence, the LM head in
+full; the KV cache and activations are not counted. GB/s is those bytes
+over the step's time, and "% of copy" compares it with a tensor copy timed
+in the same run. Peak memory is the process's resident set high-water
+mark during the timed generate calls above the resident set before them
+(the weights are in "weights MiB").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from .environment import cpu_model
+
+
+@dataclass(frozen=True)
+class Size:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+
+SIZES = {
+    # The tests' run: seconds.
+    "tiny": Size(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=256),
+    # About 155M parameters, a third of them the embedding and the head.
+    "small": Size(hidden=1024, layers=8, heads=16, kv_heads=4, intermediate=2816, vocab=32000),
+    # About 0.85B parameters: the layers' weights dominate, as in the 1B
+    # Llama-style models run on CPUs.
+    "large": Size(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=5632, vocab=32000),
+}
+DEFAULT_SIZES = ("small", "large")
+DEFAULT_BATCHES = (1, 8)
+DEFAULT_PROMPT = 128
+DEFAULT_NEW_TOKENS = 128
+DEFAULT_REPEATS = 3
+WARMUP_TOKENS = 2
+
+#: Each of the copy's two tensors: far larger than any last-level cache.
+COPY_BYTES = 512 << 20
+COPY_REPEATS = 5
+
+TIMING_METHOD = (
+    "ms per token: (t_N - t_1) / (N - 1), where t_N is the median time of a greedy generate of "
+    "N new tokens with min_new_tokens = max_new_tokens = N (the prefill, which makes the first "
+    "token, and N - 1 decode steps) and t_1 that of a generate of 1 token (the prefill alone), "
+    "after a warm-up generate of 1 and one of 2 tokens; one step makes a token for every sequence of the "
+    "batch, so tokens/s = batch * 1000 / ms per token."
+)
+BYTES_METHOD = (
+    "bytes read per step: every parameter and buffer of the model, once per step "
+    "(quantized layers: their packed weights, scales and biases, the column sums in W8A8 "
+    "only; torch.ao's dynamic Linear: its int8 weight and float bias), the embedding as one "
+    "row per sequence, the LM head in full: what the forward reads, but for the few bytes "
+    "of the rotary embedding's spare copy of its frequencies; not the KV cache, the "
+    "activations or the logits. GB/s = those bytes / the step's time (10^9 bytes)."
+)
+COPY_METHOD = (
+    f"copy bandwidth: dst.copy_(src) of two {COPY_BYTES >> 20} MiB uint8 tensors with torch's "
+    f"threads, best of {COPY_REPEATS}, counted as (bytes read + bytes written) / time; "
+    "% of copy = the step's GB/s (bytes read only) / the copy's GB/s."
+)
+PEAK_METHOD = (
+    "peak MiB: the process's resident set high-water mark (VmHWM, reset through "
+    "/proc/self/clear_refs) during the timed generate calls of one batch size, above the "
+    "resident set before them, glibc's free memory returned to the system first "
+    "(malloc_trim): the KV cache, activations, logits and temporaries, not the weights "
+    "('weights MiB': the bytes of the model's parameters and buffers as stored). None "
+    "where the kernel offers no resettable high-water mark."
+)
+
+LLAMA_CPP_INSTALL = "pip install llama-cpp-python gguf, or pip install 'fuseops[bench-llama]'"
+
+
+def _list_of(parse: Callable[[str], object], allowed: Optional[dict] = None):
+    def parse_list(text: str) -> list:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        if allowed is not None:
+            unknown = [item for item in items if item not in allowed]
+            if unknown:
+                raise argparse.ArgumentTypeError(
+                    f"unknown {', '.join(unknown)}: use {', '.join(allowed)}"
+                )
+        try:
+            return [parse(item) for item in items]
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse_list
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="instead of the ops: greedy model.generate() token by token on a Hugging Face "
+        "Llama model from a config, HF's bfloat16 model against fuseops.transformers.apply "
+        "with and without quantize= and torch.ao's dynamic int8; ms per token, tokens/s, "
+        "bytes read per step, GB/s against a copy, peak memory; --threads, --out and "
+        "--json apply",
+    )
+    parser.add_argument(
+        "--decode-size",
+        type=_list_of(str, SIZES),
+        default=list(DEFAULT_SIZES),
+        help="comma-separated model sizes ("
+        + "; ".join(
+            f"{name}: hidden {s.hidden}, {s.layers} layers, {s.heads}/{s.kv_heads} heads, "
+            f"intermediate {s.intermediate}, vocab {s.vocab}"
+            for name, s in SIZES.items()
+        )
+        + f"; default {','.join(DEFAULT_SIZES)})",
+    )
+    parser.add_argument(
+        "--decode-batch",
+        type=_list_of(_positive),
+        default=list(DEFAULT_BATCHES),
+        help=f"comma-separated batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})",
+    )
+    parser.add_argument(
+        "--decode-prompt",
+        type=_positive,
+        default=DEFAULT_PROMPT,
+        help=f"prompt tokens per sequence (default {DEFAULT_PROMPT})",
+    )
+    parser.add_argument(
+        "--decode-new-tokens",
+        type=_positive,
+        default=DEFAULT_NEW_TOKENS,
+        help=f"new tokens per sequence, at least 2 (default {DEFAULT_NEW_TOKENS})",
+    )
+    parser.add_argument(
+        "--decode-repeats",
+        type=_positive,
+        default=DEFAULT_REPEATS,
+        help=f"timed generate calls of each length, median taken (default {DEFAULT_REPEATS})",
+    )
+    parser.add_argument(
+        "--decode-compile",
+        action="store_true",
+        help="also HF's bfloat16 model under torch.compile with a static KV cache "
+        "(compilation takes minutes on a few cores)",
+    )
+
+
+# ---------------------------------------------------------------------------
+# The variants
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    dtype: torch.dtype
+    #: Turns the freshly built model (eval mode, in `dtype`) into the one
+    #: that generates.
+    prepare: Callable[[torch.nn.Module], torch.nn.Module]
+    static_cache: bool = False
+
+
+def _unchanged(model: torch.nn.Module) -> torch.nn.Module:
+    return model
+
+
+def _compiled(model: torch.nn.Module) -> torch.nn.Module:
+    # HF's recipe for a compiled generate: the forward compiled, a static
+    # cache so that every decode step has the same shapes.
+    model.forward = torch.compile(model.forward, dynamic=False)
+    return model
+
+
+def _fuseops(quantize: Optional[str]) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    def prepare(model: torch.nn.Module) -> torch.nn.Module:
+        import fuseops.transformers
+
+        fuseops.transformers.apply(model, quantize=quantize)
+        return model
+
+    return prepare
+
+
+def _torch_ao_dynamic(model: torch.nn.Module) -> torch.nn.Module:
+    with warnings.catch_warnings():
+        # torch.ao.quantization announces its deprecation on every call.
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+        )
+
+
+def variants(compile_peer: bool) -> list[Variant]:
+    """The variants of this installation: w4a16 where
+    ``fuseops.transformers.quantize_modes()`` has it."""
+    import fuseops.transformers
+
+    bf16 = torch.bfloat16
+    chosen = [Variant("HF bf16", bf16, _unchanged)]
+    if compile_peer:
+        chosen.append(
+            Variant("HF bf16 + torch.compile (static cache)", bf16, _compiled, static_cache=True)
+        )
+    chosen.append(Variant("fuseops bf16", bf16, _fuseops(None)))
+    chosen += [
+        Variant(f"fuseops {mode}", bf16, _fuseops(mode))
+        for mode in fuseops.transformers.quantize_modes()
+    ]
+    chosen.append(
+        Variant("torch.ao dynamic int8 (float32 activations)", torch.float32, _torch_ao_dynamic)
+    )
+    return chosen
+
+
+def _model(size: Size, dtype: torch.dtype, positions: int):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=size.vocab,
+        hidden_size=size.hidden,
+        intermediate_size=size.intermediate,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        max_position_embeddings=max(2048, positions),
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+
+
+# ---------------------------------------------------------------------------
+# What a step reads, what the model holds
+
+
+def _dynamic_linear_tensors(module: torch.nn.Module) -> Optional[list[torch.Tensor]]:
+    """torch.ao's quantized Linear keeps its weight in a packed object held
+    by its LinearPackedParams child, not in parameters or buffers: the int8
+    weight and float bias it packs."""
+    from torch.ao.nn.quantized.modules.linear import LinearPackedParams
+
+    if not isinstance(module, LinearPackedParams):
+        return None
+    weight, bias = module._weight_bias()
+    return [weight] + ([] if bias is None else [bias])
+
+
+def _module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    dynamic = _dynamic_linear_tensors(module)
+    if dynamic is not None:
+        yield from (("", t) for t in dynamic)
+        return
+    yield from module.named_parameters(recurse=False)
+    yield from ((name, b) for name, b in module.named_buffers(recurse=False) if b is not None)
+
+
+class _Counted:
+    """Tensors counted once each: shared ones (a tied head) by their
+    storage. The tensors are kept, so that the address of one unpacked for
+    the count (torch.ao's) is not reused by the next and taken for it."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.bytes = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        if tensor.data_ptr() not in self.tensors:
+            self.tensors[tensor.data_ptr()] = tensor
+            self.bytes += tensor.numel() * tensor.element_size()
+
+
+def stored_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers as stored, shared ones once."""
+    counted = _Counted()
+    for module in model.modules():
+        for _, tensor in _module_tensors(module):
+            counted.add(tensor)
+    return counted.bytes
+
+
+def bytes_read_per_step(model: torch.nn.Module, batch: int) -> int:
+    """Bytes of the parameters and buffers one decode step of `batch`
+    sequences reads (method in BYTES_METHOD)."""
+    counted, rows = _Counted(), 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            # One row per sequence; a head tied to it still reads it in full.
+            rows += batch * module.embedding_dim * module.weight.element_size()
+            continue
+        # The column sums serve the W8A8 kernels only.
+        w8a8 = str(getattr(module, "mode", "")).endswith("w8a8")
+        for name, tensor in _module_tensors(module):
+            if name != "colsum" or w8a8:
+                counted.add(tensor)
+    return rows + counted.bytes
+
+
+# ---------------------------------------------------------------------------
+# Memory and bandwidth of the machine
+
+
+def _status_kib(*fields: str) -> Optional[dict[str, int]]:
+    try:
+        with open("/proc/self/status") as f:
+            values = {
+                line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith(fields)
+            }
+    except OSError:
+        return None
+    return values if all(field in values for field in fields) else None
+
+
+def _release_free_memory() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+@contextlib.contextmanager
+def resident_peak() -> Iterator[dict]:
+    """Yields a dict whose ``bytes`` is, on exit, the resident set's
+    high-water mark during the block above the resident set at its start
+    (None where the high-water mark cannot be reset)."""
+    result: dict = {"bytes": None}
+    _release_free_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident set
+        start = _status_kib("VmRSS")
+    except OSError:
+        start = None
+    yield result
+    end = _status_kib("VmHWM")
+    if start is not None and end is not None:
+        result["bytes"] = max(0, end["VmHWM"] - start["VmRSS"]) * 1024
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a large tensor copy, (read + write) / time (COPY_METHOD)."""
+    src = torch.ones(COPY_BYTES, dtype=torch.uint8)
+    dst = torch.zeros_like(src)  # its pages faulted in before the timing
+    best = float("inf")
+    for _ in range(COPY_REPEATS):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * COPY_BYTES / best / 1e9
+
+
+def llama_cpp_anchor() -> str:
+    """Why the llama.cpp rows (BF16, Q8_0, Q4_0 of the same model) are not
+    in this run."""
+    missing = [name for name in ("llama_cpp", "gguf") if importlib.util.find_spec(name) is None]
+    if missing:
+        return (
+            f"llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: {' and '.join(missing)} not "
+            f"importable; {LLAMA_CPP_INSTALL}"
+        )
+    return (
+        "llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: llama_cpp and gguf are installed, but this "
+        "version of the bench does not convert the model to GGUF yet"
+    )
+
+
+# ---------------------------------------------------------------------------
+# The run
+
+
+def _generator(model, ids: torch.Tensor, new_tokens: int, static_cache: bool):
+    """generate(n): a greedy generate of exactly n new tokens for `ids`."""
+    mask = torch.ones_like(ids)
+    cache = None
+    if static_cache:
+        import transformers
+
+        cache = transformers.StaticCache(
+            config=model.config, max_cache_len=ids.shape[1] + new_tokens
+        )
+
+    def generate(n: int) -> torch.Tensor:
+        options = {}
+        if cache is not None:
+            cache.reset()
+            options["past_key_values"] = cache
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            **options,
+        )
+        if out.shape[1] != ids.shape[1] + n:
+            raise RuntimeError(f"generate made {out.shape[1] - ids.shape[1]} tokens, not {n}")
+        return out
+
+    return generate
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _bench_batch(model, variant: Variant, size: Size, batch: int, args, copy_gb_s) -> dict:
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, size.vocab, (batch, args.decode_prompt), generator=gen)
+    new_tokens = args.decode_new_tokens
+    generate = _generator(model, ids, new_tokens, variant.static_cache)
+    # Both lengths once: the compiled variant compiles its prefill and its
+    # step here, not in the timed calls.
+    generate(1)
+    generate(WARMUP_TOKENS)
+    prefill, total = [], []
+    with resident_peak() as peak:
+        for _ in range(args.decode_repeats):
+            prefill.append(_timed(lambda: generate(1)))
+            total.append(_timed(lambda: generate(new_tokens)))
+    prefill_s, total_s = statistics.median(prefill), statistics.median(total)
+    step_s = (total_s - prefill_s) / (new_tokens - 1)
+    read = bytes_read_per_step(model, batch)
+    gb_s = read / step_s / 1e9 if step_s > 0 else None
+    return {
+        "batch": batch,
+        "prefill_s": prefill_s,
+        "generate_s": total_s,
+        "ms_per_token": step_s * 1e3,
+        "tokens_per_s": batch / step_s if step_s > 0 else None,
+        "bytes_read_per_step": read,
+        "gb_per_s": gb_s,
+        "percent_of_copy": 100 * gb_s / copy_gb_s if gb_s is not None else None,
+        "peak_bytes": peak["bytes"],
+    }
+
+
+def _bench_size(name: str, args, copy_gb_s: float) -> dict:
+    size = SIZES[name]
+    positions = args.decode_prompt + args.decode_new_tokens
+    rows = []
+    parameters = None
+    for variant in variants(args.decode_compile):
+        print(f"{name}: {variant.name}", file=sys.stderr, flush=True)
+        row: dict = {"variant": variant.name}
+        try:
+            model = variant.prepare(_model(size, variant.dtype, positions))
+            if parameters is None:
+                parameters = sum(p.numel() for p in model.parameters())
+            row["weights_bytes"] = stored_bytes(model)
+            row["batches"] = [
+                _bench_batch(model, variant, size, batch, args, copy_gb_s)
+                for batch in args.decode_batch
+            ]
+        except Exception as error:  # one variant's failure is its row's, the run goes on
+            row["error"] = f"{type(error).__name__}: {error}"
+        rows.append(row)
+        model = None
+        if variant.static_cache:
+            torch._dynamo.reset()
+        _release_free_memory()
+    return {"size": name, "config": asdict(size), "parameters": parameters, "rows": rows}
+
+
+def _number(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(result: dict, args) -> str:
+    size = SIZES[result["size"]]
+    parameters = result["parameters"]
+    lines = [
+        f"fuseops bench --decode, size {result['size']}: LlamaForCausalLM, hidden {size.hidden}, "
+        f"{size.layers} layers, {size.heads}/{size.kv_heads} heads, intermediate "
+        f"{size.intermediate}, vocab {size.vocab}"
+        + (f", {parameters / 1e6:.1f}M parameters" if parameters else "")
+        + f"; prompt {args.decode_prompt}, {args.decode_new_tokens} new tokens, greedy, "
+        f"median of {args.decode_repeats}",
+        "",
+        "| variant | batch | ms/token | tokens/s | MB read/step | GB/s | % of copy | "
+        "weights MiB | peak MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in result["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['variant']} | ERROR: {row['error']} | | | | | | | |")
+            continue
+        for b in row["batches"]:
+            peak = None if b["peak_bytes"] is None else b["peak_bytes"] / 2**20
+            lines.append(
+                f"| {row['variant']} | {b['batch']} | {b['ms_per_token']:.2f} | "
+                f"{_number(b['tokens_per_s'], 1)} | {b['bytes_read_per_step'] / 1e6:.2f} | "
+                f"{_number(b['gb_per_s'], 1)} | {_number(b['percent_of_copy'], 0)} | "
+                f"{row['weights_bytes'] / 2**20:.1f} | {_number(peak, 1)} |"
+            )
+    return "\n".join(lines)
+
+
+def _environment() -> dict:
+    import transformers
+
+    import fuseops
+
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    return {
+        "fuseops_version": fuseops.__version__,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": policy,
+        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def header(env: dict, copy_gb_s: float) -> str:
+    policy = env["omp_wait_policy"]
+    load = env["load_average_at_start"]
+    return "\n".join(
+        [
+            f"fuseops {env['fuseops_version']}, torch {env['torch_version']}, transformers "
+            f"{env['transformers_version']}; CPU {env['cpu_model']}, {env['logical_cpus']} "
+            f"logical CPUs, {env['threads']} threads",
+            "OMP_WAIT_POLICY "
+            + (policy if policy else "unset (OpenMP's default)")
+            + "; decode runs many short parallel regions, so it is sensitive to how "
+            "OpenMP's threads wait",
+            f"copy {copy_gb_s:.1f} GB/s ((read + write) / time of a {COPY_BYTES >> 20} MiB "
+            f"tensor copy, best of {COPY_REPEATS})"
+            + (f"; load average {load:.1f} at the start" if load is not None else ""),
+        ]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print(
+            "fuseops bench --decode: transformers is not installed "
+            "(pip install 'fuseops[transformers]')",
+            file=sys.stderr,
+        )
+        return 2
+    if args.device != "cpu":
+        print("fuseops bench --decode: runs on cpu only", file=sys.stderr)
+        return 2
+    if args.decode_new_tokens < 2:
+        print(
+            "fuseops bench --decode: --decode-new-tokens must be at least 2 (the decode time "
+            "is that of the tokens after the first)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    env = _environment()
+    copy_gb_s = copy_bandwidth()
+    results = [_bench_size(name, args, copy_gb_s) for name in args.decode_size]
+    anchor = llama_cpp_anchor()
+    text = "\n\n".join([header(env, copy_gb_s)] + [table(r, args) for r in results] + [anchor])
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    json_path = args.json or os.path.join(args.out, "decode.json")
+    with open(json_path, "w") as f:
+        json.dump(
+            {
+                "environment": env,
+                "prompt_tokens": args.decode_prompt,
+                "new_tokens": args.decode_new_tokens,
+                "repeats": args.decode_repeats,
+                "batches": args.decode_batch,
+                "copy_gb_per_s": copy_gb_s,
+                "method": {
+                    "timing": TIMING_METHOD,
+                    "bytes_read": BYTES_METHOD,
+                    "copy": COPY_METHOD,
+                    "peak_memory": PEAK_METHOD,
+                },
+                "results": results,
+                "llama_cpp": anchor,
+            },
+            f,
+            indent=2,
+        )
+    table_path = os.path.join(args.out, "decode.txt")
+    with open(table_path, "w") as f:
+        f.write(text + "\n")
+    print(f"wrote {table_path}; JSON {json_path}")
+    failed = any("error" in row for result in results for row in result["rows"])
+    return 1 if failed else 0

@@ -6,9 +6,10 @@
 // n): it walks the channel's groups, reading one byte per pair of K
 // positions (threads of a warp take consecutive channels of a block, so
 // their bytes are adjacent), and sums exactly as the CPU kernels do (two
-// fused multiply-add chains per group, even and odd positions, then the
-// group's scale applied to their sum by one more), so both devices give the
-// same bits.
+// fused multiply-add chains of x * q per group, even and odd positions; the
+// zero point's share, zero * the group's sum of activations, taken off
+// their sum by one more, and the group's scale applied by another), so both
+// devices give the same bits.
 
 #include <cstdint>
 
@@ -53,16 +54,19 @@ __global__ void int4_weight_only_linear_cuda(scalar_t* __restrict__ out,
       const float zero = scale_zero[(2 * g + 1) * n + ch];
       float even = 0.0f;
       float odd = 0.0f;
+      float x_sum = 0.0f;
       for (int64_t p = 0; p < pairs; ++p) {
         const uint8_t byte = w[(g * pairs + p) * detail::kInt4BlockN];
         const int64_t k0 = g * group_size + 2 * p;
         // Past K the activations are 0, as in the CPU kernels' padded rows.
         const float x0 = k0 < k ? static_cast<float>(row[k0]) : 0.0f;
         const float x1 = k0 + 1 < k ? static_cast<float>(row[k0 + 1]) : 0.0f;
-        even = fmaf(static_cast<float>(byte & 0xF) - zero, x0, even);
-        odd = fmaf(static_cast<float>(byte >> 4) - zero, x1, odd);
+        even = fmaf(static_cast<float>(byte & 0xF), x0, even);
+        odd = fmaf(static_cast<float>(byte >> 4), x1, odd);
+        // In position order, as the CPU kernels' sums.
+        x_sum = __fadd_rn(__fadd_rn(x_sum, x0), x1);
       }
-      result = fmaf(scale, even + odd, result);
+      result = fmaf(scale, fmaf(-zero, x_sum, even + odd), result);
     }
     opmath_t value = static_cast<opmath_t>(result);
     if (bias != nullptr) {

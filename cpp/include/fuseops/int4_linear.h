@@ -56,12 +56,14 @@ std::tuple<at::Tensor, at::Tensor> pack_int4_weight(const at::Tensor& wq, const 
 // W4A16: y = x @ w.T + bias with w[n, k] = (q[n, k] - zero[n, g]) *
 // scale[n, g] from the packed weight (packed, scale_zero, group_size as
 // pack_int4_weight's). x [..., K] float32, bfloat16, float16 or float64,
-// bias [N] of x's dtype or undefined. Each group's products are summed in
-// float32 (float64 activations are rounded to float32) with its zero point
-// taken off every weight (exact: small integers) and its scale applied once
-// to the group's sum: y[m, n] = sum_g scale[n, g] * sum_{k in g} x[m, k] *
-// (q[n, k] - zero[n, g]) + bias[n], rounded to x's dtype. Every CPU build
-// returns the same bits. Inference op: no derivative; called on tensors that
+// bias [N] of x's dtype or undefined. Computed in float32 (float64
+// activations are rounded to float32), group by group: the products x * q
+// summed, the zero point's share zero[n, g] * (the row's sum of activations
+// over the group) taken off, the group's scale applied to the difference:
+// y[m, n] = sum_g scale[n, g] * (sum_{k in g} x[m, k] * q[n, k] -
+// zero[n, g] * sum_{k in g} x[m, k]) + bias[n], rounded to x's dtype. An
+// infinite activation makes its row NaN (Inf - Inf in the zero points'
+// share). Every CPU build returns the same bits. Inference op: no derivative; called on tensors that
 // require grad with grad mode on it raises.
 at::Tensor int4_weight_only_linear(const at::Tensor& input, const at::Tensor& packed,
                                    const at::Tensor& scale_zero, int64_t group_size,

@@ -4,14 +4,16 @@
 // channels, each a run of 16-byte rows, one row per pair of K positions
 // (byte c: channel c's value at the even position in the low nibble, the
 // odd one in the high nibble; cpp/include/fuseops/int4_linear.h). Lanes are
-// channels: a row of bytes decodes to one vector of 16 channels at the even
-// position and one at the odd position, with the group's zero point taken
-// off each lane (exact: small integers), and each is multiplied by that
-// position's activation broadcast across the vector. Two accumulators per
-// row and vector (even and odd positions) keep two independent chains of
-// fused multiply-adds in flight; at the end of a group their sum is
-// multiplied by the group's scales and added to the row's result, once per
-// group.
+// channels: a row of bytes decodes to one vector of 16 channels' values q at
+// the even position and one at the odd position (a zero-extension, a mask
+// and a shift, two conversions: the decode is most of the work at decode
+// sizes), and each is multiplied by that position's activation broadcast
+// across the vector. Two accumulators per row and vector (even and odd
+// positions) keep two independent chains of fused multiply-adds in flight.
+// The zero point is not taken off each weight but once per group: sum_k x_k
+// (q_k - z) = sum_k x_k q_k - z * sum_k x_k, with each row's sum of
+// activations over the group computed beforehand; then the group's scale
+// multiplies the difference, added to the row's result.
 //
 // Work is split over (block of 16 channels) x (chunk of rows) tasks. At
 // decode sizes (few rows, kDirectRows at most) the blocks alone feed every
@@ -65,40 +67,21 @@ constexpr int kTileRows = 1;
 // Rows per task of the buffered path: each decoded group is reused by all.
 constexpr int64_t kChunkRows = 4 * kTileRows;
 
-#if defined(CPU_CAPABILITY_AVX512)
-// The AVX-512 decode reads q as the float 2^23 + q, whose bit pattern is
-// 0x4B000000 | q (no conversion instruction), and takes off 2^23 + zero:
-// exact for zero points in [0, 15].
-constexpr float kDecodeOffset = 8388608.0f;
-#else
-constexpr float kDecodeOffset = 0.0f;
-#endif
-
-// One row of 16 bytes decoded: channel c's value at the even position of
-// the pair in lane c of `even`, at the odd one in `odd`, less its zero
-// point; `zero`'s lanes are the group's zero points of those channels plus
-// kDecodeOffset.
-C10_ALWAYS_INLINE void decode_pair(const uint8_t* p, const FloatVec* zero, FloatVec* even,
-                                   FloatVec* odd) {
+// One row of 16 bytes decoded: channel c's value q at the even position of
+// the pair in lane c of `even`, at the odd one in `odd`.
+C10_ALWAYS_INLINE void decode_pair(const uint8_t* p, FloatVec* even, FloatVec* odd) {
 #if defined(CPU_CAPABILITY_AVX512)
   const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i magic = _mm512_set1_epi32(0x4B000000);
-  // (bytes & 0xF) | magic in one instruction.
-  const __m512i low = _mm512_ternarylogic_epi32(bytes, _mm512_set1_epi32(0xF), magic, 0xEA);
-  const __m512i high = _mm512_or_si512(_mm512_srli_epi32(bytes, 4), magic);
-  even[0] = _mm512_sub_ps(_mm512_castsi512_ps(low), zero[0]);
-  odd[0] = _mm512_sub_ps(_mm512_castsi512_ps(high), zero[0]);
+  even[0] = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0xF)));
+  odd[0] = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
 #elif defined(CPU_CAPABILITY_AVX2)
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m128i low = _mm_and_si128(bytes, mask);
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-  even[0] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low)), zero[0]);
-  even[1] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(low, 8))),
-                          zero[1]);
-  odd[0] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high)), zero[0]);
-  odd[1] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(high, 8))),
-                         zero[1]);
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  for (int v = 0; v < 2; ++v) {
+    const __m256i bytes =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * v)));
+    even[v] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, mask));
+    odd[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+  }
 #else
   float low[kBlockN];
   float high[kBlockN];
@@ -107,8 +90,8 @@ C10_ALWAYS_INLINE void decode_pair(const uint8_t* p, const FloatVec* zero, Float
     high[c] = static_cast<float>(p[c] >> 4);
   }
   for (int v = 0; v < V; ++v) {
-    even[v] = FloatVec::loadu(low + v * W) - zero[v];
-    odd[v] = FloatVec::loadu(high + v * W) - zero[v];
+    even[v] = FloatVec::loadu(low + v * W);
+    odd[v] = FloatVec::loadu(high + v * W);
   }
 #endif
 }
@@ -124,24 +107,29 @@ C10_ALWAYS_INLINE void load_channels(const float* p, int64_t count, FloatVec* ou
 }
 
 // What the tile functions need of one group of one block: its channels'
-// scales, their zero points as decode_pair takes them, and the group's
-// length in pairs of K positions.
+// scales and negated zero points, the group's length in pairs of K
+// positions, and where the rows' sums of activations over it are (one
+// float per row, `sums_stride` apart).
 struct Group {
   FloatVec scale[V];
-  FloatVec zero[V];
+  FloatVec neg_zero[V];
   int64_t pairs;
+  const float* sums;
+  int64_t sums_stride;
 };
 
-// R rows' sums over one group, from the even and odd accumulators, scaled
-// and added to `result` (R x 16 floats; `first`: start from 0).
+// R rows' sums over one group, from the even and odd accumulators: less the
+// zero points' share, scaled and added to `result` (R x 16 floats; `first`:
+// start from 0).
 template <int R>
 C10_ALWAYS_INLINE void finish_group(const Group& group, FloatVec (&even)[R][V],
                                     FloatVec (&odd)[R][V], float* result, bool first) {
   for (int r = 0; r < R; ++r) {
+    const FloatVec x_sum(group.sums[r * group.sums_stride]);
     for (int v = 0; v < V; ++v) {
-      const FloatVec sum = even[r][v] + odd[r][v];
+      const FloatVec dot = fused_multiply_add(group.neg_zero[v], x_sum, even[r][v] + odd[r][v]);
       const FloatVec before = first ? FloatVec(0.0f) : FloatVec::loadu(result + r * kBlockN + v * W);
-      fused_multiply_add(group.scale[v], sum, before).store(result + r * kBlockN + v * W);
+      fused_multiply_add(group.scale[v], dot, before).store(result + r * kBlockN + v * W);
     }
   }
 }
@@ -162,7 +150,7 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
   for (int64_t p = 0; p < group.pairs; ++p) {
     FloatVec we[V];
     FloatVec wo[V];
-    decode_pair(w + p * kBlockN, group.zero, we, wo);
+    decode_pair(w + p * kBlockN, we, wo);
     for (int r = 0; r < R; ++r) {
       const FloatVec xe(x[r * x_stride + 2 * p]);
       const FloatVec xo(x[r * x_stride + 2 * p + 1]);
@@ -176,7 +164,7 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
 }
 
 // The same over a group already decoded into `decoded` (per position, 16
-// floats: the channels' values less their zero points).
+// floats: the channels' values q).
 template <int R>
 C10_ALWAYS_INLINE void buffered_tile(const float* x, int64_t x_stride, const float* decoded,
                                      const Group& group, float* result, bool first) {
@@ -220,10 +208,17 @@ void tile_rows(int rows, const float* x, int64_t x_stride, const uint8_t* w, con
   }
 }
 
-// Activations as float32 rows of whole groups (zeros past K): reused from
-// call to call on the calling thread up to this many floats, so that decode
-// steps allocate nothing.
+// Activations as float32 rows of whole groups (zeros past K) and their sums
+// over each group: buffers reused from call to call on the calling thread
+// up to this many floats, so that decode steps allocate nothing.
 constexpr size_t kReusedActivationFloats = size_t{1} << 18;
+
+// `floats` floats from `reused` when they are few, else from `fresh`.
+float* scratch(std::vector<float>& reused, std::vector<float>& fresh, size_t floats) {
+  std::vector<float>& buffer = floats <= kReusedActivationFloats ? reused : fresh;
+  buffer.resize(std::max(buffer.size(), floats));
+  return buffer.data();
+}
 
 template <typename scalar_t>
 void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& packed,
@@ -242,21 +237,35 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
       x = in;
     }
   }
-  thread_local std::vector<float> reused;
-  std::vector<float> fresh;
-  if (x == nullptr) {
-    const size_t floats = static_cast<size_t>(m_total * k_padded);
-    std::vector<float>& rows = floats <= kReusedActivationFloats ? reused : fresh;
-    rows.resize(std::max(rows.size(), floats));
-    float* widened = rows.data();
-    at::parallel_for(0, m_total, row_grain(k), [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
+  thread_local std::vector<float> reused_rows;
+  thread_local std::vector<float> reused_sums;
+  std::vector<float> fresh_rows;
+  std::vector<float> fresh_sums;
+  float* widened = x == nullptr ? scratch(reused_rows, fresh_rows,
+                                          static_cast<size_t>(m_total * k_padded))
+                                : nullptr;
+  // sums[m * groups + g]: row m's activations summed over group g, in
+  // order, from 0 (the zero points' share; every build sums alike).
+  float* sums = scratch(reused_sums, fresh_sums, static_cast<size_t>(m_total * groups));
+  at::parallel_for(0, m_total, row_grain(k), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      if (widened != nullptr) {
         for (int64_t i = 0; i < k; ++i) {
           widened[m * k_padded + i] = static_cast<float>(in[m * k + i]);
         }
         std::fill(widened + m * k_padded + k, widened + (m + 1) * k_padded, 0.0f);
       }
-    });
+      const float* row = (widened != nullptr ? widened : x) + m * k_padded;
+      for (int64_t g = 0; g < groups; ++g) {
+        float sum = 0.0f;
+        for (int64_t i = g * group_size; i < (g + 1) * group_size; ++i) {
+          sum += row[i];
+        }
+        sums[m * groups + g] = sum;
+      }
+    }
+  });
+  if (widened != nullptr) {
     x = widened;
   }
 
@@ -283,14 +292,16 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
       for (int64_t g = 0; g < groups; ++g) {
         Group group;
         group.pairs = pairs;
+        group.sums_stride = groups;
         load_channels(sz + (2 * g) * n + channel0, channels, group.scale);
-        load_channels(sz + (2 * g + 1) * n + channel0, channels, group.zero);
+        load_channels(sz + (2 * g + 1) * n + channel0, channels, group.neg_zero);
         for (int v = 0; v < V; ++v) {
-          group.zero[v] = group.zero[v] + FloatVec(kDecodeOffset);
+          group.neg_zero[v] = group.neg_zero[v].neg();
         }
         const uint8_t* wg = wb + g * pairs * kBlockN;
         const float* xg = x + g * group_size;
         if (direct) {
+          group.sums = sums + m_begin * groups + g;
           tile_rows<false, kDirectRows>(static_cast<int>(m_end - m_begin), xg + m_begin * k_padded,
                                         k_padded, wg, nullptr, group, result, g == 0);
           continue;
@@ -298,13 +309,14 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
         for (int64_t p = 0; p < pairs; ++p) {
           FloatVec we[V];
           FloatVec wo[V];
-          decode_pair(wg + p * kBlockN, group.zero, we, wo);
+          decode_pair(wg + p * kBlockN, we, wo);
           for (int v = 0; v < V; ++v) {
             we[v].store(decoded.data() + 2 * p * kBlockN + v * W);
             wo[v].store(decoded.data() + (2 * p + 1) * kBlockN + v * W);
           }
         }
         for (int64_t m = m_begin; m < m_end; m += kTileRows) {
+          group.sums = sums + m * groups + g;
           tile_rows<true, kTileRows>(static_cast<int>(std::min<int64_t>(kTileRows, m_end - m)),
                                      xg + m * k_padded, k_padded, nullptr, decoded.data(), group,
                                      result + (m - m_begin) * kBlockN, g == 0);

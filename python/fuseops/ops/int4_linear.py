@@ -56,10 +56,11 @@ def int4_weight_only_linear(
 ) -> torch.Tensor:
     """W4A16: ``x @ w.T + bias`` with ``w[n, k] = (q[n, k] - zero[n, g]) *
     scale[n, g]`` from the packed weight: ``x [..., K]`` float32, bfloat16,
-    float16 or float64, result ``[..., N]`` in x's dtype. Each group's
-    products are summed in float32 (float64 activations are rounded to
-    float32) and its scale applied once to the group's sum; every CPU build
-    returns the same bits."""
+    float16 or float64, result ``[..., N]`` in x's dtype. In float32
+    (float64 activations are rounded to float32), group by group: the
+    products ``x * q`` summed, ``zero`` times the row's sum of activations
+    over the group taken off, the group's scale applied to the difference;
+    every CPU build returns the same bits."""
     return torch.ops.fuseops.int4_weight_only_linear(x, packed, scale_zero, group_size, bias)
 
 

@@ -154,19 +154,27 @@ def _f_linear(x, packed, scale_zero, group_size):
 def _weight_int4pack_mm(x, packed, scale_zero, group_size):
     # ATen's int4 weight-only matmul for CPU (torchao's int4 CPU layout):
     # weights (q - 8) * scale + offset per group, so the offset is
-    # (8 - zero) * scale; its scales and offsets are in x's dtype.
+    # (8 - zero) * scale; its scales and offsets are in x's dtype. It takes
+    # N in multiples of 16 and K in whole groups: smaller test shapes are
+    # padded with zero weights (and zero activations), the bench's are not.
+    k, n = x.shape[-1], scale_zero.shape[-1]
+    groups = scale_zero.shape[0]
+    n_padded, k_padded = -(-n // 16) * 16, groups * group_size
     key = (packed.data_ptr(), x.dtype, "int4pack")
     if key not in _PEER_WEIGHTS:
-        k = x.shape[-1]
-        n = scale_zero.shape[-1]
-        q = unpack_int4_weight(packed, n, k).to(torch.int32).contiguous()
-        weight = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-        scale = scale_zero[:, 0, :]
-        offset = (8 - scale_zero[:, 1, :]) * scale
+        q = unpack_int4_weight(packed, n, k).to(torch.int32)
+        q = torch.nn.functional.pad(q, (0, k_padded - k, 0, n_padded - n), value=8)
+        weight = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        scale = torch.nn.functional.pad(scale_zero[:, 0, :], (0, n_padded - n))
+        zero = torch.nn.functional.pad(scale_zero[:, 1, :], (0, n_padded - n), value=8.0)
+        offset = (8 - zero) * scale
         scales_and_offsets = torch.stack((scale, offset), dim=-1).to(x.dtype).contiguous()
         _PEER_WEIGHTS[key] = (weight, scales_and_offsets)
     weight, scales_and_offsets = _PEER_WEIGHTS[key]
-    return torch._weight_int4pack_mm_for_cpu(x, weight, group_size, scales_and_offsets)
+    if k_padded != k:
+        x = torch.nn.functional.pad(x, (0, k_padded - k))
+    y = torch._weight_int4pack_mm_for_cpu(x, weight, group_size, scales_and_offsets)
+    return y if n_padded == n else y[..., :n]
 
 
 def _x_and_weight(rows, hidden, dtype, device, gen):

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 import fuseops
 from fuseops import reference
 
-import exact
-from conftest import DTYPES, expect_error_mentions
+from support import exact
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 SHAPES = [(0,), (), (1,), (7,), (3, 17), (5, 0, 3), (2, 3, 4, 5), (1000, 67)]
 APPROXIMATIONS = ["none", "tanh"]

@@ -22,7 +22,7 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import expect_error_mentions
+from support.errors import expect_error_mentions
 
 F64 = torch.float64
 

@@ -15,7 +15,8 @@ import torch
 import fuseops
 from fuseops import _loader
 
-from conftest import cpu_capabilities, cpu_runs, run_python
+from support.cpu_builds import cpu_capabilities, cpu_runs
+from support.processes import run_python
 
 
 def test_build_info_describes_this_build():

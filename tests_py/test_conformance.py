@@ -21,8 +21,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map
 
 import fuseops
-import sample_run
-from conftest import CAPABILITY_ORDER, DEVICES, expect_error_mentions, run_under_cpu_capability
+from support import sample_run
+from support.cpu_builds import CAPABILITY_ORDER, run_under_cpu_capability
+from support.errors import expect_error_mentions
+from support.params import DEVICES
 
 
 def _all_samples() -> dict:
@@ -429,7 +431,7 @@ def test_every_op_in_each_cpu_build(capability, cpu_calls, tmp_path):
     calls_path, expected = cpu_calls
     run_under_cpu_capability(
         capability,
-        "import fuseops, sample_run\n"
+        "import fuseops\nfrom support import sample_run\n"
         f"sample_run.main({str(calls_path)!r}, {str(tmp_path / 'results.pt')!r})\n",
     )
     actual = torch.load(tmp_path / "results.pt")

@@ -28,7 +28,8 @@ import fuseops
 import fuseops.nn
 from fuseops import reference
 
-from conftest import DTYPES, expect_error_mentions
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 

@@ -21,9 +21,9 @@ The exact check is against the float math of the same int8 numbers: the
 w8a16 model against the float model whose linear weights are the
 dequantized int8 weights (q * s), to float32 accumulation (measured 3e-7 of
 the largest logit, bound 1e-5); the w8a8 layers, each on the inputs it got,
-against their float64 reference (tests_py/int8_math.py), since a float32
-difference of 1e-7 upstream can move an activation across an int8 rounding
-boundary and one such step moves the logits by about 1e-3.
+against their float64 reference (tests_py/support/int8_math.py), since a
+float32 difference of 1e-7 upstream can move an activation across an int8
+rounding boundary and one such step moves the logits by about 1e-3.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import fuseops.transformers as fot  # noqa: E402
 from fuseops import quantization  # noqa: E402
 from fuseops.bench import decode  # noqa: E402
 from fuseops.ops.quantize import quantize_per_channel_int8  # noqa: E402
-from int8_math import assert_dynamic_matches, dynamic_reference  # noqa: E402
+from support.int8_math import assert_dynamic_matches, dynamic_reference  # noqa: E402
 
 VOCAB = 256
 CONFIG = dict(
@@ -195,7 +195,8 @@ def test_quantize_replaces_every_linear_and_generates(mode):
     model = tiny_model()
     linears = _linear_names(model)
     assert "lm_head" in linears
-    replaced = fot.apply(model, quantize=mode)
+    # Each layer on its own (test_fused_projections.py: q/k/v and gate/up merged).
+    replaced = fot.apply(model, quantize=mode, fuse_projections=False)
     quantized = [r for r in replaced if r.old == "Linear"]
     assert sorted(r.name for r in quantized) == linears
     assert all(f"({mode!r})" in r.new for r in quantized)
@@ -335,6 +336,7 @@ def test_bench_decode_command(tmp_path):
     expected = ["HF bf16", "fuseops bf16", "fuseops w8a16", "fuseops w8a8"]
     if "w4a16" in quantization.QUANTIZE_MODES:
         expected.append("fuseops w4a16")
+    expected.append("fuseops w8a16, projections separate")
     expected.append("torch.ao dynamic int8 (float32 activations)")
     lines = result.stdout.splitlines()
     assert any(line.startswith("OMP_WAIT_POLICY ") for line in lines)

@@ -64,8 +64,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fuseops
-import sample_run
 from fuseops.ops._fuzz import Draw
+
+from support import sample_run
 
 EXAMPLES = int(os.environ.get("FUSEOPS_FUZZ_EXAMPLES", "100"))
 SETTINGS = settings(

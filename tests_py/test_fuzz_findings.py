@@ -13,7 +13,7 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import expect_error_mentions
+from support.errors import expect_error_mentions
 
 
 def x34():

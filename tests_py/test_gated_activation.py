@@ -17,8 +17,9 @@ import torch.nn.functional as F
 import fuseops
 from fuseops import reference
 
-import exact
-from conftest import DTYPES, expect_error_mentions
+from support import exact
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 # Shapes of the result [..., H]; packed inputs are [..., 2*H].
 SHAPES = [(0, 4), (), (1,), (7,), (3, 17), (2, 0, 3), (2, 3, 4, 5), (300, 67)]
@@ -163,8 +164,8 @@ def test_double_backward_is_an_error_not_a_wrong_answer():
 
 def test_special_values_follow_float64_math():
     """Every pair of special gate and up values, against the exact formula
-    in float64 (see exact.py: not ATen, whose float32 gelu(+Inf) is NaN in
-    its AVX-512 build)."""
+    in float64 (see support/exact.py: not ATen, whose float32 gelu(+Inf) is
+    NaN in its AVX-512 build)."""
     specials = torch.tensor(
         [0.0, 1.0, -1.0, 30.0, -30.0, float("inf"), float("-inf"), float("nan")]
     )

@@ -31,8 +31,10 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import CAPABILITY_ORDER, DTYPES, expect_error_mentions, run_under_cpu_capability
-from int8_math import ROUNDING
+from support.cpu_builds import CAPABILITY_ORDER, run_under_cpu_capability
+from support.errors import expect_error_mentions
+from support.int8_math import ROUNDING
+from support.params import DTYPES
 
 
 def packed_weight(n, k, group_size, device, symmetric=True, seed=0):

@@ -34,8 +34,9 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, expect_error_mentions
-from int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
+from support.errors import expect_error_mentions
+from support.int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
+from support.params import DTYPES
 
 
 def quantized_weight(n, k, device, gen_seed=0):

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, expect_error_mentions
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 SHAPES = [(1,), (7,), (3, 17), (5, 0, 33), (2, 3, 64), (37, 1000), (16, 4099)]
 AFFINE = [(False, False), (True, False), (False, True), (True, True)]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fuseops
-from conftest import run_python
+from support.processes import run_python
 
 MiB = 1 << 20
 HUGE_PAGE = 2 * MiB

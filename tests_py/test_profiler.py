@@ -10,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import fuseops
-import sample_run
+from support import sample_run
 from test_conformance import _params, fresh, is_backward_op, is_out, needs_grad
 
 

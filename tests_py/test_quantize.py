@@ -16,7 +16,8 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, expect_error_mentions
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 
 def make(shape, dtype, layout, device):

@@ -18,7 +18,7 @@ import pytest
 
 import fuseops
 
-from conftest import run_python
+from support.processes import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 

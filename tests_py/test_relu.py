@@ -14,7 +14,8 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, expect_error_mentions
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 SHAPES = [(0,), (), (1,), (7,), (3, 17), (5, 0, 3), (2, 3, 4, 5), (1000, 67)]
 

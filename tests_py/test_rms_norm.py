@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, expect_error_mentions
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 SHAPES = [(1, 1), (5,), (7, 33), (4, 3, 64), (2, 4099), (300, 96), (0, 16), (3, 0)]
 TOL = {

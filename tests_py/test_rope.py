@@ -22,7 +22,8 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import DTYPES, expect_error_mentions
+from support.errors import expect_error_mentions
+from support.params import DTYPES
 
 TOL = {
     torch.float64: (1e-12, 1e-12),

@@ -32,15 +32,11 @@ import torch
 import fuseops
 from fuseops import reference
 
-from conftest import (
-    CAPABILITY_ORDER,
-    DTYPES,
-    cpu_runs,
-    expect_error_mentions,
-    run_python,
-    run_under_cpu_capability,
-)
-from int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
+from support.cpu_builds import CAPABILITY_ORDER, cpu_runs, run_under_cpu_capability
+from support.errors import expect_error_mentions
+from support.int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
+from support.params import DTYPES
+from support.processes import run_python
 
 
 def assert_matches(y, want, k):

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import fuseops
-import sample_run
-from conftest import run_under_cpu_capability
+from support import sample_run
+from support.cpu_builds import run_under_cpu_capability
 from test_conformance import SAMPLES, fresh
 
 CPU = SAMPLES["cpu"]

@@ -26,7 +26,9 @@ in the process stay as they are) and returns what it patched:
 With ``quantize="w8a16"``, ``"w8a8"`` (or ``"w4a16"`` where
 ``fuseops.quantization.QUANTIZE_MODES`` has it) the model is then
 quantized for inference: every ``torch.nn.Linear``, the LM head included,
-becomes a quantized layer through ``fuseops.quantize_``.
+becomes a quantized layer through ``fuseops.quantize_``, after q/k/v and
+gate/up are merged into one layer each (``fuse_projections``; the old names
+hold :class:`ProjectionSlice` modules returning their part).
 
 Patching is idempotent: patched modules carry a marker and a second
 ``apply`` (with the same ``logits``) changes nothing and returns an empty
@@ -168,6 +170,13 @@ def _gated(gate: torch.Tensor, up: Optional[torch.Tensor], kind: str) -> torch.T
 
 def _gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(_gated(self.gate_proj(x), self.up_proj(x), self._fuseops_act))
+
+
+def _fused_gate_up_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    # gate_proj and up_proj merged by apply(fuse_projections=...) into
+    # gate_up_proj (gate rows, then up rows): one product, read in place as
+    # the packed gated activation's input.
+    return self.down_proj(_gated(self.gate_up_proj(x), None, self._fuseops_act))
 
 
 def _packed_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -368,6 +377,130 @@ def _refuse_training_if_quantized(model: torch.nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Fused projections: several linear layers of the same input as one
+
+
+class ProjectionSlice(torch.nn.Module):
+    """Stands in for one of the linear layers that :func:`apply` merged into
+    one layer of their parent (``q_proj``, ``k_proj``, ``v_proj`` ->
+    ``qkv_proj``; ``gate_proj``, ``up_proj`` -> ``gate_up_proj``), so that
+    HF's forward, which calls each of them on the same hidden states, runs
+    one product for all of them. The first slice called with an input
+    computes the merged layer's output and keeps it until every other slice
+    has taken its part of it for that same tensor (the same object, not
+    modified in place since: its version counter, which inference tensors do
+    not have, is compared); a call with any other input computes afresh.
+    ``y[..., offset:offset + out_features]`` of the merged output is what
+    the original layer computed: the merged weight is the originals' rows
+    one after the other, and a quantized merged layer quantizes each output
+    channel on its own, as the separate layers did, so the results are the
+    same bits. The slice holds no weight; ``parent.<merged>`` does."""
+
+    def __init__(
+        self,
+        parent: torch.nn.Module,
+        merged: str,
+        index: int,
+        splits: tuple[int, ...],
+        in_features: int,
+    ) -> None:
+        super().__init__()
+        # Not a submodule: the merged layer is the parent's, once.
+        object.__setattr__(self, "_parent", parent)
+        self.merged = merged
+        self.index = index
+        self.splits = splits
+        self.in_features = in_features
+        self.out_features = splits[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parent = self._parent
+        key = "_fuseops_outputs_" + self.merged
+        if torch.compiler.is_compiling():
+            # No state across calls in a traced graph: each slice computes the
+            # merged product (a graph's common-subexpression pass may share it).
+            return getattr(parent, self.merged)(x).split(self.splits, dim=-1)[self.index]
+        version = -1 if x.is_inference() else x._version
+        kept = parent.__dict__.get(key)
+        if kept is not None and kept[0] is x and kept[1] == version and self.index in kept[3]:
+            kept[3].discard(self.index)
+            if not kept[3]:
+                del parent.__dict__[key]
+            return kept[2][self.index]
+        outputs = getattr(parent, self.merged)(x).split(self.splits, dim=-1)
+        waiting = set(range(len(self.splits))) - {self.index}
+        parent.__dict__[key] = (x, version, outputs, waiting)
+        return outputs[self.index]
+
+    def extra_repr(self) -> str:
+        offset = sum(self.splits[: self.index])
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"{self.merged}[..., {offset}:{offset + self.out_features}]"
+        )
+
+
+# Layers merged by apply(fuse_projections=...): (their names, the merged
+# layer's name), in each module that has all of them as nn.Linear of the same
+# input size (the gated families' attention and MLP).
+_MERGED_PROJECTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+    (("gate_proj", "up_proj"), "gate_up_proj"),
+)
+
+
+def _merge_projections(model: torch.nn.Module) -> list[tuple[str, tuple[str, ...], str]]:
+    """Merges, in every module of `model`, each set of _MERGED_PROJECTIONS
+    into one ``nn.Linear`` (weights and biases concatenated, a missing bias
+    as zeros) and puts a :class:`ProjectionSlice` in place of each original.
+    Returns (module name, originals, merged name) for each merge."""
+    merges: list[tuple[str, tuple[str, ...], str]] = []
+    for name, module in list(model.named_modules()):
+        for originals, merged in _MERGED_PROJECTIONS:
+            linears = [module._modules.get(original) for original in originals]
+            if merged in module._modules or not all(
+                type(linear) is torch.nn.Linear for linear in linears
+            ):
+                continue
+            if len({(linear.in_features, linear.weight.dtype) for linear in linears}) != 1:
+                continue
+            fused = _concatenated(linears)
+            splits = tuple(linear.out_features for linear in linears)
+            for index, original in enumerate(originals):
+                slice_ = ProjectionSlice(module, merged, index, splits, fused.in_features)
+                setattr(module, original, slice_)
+            module.add_module(merged, fused)
+            if getattr(module.forward, "__func__", None) is _gated_mlp_forward:
+                # fuseops' MLP forward: the merged output read in place.
+                module.forward = types.MethodType(_fused_gate_up_mlp_forward, module)
+            merges.append((name, originals, merged))
+    return merges
+
+
+def _concatenated(linears: list) -> torch.nn.Linear:
+    """One ``nn.Linear`` whose output is the outputs of `linears` (same
+    input size and dtype) one after the other."""
+    first = linears[0]
+    weight = first.weight
+    fused = torch.nn.Linear(
+        first.in_features,
+        sum(linear.out_features for linear in linears),
+        bias=any(linear.bias is not None for linear in linears),
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        torch.cat([linear.weight for linear in linears], out=fused.weight)
+        if fused.bias is not None:
+            biases = [
+                linear.bias if linear.bias is not None else weight.new_zeros(linear.out_features)
+                for linear in linears
+            ]
+            torch.cat(biases, out=fused.bias)
+    return fused.train(first.training)
+
+
+# ---------------------------------------------------------------------------
 # apply
 
 
@@ -419,6 +552,7 @@ def apply(
     logits: str = "auto",
     quantize: Optional[str] = None,
     group_size: int = 128,
+    fuse_projections: Optional[bool] = None,
 ) -> list[Replacement]:
     """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
     family, see :func:`supported_model_types`) in place to run on fuseops
@@ -469,6 +603,21 @@ def apply(
     model's dtype (a tied LM head gets its own quantized copy). Layers
     already quantized are left alone, so a second call with the same
     `quantize` returns ``[]``; with another mode it raises ``ValueError``.
+
+    `fuse_projections` (default: on with `quantize`) merges, before
+    quantizing, the projections of the same input into one layer per
+    module: ``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj`` and
+    ``gate_proj``/``up_proj`` into ``gate_up_proj``, so a decode step reads
+    each layer's weights in four products instead of seven. The results are
+    the same bits as the separate quantized layers' (each output channel is
+    quantized and summed on its own). The originals' places hold
+    :class:`ProjectionSlice` modules that return their part of the merged
+    output (HF's attention forward runs unchanged); the state_dict holds the
+    merged layer's buffers (``...self_attn.qkv_proj.packed``), so save and
+    load such a model after ``apply`` with the same arguments. Float models
+    keep HF's separate layers: ``fuse_projections=True`` without `quantize`
+    raises ``ValueError`` (merged float weights would change the parameter
+    names that state_dicts, optimizers and PEFT adapters use).
     """
     if not isinstance(logits, str) or logits not in LOGITS:
         raise ValueError(
@@ -486,6 +635,14 @@ def apply(
             f"fuseops.transformers.apply: quantize={quantize!r}, but this "
             f"{type(model).__name__} was quantized with quantize={quantized_with!r}; its "
             f"float weights are gone (quantize an unquantized model to change the mode)"
+        )
+    if fuse_projections is None:
+        fuse_projections = quantize is not None
+    elif fuse_projections and quantize is None:
+        raise ValueError(
+            "fuseops.transformers.apply: fuse_projections=True needs quantize=...: float models "
+            "keep HF's separate q/k/v and gate/up layers (their parameter names are what "
+            "state_dicts, optimizers and PEFT adapters use)"
         )
     family = _family_of(model)
     patched_with = model.__dict__.get(_LOGITS_ATTRIBUTE)
@@ -568,6 +725,17 @@ def apply(
             "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy",
         )
     if quantize is not None:
+        if fuse_projections:
+            for name, originals, merged in _merge_projections(model):
+                prefix = f"{name}." if name else ""
+                for original in originals:
+                    replaced.append(
+                        Replacement(
+                            prefix + original,
+                            "Linear",
+                            f"fuseops.transformers.ProjectionSlice({prefix + merged})",
+                        )
+                    )
         replaced += _quantize(model, quantize, group_size)
     return replaced
 
@@ -596,6 +764,7 @@ __all__ = [
     "KINDS",
     "LOGITS",
     "MARKER",
+    "ProjectionSlice",
     "QUANTIZE",
     "apply",
     "is_patched",

@@ -1,10 +1,12 @@
 """``python -m fuseops bench --decode``: token-by-token decoding as a CPU
 user of ``model.generate()`` meets it, for a Hugging Face Llama model built
 from a config (random weights, nothing downloaded): HF's bfloat16 model as
-shipped (and, with ``--decode-compile``, under ``torch.compile`` with a
-static cache), the same model after ``fuseops.transformers.apply``, with
+shipped (and, with ``--decode-compile``, it and fuseops' w8a16 model under
+``torch.compile`` with a static cache), the same model after ``fuseops.transformers.apply``, with
 ``quantize="w8a16"``, ``"w8a8"`` and, where the installation has it,
-``"w4a16"``, and torch.ao's dynamic int8 ``Linear`` on a float32 copy.
+``"w4a16"`` (q/k/v and gate/up merged, apply's default when quantizing;
+w8a16 once more with them separate, to show what the merge gains), and
+torch.ao's dynamic int8 ``Linear`` on a float32 copy.
 
 Each variant builds the model afresh from the same seed and runs greedy
 ``generate`` with ``min_new_tokens == max_new_tokens``, so every variant
@@ -183,8 +185,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decode-compile",
         action="store_true",
-        help="also HF's bfloat16 model under torch.compile with a static KV cache "
-        "(compilation takes minutes on a few cores)",
+        help="also HF's bfloat16 model and fuseops' w8a16 one under torch.compile with a "
+        "static KV cache (compilation takes minutes on a few cores)",
     )
 
 
@@ -213,11 +215,13 @@ def _compiled(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _fuseops(quantize: Optional[str]) -> Callable[[torch.nn.Module], torch.nn.Module]:
+def _fuseops(
+    quantize: Optional[str], fuse_projections: Optional[bool] = None
+) -> Callable[[torch.nn.Module], torch.nn.Module]:
     def prepare(model: torch.nn.Module) -> torch.nn.Module:
         import fuseops.transformers
 
-        fuseops.transformers.apply(model, quantize=quantize)
+        fuseops.transformers.apply(model, quantize=quantize, fuse_projections=fuse_projections)
         return model
 
     return prepare
@@ -248,6 +252,17 @@ def variants(compile_peer: bool) -> list[Variant]:
         Variant(f"fuseops {mode}", bf16, _fuseops(mode))
         for mode in fuseops.transformers.quantize_modes()
     ]
+    if compile_peer and "w8a16" in fuseops.transformers.quantize_modes():
+        chosen.append(
+            Variant(
+                "fuseops w8a16 + torch.compile (static cache)",
+                bf16,
+                lambda model: _compiled(_fuseops("w8a16")(model)),
+                static_cache=True,
+            )
+        )
+    # What merging q/k/v and gate/up (apply's default when quantizing) gains.
+    chosen.append(Variant("fuseops w8a16, projections separate", bf16, _fuseops("w8a16", False)))
     chosen.append(
         Variant("torch.ao dynamic int8 (float32 activations)", torch.float32, _torch_ao_dynamic)
     )

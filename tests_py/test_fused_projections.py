@@ -176,3 +176,31 @@ def test_fuse_projections_without_quantize_is_refused():
     # Plain patching never merges.
     fot.apply(model)
     assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+
+
+def test_compiled_model_runs_each_merged_product_once_and_matches_eager():
+    model = tiny()
+    fot.apply(model, quantize="w8a16")
+    tokens = ids()
+    want = logits(model, tokens)
+    counts = {"products": 0}
+
+    def count(gm, example_inputs):
+        counts["products"] += sum(
+            "int8_weight_only_linear" in str(node.target) for node in gm.graph.nodes
+        )
+        return gm.forward
+
+    compiled = torch.compile(model, backend=count, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(input_ids=tokens).logits
+    assert torch.equal(got, want)
+    # qkv, o, gate_up and down per layer, and the head: no product twice.
+    assert counts["products"] == 4 * CONFIG["num_hidden_layers"] + 1
+    for layer in model.model.layers:
+        assert not [k for k in vars(layer.self_attn) if k.startswith("_fuseops_outputs_")]
+    # Inductor compiles the ops around fuseops' own (attention, residual adds)
+    # into code that sums float32 in another order: float32 rounding apart.
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True)(input_ids=tokens).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())

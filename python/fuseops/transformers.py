@@ -388,8 +388,9 @@ class ProjectionSlice(torch.nn.Module):
     one product for all of them. The first slice called with an input
     computes the merged layer's output and keeps it until every other slice
     has taken its part of it for that same tensor (the same object, not
-    modified in place since: its version counter, which inference tensors do
-    not have, is compared); a call with any other input computes afresh.
+    modified in place since: its version counter, which inference tensors
+    and tensors traced by torch.compile do not have, is compared); a call
+    with any other input computes afresh.
     ``y[..., offset:offset + out_features]`` of the merged output is what
     the original layer computed: the merged weight is the originals' rows
     one after the other, and a quantized merged layer quantizes each output
@@ -416,11 +417,10 @@ class ProjectionSlice(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parent = self._parent
         key = "_fuseops_outputs_" + self.merged
-        if torch.compiler.is_compiling():
-            # No state across calls in a traced graph: each slice computes the
-            # merged product (a graph's common-subexpression pass may share it).
-            return getattr(parent, self.merged)(x).split(self.splits, dim=-1)[self.index]
-        version = -1 if x.is_inference() else x._version
+        # torch.compile traces the same logic (the stored outputs are gone by
+        # the end of the attention, so the graph carries no state); a traced
+        # tensor has no version counter to read.
+        version = -1 if torch.compiler.is_compiling() or x.is_inference() else x._version
         kept = parent.__dict__.get(key)
         if kept is not None and kept[0] is x and kept[1] == version and self.index in kept[3]:
             kept[3].discard(self.index)

@@ -45,18 +45,8 @@ from fuseops import quantization  # noqa: E402
 from fuseops.bench import decode  # noqa: E402
 from fuseops.ops.quantize import quantize_per_channel_int8  # noqa: E402
 from support.int8_math import assert_dynamic_matches, dynamic_reference  # noqa: E402
+from support.tiny_llama import CONFIG, VOCAB  # noqa: E402
 
-VOCAB = 256
-CONFIG = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    tie_word_embeddings=False,
-)
 NEW_TOKENS = 32
 PAD = 0
 

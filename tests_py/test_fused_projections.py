@@ -22,18 +22,8 @@ transformers = pytest.importorskip(
 
 import fuseops.transformers as fot  # noqa: E402
 from fuseops.quantization import Int4Linear, Int8Linear  # noqa: E402
+from support.tiny_llama import CONFIG, VOCAB  # noqa: E402
 
-VOCAB = 256
-CONFIG = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    tie_word_embeddings=False,
-)
 MODES = fot.quantize_modes()
 LAYER_TYPES = {"w8a16": Int8Linear, "w8a8": Int8Linear, "w4a16": Int4Linear}
 

@@ -27,6 +27,7 @@
 
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
+#include "ops/common/linear_output.h"
 #include "ops/common/output_memory.h"
 #include "ops/common/tensors.h"
 
@@ -239,25 +240,8 @@ at::Tensor int4_weight_only_linear_with(const at::Tensor& input, const at::Tenso
   const int64_t n = scale_zero.size(2);
   const int64_t k = input.size(-1);
   const at::Tensor b = undefined_if_none(bias);
-  if (b.defined()) {
-    check_same_dtype(op, "bias", b, "input", input);
-    check_same_device(op, "bias", b, "input", input);
-    TORCH_CHECK(b.dim() == 1 && b.size(0) == n, op, ": argument 'bias' must have shape [", n,
-                "] (N, from 'scale_zero'), got ", b.sizes());
-  }
-  std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
-  out_shape.back() = n;
-  at::Tensor out = empty_output(out_shape, input.options());
-  if (kernel == nullptr || out.numel() == 0) {
-    return out;
-  }
-  if (k == 0) {
-    // An empty sum: the bias alone.
-    if (b.defined()) {
-      out.copy_(b.expand(out.sizes()));
-    } else {
-      out.zero_();
-    }
+  at::Tensor out = linear_output(op, input, b, n, "scale_zero");
+  if (!linear_needs_kernel(out, b, k, kernel != nullptr)) {
     return out;
   }
   kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale_zero.contiguous(),

@@ -16,6 +16,7 @@
 
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
+#include "ops/common/linear_output.h"
 #include "ops/common/output_memory.h"
 #include "ops/common/tensors.h"
 
@@ -60,32 +61,7 @@ at::Tensor prepare_linear(const char* op, const at::Tensor& input, const at::Ten
               " (its last dimension), but 'packed' holds ", packed.size(1),
               " groups of 4 input features (K in [", 4 * packed.size(1) - 3, ", ",
               4 * packed.size(1), "]); input shape ", input.sizes());
-  if (b.defined()) {
-    check_same_dtype(op, "bias", b, "input", input);
-    check_same_device(op, "bias", b, "input", input);
-    TORCH_CHECK(b.dim() == 1 && b.size(0) == n, op, ": argument 'bias' must have shape [", n,
-                "] (N, from 'scale'), got ", b.sizes());
-  }
-  std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
-  out_shape.back() = n;
-  return empty_output(out_shape, input.options());
-}
-
-// Whether `out` still needs the kernel; fills it when it does not.
-bool needs_kernel(const at::Tensor& out, const at::Tensor& b, int64_t k, bool has_kernel) {
-  if (!has_kernel || out.numel() == 0) {
-    return false;
-  }
-  if (k == 0) {
-    // An empty sum: the bias alone.
-    if (b.defined()) {
-      out.copy_(b.expand(out.sizes()));
-    } else {
-      out.zero_();
-    }
-    return false;
-  }
-  return true;
+  return linear_output(op, input, b, n, "scale");
 }
 
 }  // namespace
@@ -97,7 +73,7 @@ at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tenso
   const at::Tensor b = undefined_if_none(bias);
   at::Tensor out = prepare_linear("fuseops::int8_weight_only_linear", input, packed, scale, b);
   const int64_t k = input.size(-1);
-  if (needs_kernel(out, b, k, kernel != nullptr)) {
+  if (linear_needs_kernel(out, b, k, kernel != nullptr)) {
     kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
            contiguous_if_defined(b));
   }
@@ -129,7 +105,7 @@ at::Tensor int8_dynamic_linear_with(const at::Tensor& input, const at::Tensor& p
   check_dynamic_linear_colsum_and_k(op, input, colsum, scale.size(0),
                                     "from fuseops.pack_int8_weight; N from 'scale'");
   const int64_t k = input.size(-1);
-  if (needs_kernel(out, b, k, kernel != nullptr)) {
+  if (linear_needs_kernel(out, b, k, kernel != nullptr)) {
     kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
            colsum.contiguous(), contiguous_if_defined(b));
   }

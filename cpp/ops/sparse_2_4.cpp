@@ -23,6 +23,7 @@
 
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
+#include "ops/common/linear_output.h"
 #include "ops/common/output_memory.h"
 #include "ops/common/tensors.h"
 
@@ -204,32 +205,7 @@ at::Tensor prepare_linear(const char* op, const at::Tensor& input, const at::Ten
   check_scale(op, scale, n, "'values'", input, "input");
   check_same_device(op, "values", values, "input", input);
   check_same_device(op, "meta", meta, "input", input);
-  if (b.defined()) {
-    check_same_dtype(op, "bias", b, "input", input);
-    check_same_device(op, "bias", b, "input", input);
-    TORCH_CHECK(b.dim() == 1 && b.size(0) == n, op, ": argument 'bias' must have shape [", n,
-                "] (N, from 'values'), got ", b.sizes());
-  }
-  std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
-  out_shape.back() = n;
-  return empty_output(out_shape, input.options());
-}
-
-// Whether `out` still needs the kernel; fills it when it does not.
-bool needs_kernel(const at::Tensor& out, const at::Tensor& b, int64_t k, bool has_kernel) {
-  if (!has_kernel || out.numel() == 0) {
-    return false;
-  }
-  if (k == 0) {
-    // An empty sum: the bias alone.
-    if (b.defined()) {
-      out.copy_(b.expand(out.sizes()));
-    } else {
-      out.zero_();
-    }
-    return false;
-  }
-  return true;
+  return linear_output(op, input, b, n, "values");
 }
 
 }  // namespace
@@ -242,7 +218,7 @@ at::Tensor sparse_2_4_linear_with(const at::Tensor& input, const at::Tensor& val
   at::Tensor out =
       prepare_linear("fuseops::sparse_2_4_linear", input, values, meta, scale, b, false);
   const int64_t k = input.size(-1);
-  if (needs_kernel(out, b, k, kernel != nullptr)) {
+  if (linear_needs_kernel(out, b, k, kernel != nullptr)) {
     kernel(out, input.reshape({-1, k}).contiguous(), values.contiguous(), meta.contiguous(),
            scale.contiguous(), contiguous_if_defined(b));
   }
@@ -260,7 +236,7 @@ at::Tensor sparse_2_4_dynamic_linear_with(const at::Tensor& input, const at::Ten
   check_dynamic_linear_colsum_and_k(op, input, colsum, values.size(0),
                                     "values.sum(1, dtype=torch.int32); N from 'values'");
   const int64_t k = input.size(-1);
-  if (needs_kernel(out, b, k, kernel != nullptr)) {
+  if (linear_needs_kernel(out, b, k, kernel != nullptr)) {
     kernel(out, input.reshape({-1, k}).contiguous(), values.contiguous(), meta.contiguous(),
            scale.contiguous(), colsum.contiguous(), contiguous_if_defined(b));
   }

@@ -13,6 +13,9 @@
 //    as in double backward with create_graph=True or a direct call on
 //    tensors that require grad -- it raises at once, naming the op, instead
 //    of returning a result whose gradient would silently be None.
+// Inference-only ops (the quantize, pack and quantized linear ops) have no
+// derivative at all: their Autograd kernels call check_inference first, with
+// the same refusal.
 // A backward op with no Autograd kernel at all would fall through to its
 // device kernel and break that promise silently.
 
@@ -46,6 +49,13 @@ inline void check_no_derivative(const char* op,
               " is not differentiable (no double backward through the op it is the "
               "backward of): call it under torch.no_grad() or on tensors that do not "
               "require grad");
+}
+
+inline void check_inference(const char* op,
+                            std::initializer_list<std::optional<at::Tensor>> inputs) {
+  TORCH_CHECK(!records_grad(inputs), op,
+              " is an inference op with no derivative: call it under torch.no_grad() or "
+              "torch.inference_mode(), or on tensors that do not require grad");
 }
 
 }  // namespace fuseops::autograd_detail

@@ -16,11 +16,7 @@
 namespace fuseops {
 namespace {
 
-void check_inference(const char* op, std::initializer_list<std::optional<at::Tensor>> inputs) {
-  TORCH_CHECK(!autograd_detail::records_grad(inputs), op,
-              " is an inference op with no derivative: call it under torch.no_grad() or "
-              "torch.inference_mode(), or on tensors that do not require grad");
-}
+using autograd_detail::check_inference;
 
 at::Tensor prune_2_4_autograd(const at::Tensor& weight) {
   check_inference("fuseops::prune_2_4", {weight});

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 EPS = 1e-6
 
@@ -126,3 +127,21 @@ def gate_up(rows, hidden, dtype, device, gen):
 
 def packed(rows, hidden, dtype, device, gen):
     return (row(rows, 2 * hidden, dtype, device, gen),)
+
+
+# The peers' own forms of a bench input (a dequantized weight, another
+# library's packing), made on a peer's first, untimed, correctness-checking
+# call and reused by the timed ones. Keyed weakly on the input tensor itself:
+# a form lives as long as its input, and a later input that happens to get a
+# freed one's address does not find the freed one's form.
+_PEER_FORMS: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+
+def peer_form(source: torch.Tensor, key: tuple, make: Callable[[], object]):
+    """The form `key` of `source` (made by ``make()`` on first use)."""
+    forms = _PEER_FORMS.get(source)
+    if forms is None:
+        forms = _PEER_FORMS[source] = {}
+    if key not in forms:
+        forms[key] = make()
+    return forms[key]

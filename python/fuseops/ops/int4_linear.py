@@ -137,18 +137,14 @@ def int4_weight_only_linear_reference(x, packed, scale_zero, group_size, bias=No
     return y if bias is None else y + bias.to(x.dtype)
 
 
-# The peers' own forms of a bench weight, made on their first (untimed,
-# correctness-checking) call and reused: (packed's address, dtype, form) ->
-# tensors.
-_PEER_WEIGHTS: dict = {}
-
-
 def _f_linear(x, packed, scale_zero, group_size):
-    key = (packed.data_ptr(), x.dtype, "float")
-    if key not in _PEER_WEIGHTS:
+    from ._bench_case import peer_form
+
+    def dequantized():
         w = dequantize_int4_weight(packed, scale_zero, group_size, x.shape[-1], torch.float32)
-        _PEER_WEIGHTS[key] = w.to(x.dtype)
-    return torch.nn.functional.linear(x, _PEER_WEIGHTS[key])
+        return w.to(x.dtype)
+
+    return torch.nn.functional.linear(x, peer_form(packed, ("float", x.dtype), dequantized))
 
 
 def _weight_int4pack_mm(x, packed, scale_zero, group_size):
@@ -160,8 +156,9 @@ def _weight_int4pack_mm(x, packed, scale_zero, group_size):
     k, n = x.shape[-1], scale_zero.shape[-1]
     groups = scale_zero.shape[0]
     n_padded, k_padded = -(-n // 16) * 16, groups * group_size
-    key = (packed.data_ptr(), x.dtype, "int4pack")
-    if key not in _PEER_WEIGHTS:
+    from ._bench_case import peer_form
+
+    def int4pack():
         q = unpack_int4_weight(packed, n, k).to(torch.int32)
         q = torch.nn.functional.pad(q, (0, k_padded - k, 0, n_padded - n), value=8)
         weight = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
@@ -169,8 +166,9 @@ def _weight_int4pack_mm(x, packed, scale_zero, group_size):
         zero = torch.nn.functional.pad(scale_zero[:, 1, :], (0, n_padded - n), value=8.0)
         offset = (8 - zero) * scale
         scales_and_offsets = torch.stack((scale, offset), dim=-1).to(x.dtype).contiguous()
-        _PEER_WEIGHTS[key] = (weight, scales_and_offsets)
-    weight, scales_and_offsets = _PEER_WEIGHTS[key]
+        return weight, scales_and_offsets
+
+    weight, scales_and_offsets = peer_form(packed, ("int4pack", x.dtype), int4pack)
     if k_padded != k:
         x = torch.nn.functional.pad(x, (0, k_padded - k))
     y = torch._weight_int4pack_mm_for_cpu(x, weight, group_size, scales_and_offsets)

@@ -104,20 +104,16 @@ def int8_dynamic_linear_reference(x, packed, scale, colsum, bias=None):
     return y.to(x.dtype)
 
 
-# The peers' own forms of a bench weight, made on their first (untimed,
-# correctness-checking) call and reused: (packed's address, dtype) -> tensors.
-_PEER_WEIGHTS: dict = {}
-
-
 def _peer_weight(packed, scale, n, k, dtype, form):
-    key = (packed.data_ptr(), dtype, form)
-    if key not in _PEER_WEIGHTS:
+    from ._bench_case import peer_form
+
+    def make():
         wq = unpack_int8_weight(packed, n, k).contiguous()
         if form == "float":
-            _PEER_WEIGHTS[key] = ((wq.to(torch.float32) * scale[:, None]).to(dtype),)
-        else:
-            _PEER_WEIGHTS[key] = (wq, scale.to(dtype))
-    return _PEER_WEIGHTS[key]
+            return ((wq.to(torch.float32) * scale[:, None]).to(dtype),)
+        return (wq, scale.to(dtype))
+
+    return peer_form(packed, (form, dtype), make)
 
 
 def _f_linear(x, packed, scale):
@@ -133,8 +129,9 @@ def _weight_int8pack_mm(x, packed, scale):
 def _dynamic_peer_weight(packed, scale, n, k, engine):
     # torch.ao's dynamic Linear with the same per-channel int8 weight; it
     # quantizes activations per tensor (uint8, asymmetric) at run time.
-    key = (packed.data_ptr(), tuple(packed.shape), engine, "ao")
-    if key not in _PEER_WEIGHTS:
+    from ._bench_case import peer_form
+
+    def make():
         import warnings
 
         import torch.ao.nn.quantized.dynamic as nnqd
@@ -149,8 +146,9 @@ def _dynamic_peer_weight(packed, scale, n, k, engine):
             )
             module = nnqd.Linear(k, n, bias_=False)
             module.set_weight_bias(qweight, None)
-        _PEER_WEIGHTS[key] = (module,)
-    return _PEER_WEIGHTS[key]
+        return (module,)
+
+    return peer_form(packed, ("ao", engine), make)
 
 
 def _ao_dynamic_linear(engine):
@@ -167,12 +165,15 @@ def _int_mm(x, packed, scale, colsum):
     # torch._int_mm on activations quantized beforehand (per token, as the
     # op does, outside the timing) and the int8 weight [K, N]: the int8
     # GEMM alone plus the scales' epilogue.
-    key = (x.data_ptr(), tuple(x.shape), x.dtype, packed.data_ptr(), "int_mm")
-    if key not in _PEER_WEIGHTS:
+    from ._bench_case import peer_form
+
+    def make():
         xq, x_scale = torch.ops.fuseops.quantize_per_token_int8(x)
         wq = unpack_int8_weight(packed, scale.shape[0], x.shape[-1]).contiguous()
-        _PEER_WEIGHTS[key] = (xq, x_scale.unsqueeze(-1), wq)
-    xq, x_scale, wq = _PEER_WEIGHTS[key]
+        return xq, x_scale.unsqueeze(-1), wq
+
+    # Kept with the activations; `packed` belongs to the same input set.
+    xq, x_scale, wq = peer_form(x, ("int_mm", id(packed)), make)
     return (torch._int_mm(xq, wq.t()).float() * x_scale * scale).to(x.dtype)
 
 

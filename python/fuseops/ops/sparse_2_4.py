@@ -165,28 +165,24 @@ def sparse_2_4_dynamic_linear_reference(x, values, meta, scale, colsum, bias=Non
     return y.to(x.dtype)
 
 
-# The peers' dense forms of a bench weight, made on their first (untimed,
-# correctness-checking) call and reused: (values' address, form) -> tensors.
-_PEER_WEIGHTS: dict = {}
-
-
 def _dense_peer(values, meta, scale, k, form):
     # form: "int8" (the dense int8 kernel's packed weight and scales),
     # "int8_dynamic" (those and the column sums) or a float dtype (the
     # dequantized dense weight in it).
-    key = (values.data_ptr(), tuple(values.shape), values.dtype, form)
-    if key not in _PEER_WEIGHTS:
+    from ._bench_case import peer_form
+
+    def make():
         dense = unpack_2_4(values, meta, k)
         if form in ("int8", "int8_dynamic"):
             from .int8_linear import pack_int8_weight
 
             packed = pack_int8_weight(dense, scale)
-            _PEER_WEIGHTS[key] = packed if form == "int8_dynamic" else packed[:2]
-        elif dense.dtype == torch.int8:
-            _PEER_WEIGHTS[key] = ((dense.float() * scale[:, None]).to(form),)
-        else:
-            _PEER_WEIGHTS[key] = (dense.to(form),)
-    return _PEER_WEIGHTS[key]
+            return packed if form == "int8_dynamic" else packed[:2]
+        if dense.dtype == torch.int8:
+            return ((dense.float() * scale[:, None]).to(form),)
+        return (dense.to(form),)
+
+    return peer_form(values, ("dense", form), make)
 
 
 def _f_linear(x, values, meta, scale):

@@ -145,6 +145,10 @@ class _Rotation:
 
     def __init__(self, calls: list[Callable]):
         self.calls = calls
+        # Calls in one turn through the sets: the timer's least warm-up, so
+        # that what a callable makes on its first call of a set (a peer's
+        # own form of the weight) is made before any call is timed.
+        self.cycle = len(calls)
         self.index = -1
         if all(hasattr(call, "refill") for call in calls):
             self.refill = lambda: self.calls[self.index].refill()  # type: ignore[attr-defined]

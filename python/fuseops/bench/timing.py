@@ -153,7 +153,8 @@ def measure_many(
     samples: dict[str, list[float]] = {}
     totals: dict[str, float] = {}
     for name, fn in fns.items():
-        for _ in range(settings.warmup_calls):
+        # At least one call of each input set of a rotating callable.
+        for _ in range(max(settings.warmup_calls, getattr(fn, "cycle", 1))):
             call_untimed(fn)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -315,6 +315,32 @@ def test_timer_and_peak_memory():
     assert timing.peak_memory(lambda: None, torch.device("cpu")) == 0
 
 
+def test_timer_calls_every_input_set_before_timing(monkeypatch):
+    # A peer makes its own form of a set's weight on its first call of that
+    # set: every set must have been called once before calibration starts.
+    counts = [0] * 9
+    seen_at_calibration = []
+
+    def call_of(index):
+        def call():
+            counts[index] += 1
+
+        return call
+
+    rotation = calls._Rotation([call_of(i) for i in range(len(counts))])
+    calibrate = timing._calibrate
+
+    def recording(run_block, fn, settings):
+        seen_at_calibration.append(list(counts))
+        return calibrate(run_block, fn, settings)
+
+    monkeypatch.setattr(timing, "_calibrate", recording)
+    settings = timing.TimerSettings(min_time=0.001, min_blocks=3, block_time=0.0002)
+    timing.measure(rotation, torch.device("cpu"), settings)
+    [before] = seen_at_calibration
+    assert min(before) >= 1, before
+
+
 def test_tune_memory_flag_applies_to_every_peer_and_is_reported(tmp_path):
     # tune_memory() is process-wide: the bench runs in a child process.
     import subprocess

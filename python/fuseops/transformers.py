@@ -98,6 +98,17 @@ FAMILIES: dict[str, _Family] = {
     "gemma2": _Family("Gemma2", "gated", rms_offset=True, causal_lm=("Gemma2ForCausalLM",)),
     "gemma3_text": _Family("Gemma3", "gated", rms_offset=True, causal_lm=("Gemma3ForCausalLM",)),
     "phi3": _Family("Phi3", "packed", causal_lm=("Phi3ForCausalLM",)),
+    "olmo2": _Family("Olmo2", "gated", causal_lm=("Olmo2ForCausalLM",)),
+    "olmo3": _Family("Olmo3", "gated", causal_lm=("Olmo3ForCausalLM",)),
+    "smollm3": _Family("SmolLM3", "gated", causal_lm=("SmolLM3ForCausalLM",)),
+    "seed_oss": _Family("SeedOss", "gated", causal_lm=("SeedOssForCausalLM",)),
+    "ministral": _Family("Ministral", "gated", causal_lm=("MinistralForCausalLM",)),
+    "exaone4": _Family("Exaone4", "gated", causal_lm=("Exaone4ForCausalLM",)),
+    "hunyuan_v1_dense": _Family(
+        "HunYuanDenseV1", "gated", causal_lm=("HunYuanDenseV1ForCausalLM",)
+    ),
+    # Logits divided by config.logits_scaling (the head patch does so too).
+    "granite": _Family("Granite", "gated", causal_lm=("GraniteForCausalLM",)),
     # No rotary embedding (learned positions), nn.LayerNorm, bias + GELU MLPs.
     "gpt2": _Family("GPT2", "conv1d", causal_lm=("GPT2LMHeadModel",)),
     # No lm_head: BERT's language-model heads are a transform then a decoder.
@@ -294,6 +305,8 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
         hidden_states = outputs[0]
         head = self.lm_head
         softcap = getattr(self.config, "final_logit_softcapping", None)
+        # Granite's heads divide the logits by it.
+        logits_scaling = getattr(self.config, "logits_scaling", None) or 1.0
         reduction = "mean" if num_items_in_batch is None else "sum"
 
         def compute_logits():
@@ -306,6 +319,8 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
             else:
                 kept = hidden_states[:, logits_to_keep, :]
             logits = head(kept)
+            if logits_scaling != 1.0:
+                logits = logits / logits_scaling
             return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
         logits = loss = None
@@ -314,12 +329,17 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
         if has_labels and self.training and isinstance(head, torch.nn.Linear):
             # The loss without the [tokens, vocab] logits.
             target = _shifted_targets(labels, shift_labels, ignore_index, hidden_states.device)
+            hidden, bias = hidden_states.reshape(-1, hidden_states.shape[-1]), head.bias
+            if logits_scaling != 1.0:
+                # (h W^T + b) / s, as (h / s) W^T + b / s.
+                hidden = hidden / logits_scaling
+                bias = None if bias is None else bias / logits_scaling
             loss = _reduce(
                 linear_cross_entropy(
-                    hidden_states.reshape(-1, hidden_states.shape[-1]),
+                    hidden,
                     head.weight,
                     target,
-                    head.bias,
+                    bias,
                     reduction=reduction,
                     ignore_index=ignore_index,
                     softcap=softcap,
@@ -697,8 +717,11 @@ def apply(
             kind = _activation_kind(act) if act is not None else None
             forward: Callable[..., object]
             if family.mlp in ("gated", "packed"):
-                if kind is None:
-                    continue  # an activation without a fused gated form: left to HF
+                projections = (
+                    ("gate_proj", "up_proj") if family.mlp == "gated" else ("gate_up_proj",)
+                )
+                if kind is None or not all(hasattr(module, p) for p in projections):
+                    continue  # an activation without a fused gated form, or no gate: HF's
                 new = "fuseops.swiglu" if kind == "silu" else f"fuseops.geglu({kind!r})"
                 if family.mlp == "gated":
                     forward = _gated_mlp_forward

@@ -47,6 +47,8 @@ GEMMA = {"rms_norm", "rope", "geglu", "linear_cross_entropy"}
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 # Special tokens inside the tiny vocabulary (some families' defaults are not).
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# The routers' load-balancing loss on, with a weight that shows in the loss.
+MOE = dict(output_router_logits=True, router_aux_loss_coef=0.5)
 
 # family -> (config class, model class, config overrides, fuseops ops the
 # patched training step must run)
@@ -119,6 +121,33 @@ FAMILIES = {
             attention_multiplier=0.25,
         ),
         GATED,
+    ),
+    # Mixture of experts (the experts and routers stay HF's), with the
+    # routers' load-balancing loss added to the loss.
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(TOKENS, num_local_experts=4, num_experts_per_tok=2, **MOE),
+        {"rms_norm", "rope", "linear_cross_entropy"},
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            TOKENS,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            **MOE,
+        ),
+        GATED,  # the shared expert's SwiGLU
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(TOKENS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, **MOE),
+        {"rms_norm", "rope", "linear_cross_entropy"},
     ),
     # LayerNorm and bias + tanh GELU (Conv1D projections), learned positions.
     "gpt2": (
@@ -298,6 +327,9 @@ LM_HEADS = {
     "Exaone4ForCausalLM",
     "HunYuanDenseV1ForCausalLM",
     "GraniteForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",

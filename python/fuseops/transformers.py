@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -85,6 +86,10 @@ class _Family:
     # model, then lm_head and HF's causal-LM loss, nothing else. Other heads
     # with an lm_head (GPT2DoubleHeadsModel's multiple-choice head) keep HF's.
     causal_lm: tuple[str, ...] = ()
+    # Mixture-of-experts: the causal LM adds the routers' load-balancing loss
+    # (its modeling module's load_balancing_loss_func) when asked for the
+    # router logits, and returns MoeCausalLMOutputWithPast.
+    moe: bool = False
 
 
 # model_type -> family. Every family's attention calls its module's
@@ -109,6 +114,10 @@ FAMILIES: dict[str, _Family] = {
     ),
     # Logits divided by config.logits_scaling (the head patch does so too).
     "granite": _Family("Granite", "gated", causal_lm=("GraniteForCausalLM",)),
+    # Experts and routers stay HF's; Qwen2-MoE's shared expert is a gated MLP.
+    "mixtral": _Family("Mixtral", "gated", causal_lm=("MixtralForCausalLM",), moe=True),
+    "qwen2_moe": _Family("Qwen2Moe", "gated", causal_lm=("Qwen2MoeForCausalLM",), moe=True),
+    "qwen3_moe": _Family("Qwen3Moe", "gated", causal_lm=("Qwen3MoeForCausalLM",), moe=True),
     # No rotary embedding (learned positions), nn.LayerNorm, bias + GELU MLPs.
     "gpt2": _Family("GPT2", "conv1d", causal_lm=("GPT2LMHeadModel",)),
     # No lm_head: BERT's language-model heads are a transform then a decoder.
@@ -262,7 +271,7 @@ def _reduce(loss_sum_or_mean: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     return loss_sum_or_mean / num_items_in_batch
 
 
-def _causal_lm_forward(original: Callable, logits_mode: str):
+def _causal_lm_forward(original: Callable, logits_mode: str, moe: bool = False):
     """The ``forward`` of a patched ``*ForCausalLM``/``*LMHeadModel``: the
     base model as HF calls it, then the head and loss by fuseops. With
     `logits_mode` ``"always"`` the logits are also computed in training with
@@ -271,7 +280,11 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
     from transformers.modeling_outputs import (
         CausalLMOutputWithCrossAttentions,
         CausalLMOutputWithPast,
+        MoeCausalLMOutputWithPast,
     )
+
+    # The family's own, from the module that defines its causal LM.
+    load_balancing_loss = sys.modules[original.__module__].load_balancing_loss_func if moe else None
 
     signature = inspect.signature(original)
     # Names that positional arguments bind to, in the original's order (it
@@ -301,6 +314,11 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
         has_labels = labels is not None or shift_labels is not None
         if has_labels and self.training and torch.is_grad_enabled():
             _refuse_training_if_quantized(self)
+        if moe:
+            router_logits = arguments.get("output_router_logits")
+            if router_logits is None:
+                router_logits = self.config.output_router_logits
+            arguments["output_router_logits"] = router_logits
         outputs = getattr(self, self.base_model_prefix)(**arguments)
         hidden_states = outputs[0]
         head = self.lm_head
@@ -369,7 +387,21 @@ def _causal_lm_forward(original: Callable, logits_mode: str):
             hidden_states=getattr(outputs, "hidden_states", None),
             attentions=getattr(outputs, "attentions", None),
         )
-        if hasattr(outputs, "cross_attentions"):
+        if moe:
+            aux_loss = None
+            if router_logits:
+                aux_loss = load_balancing_loss(
+                    outputs.router_logits,
+                    self.num_experts,
+                    self.num_experts_per_tok,
+                    arguments.get("attention_mask"),
+                )
+                if loss is not None:
+                    fields["loss"] = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+            result = MoeCausalLMOutputWithPast(
+                aux_loss=aux_loss, router_logits=outputs.router_logits, **fields
+            )
+        elif hasattr(outputs, "cross_attentions"):
             result = CausalLMOutputWithCrossAttentions(
                 cross_attentions=outputs.cross_attentions, **fields
             )
@@ -743,7 +775,7 @@ def apply(
         record(
             "",
             model,
-            _causal_lm_forward(type(model).forward, logits),
+            _causal_lm_forward(type(model).forward, logits, family.moe),
             "cross_entropy",
             "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy",
         )

@@ -49,6 +49,9 @@ NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 # The routers' load-balancing loss on, with a weight that shows in the loss.
 MOE = dict(output_router_logits=True, router_aux_loss_coef=0.5)
+SHARED_EXPERTS = dict(
+    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1
+)
 
 # family -> (config class, model class, config overrides, fuseops ops the
 # patched training step must run)
@@ -148,6 +151,50 @@ FAMILIES = {
         "Qwen3MoeForCausalLM",
         dict(TOKENS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, **MOE),
         {"rms_norm", "rope", "linear_cross_entropy"},
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(TOKENS, num_experts=4, num_experts_per_tok=2, **MOE),
+        {"rms_norm", "rope", "linear_cross_entropy"},
+    ),
+    # MoE with shared experts (gated MLPs) and a first dense layer.
+    "hunyuan_v1_moe": (
+        "HunYuanMoEV1Config",
+        "HunYuanMoEV1ForCausalLM",
+        dict(TOKENS, num_experts=4, moe_topk=2, head_dim=16),
+        GATED,
+    ),
+    "dots1": (
+        "Dots1Config",
+        "Dots1ForCausalLM",
+        dict(TOKENS, head_dim=16, first_k_dense_replace=1, **SHARED_EXPERTS),
+        GATED,
+    ),
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(TOKENS, head_dim=16, first_k_dense_replace=1, **SHARED_EXPERTS),
+        GATED,
+    ),
+    "ministral3": (
+        "Ministral3Config",
+        "Ministral3ForCausalLM",
+        dict(TOKENS, head_dim=16, sliding_window=8),
+        GATED,
+    ),
+    "vaultgemma": (
+        "VaultGemmaConfig",
+        "VaultGemmaForCausalLM",
+        dict(TOKENS, head_dim=16, final_logit_softcapping=3.0),
+        GEMMA,
+    ),
+    # nn.LayerNorm, partial rotary, a gated MLP.
+    "stablelm": (
+        "StableLmConfig",
+        "StableLmForCausalLM",
+        dict(TOKENS, partial_rotary_factor=0.5),
+        {"layer_norm", "rope", "swiglu", "linear_cross_entropy"},
     ),
     # LayerNorm and bias + tanh GELU (Conv1D projections), learned positions.
     "gpt2": (
@@ -338,6 +385,13 @@ LM_HEADS = {
     "Gemma3ForCausalLM",
     "Phi3ForCausalLM",
     "GPT2LMHeadModel",
+    "OlmoeForCausalLM",
+    "HunYuanMoEV1ForCausalLM",
+    "Dots1ForCausalLM",
+    "Glm4MoeForCausalLM",
+    "Ministral3ForCausalLM",
+    "VaultGemmaForCausalLM",
+    "StableLmForCausalLM",
 }
 CHOICES = 2
 

@@ -118,6 +118,17 @@ FAMILIES: dict[str, _Family] = {
     "mixtral": _Family("Mixtral", "gated", causal_lm=("MixtralForCausalLM",), moe=True),
     "qwen2_moe": _Family("Qwen2Moe", "gated", causal_lm=("Qwen2MoeForCausalLM",), moe=True),
     "qwen3_moe": _Family("Qwen3Moe", "gated", causal_lm=("Qwen3MoeForCausalLM",), moe=True),
+    "olmoe": _Family("Olmoe", "gated", causal_lm=("OlmoeForCausalLM",), moe=True),
+    # MoE without an auxiliary loss in its causal LM's forward.
+    "hunyuan_v1_moe": _Family("HunYuanMoEV1", "gated", causal_lm=("HunYuanMoEV1ForCausalLM",)),
+    "dots1": _Family("Dots1", "gated", causal_lm=("Dots1ForCausalLM",)),
+    "glm4_moe": _Family("Glm4Moe", "gated", causal_lm=("Glm4MoeForCausalLM",)),
+    "ministral3": _Family("Ministral3", "gated", causal_lm=("Ministral3ForCausalLM",)),
+    "vaultgemma": _Family(
+        "VaultGemma", "gated", rms_offset=True, causal_lm=("VaultGemmaForCausalLM",)
+    ),
+    # nn.LayerNorm, partial rotary.
+    "stablelm": _Family("StableLm", "gated", causal_lm=("StableLmForCausalLM",)),
     # No rotary embedding (learned positions), nn.LayerNorm, bias + GELU MLPs.
     "gpt2": _Family("GPT2", "conv1d", causal_lm=("GPT2LMHeadModel",)),
     # No lm_head: BERT's language-model heads are a transform then a decoder.

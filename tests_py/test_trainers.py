@@ -1,0 +1,241 @@
+"""Where Hugging Face users train: ``transformers.Trainer``, TRL's
+``SFTTrainer`` and PEFT's LoRA adapters on a model patched by
+``fuseops.transformers.apply``, against the same run of the unpatched model.
+
+A tiny Llama (2 layers, hidden 64, a 64-token vocabulary) trains a few
+steps on a fixed token sequence, from the same seed, with the same data
+order. The patched model's losses and final weights must follow the
+unpatched model's: float32 runs differ only in the order of float32 sums
+inside the fused ops (about 1e-6 relative per step, test_transformers.py),
+which a few optimizer steps of learning rate 1e-3 carry to under 1e-4; the
+bound 1e-3 leaves margin, and a patch that dropped the loss's
+normalisation, the gradient-accumulation count or a gradient would move the
+losses by far more. bfloat16 mixed precision (``bf16=True``, CPU autocast)
+rounds each GEMM's output to 2^-9: the bound there is 2e-2 relative.
+
+Skipped with a message where the packages are missing; ``tools/setup.sh``
+installs them (the ``trainers`` extra).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install 'fuseops[transformers]')"
+)
+
+import fuseops.transformers as fot  # noqa: E402
+
+VOCAB = 64
+SEQ = 16
+CONFIG = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+FLOAT32_BOUND = 1e-3
+BFLOAT16_BOUND = 2e-2
+
+
+def tiny_llama(seed: int = 0):
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """Fixed random token rows, each its own labels (some positions ignored)."""
+
+    def __init__(self, rows: int = 16):
+        gen = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(3, VOCAB, (rows, SEQ), generator=gen)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        labels = self.ids[index].clone()
+        labels[:2] = -100
+        return {"input_ids": self.ids[index], "labels": labels}
+
+
+def training_args(tmp_path, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        data_seed=0,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    settings.update(overrides)
+    return transformers.TrainingArguments(**settings)
+
+
+def train(model, tmp_path, **overrides):
+    trainer = transformers.Trainer(
+        model=model, args=training_args(tmp_path, **overrides), train_dataset=TokenDataset()
+    )
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def relative(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def assert_trained(initial, trained):
+    # Four Adam steps of 1e-3 move every trained weight by about 1e-3 each.
+    moved = max(
+        (a.detach() - b.detach()).abs().max().item()
+        for a, b in zip(initial.parameters(), trained.parameters())
+    )
+    assert moved > 1e-3, moved
+
+
+def assert_weights_follow(ref, patched, bound):
+    for (name, a), (_, b) in zip(ref.named_parameters(), patched.named_parameters()):
+        scale = a.detach().abs().max().item()
+        assert (a.detach() - b.detach()).abs().max().item() <= bound * scale, name
+
+
+@pytest.mark.parametrize(
+    "options,bound",
+    [
+        ({}, FLOAT32_BOUND),
+        # num_items_in_batch: the sum over both micro-batches divided by their count.
+        ({"gradient_accumulation_steps": 2, "per_device_train_batch_size": 2}, FLOAT32_BOUND),
+        ({"activation_checkpointing": True}, FLOAT32_BOUND),
+        ({"bf16": True}, BFLOAT16_BOUND),
+    ],
+    ids=["float32", "grad-accumulation", "grad-checkpointing", "bf16"],
+)
+def test_trainer_patched_follows_unpatched(tmp_path, options, bound):
+    ref = tiny_llama()
+    initial = copy.deepcopy(ref)
+    patched = copy.deepcopy(ref)
+    assert fot.apply(patched)
+    want = train(ref, tmp_path / "ref", **options)
+    got = train(patched, tmp_path / "patched", **options)
+    assert len(want) == len(got) == 4
+    assert all(math.isfinite(loss) for loss in got)
+    for a, b in zip(got, want):
+        assert relative(a, b) <= bound, (got, want)
+    assert_trained(initial, ref)
+    assert_weights_follow(ref, patched, 10 * bound)
+
+
+# PEFT and TRL still call transformers' names for activation checkpointing
+# that transformers 5 deprecates.
+DEPRECATED_CHECKPOINTING = pytest.mark.filterwarnings(
+    "ignore:`(is_)?gradient_checkpointing` is deprecated:FutureWarning"
+)
+
+
+@DEPRECATED_CHECKPOINTING
+def test_peft_lora_on_a_patched_model(tmp_path):
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install peft)")
+    lora = dict(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"], lora_dropout=0.0
+    )
+    ref = tiny_llama()
+    patched = copy.deepcopy(ref)
+    fot.apply(patched)
+    ref = peft.get_peft_model(ref, peft.LoraConfig(**lora))
+    torch.manual_seed(0)
+    patched = peft.get_peft_model(patched, peft.LoraConfig(**lora))
+    # The same adapter weights in both (their initialisation draws random numbers).
+    patched.load_state_dict(ref.state_dict())
+    want = train(ref, tmp_path / "ref")
+    got = train(patched, tmp_path / "patched")
+    for a, b in zip(got, want):
+        assert relative(a, b) <= FLOAT32_BOUND, (got, want)
+    trained = [n for n, p in patched.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+    assert_weights_follow(ref, patched, 10 * FLOAT32_BOUND)
+
+
+def word_level_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({f"w{i}": i for i in range(4, VOCAB)})
+    model = tokenizers.models.WordLevel(vocab=vocab, unk_token="<unk>")
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+
+
+@DEPRECATED_CHECKPOINTING
+def test_trl_sft_trainer_on_a_patched_model(tmp_path):
+    # TRL's SFTTrainer puts its own chunked LM head on the model (trl's
+    # add_fused_lm_head: called with fused_lm_head=True, the forward runs the
+    # base model, then TRL's log-probabilities): the loss, the token accuracy
+    # and the entropy it logs are TRL's, over fuseops' norms, rotary and MLPs.
+    trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    gen = torch.Generator().manual_seed(5)
+    texts = [
+        " ".join(f"w{int(i)}" for i in torch.randint(4, VOCAB, (SEQ,), generator=gen))
+        for _ in range(16)
+    ]
+    data = datasets.Dataset.from_dict({"text": texts})
+    logged, ran = {}, set()
+    for name in ("ref", "patched"):
+        model = tiny_llama()
+        if name == "patched":
+            fot.apply(model)
+        config = trl.SFTConfig(
+            output_dir=str(tmp_path / name),
+            per_device_train_batch_size=4,
+            max_steps=4,
+            learning_rate=1e-3,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            seed=0,
+            data_seed=0,
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            max_length=SEQ + 2,
+        )
+        trainer = trl.SFTTrainer(
+            model=model, args=config, train_dataset=data, processing_class=word_level_tokenizer()
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            trainer.train()
+        if name == "patched":
+            ran = {e.name for e in prof.events() if e.name.startswith("fuseops::")}
+        logged[name] = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert {"fuseops::rms_norm", "fuseops::rope", "fuseops::swiglu"} <= ran, sorted(ran)
+    assert len(logged["patched"]) == len(logged["ref"]) == 4
+    for got, want in zip(logged["patched"], logged["ref"]):
+        assert relative(got["loss"], want["loss"]) <= FLOAT32_BOUND, logged
+        assert relative(got["entropy"], want["entropy"]) <= FLOAT32_BOUND, logged
+        # The share of argmax hits among the batch's 60-odd tokens: equal
+        # unless a near tie flips one token (1/60).
+        assert abs(got["mean_token_accuracy"] - want["mean_token_accuracy"]) <= 0.02, logged

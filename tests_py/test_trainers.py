@@ -30,22 +30,11 @@ transformers = pytest.importorskip(
 )
 
 import fuseops.transformers as fot  # noqa: E402
+from support import tiny_llama  # noqa: E402
 
 VOCAB = 64
 SEQ = 16
-CONFIG = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+CONFIG = dict(tiny_llama.CONFIG, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 FLOAT32_BOUND = 1e-3
 BFLOAT16_BOUND = 2e-2
 
@@ -71,23 +60,24 @@ class TokenDataset(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": labels}
 
 
+# Four logged steps, seeded data order, on the CPU, nothing saved or reported.
+TRAINING = dict(
+    per_device_train_batch_size=4,
+    max_steps=4,
+    learning_rate=1e-3,
+    logging_steps=1,
+    save_strategy="no",
+    report_to=[],
+    seed=0,
+    data_seed=0,
+    use_cpu=True,
+    dataloader_num_workers=0,
+    disable_tqdm=True,
+)
+
+
 def training_args(tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        max_steps=4,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        seed=0,
-        data_seed=0,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
-    settings.update(overrides)
-    return transformers.TrainingArguments(**settings)
+    return transformers.TrainingArguments(output_dir=str(tmp_path), **{**TRAINING, **overrides})
 
 
 def train(model, tmp_path, **overrides):
@@ -208,21 +198,7 @@ def test_trl_sft_trainer_on_a_patched_model(tmp_path):
         model = tiny_llama()
         if name == "patched":
             fot.apply(model)
-        config = trl.SFTConfig(
-            output_dir=str(tmp_path / name),
-            per_device_train_batch_size=4,
-            max_steps=4,
-            learning_rate=1e-3,
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            seed=0,
-            data_seed=0,
-            use_cpu=True,
-            dataloader_num_workers=0,
-            disable_tqdm=True,
-            max_length=SEQ + 2,
-        )
+        config = trl.SFTConfig(output_dir=str(tmp_path / name), max_length=SEQ + 2, **TRAINING)
         trainer = trl.SFTTrainer(
             model=model, args=config, train_dataset=data, processing_class=word_level_tokenizer()
         )

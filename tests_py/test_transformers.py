@@ -29,18 +29,10 @@ transformers = pytest.importorskip(
 )
 
 import fuseops.transformers as fot  # noqa: E402
+from support import tiny_llama  # noqa: E402
 
-VOCAB = 256
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-)
+COMMON = dict(tiny_llama.CONFIG, max_position_embeddings=64)
+VOCAB = COMMON["vocab_size"]
 
 GATED = {"rms_norm", "rope", "swiglu", "linear_cross_entropy"}
 GEMMA = {"rms_norm", "rope", "geglu", "linear_cross_entropy"}

@@ -1,6 +1,7 @@
 """Where Hugging Face users train: ``transformers.Trainer``, TRL's
-``SFTTrainer`` and PEFT's LoRA adapters on a model patched by
-``fuseops.transformers.apply``, against the same run of the unpatched model.
+``SFTTrainer``, ``DPOTrainer`` and ``GRPOTrainer`` and PEFT's LoRA adapters
+on a model patched by ``fuseops.transformers.apply``, against the same run of
+the unpatched model.
 
 A tiny Llama (2 layers, hidden 64, a 64-token vocabulary) trains a few
 steps on a fixed token sequence, from the same seed, with the same data
@@ -12,6 +13,8 @@ bound 1e-3 leaves margin, and a patch that dropped the loss's
 normalisation, the gradient-accumulation count or a gradient would move the
 losses by far more. bfloat16 mixed precision (``bf16=True``, CPU autocast)
 rounds each GEMM's output to 2^-9: the bound there is 2e-2 relative.
+GRPO's completions, sampled from the seeded generator, must be the same
+tokens in both runs, and so its rewards equal.
 
 Skipped with a message where the packages are missing; ``tools/setup.sh``
 installs them (the ``trainers`` extra).
@@ -134,9 +137,10 @@ def test_trainer_patched_follows_unpatched(tmp_path, options, bound):
 
 
 # PEFT and TRL still call transformers' names for activation checkpointing
-# that transformers 5 deprecates.
+# that transformers 5 deprecates (TRL's DPO and GRPO also turn it off and on
+# around their no-grad passes).
 DEPRECATED_CHECKPOINTING = pytest.mark.filterwarnings(
-    "ignore:`(is_)?gradient_checkpointing` is deprecated:FutureWarning"
+    "ignore:`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated:FutureWarning"
 )
 
 
@@ -215,3 +219,145 @@ def test_trl_sft_trainer_on_a_patched_model(tmp_path):
         # The share of argmax hits among the batch's 60-odd tokens: equal
         # unless a near tie flips one token (1/60).
         assert abs(got["mean_token_accuracy"] - want["mean_token_accuracy"]) <= 0.02, logged
+
+
+def words(gen, count, low=4, high=VOCAB) -> str:
+    """`count` words of the tokenizer drawn from token ids [low, high)."""
+    return " ".join(f"w{int(i)}" for i in torch.randint(low, high, (count,), generator=gen))
+
+
+# The first half of the words: DPO's chosen completions and GRPO's reward.
+HALF = (4 + VOCAB) // 2
+
+
+def fuseops_ops(profile) -> set:
+    return {e.name for e in profile.events() if e.name.startswith("fuseops::")}
+
+
+@DEPRECATED_CHECKPOINTING
+def test_trl_dpo_trainer_on_a_patched_model(tmp_path):
+    # DPOTrainer, like SFTTrainer, puts TRL's chunked LM head on the policy and
+    # on the reference model (add_fused_lm_head): the sequence log-probabilities
+    # behind the loss, the rewards and the entropy are TRL's, over fuseops'
+    # norms, rotary and MLPs, in the policy's forward and backward and in the
+    # reference model's forward. Both models are patched in the patched run, as
+    # a user applying fuseops to both would have them; TRL's defaults otherwise
+    # (activation checkpointing, beta 0.1, the sigmoid loss), in float32.
+    trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    gen = torch.Generator().manual_seed(7)
+    # A preference the policy can learn in four steps: chosen completions from
+    # the first half of the words, rejected ones from the second.
+    data = datasets.Dataset.from_dict(
+        {
+            "prompt": [words(gen, 6) for _ in range(16)],
+            "chosen": [" " + words(gen, 5, high=HALF) for _ in range(16)],
+            "rejected": [" " + words(gen, 5, low=HALF) for _ in range(16)],
+        }
+    )
+    logged, models, ran = {}, {}, set()
+    for name in ("unpatched", "patched"):
+        model, reference = tiny_llama(), tiny_llama()
+        if name == "patched":
+            assert fot.apply(model) and fot.apply(reference)
+        config = trl.DPOConfig(output_dir=str(tmp_path / name), bf16=False, **TRAINING)
+        trainer = trl.DPOTrainer(
+            model=model,
+            ref_model=reference,
+            args=config,
+            train_dataset=data,
+            processing_class=word_level_tokenizer(),
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            trainer.train()
+        if name == "patched":
+            ran = fuseops_ops(prof)
+        logged[name] = [entry for entry in trainer.state.log_history if "loss" in entry]
+        models[name] = model
+    assert {"fuseops::rms_norm", "fuseops::rope", "fuseops::swiglu"} <= ran, sorted(ran)
+    assert len(logged["patched"]) == len(logged["unpatched"]) == 4
+    for got, want in zip(logged["patched"], logged["unpatched"]):
+        for key in ("loss", "entropy", "logps/chosen", "logps/rejected"):
+            assert relative(got[key], want[key]) <= FLOAT32_BOUND, (key, logged)
+        # rewards = beta * (policy's - reference's log-probability of a
+        # completion): two sums of 6 token log-probabilities (about -25), each
+        # within the under-1e-4 relative drift of a few float32 steps (module
+        # docstring), so the rewards within 2 * beta * 1e-4 * 25 = 5e-4, a
+        # twentieth of the margin learned in four steps.
+        bound = 2 * config.beta * (FLOAT32_BOUND / 10) * abs(want["logps/chosen"])
+        for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+            assert abs(got[key] - want[key]) <= bound, (key, logged)
+    # The preference was learned (the margin grows from 0), so the comparisons
+    # above are of a trained policy, not of the initial one.
+    assert logged["unpatched"][-1]["rewards/margins"] > 0.01, logged
+    assert_trained(tiny_llama(), models["unpatched"])
+    assert_weights_follow(models["unpatched"], models["patched"], 10 * FLOAT32_BOUND)
+
+
+@DEPRECATED_CHECKPOINTING
+def test_trl_grpo_trainer_on_a_patched_model(tmp_path):
+    # GRPOTrainer samples completions with generate (KV cache, through the
+    # patched causal LM's forward: fuseops' norms, rotary and MLPs; without
+    # labels its logits are the head's product, as in HF), then scores them
+    # with TRL's chunked LM head over the backbone, as DPO does: fuseops'
+    # loss never runs. Each of two generations samples 4 completions of up
+    # to 8 tokens for one prompt, at temperature 1 from the seeded generator;
+    # the reward counts the completion's tokens among the first half of the
+    # words. Each generation serves two optimizer steps (num_iterations=2),
+    # so the second step's loss holds the importance ratio, clipped or not,
+    # between the updated policy and the one that sampled. No reference model
+    # (TRL's default beta=0).
+    trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    gen = torch.Generator().manual_seed(11)
+    data = datasets.Dataset.from_dict({"prompt": [words(gen, 6) for _ in range(2)]})
+    logged, models, sampled, ran = {}, {}, {}, set()
+    for name in ("unpatched", "patched"):
+        completions = sampled[name] = []
+
+        def first_half(completion_ids, **kwargs):
+            completions.append([list(ids) for ids in completion_ids])
+            return [float(sum(4 <= t < HALF for t in ids)) for ids in completion_ids]
+
+        model = tiny_llama()
+        if name == "patched":
+            assert fot.apply(model)
+        config = trl.GRPOConfig(
+            output_dir=str(tmp_path / name),
+            bf16=False,
+            num_generations=4,
+            max_completion_length=8,
+            num_iterations=2,
+            **TRAINING,
+        )
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=first_half,
+            args=config,
+            train_dataset=data,
+            processing_class=word_level_tokenizer(),
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            trainer.train()
+        if name == "patched":
+            ran = fuseops_ops(prof)
+        logged[name] = [entry for entry in trainer.state.log_history if "loss" in entry]
+        models[name] = model
+    assert {"fuseops::rms_norm", "fuseops::rope", "fuseops::swiglu"} <= ran, sorted(ran)
+    # The same tokens sampled: the seeded draws pick another token only where
+    # one falls within the runs' ~1e-6 logit difference of a boundary between
+    # two tokens' cumulative probabilities.
+    assert len(sampled["unpatched"]) == 2
+    assert sampled["patched"] == sampled["unpatched"]
+    assert len(logged["patched"]) == len(logged["unpatched"]) == 4
+    for got, want in zip(logged["patched"], logged["unpatched"]):
+        assert relative(got["entropy"], want["entropy"]) <= FLOAT32_BOUND, logged
+        # Advantages are normalised to unit deviation within each group, and
+        # the loss is their mean weighted by importance ratios near 1: an
+        # absolute bound at the scale of 1.
+        assert abs(got["loss"] - want["loss"]) <= FLOAT32_BOUND, logged
+        if "reward" in want:  # logged on the steps that sampled
+            assert got["reward"] == want["reward"], logged
+            assert got["reward_std"] == want["reward_std"], logged
+    assert_trained(tiny_llama(), models["unpatched"])
+    assert_weights_follow(models["unpatched"], models["patched"], 10 * FLOAT32_BOUND)

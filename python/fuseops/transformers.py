@@ -399,6 +399,8 @@ def _causal_lm_forward(original: Callable, logits_mode: str, moe: bool = False):
             attentions=getattr(outputs, "attentions", None),
         )
         if moe:
+            # Looked up above whenever moe is set.
+            assert load_balancing_loss is not None
             aux_loss = None
             if router_logits:
                 aux_loss = load_balancing_loss(

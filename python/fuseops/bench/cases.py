@@ -20,6 +20,7 @@ from ..ops._bench_case import (  # noqa: F401  (re-exported)
     InputMaker,
     TRAFFIC_METHOD,
     Traffic,
+    TrafficModel,
     Case,
     row,
     vector,

@@ -12,7 +12,7 @@ Traffic is counted in "rows" (tensors of ``rows * hidden`` elements) and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -40,6 +40,13 @@ class Traffic:
         return element_size * (self.rows * rows * hidden + self.vectors * hidden) + extra
 
 
+class TrafficModel(Protocol):
+    """What a case's traffic provides: ``Traffic``, or an op's own count of
+    the bytes (rope's q and k, whose sizes are not rows x hidden)."""
+
+    def bytes(self, rows: int, hidden: int, element_size: int) -> int: ...
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -49,8 +56,8 @@ class Case:
     #: Attribute of `fuseops.reference`, or a callable.
     reference: str | Callable
     make_inputs: InputMaker
-    forward_traffic: Traffic
-    backward_traffic: Traffic
+    forward_traffic: TrafficModel
+    backward_traffic: TrafficModel
     #: PyTorch's own op, called like the fuseops function, or None.
     native: Optional[Callable] = None
     native_label: str = ""

@@ -4,12 +4,26 @@ that also returns the final states, its backward op and the decoding step."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ._sample import DTYPES, Sample, tensor
+
+if TYPE_CHECKING:
+    from typing import Callable, Sequence, TypedDict
+
+    from ._bench_case import Traffic
+
+    class _CaseFields(TypedDict):
+        """The keyword arguments of ``Case`` that the two layouts' cases share."""
+
+        options: dict
+        forward_traffic: Traffic
+        backward_traffic: Traffic
+        call_out: Callable
+        differentiable: Sequence[int]
 
 
 def causal_conv1d(
@@ -185,7 +199,7 @@ def _bench_inputs(channel_last: bool):
 def bench_cases():
     from ._bench_case import Case, Traffic
 
-    common = dict(
+    common: _CaseFields = dict(
         options={"activation": "silu"},
         forward_traffic=Traffic(rows=2, vectors=5),  # x in, out out; weight (4 per channel), bias
         backward_traffic=Traffic(rows=3, vectors=10),  # dy, x in; dx out; weight, bias in and out

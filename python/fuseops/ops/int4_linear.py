@@ -22,11 +22,29 @@ require grad with grad mode on they raise (use ``torch.no_grad()`` or
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ._sample import Sample, tensor
+
+if TYPE_CHECKING:
+    from typing import Sequence, TypedDict
+
+    from ._bench_case import InputMaker, Traffic
+
+    class _CaseFields(TypedDict):
+        """The keyword arguments of ``Case`` that the int4 cases share."""
+
+        fuseops: str
+        reference: str
+        make_inputs: InputMaker
+        forward_traffic: Traffic
+        backward_traffic: Traffic
+        has_out: bool
+        differentiable: Sequence[int]
+        shapes: dict
+        options: dict
 
 
 def quantize_per_group_int4(
@@ -197,7 +215,7 @@ def bench_cases():
     # x read and y written in the dtype; the int4 weight (half a byte per
     # value) and its float32 scales and zero points (8 bytes per group of
     # 128) read once.
-    common = dict(
+    common: _CaseFields = dict(
         fuseops="int4_weight_only_linear",
         reference="int4_weight_only_linear",
         make_inputs=_x_and_weight,

@@ -20,11 +20,28 @@ require grad with grad mode on they raise (use ``torch.no_grad()`` or
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ._sample import Sample, tensor
+
+if TYPE_CHECKING:
+    from typing import Sequence, TypedDict
+
+    from ._bench_case import InputMaker, Traffic
+
+    class _CaseFields(TypedDict):
+        """The keyword arguments of ``Case`` that the int8 linear cases share."""
+
+        fuseops: str
+        reference: str
+        make_inputs: InputMaker
+        forward_traffic: Traffic
+        backward_traffic: Traffic
+        has_out: bool
+        differentiable: Sequence[int]
+        shapes: dict
 
 
 #: The modes ``quantize_`` has.
@@ -212,7 +229,7 @@ def bench_cases():
     # x read and y written in the dtype; the int8 weight and its float32
     # scales read once.
     traffic = Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 4 * hidden)
-    common = dict(
+    common: _CaseFields = dict(
         fuseops="int8_weight_only_linear",
         reference="int8_weight_only_linear",
         make_inputs=_x_and_weight,
@@ -223,13 +240,13 @@ def bench_cases():
         shapes=shapes,
     )
     # W8A8: the same traffic plus the int32 column sums.
-    dynamic = dict(
-        common,
-        fuseops="int8_dynamic_linear",
-        reference="int8_dynamic_linear",
-        make_inputs=_x_and_dynamic_weight,
-        forward_traffic=Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 8 * hidden),
-    )
+    dynamic: _CaseFields = {
+        **common,
+        "fuseops": "int8_dynamic_linear",
+        "reference": "int8_dynamic_linear",
+        "make_inputs": _x_and_dynamic_weight,
+        "forward_traffic": Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 8 * hidden),
+    }
     return [
         Case(
             "int8_dynamic_linear",

@@ -30,11 +30,33 @@ require grad with grad mode on they raise (use ``torch.no_grad()`` or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ._sample import Sample, tensor
+
+if TYPE_CHECKING:
+    from typing import Sequence, TypedDict
+
+    from ._bench_case import InputMaker, Traffic
+
+    class _CaseFields(TypedDict):
+        """The keyword arguments of ``Case`` that all the 2:4 cases share."""
+
+        fuseops: str
+        reference: str
+        backward_traffic: Traffic
+        has_out: bool
+        differentiable: Sequence[int]
+        shapes: dict
+
+    class _Int8CaseFields(_CaseFields):
+        """Those of the cases with an int8 weight, which also share their
+        inputs and traffic."""
+
+        make_inputs: InputMaker
+        forward_traffic: Traffic
 
 
 def prune_2_4(weight: torch.Tensor) -> torch.Tensor:
@@ -256,7 +278,7 @@ def bench_cases():
         "standard": [(m, 1024) for m in (1, 8, 32, 256)],
         "full": [(m, 8192) for m in (1, 8, 32, 256)],
     }
-    common = dict(
+    common: _CaseFields = dict(
         fuseops="sparse_2_4_linear",
         reference="sparse_2_4_linear",
         backward_traffic=Traffic(rows=0),
@@ -265,23 +287,23 @@ def bench_cases():
         shapes=shapes,
     )
     # int8 values: half the int8 weight, the mask and the scales.
-    int8 = dict(
-        common,
-        make_inputs=_x_and_int8_weight,
-        forward_traffic=Traffic(
+    int8: _Int8CaseFields = {
+        **common,
+        "make_inputs": _x_and_int8_weight,
+        "forward_traffic": Traffic(
             rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 4 * hidden
         ),
-    )
+    }
     # W8A8: the same weight bytes plus the int32 column sums.
-    dynamic = dict(
-        common,
-        fuseops="sparse_2_4_dynamic_linear",
-        reference="sparse_2_4_dynamic_linear",
-        make_inputs=_x_and_dynamic_weight,
-        forward_traffic=Traffic(
+    dynamic: _Int8CaseFields = {
+        **common,
+        "fuseops": "sparse_2_4_dynamic_linear",
+        "reference": "sparse_2_4_dynamic_linear",
+        "make_inputs": _x_and_dynamic_weight,
+        "forward_traffic": Traffic(
             rows=2, extra=lambda rows, hidden: hidden * hidden * 5 // 8 + 8 * hidden
         ),
-    )
+    }
     return [
         Case(
             "sparse_2_4_dynamic_linear",

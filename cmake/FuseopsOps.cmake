@@ -1,6 +1,11 @@
 # Op families, added by name.
 #
-#   fuseops_add_op(<name>)            once per op family, after add_library(fuseops)
+#   fuseops_add_op(<name> [KERNELS <file stem>...])
+#                                     once per op family, after add_library(fuseops);
+#                                     KERNELS names the family's CPU kernel files
+#                                     (cpp/ops/cpu/<stem>.cpp, each compiled once per
+#                                     capability) when there are several; default
+#                                     <name>_kernel
 #   fuseops_write_umbrella_header()   once, after the last fuseops_add_op
 #
 # A family's files follow one naming convention (CONTRIBUTING.md, "Adding an op"),
@@ -20,15 +25,21 @@
 # tests, and fuseops_write_umbrella_header() the includes of fuseops/fuseops.h.
 
 function(fuseops_add_op name)
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "" "KERNELS")
+  if(NOT ARG_KERNELS)
+    set(ARG_KERNELS ${name}_kernel)
+  endif()
   set(files
     cpp/include/fuseops/${name}.h
     cpp/ops/${name}.cpp
     cpp/ops/cpu/${name}.cpp
-    cpp/ops/cpu/${name}_kernel.cpp
     cpp/ops/autograd/${name}.cpp
     cuda/${name}_kernel.cu
     python/csrc/${name}.cpp
     tests_cpp/${name}_test.cpp)
+  foreach(kernel IN LISTS ARG_KERNELS)
+    list(APPEND files cpp/ops/cpu/${kernel}.cpp)
+  endforeach()
   foreach(file IN LISTS files)
     if(NOT EXISTS "${PROJECT_SOURCE_DIR}/${file}")
       message(FATAL_ERROR "fuseops_add_op(${name}): ${file} is missing "
@@ -39,7 +50,9 @@ function(fuseops_add_op name)
     "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.cpp"
     "${PROJECT_SOURCE_DIR}/cpp/ops/cpu/${name}.cpp"
     "${PROJECT_SOURCE_DIR}/cpp/ops/autograd/${name}.cpp")
-  fuseops_add_cpu_kernel(fuseops "${PROJECT_SOURCE_DIR}/cpp/ops/cpu/${name}_kernel.cpp")
+  foreach(kernel IN LISTS ARG_KERNELS)
+    fuseops_add_cpu_kernel(fuseops "${PROJECT_SOURCE_DIR}/cpp/ops/cpu/${kernel}.cpp")
+  endforeach()
   if(FUSEOPS_WITH_CUDA)
     target_sources(fuseops PRIVATE "${PROJECT_SOURCE_DIR}/cuda/${name}_kernel.cu")
   endif()

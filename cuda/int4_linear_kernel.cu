@@ -10,6 +10,12 @@
 // zero point's share, zero * the group's sum of activations, taken off
 // their sum by one more, and the group's scale applied by another), so both
 // devices give the same bits.
+//
+// W4A8 (int4_dynamic_linear), as simple: one warp per row quantizes it
+// (quantize_row.cuh, the CPU kernels' math), then one thread per output
+// sums q * xq per group in int32 (exact, as on the CPU) and applies the
+// zero point, the group's scale and the row's scale with the CPU kernels'
+// float32 operations in their order.
 
 #include <cstdint>
 
@@ -23,8 +29,12 @@
 
 #include <torch/library.h>
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
 #include "elementwise.cuh"
 #include "ops/int4_linear.h"
+#include "quantize_row.cuh"
 
 namespace fuseops::cuda {
 namespace {
@@ -98,10 +108,88 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
       });
 }
 
+template <typename scalar_t>
+__global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out,
+                                         const int8_t* __restrict__ xq,
+                                         const float* __restrict__ x_scale,
+                                         const uint8_t* __restrict__ packed,
+                                         const float* __restrict__ scale_zero,
+                                         const scalar_t* __restrict__ bias, int64_t m_total,
+                                         int64_t n, int64_t k, int64_t x_stride, int64_t groups,
+                                         int64_t group_size) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t total = m_total * n;
+  const int64_t pairs = group_size / 2;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n;
+    const int64_t ch = i % n;
+    const int64_t block = ch / detail::kInt4BlockN;
+    const uint8_t* w =
+        packed + block * groups * pairs * detail::kInt4BlockN + ch % detail::kInt4BlockN;
+    const int8_t* row = xq + m * x_stride;
+    float result = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float scale = scale_zero[(2 * g) * n + ch];
+      const float zero = scale_zero[(2 * g + 1) * n + ch];
+      int dot = 0;
+      int x_sum = 0;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const uint8_t byte = w[(g * pairs + p) * detail::kInt4BlockN];
+        const int64_t k0 = g * group_size + 2 * p;
+        // Past K the activations are 0 (the buffer's zeros).
+        const int x0 = row[k0];
+        const int x1 = row[k0 + 1];
+        dot += (byte & 0xF) * x0 + (byte >> 4) * x1;
+        x_sum += x0 + x1;
+      }
+      result = fmaf(scale, fmaf(-zero, static_cast<float>(x_sum), static_cast<float>(dot)),
+                    result);
+    }
+    opmath_t value = static_cast<opmath_t>(result * x_scale[m]);
+    if (bias != nullptr) {
+      value += static_cast<opmath_t>(bias[ch]);
+    }
+    out[i] = static_cast<scalar_t>(value);
+  }
+}
+
+void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
+                                const at::Tensor& packed, const at::Tensor& scale_zero,
+                                int64_t group_size, const at::Tensor& bias) {
+  c10::cuda::CUDAGuard device_guard(input.device());
+  const int64_t m_total = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = scale_zero.size(2);
+  const int64_t groups = scale_zero.size(0);
+  const int64_t x_stride = groups * group_size;
+  // Zeros past K.
+  const at::Tensor xq = at::zeros({m_total, x_stride}, input.options().dtype(at::kChar));
+  const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
+  const int64_t total = m_total * n;
+  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
+                                           65535);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_dynamic_linear", [&] {
+        quantize_rows_int8<NonFiniteRow::kNanScale>(
+            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(),
+            x_stride, x_scale.mutable_data_ptr<float>(), nullptr, stream);
+        int4_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+            out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
+            x_scale.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
+            scale_zero.const_data_ptr<float>(),
+            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k, x_stride,
+            groups, group_size);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+
 struct Kernels {
   static detail::Int4WeightOnlyLinearKernel weight_only() {
     return &int4_weight_only_linear_kernel;
   }
+  static detail::Int4DynamicLinearKernel dynamic() { return &int4_dynamic_linear_kernel; }
 };
 
 }  // namespace

@@ -179,9 +179,10 @@ TEST(CrossEntropy, BadInputErrorsNameOpAndArgument) {
   expect_error_mentions(
       [&] {
         fuseops::linear_cross_entropy(at::randn({4, 3}), at::randn({10, 3}), std::nullopt,
-                                      at::zeros({4}, at::kLong), std::nullopt, "none");
+                                      at::zeros({4}, at::kLong), std::nullopt, "none", -100,
+                                      0.0, 0.0, std::nullopt, 2.0);
       },
-      {"fuseops::linear_cross_entropy", "reduction", "none"});
+      {"fuseops::linear_cross_entropy", "normalizer", "none"});
 }
 
 TEST_P(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
@@ -215,6 +216,36 @@ TEST_P(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
       expect_close(wi.grad(), grads[1], dtype);
       expect_close(bi.grad(), grads[2], dtype);
     }
+  }
+}
+
+// reduction "none": a loss per row, and a backward that recomputes the
+// logits for a grad_output per row (here a weight per token).
+TEST_P(LinearCrossEntropy, PerRowLossesAndRecomputingBackward) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    const at::Tensor x = at::randn({150, 8}, options(at::kDouble));
+    const at::Tensor w = at::randn({20, 8}, options(at::kDouble)) * 0.3;
+    at::Tensor target = at::randint(20, {150}, options(at::kLong));
+    target[3] = -100;
+    Options o;
+    o.reduction = "none";
+    o.z_loss = 1e-3;
+    const at::Tensor token_weight = at::rand({150}, options(at::kDouble));
+    const at::Tensor xi = x.clone().requires_grad_();
+    const at::Tensor wi = w.clone().requires_grad_();
+    const at::Tensor loss = fuseops::linear_cross_entropy(
+        xi, wi, std::nullopt, target, std::nullopt, o.reduction, o.ignore_index, o.smoothing,
+        o.z_loss, o.softcap);
+    ASSERT_EQ(loss.sizes(), target.sizes());
+    loss.backward(token_weight);
+    const at::Tensor xd = x.clone().requires_grad_();
+    const at::Tensor wd = w.clone().requires_grad_();
+    const at::Tensor want = composite(at::mm(xd, wd.t()), target, at::Tensor(), o);
+    const auto grads = torch::autograd::grad({want}, {xd, wd}, {token_weight});
+    expect_close(loss, want, at::kDouble);
+    expect_close(xi.grad(), grads[0], at::kDouble);
+    expect_close(wi.grad(), grads[1], at::kDouble);
   }
 }
 

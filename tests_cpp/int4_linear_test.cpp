@@ -127,6 +127,47 @@ TEST_P(Int4Linear, MatchesCompositeAndIsIdenticalInEveryBuild) {
   }
 }
 
+// W4A8: the same packed weights; the activations quantized per row as
+// quantize_per_token_int8 does, so the composite is that op's result times
+// the dequantized weight, in float64.
+TEST_P(Int4Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
+  for (auto dtype : fuseops::testing::kDtypes) {
+    for (const auto& [m, n, k, group_size] : std::vector<std::tuple<int64_t, int64_t, int64_t,
+                                                                    int64_t>>{
+             {1, 16, 32, 32}, {3, 37, 10, 4}, {9, 40, 300, 12}, {61, 33, 256, 128}}) {
+      const at::Tensor w = at::randn({n, k}, options());
+      const auto [wq, scale, zero] = fuseops::quantize_per_group_int4(w, group_size, m % 2 == 1);
+      const auto [packed, scale_zero] = fuseops::pack_int4_weight(wq, scale, zero, group_size);
+      const at::Tensor x = at::randn({m, k}, options()).to(dtype);
+      const at::Tensor bias = at::randn({n}, options()).to(dtype);
+      const auto [xq, x_scale] = fuseops::quantize_per_token_int8(x.to(at::kFloat));
+      const at::Tensor want =
+          at::matmul(xq.to(at::kDouble), dequantize(wq, scale, zero, group_size).t()) *
+              x_scale.to(at::kDouble).unsqueeze(1) +
+          bias.to(at::kDouble);
+      std::optional<at::Tensor> first;
+      for (auto capability : fuseops::cpu::runnable_capabilities()) {
+        fuseops::cpu::ScopedCapabilityOverride forced(capability);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                        << dtype << " m " << m << " n " << n << " k " << k);
+        const at::Tensor y =
+            fuseops::int4_dynamic_linear(x, packed, scale_zero, group_size, bias);
+        ASSERT_EQ(y.scalar_type(), dtype);
+        ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
+        const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
+        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tolerance(dtype),
+                                 tolerance(dtype) * scale_of_y))
+            << (y.to(at::kDouble) - want).abs().max().item<double>();
+        if (first) {
+          EXPECT_TRUE(at::equal(y, *first));
+        } else {
+          first = y;
+        }
+      }
+    }
+  }
+}
+
 TEST(Int4Linear, BadInputsNameOpAndArgument) {
   const auto [wq, scale, zero] = fuseops::quantize_per_group_int4(at::randn({20, 64}), 32);
   const auto [packed, scale_zero] = fuseops::pack_int4_weight(wq, scale, zero, 32);

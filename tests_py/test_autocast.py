@@ -112,6 +112,20 @@ CASES = {
             (rand(8, D, dtype=LOW), rand(2 * D, D, dtype=LOW), None, torch.randint(0, 2 * D, (8,))),
         ],
     ),
+    # With the loss outputs (linear_cross_entropy_stats): the loss and the
+    # z-loss term in float32, the accuracy of the bfloat16 logits.
+    "linear_cross_entropy_stats": (
+        lambda x, w, b, t: tuple(
+            fuseops.linear_cross_entropy(
+                x, w, t, b, z_loss=1e-3, return_z_loss=True, return_token_accuracy=True
+            )[:3]
+        ),
+        lambda x, w, b, t: linear_loss_outputs_torch(x, w, b, t, 1e-3),
+        [
+            (rand(8, D, dtype=LOW), rand(2 * D, D), None, torch.randint(0, 2 * D, (8,))),
+            (rand(8, D), rand(2 * D, D), rand(2 * D), torch.randint(0, 2 * D, (8,))),
+        ],
+    ),
     "cross_entropy": (
         lambda x, t: fuseops.cross_entropy(x, t, label_smoothing=0.1),
         lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
@@ -121,6 +135,17 @@ CASES = {
         ],
     ),
 }
+
+
+def linear_loss_outputs_torch(x, w, b, t, z_loss):
+    """(loss, z-loss term, token accuracy) of F.cross_entropy on the logits
+    F.linear forms under autocast."""
+    logits = F.linear(x, w, b)
+    lse = torch.logsumexp(logits.float(), -1)
+    z = z_loss * lse.square().mean()
+    loss = F.cross_entropy(logits, t) + z
+    accuracy = (logits.argmax(-1) == t).float().mean()
+    return loss, z, accuracy
 
 
 def outputs(result) -> tuple[torch.Tensor, ...]:
@@ -144,7 +169,7 @@ def test_autocast_cpu_matches_torch(name):
             # intermediates, e.g. silu(gate) before the float32 multiply,
             # or the logits before the float32 loss): a few bfloat16 ulps.
             # All-float32 calls agree to float32 accumulation.
-            reduced = name == "linear_cross_entropy" or any(
+            reduced = name.startswith("linear_cross_entropy") or any(
                 t.dtype == LOW for t in (*tensors, g, e)
             )
             tolerance = {"rtol": 3e-2, "atol": 3e-2} if reduced else {"rtol": 1e-5, "atol": 1e-5}
@@ -263,6 +288,7 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
             "causal_conv1d",
             "cross_entropy",
             "linear_cross_entropy",
+            "linear_cross_entropy_stats",
         )
     }, cast
     for sample in samples:

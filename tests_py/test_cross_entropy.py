@@ -364,6 +364,8 @@ LINEAR_OPTIONS = [
     {"reduction": "sum", "normalizer": 37.0},
     {"weight": "class", "label_smoothing": 0.1},
     {"z_loss": 1e-3, "softcap": 5.0, "ignore_index": 2},
+    {"reduction": "none"},
+    {"reduction": "none", "weight": "class", "z_loss": 1e-3, "softcap": 5.0},
 ]
 
 
@@ -383,7 +385,9 @@ def test_linear_cross_entropy_matches_unfused_float64(device, dtype, options, wi
     xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
     bi = b.clone().requires_grad_() if b is not None else None
     loss = fuseops.linear_cross_entropy(xi, wi, target, bi, **options)
-    g = torch.tensor(0.75, device=device)
+    # reduction "none": a different grad_output per row (the recomputing
+    # backward scales each row's gradient by its own).
+    g = torch.tensor(0.75, device=device) if loss.dim() == 0 else torch.rand(n, device=device) + 0.5
     loss.backward(g.to(loss.dtype))
     want = float64_linear(x, w, b, target, g, **options)
     got = (loss, xi.grad, wi.grad) + ((bi.grad,) if b is not None else ())
@@ -425,9 +429,18 @@ def test_linear_cross_entropy_errors_and_single_backward():
         torch.randint(0, 9, (5,)),
     )
     expect_error_mentions(
-        lambda: fuseops.linear_cross_entropy(x, w, target, reduction="none"),
-        ["fuseops::linear_cross_entropy", "reduction", "none"],
+        lambda: fuseops.linear_cross_entropy(x, w, target, reduction="all"),
+        ["fuseops::linear_cross_entropy", "reduction", "all"],
     )
+    expect_error_mentions(
+        lambda: fuseops.linear_cross_entropy(x, w, target, reduction="none", normalizer=2.0),
+        ["fuseops::linear_cross_entropy", "normalizer", "none"],
+    )
+    with torch.no_grad():
+        expect_error_mentions(
+            lambda: fuseops.linear_cross_entropy_backward(torch.ones(4), x, w, target),
+            ["fuseops::linear_cross_entropy_backward", "grad_output", "[]"],
+        )
     expect_error_mentions(
         lambda: fuseops.linear_cross_entropy(x, w, target, normalizer=2.0),
         ["fuseops::linear_cross_entropy", "normalizer"],
@@ -448,6 +461,168 @@ def test_linear_cross_entropy_errors_and_single_backward():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="only once"):
         loss.backward()
+
+
+def test_linear_cross_entropy_none_backward_recomputes_and_may_repeat():
+    """reduction="none" keeps no precomputed gradient: the backward recomputes
+    the logits, so it can run twice (retain_graph) and matches the backward
+    op called directly, which also gives the mean's gradients."""
+    torch.manual_seed(0)
+    x, w = torch.randn(90, 8, requires_grad=True), torch.randn(12, 8, requires_grad=True)
+    target = torch.randint(0, 12, (90,))
+    target[::5] = -100
+    loss = fuseops.linear_cross_entropy(x, w, target, reduction="none", label_smoothing=0.1)
+    token_weight = torch.rand(90)
+    loss.backward(token_weight, retain_graph=True)
+    first = (x.grad.clone(), w.grad.clone())
+    loss.backward(token_weight)
+    torch.testing.assert_close(x.grad, 2 * first[0])
+    torch.testing.assert_close(w.grad, 2 * first[1])
+    with torch.no_grad():
+        gx, gw, gb = fuseops.linear_cross_entropy_backward(
+            token_weight, x, w, target, reduction="none", label_smoothing=0.1
+        )
+        assert gb.numel() == 0
+        torch.testing.assert_close(gx, first[0], rtol=0, atol=0)
+        torch.testing.assert_close(gw, first[1], rtol=0, atol=0)
+        # The backward op for the mean equals the forward's precomputed gradients.
+        _, fx, fw, _, _, _ = fuseops.linear_cross_entropy_forward(x, w, target)
+        bx, bw, _ = fuseops.linear_cross_entropy_backward(torch.tensor(1.0), x, w, target)
+    torch.testing.assert_close(bx, fx)
+    torch.testing.assert_close(bw, fw)
+
+
+def float64_outputs(logits, target, weight, reduction, ignore_index, z_loss, softcap, normalizer):
+    """The z-loss term, token accuracy and predicted classes from float64
+    logits, as CrossEntropyOutput documents them."""
+    logits = logits.double()
+    capped = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+    valid = target != ignore_index
+    z_rows = z_loss * torch.logsumexp(capped, -1).square() * valid
+    if reduction == "none":
+        z = z_rows
+    elif reduction == "sum":
+        z = z_rows.sum() / (normalizer or 1.0)
+    else:
+        w = torch.ones(logits.shape[-1], dtype=torch.float64) if weight is None else weight.double()
+        z = z_rows.sum() / (w[target.clamp(min=0)] * valid).sum()
+    predicted = logits.argmax(-1)
+    accuracy = ((predicted == target) & valid).sum() / valid.sum()
+    return z, accuracy, predicted
+
+
+# (reduction, class weight, z_loss, softcap, normalizer)
+OUTPUT_OPTIONS = [
+    ("mean", False, 1e-3, None, None),
+    ("mean", True, 1e-2, 5.0, None),
+    ("sum", False, 1e-3, None, 7.0),
+    ("none", True, 1e-3, 3.0, None),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", OUTPUT_OPTIONS)
+@pytest.mark.parametrize("fused_head", [False, True])
+def test_z_loss_token_accuracy_and_predicted_tokens(device, dtype, options, fused_head):
+    reduction, with_weight, z_loss, softcap, normalizer = options
+    n, h, v = 150, 16, 40
+    x = torch.randn(n, h, device=device).to(dtype)
+    w = (torch.randn(v, h, device=device) * 0.6).to(dtype)
+    target = torch.randint(0, v, (n,), device=device)
+    target[::6] = -100
+    logits = F.linear(x.double(), w.double())
+    # Make about half the rows predict their target, so accuracy is neither 0 nor 1.
+    target[1::2] = logits[1::2].argmax(-1)
+    weight = torch.rand(v, device=device) + 0.5 if with_weight else None
+    common = dict(z_loss=z_loss, softcap=softcap, weight=weight, reduction=reduction)
+    flags = dict(return_z_loss=True, return_token_accuracy=True, return_predicted_tokens=True)
+    if fused_head:
+        x.requires_grad_()
+        out = fuseops.linear_cross_entropy(x, w, target, normalizer=normalizer, **common, **flags)
+        plain = fuseops.linear_cross_entropy(x, w, target, normalizer=normalizer, **common)
+    else:
+        normalizer = None  # cross_entropy has no normalizer: its plain "sum"
+        lg = logits.to(dtype).requires_grad_()
+        out = fuseops.cross_entropy(lg, target, **common, **flags)
+        plain = fuseops.cross_entropy(lg, target, **common)
+    assert isinstance(out, fuseops.CrossEntropyOutput)
+    # The loss is the one returned without the flags, bit for bit.
+    torch.testing.assert_close(out.loss, plain, rtol=0, atol=0)
+    want_z, want_accuracy, want_predicted = float64_outputs(
+        logits, target, weight, reduction, -100, z_loss, softcap, normalizer
+    )
+    assert out.z_loss.dtype == out.loss.dtype and out.z_loss.shape == want_z.shape
+    assert not out.z_loss.requires_grad
+    # The logsumexp is float32 math on the dtype's logits (bfloat16: the
+    # logits themselves are rounded to 2^-9 relative, so lse to ~1e-2).
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.z_loss.double(), want_z, rtol=tol, atol=tol * z_loss)
+    # Predictions: the bfloat16 logits can tie or reorder near-equal values,
+    # so compare with the argmax of the logits as the op saw them.
+    seen = logits.to(dtype).double()
+    torch.testing.assert_close(out.predicted_tokens, seen.argmax(-1), rtol=0, atol=0)
+    valid = target != -100
+    correct = ((seen.argmax(-1) == target) & valid).sum() / valid.sum()
+    assert out.token_accuracy.dtype == torch.float32
+    assert out.token_accuracy.item() == pytest.approx(correct.item(), abs=1e-7)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.predicted_tokens, want_predicted, rtol=0, atol=0)
+        assert out.token_accuracy.item() == pytest.approx(want_accuracy.item(), abs=1e-7)
+    assert 0.3 < out.token_accuracy.item() < 0.8
+    # The loss still carries the gradient.
+    out.loss.sum().backward()
+
+
+def test_loss_outputs_only_as_asked_and_clear_errors():
+    logits, target = torch.randn(6, 5), torch.randint(0, 5, (6,))
+    out = fuseops.cross_entropy(logits, target, return_token_accuracy=True)
+    assert out.z_loss is None and out.predicted_tokens is None
+    assert out.token_accuracy is not None
+    out = fuseops.linear_cross_entropy(
+        torch.randn(6, 3), torch.randn(5, 3), target, return_z_loss=True
+    )
+    assert out.token_accuracy is None and out.predicted_tokens is None
+    assert out.z_loss.item() == 0.0  # z_loss=0: the term is zero, not absent
+    all_ignored = torch.full((6,), -100)
+    out = fuseops.cross_entropy(logits, all_ignored, return_token_accuracy=True)
+    assert math.isnan(out.token_accuracy.item())
+    with pytest.raises(ValueError, match="fuseops.cross_entropy: return_z_loss"):
+        fuseops.cross_entropy(logits.clone(), target, inplace_backward=True, return_z_loss=True)
+    # In place: the predictions are taken before the gradient overwrites the logits.
+    buffer = logits.clone().requires_grad_()
+    out = fuseops.cross_entropy(
+        buffer.clone(), target, inplace_backward=True, return_predicted_tokens=True
+    )
+    torch.testing.assert_close(out.predicted_tokens, logits.argmax(-1))
+
+
+@pytest.mark.slow
+def test_loss_outputs_and_none_reduction_compile_fullgraph():
+    x, w, target = torch.randn(70, 8), torch.randn(12, 8), torch.randint(0, 12, (70,))
+    token_weight = torch.rand(70)
+
+    def fn(x, w):
+        out = fuseops.linear_cross_entropy(
+            x,
+            w,
+            target,
+            reduction="none",
+            z_loss=1e-3,
+            return_token_accuracy=True,
+            return_z_loss=True,
+        )
+        return (out.loss * token_weight).sum(), out.z_loss, out.token_accuracy
+
+    compiled = torch.compile(fn, fullgraph=True)
+    x1, w1 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    x2, w2 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    got, want = compiled(x1, w1), fn(x2, w2)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e)
+    got[0].backward()
+    want[0].backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
+    torch.testing.assert_close(w1.grad, w2.grad)
 
 
 @pytest.mark.slow
@@ -490,6 +665,26 @@ def test_linear_cross_entropy_loss_module():
     got = module(x, head.weight, target)
     want = F.cross_entropy(head(x), target, label_smoothing=0.05)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_loss_modules_return_outputs(reduction):
+    """The fused module and its plain-torch counterpart return the same
+    CrossEntropyOutput (per-token losses and z-loss in the target's shape)."""
+    head = torch.nn.Linear(16, 50, bias=False)
+    x, target = torch.randn(4, 5, 16), torch.randint(0, 50, (4, 5))
+    target[0, :2] = -100
+    options = dict(reduction=reduction, z_loss=1e-3, return_z_loss=True, return_token_accuracy=True)
+    got = fuseops.nn.LinearCrossEntropyLoss(**options)(x, head.weight, target)
+    want = fuseops.nn.TorchLinearCrossEntropyLoss(**options)(x, head.weight, target)
+    assert isinstance(got, fuseops.CrossEntropyOutput) and got.predicted_tokens is None
+    for g, e in zip(got[:3], want[:3]):
+        torch.testing.assert_close(g, e)
+    assert got.loss.shape == (target.shape if reduction == "none" else ())
+    assert got.z_loss.shape == got.loss.shape
+    ce = fuseops.nn.CrossEntropyLoss(reduction=reduction, return_token_accuracy=True)
+    out = ce(head(x).movedim(-1, 1), target)
+    torch.testing.assert_close(out.token_accuracy, got.token_accuracy)
 
 
 # --- memory ---------------------------------------------------------------------

@@ -325,8 +325,7 @@ def test_bench_decode_command(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     expected = ["HF bf16", "fuseops bf16", "fuseops w8a16", "fuseops w8a8"]
-    if "w4a16" in quantization.QUANTIZE_MODES:
-        expected.append("fuseops w4a16")
+    expected += [f"fuseops {m}" for m in ("w4a16", "w4a8") if m in quantization.QUANTIZE_MODES]
     expected.append("fuseops w8a16, projections separate")
     expected.append("torch.ao dynamic int8 (float32 activations)")
     lines = result.stdout.splitlines()

@@ -25,7 +25,7 @@ from fuseops.quantization import Int4Linear, Int8Linear  # noqa: E402
 from support.tiny_llama import CONFIG, VOCAB  # noqa: E402
 
 MODES = fot.quantize_modes()
-LAYER_TYPES = {"w8a16": Int8Linear, "w8a8": Int8Linear, "w4a16": Int4Linear}
+LAYER_TYPES = {"w8a16": Int8Linear, "w8a8": Int8Linear, "w4a16": Int4Linear, "w4a8": Int4Linear}
 
 
 def tiny(family: str = "llama", seed: int = 0):
@@ -127,7 +127,7 @@ def test_slices_compute_afresh_for_another_input_or_one_modified_in_place():
         assert torch.equal(got.v_proj(x4), want.v_proj(x4))
 
 
-@pytest.mark.parametrize("mode", ["w8a16", "w4a16"])
+@pytest.mark.parametrize("mode", ["w8a16", "w4a16", "w4a8"])
 def test_greedy_generate_is_unchanged_by_the_merge(mode):
     if mode not in MODES:
         pytest.skip(f"{mode} is not in this installation's quantize modes")

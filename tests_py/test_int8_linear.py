@@ -260,7 +260,7 @@ def test_quantize_swaps_linear_layers_in_place(device):
 def test_quantize_refuses_modes_not_built(mode):
     with pytest.raises(
         ValueError,
-        match=r"unknown mode .*supported: 'w8a16', 'w8a8', 'w4a16', '2:4', '2:4\+w8a16', '2:4\+w8a8'",
+        match=r"unknown mode .*supported: 'w8a16', 'w8a8', 'w4a16', 'w4a8', '2:4', '2:4\+w8a16', '2:4\+w8a8'",
     ):
         fuseops.quantize_(torch.nn.Linear(4, 4), mode=mode)
 

@@ -12,6 +12,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/argmax.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/sum.h>
@@ -273,17 +274,15 @@ at::Tensor cross_entropy_inplace_with(
   return reduce_loss(loss_rows, total_weight, target, reduction, logits.scalar_type());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_with(
+LinearCrossEntropyResult linear_cross_entropy_with(
     const char* op, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias_opt, const at::Tensor& target,
     const std::optional<at::Tensor>& class_weight_opt, std::string_view reduction_name,
     int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
-    std::optional<double> normalizer, bool with_grad, CrossEntropyTargetKernel target_kernel,
+    std::optional<double> normalizer, LinearLossGradient gradient,
+    const at::Tensor& grad_output, bool predict, CrossEntropyTargetKernel target_kernel,
     CrossEntropyRowsKernel rows_kernel) {
   const Reduction reduction = parse_reduction(op, reduction_name);
-  TORCH_CHECK(reduction != Reduction::None, op,
-              ": argument 'reduction' must be 'sum' or 'mean' (the gradients are computed in "
-              "the forward, which needs one scale for all rows), got 'none'");
   check_floating_input(op, "input", input);
   TORCH_CHECK(input.dim() == 2, op, ": argument 'input' must have shape [N, H], got ",
               input.sizes());
@@ -325,22 +324,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   check_options(op, vocab, "weight", weight, "first", at::Tensor(), label_smoothing, z_loss,
                 softcap);
   TORCH_CHECK(!normalizer.has_value() || reduction == Reduction::Sum, op,
-              ": argument 'normalizer' is only used with reduction='sum', got reduction='mean'");
+              ": argument 'normalizer' is only used with reduction='sum', got reduction='",
+              reduction_name, "'");
   TORCH_CHECK(!normalizer.has_value() || (std::isfinite(*normalizer) && *normalizer != 0.0), op,
               ": argument 'normalizer' must be a finite nonzero number, got ",
               normalizer.value_or(0.0));
 
+  const bool with_grad = gradient != LinearLossGradient::None;
+  if (gradient == LinearLossGradient::OfGradOutput) {
+    TORCH_CHECK(grad_output.defined(), op,
+                ": argument 'grad_output' must be a defined tensor, got an undefined tensor");
+    check_floating_input(op, "grad_output", grad_output);
+    check_same_device(op, "grad_output", grad_output, "input", input);
+    const at::IntArrayRef loss_shape =
+        reduction == Reduction::None ? target.sizes() : at::IntArrayRef();
+    TORCH_CHECK(grad_output.sizes() == loss_shape, op,
+                ": argument 'grad_output' must have the loss's shape ", loss_shape, ", got ",
+                grad_output.sizes());
+  }
+
   const at::ScalarType opmath = opmath_of(input);
   const auto opmath_options = input.options().dtype(opmath);
-  at::Tensor loss = empty_output({}, input.options());
-  at::Tensor grad_input = with_grad ? empty_output({rows, hidden}, input.options())
-                                    : empty_output({0}, input.options());
-  at::Tensor grad_weight = with_grad ? empty_output({vocab, hidden}, input.options())
-                                     : empty_output({0}, input.options());
-  at::Tensor grad_bias = with_grad && bias.defined() ? empty_output({vocab}, input.options())
-                                                     : empty_output({0}, input.options());
+  LinearCrossEntropyResult r;
+  r.loss = reduction == Reduction::None ? empty_output({rows}, input.options())
+                                        : empty_output({}, input.options());
+  r.lse = empty_output({rows}, opmath_options);
+  r.predicted = empty_output({predict ? rows : 0}, input.options().dtype(at::kLong));
+  r.grad_input = with_grad ? empty_output({rows, hidden}, input.options())
+                           : empty_output({0}, input.options());
+  r.grad_weight = with_grad ? empty_output({vocab, hidden}, input.options())
+                            : empty_output({0}, input.options());
+  r.grad_bias = with_grad && bias.defined() ? empty_output({vocab}, input.options())
+                                            : empty_output({0}, input.options());
   if (rows_kernel == nullptr) {
-    return {loss, grad_input, grad_weight, grad_bias};
+    return r;
   }
 
   const at::Tensor x = input.contiguous();
@@ -352,7 +369,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   const Prepared p = prepare(op, no_logits, target, class_weight, ignore_index,
                              label_smoothing, z_loss, softcap, target_kernel);
   const at::Tensor total_weight = p.row_weight.sum();
-  at::Tensor scale = at::ones({}, opmath_options);
+  // The gradient's scale: 0-d for every row alike, or [N] per row (the
+  // backward of reduction "none").
+  at::Tensor scale = gradient == LinearLossGradient::OfGradOutput
+                         ? grad_output.to(opmath).reshape({-1}).contiguous()
+                         : at::ones({}, opmath_options);
+  if (gradient == LinearLossGradient::OfGradOutput && reduction != Reduction::None) {
+    scale = scale.reshape(at::IntArrayRef());
+  }
   if (reduction == Reduction::Mean) {
     scale = scale / total_weight;
   } else if (normalizer.has_value()) {
@@ -370,20 +394,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
                                                  std::max<int64_t>(vocab, 1))));
   at::Tensor buffer = empty_output({std::max<int64_t>(chunk, 0), vocab}, input.options());
   at::Tensor loss_rows = empty_output({rows}, opmath_options);
-  at::Tensor lse = empty_output({rows}, opmath_options);
   // grad_weight and grad_bias accumulate in float32 (float64 for float64).
   at::Tensor grad_weight_acc;
   at::Tensor grad_weight_block;
   constexpr int64_t kVocabBlock = 4096;
   at::Tensor grad_bias_acc;
   if (with_grad) {
-    grad_weight_acc =
-        reduced ? empty_output({vocab, hidden}, opmath_options).zero_() : grad_weight.zero_();
+    grad_weight_acc = reduced ? empty_output({vocab, hidden}, opmath_options).zero_()
+                              : r.grad_weight.zero_();
     if (reduced) {
       grad_weight_block = empty_output({std::min(kVocabBlock, vocab), hidden}, input.options());
     }
     if (bias.defined()) {
-      grad_bias_acc = reduced ? empty_output({vocab}, opmath_options).zero_() : grad_bias.zero_();
+      grad_bias_acc =
+          reduced ? empty_output({vocab}, opmath_options).zero_() : r.grad_bias.zero_();
     }
   }
   const at::Tensor w_t = w.t();
@@ -396,14 +420,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     } else {
       at::mm_out(logits, x_chunk, w_t);
     }
+    if (predict) {
+      // Before the gradient overwrites the logits; one more read of the
+      // chunk, against the H multiply-adds per logit of its GEMM.
+      at::Tensor predicted_rows = r.predicted.narrow(0, start, n);
+      at::argmax_out(predicted_rows, logits, 1);
+    }
     // The gradient overwrites the chunk's logits.
-    rows_kernel({loss_rows.narrow(0, start, n), lse.narrow(0, start, n),
-                 with_grad ? logits : at::Tensor(), scale, logits, p.target.narrow(0, start, n),
-                 p.row_weight.narrow(0, start, n), p.weight, p.weight_sum, p.options});
+    rows_kernel({loss_rows.narrow(0, start, n), r.lse.narrow(0, start, n),
+                 with_grad ? logits : at::Tensor(),
+                 scale.dim() == 0 ? scale : scale.narrow(0, start, n), logits,
+                 p.target.narrow(0, start, n), p.row_weight.narrow(0, start, n), p.weight,
+                 p.weight_sum, p.options});
     if (!with_grad) {
       continue;
     }
-    at::Tensor grad_input_rows = grad_input.narrow(0, start, n);
+    at::Tensor grad_input_rows = r.grad_input.narrow(0, start, n);
     at::mm_out(grad_input_rows, logits, w);
     if (reduced) {
       // bfloat16/float16 GEMMs (float32 sums inside, 2-3x the speed of
@@ -423,15 +455,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     }
   }
   if (with_grad && reduced) {
-    grad_weight.copy_(grad_weight_acc);
+    r.grad_weight.copy_(grad_weight_acc);
     if (bias.defined()) {
-      grad_bias.copy_(grad_bias_acc);
+      r.grad_bias.copy_(grad_bias_acc);
     }
   }
-  const at::Tensor loss_sum = loss_rows.sum();
-  loss = (reduction == Reduction::Mean ? loss_sum / total_weight : loss_sum * scale)
-             .to(input.scalar_type());
-  return {loss, grad_input, grad_weight, grad_bias};
+  switch (reduction) {
+    case Reduction::None:
+      r.loss.copy_(loss_rows);
+      break;
+    case Reduction::Sum:
+      r.loss.copy_(normalizer.has_value() ? loss_rows.sum() / *normalizer : loss_rows.sum());
+      break;
+    case Reduction::Mean:
+      r.loss.copy_(loss_rows.sum() / total_weight);
+      break;
+  }
+  return r;
 }
 
 }  // namespace detail
@@ -532,15 +572,46 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
                          label_smoothing, z_loss, softcap, normalizer);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_forward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer) {
+    std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
+  static auto op =
+      find_op<decltype(linear_cross_entropy_stats)>("fuseops::linear_cross_entropy_stats");
+  return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
+                         label_smoothing, z_loss, softcap, normalizer, predict);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                             const std::optional<at::Tensor>& class_weight,
+                             std::string_view reduction, int64_t ignore_index,
+                             double label_smoothing, double z_loss,
+                             std::optional<double> softcap, std::optional<double> normalizer,
+                             bool predict) {
   static auto op =
       find_op<decltype(linear_cross_entropy_forward)>("fuseops::linear_cross_entropy_forward");
   return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
-                         label_smoothing, z_loss, softcap, normalizer);
+                         label_smoothing, z_loss, softcap, normalizer, predict);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, std::string_view reduction,
+    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    std::optional<double> normalizer) {
+  constexpr const char* name = "fuseops::linear_cross_entropy_backward";
+  check_floating_input(name, "grad_output", grad_output);
+  check_floating_input(name, "input", input);
+  check_floating_input(name, "weight", weight);
+  check_defined(name, "target", target);
+  static auto op = find_op<decltype(linear_cross_entropy_backward)>(name);
+  return op.call(grad_output, input, weight, none_if_undefined(bias), target,
+                 none_if_undefined(class_weight), reduction, ignore_index, label_smoothing,
+                 z_loss, softcap, normalizer);
 }
 
 namespace {
@@ -581,10 +652,23 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       "float? normalizer=None) -> Tensor",
       tags);
   m.def(
+      "linear_cross_entropy_stats(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
+      "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
+      "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
+      "float? normalizer=None, bool predict=False) -> (Tensor, Tensor, Tensor)",
+      tags);
+  m.def(
       "linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
       "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
       "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
-      "float? normalizer=None) -> (Tensor, Tensor, Tensor, Tensor)",
+      "float? normalizer=None, bool predict=False) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      tags);
+  m.def(
+      "linear_cross_entropy_backward(Tensor grad_output, Tensor input, Tensor weight, "
+      "Tensor? bias, Tensor target, Tensor? class_weight, str reduction, int ignore_index, "
+      "float label_smoothing, float z_loss, float? softcap, float? normalizer) "
+      "-> (Tensor, Tensor, Tensor)",
       tags);
 }
 
@@ -601,5 +685,6 @@ TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
 // carries that dtype's rounding (2^-9 relative for bfloat16).
 FUSEOPS_AUTOCAST(cross_entropy, kFloat32, kFloat32)
 FUSEOPS_AUTOCAST(linear_cross_entropy, kLinearLoss, kLinearLoss)
+FUSEOPS_AUTOCAST(linear_cross_entropy_stats, kLinearLoss, kLinearLoss)
 
 }  // namespace fuseops

@@ -88,12 +88,32 @@ at::Tensor cross_entropy_inplace_with(
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
     CrossEntropyRowsKernel rows_kernel);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_with(
+// What linear_cross_entropy_with computes: the loss (a scalar, or [N] for
+// reduction "none"), the per-row logsumexp of the (softcapped) logits
+// ([N] opmath, 0 on ignored rows), the predicted class of every row (argmax
+// of the logits, [N] int64, or empty when not asked for) and the gradients
+// (empty when not asked for; grad_bias also empty without a bias).
+struct LinearCrossEntropyResult {
+  at::Tensor loss;
+  at::Tensor lse;
+  at::Tensor predicted;
+  at::Tensor grad_input;
+  at::Tensor grad_weight;
+  at::Tensor grad_bias;
+};
+
+// What the gradients of linear_cross_entropy_with are taken for: none, a
+// grad_output of 1 (ones per row for reduction "none"), or the given
+// grad_output of the loss's shape (the recomputing backward).
+enum class LinearLossGradient { None, OfOne, OfGradOutput };
+
+LinearCrossEntropyResult linear_cross_entropy_with(
     const char* op, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const at::Tensor& target,
     const std::optional<at::Tensor>& class_weight, std::string_view reduction,
     int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
-    std::optional<double> normalizer, bool with_grad, CrossEntropyTargetKernel target_kernel,
+    std::optional<double> normalizer, LinearLossGradient gradient,
+    const at::Tensor& grad_output, bool predict, CrossEntropyTargetKernel target_kernel,
     CrossEntropyRowsKernel rows_kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::target()` and
@@ -140,22 +160,52 @@ struct CrossEntropyRegistrations {
       const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
       std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
       std::optional<double> softcap, std::optional<double> normalizer) {
-    return std::get<0>(linear_cross_entropy_with(
-        "fuseops::linear_cross_entropy", input, weight, bias, target, class_weight, reduction,
-        ignore_index, label_smoothing, z_loss, softcap, normalizer, /*with_grad=*/false,
-        Kernels::target(), Kernels::rows()));
+    return linear_cross_entropy_with("fuseops::linear_cross_entropy", input, weight, bias,
+                                     target, class_weight, reduction, ignore_index,
+                                     label_smoothing, z_loss, softcap, normalizer,
+                                     LinearLossGradient::None, at::Tensor(), /*predict=*/false,
+                                     Kernels::target(), Kernels::rows())
+        .loss;
   }
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
+      const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+      const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+      std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+      std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
+    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_stats", input, weight,
+                                       bias, target, class_weight, reduction, ignore_index,
+                                       label_smoothing, z_loss, softcap, normalizer,
+                                       LinearLossGradient::None, at::Tensor(), predict,
+                                       Kernels::target(), Kernels::rows());
+    return {r.loss, r.lse, r.predicted};
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
   linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, const at::Tensor& target,
                                const std::optional<at::Tensor>& class_weight,
                                std::string_view reduction, int64_t ignore_index,
                                double label_smoothing, double z_loss,
-                               std::optional<double> softcap, std::optional<double> normalizer) {
-    return linear_cross_entropy_with("fuseops::linear_cross_entropy_forward", input, weight,
-                                     bias, target, class_weight, reduction, ignore_index,
-                                     label_smoothing, z_loss, softcap, normalizer,
-                                     /*with_grad=*/true, Kernels::target(), Kernels::rows());
+                               std::optional<double> softcap, std::optional<double> normalizer,
+                               bool predict) {
+    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_forward", input, weight,
+                                       bias, target, class_weight, reduction, ignore_index,
+                                       label_smoothing, z_loss, softcap, normalizer,
+                                       LinearLossGradient::OfOne, at::Tensor(), predict,
+                                       Kernels::target(), Kernels::rows());
+    return {r.loss, r.grad_input, r.grad_weight, r.grad_bias, r.lse, r.predicted};
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
+      const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+      const std::optional<at::Tensor>& bias, const at::Tensor& target,
+      const std::optional<at::Tensor>& class_weight, std::string_view reduction,
+      int64_t ignore_index, double label_smoothing, double z_loss,
+      std::optional<double> softcap, std::optional<double> normalizer) {
+    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_backward", input, weight,
+                                       bias, target, class_weight, reduction, ignore_index,
+                                       label_smoothing, z_loss, softcap, normalizer,
+                                       LinearLossGradient::OfGradOutput, grad_output,
+                                       /*predict=*/false, Kernels::target(), Kernels::rows());
+    return {r.grad_input, r.grad_weight, r.grad_bias};
   }
 
   template <typename Library>
@@ -165,7 +215,9 @@ struct CrossEntropyRegistrations {
     m.impl("cross_entropy_backward", TORCH_FN(cross_entropy_backward));
     m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace));
     m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy));
+    m.impl("linear_cross_entropy_stats", TORCH_FN(linear_cross_entropy_stats));
     m.impl("linear_cross_entropy_forward", TORCH_FN(linear_cross_entropy_forward));
+    m.impl("linear_cross_entropy_backward", TORCH_FN(linear_cross_entropy_backward));
   }
 };
 

@@ -1,7 +1,8 @@
 // fuseops int4 linear layers: schemas, C++ API, shared checks, the
 // quantization and packing ops (ATen ops only, one registration for every
 // backend, with Meta kernels of their own since they check values) and the
-// Meta registration. CPU: cpp/ops/cpu/int4_linear.cpp; CUDA:
+// Meta registration. CPU: cpp/ops/cpu/int4_linear.cpp (kernels:
+// int4_linear_kernel.cpp, int4_dynamic_linear_kernel.cpp); CUDA:
 // cuda/int4_linear_kernel.cu; autograd (refusal):
 // cpp/ops/autograd/int4_linear.cpp.
 
@@ -249,6 +250,27 @@ at::Tensor int4_weight_only_linear_with(const at::Tensor& input, const at::Tenso
   return out;
 }
 
+at::Tensor int4_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                    const at::Tensor& scale_zero, int64_t group_size,
+                                    const std::optional<at::Tensor>& bias,
+                                    Int4DynamicLinearKernel kernel) {
+  constexpr const char* op = "fuseops::int4_dynamic_linear";
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(input.dim() >= 1, op,
+              ": argument 'input' must have at least one dimension [..., K], got a 0-d tensor");
+  check_int4_weight(op, packed, scale_zero, group_size, input);
+  const int64_t n = scale_zero.size(2);
+  const int64_t k = input.size(-1);
+  const at::Tensor b = undefined_if_none(bias);
+  at::Tensor out = linear_output(op, input, b, n, "scale_zero");
+  if (!linear_needs_kernel(out, b, k, kernel != nullptr)) {
+    return out;
+  }
+  kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale_zero.contiguous(),
+         group_size, contiguous_if_defined(b));
+  return out;
+}
+
 }  // namespace detail
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_group_int4(const at::Tensor& weight,
@@ -281,10 +303,22 @@ at::Tensor int4_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
   return handle.call(input, packed, scale_zero, group_size, detail::none_if_undefined(bias));
 }
 
+at::Tensor int4_dynamic_linear(const at::Tensor& input, const at::Tensor& packed,
+                               const at::Tensor& scale_zero, int64_t group_size,
+                               const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "fuseops::int4_dynamic_linear";
+  check_floating_input(op, "input", input);
+  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
+  TORCH_CHECK(scale_zero.defined(), op, ": argument 'scale_zero' must be a defined tensor");
+  static auto handle = detail::find_op<decltype(int4_dynamic_linear)>(op);
+  return handle.call(input, packed, scale_zero, group_size, detail::none_if_undefined(bias));
+}
+
 namespace {
 
 struct MetaKernels {
   static detail::Int4WeightOnlyLinearKernel weight_only() { return nullptr; }
+  static detail::Int4DynamicLinearKernel dynamic() { return nullptr; }
 };
 
 }  // namespace
@@ -299,6 +333,9 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
         "-> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
   m.def("int4_weight_only_linear(Tensor input, Tensor packed, Tensor scale_zero, "
+        "int group_size, Tensor? bias=None) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("int4_dynamic_linear(Tensor input, Tensor packed, Tensor scale_zero, "
         "int group_size, Tensor? bias=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
 }

@@ -23,10 +23,19 @@ using Int4WeightOnlyLinearKernel = void (*)(const at::Tensor& out, const at::Ten
                                             const at::Tensor& scale_zero, int64_t group_size,
                                             const at::Tensor& bias);
 
+// int4_dynamic_linear's kernel: the same arguments; the input rows are
+// quantized to int8 per row inside (group_size a multiple of 2 as above).
+using Int4DynamicLinearKernel = Int4WeightOnlyLinearKernel;
+
 at::Tensor int4_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
                                         const at::Tensor& scale_zero, int64_t group_size,
                                         const std::optional<at::Tensor>& bias,
                                         Int4WeightOnlyLinearKernel kernel);
+
+at::Tensor int4_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                    const at::Tensor& scale_zero, int64_t group_size,
+                                    const std::optional<at::Tensor>& bias,
+                                    Int4DynamicLinearKernel kernel);
 
 template <typename Kernels>
 struct Int4LinearRegistrations {
@@ -37,9 +46,17 @@ struct Int4LinearRegistrations {
                                         Kernels::weight_only());
   }
 
+  static at::Tensor int4_dynamic_linear(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale_zero, int64_t group_size,
+                                        const std::optional<at::Tensor>& bias) {
+    return int4_dynamic_linear_with(input, packed, scale_zero, group_size, bias,
+                                    Kernels::dynamic());
+  }
+
   template <typename Library>
   static void register_all(Library& m) {
     m.impl("int4_weight_only_linear", TORCH_FN(int4_weight_only_linear));
+    m.impl("int4_dynamic_linear", TORCH_FN(int4_dynamic_linear));
   }
 };
 

@@ -31,10 +31,21 @@ FUSEOPS_PYTHON_BINDINGS(cross_entropy) {
         py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
         py::arg("z_loss") = 0.0, py::arg("softcap") = py::none(),
         py::arg("normalizer") = py::none());
+  m.def("linear_cross_entropy_stats", &fuseops::linear_cross_entropy_stats, py::arg("input"),
+        py::arg("weight"), py::arg("bias"), py::arg("target"),
+        py::arg("class_weight") = py::none(), py::arg("reduction") = "mean",
+        py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
+        py::arg("z_loss") = 0.0, py::arg("softcap") = py::none(),
+        py::arg("normalizer") = py::none(), py::arg("predict") = false);
   m.def("linear_cross_entropy_forward", &fuseops::linear_cross_entropy_forward,
         py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("target"),
         py::arg("class_weight") = py::none(), py::arg("reduction") = "mean",
         py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
         py::arg("z_loss") = 0.0, py::arg("softcap") = py::none(),
-        py::arg("normalizer") = py::none());
+        py::arg("normalizer") = py::none(), py::arg("predict") = false);
+  m.def("linear_cross_entropy_backward", &fuseops::linear_cross_entropy_backward,
+        py::arg("grad_output"), py::arg("input"), py::arg("weight"), py::arg("bias"),
+        py::arg("target"), py::arg("class_weight"), py::arg("reduction"),
+        py::arg("ignore_index"), py::arg("label_smoothing"), py::arg("z_loss"),
+        py::arg("softcap"), py::arg("normalizer"));
 }

@@ -35,12 +35,15 @@ from .ops.causal_conv1d import (
     causal_conv1d_update,
 )
 from .ops.cross_entropy import (
+    CrossEntropyOutput,
     cross_entropy,
     cross_entropy_backward,
     cross_entropy_forward,
     cross_entropy_inplace,
     linear_cross_entropy,
+    linear_cross_entropy_backward,
     linear_cross_entropy_forward,
+    linear_cross_entropy_stats,
 )
 from .ops.gated_activation import (
     geglu,
@@ -50,6 +53,7 @@ from .ops.gated_activation import (
 )
 from .ops.int4_linear import (
     dequantize_int4_weight,
+    int4_dynamic_linear,
     int4_weight_only_linear,
     pack_int4_weight,
     quantize_per_group_int4,
@@ -100,6 +104,7 @@ from .ops.sparse_2_4 import (
 )
 
 __all__ = [
+    "CrossEntropyOutput",
     "__version__",
     "apply_rotary_pos_emb",
     "bias_gelu",
@@ -126,6 +131,7 @@ __all__ = [
     "gelu",
     "gelu_backward",
     "include_dir",
+    "int4_dynamic_linear",
     "int4_weight_only_linear",
     "int8_dynamic_linear",
     "int8_weight_only_linear",
@@ -134,7 +140,9 @@ __all__ = [
     "layer_norm_forward",
     "library_path",
     "linear_cross_entropy",
+    "linear_cross_entropy_backward",
     "linear_cross_entropy_forward",
+    "linear_cross_entropy_stats",
     "nn",
     "pack_2_4",
     "pack_int4_weight",

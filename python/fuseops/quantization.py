@@ -14,7 +14,12 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from .ops.int4_linear import int4_weight_only_linear, pack_int4_weight, quantize_per_group_int4
+from .ops.int4_linear import (
+    int4_dynamic_linear,
+    int4_weight_only_linear,
+    pack_int4_weight,
+    quantize_per_group_int4,
+)
 from .ops.int8_linear import int8_dynamic_linear, int8_weight_only_linear, pack_int8_weight
 from .ops.quantize import quantize_per_channel_int8
 from .ops.sparse_2_4 import (
@@ -26,7 +31,7 @@ from .ops.sparse_2_4 import (
 )
 
 #: The modes of ``quantize_`` (and of the layers' ``mode``).
-QUANTIZE_MODES = ("w8a16", "w8a8", "w4a16", "2:4", "2:4+w8a16", "2:4+w8a8")
+QUANTIZE_MODES = ("w8a16", "w8a8", "w4a16", "w4a8", "2:4", "2:4+w8a16", "2:4+w8a8")
 
 
 class _QuantizedLinear(torch.nn.Module):
@@ -154,15 +159,19 @@ class Int8Linear(_QuantizedLinear):
 
 
 class Int4Linear(_QuantizedLinear):
-    """A linear layer with int4 weights for inference (W4A16): ``y = x @ w.T
-    + bias`` with ``w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]``, one
-    scale and zero point per group of ``group_size`` input features of an
-    output channel (``fuseops.quantize_per_group_int4``: symmetric, llama.cpp's
-    Q4_0 rule, by default; ``symmetric=False`` for a zero point per group),
-    run by ``fuseops.int4_weight_only_linear``; activations float32,
-    bfloat16, float16 or float64 (the result has x's dtype). Build it from a
-    trained layer with ``Int4Linear.from_float(linear, group_size=128)`` or
-    let ``fuseops.quantize_(model, "w4a16", group_size=128)`` swap a model's
+    """A linear layer with int4 weights for inference: ``y = x @ w.T + bias``
+    with ``w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]``, one scale and
+    zero point per group of ``group_size`` input features of an output
+    channel (``fuseops.quantize_per_group_int4``: symmetric, llama.cpp's Q4_0
+    rule, by default; ``symmetric=False`` for a zero point per group);
+    activations float32, bfloat16, float16 or float64 (the result has x's
+    dtype). ``mode`` picks the kernel: ``"w4a16"`` (default) runs
+    ``fuseops.int4_weight_only_linear`` (float activations), ``"w4a8"`` runs
+    ``fuseops.int4_dynamic_linear`` (activations quantized to int8 per token
+    on the fly; the faster decode on CPUs with AVX512_VNNI). The mode is an
+    attribute, not state: both use the same buffers. Build it from a trained
+    layer with ``Int4Linear.from_float(linear, group_size=128)`` or let
+    ``fuseops.quantize_(model, "w4a16", group_size=128)`` swap a model's
     ``nn.Linear`` layers.
 
     The weight lives in buffers, the form ``fuseops.pack_int4_weight``
@@ -174,7 +183,7 @@ class Int4Linear(_QuantizedLinear):
     under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
 
-    MODES = ("w4a16",)
+    MODES = ("w4a16", "w4a8")
     FLOAT32_BUFFERS = ("scale_zero",)
 
     def __init__(
@@ -213,11 +222,15 @@ class Int4Linear(_QuantizedLinear):
 
     @classmethod
     def from_float(
-        cls, linear: torch.nn.Linear, group_size: int = 128, symmetric: bool = True
+        cls,
+        linear: torch.nn.Linear,
+        group_size: int = 128,
+        symmetric: bool = True,
+        mode: str = "w4a16",
     ) -> "Int4Linear":
         """The layer's weight quantized in groups of `group_size` along K
         (``fuseops.quantize_per_group_int4``) and packed; its bias kept."""
-        return cls._from_float(linear, "w4a16", group_size=group_size, symmetric=symmetric)
+        return cls._from_float(linear, mode, group_size=group_size, symmetric=symmetric)
 
     def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         quantized = quantize_per_group_int4(weight, self.group_size, self.symmetric)
@@ -225,9 +238,8 @@ class Int4Linear(_QuantizedLinear):
         return {"packed": packed, "scale_zero": scale_zero}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int4_weight_only_linear(
-            x, self.packed, self.scale_zero, self.group_size, self._bias(x)
-        )
+        linear = int4_dynamic_linear if self.mode == "w4a8" else int4_weight_only_linear
+        return linear(x, self.packed, self.scale_zero, self.group_size, self._bias(x))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", group_size={self.group_size}, symmetric={self.symmetric}"
@@ -377,7 +389,8 @@ def quantize_(
     quantized per token on the fly: ``int8_dynamic_linear``) give
     ``fuseops.nn.Int8Linear``; ``"w4a16"`` (int4 weights, one scale per
     group of `group_size` input features, symmetric; float activations)
-    gives ``fuseops.nn.Int4Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
+    and ``"w4a8"`` (the same weights, activations quantized per token on the
+    fly: ``int4_dynamic_linear``) give ``fuseops.nn.Int4Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
     kept values in the layer's dtype), ``"2:4+w8a16"`` (pruned, then int8
     per channel) and ``"2:4+w8a8"`` (the same int8 weights, activations
     quantized per token on the fly: ``sparse_2_4_dynamic_linear``) give
@@ -407,8 +420,12 @@ def quantize_(
                 if child.in_features % 4:
                     continue
                 setattr(parent, child_name, Sparse24Linear.from_float(child, mode=mode))
-            elif mode == "w4a16":
-                setattr(parent, child_name, Int4Linear.from_float(child, group_size=group_size))
+            elif mode in ("w4a16", "w4a8"):
+                setattr(
+                    parent,
+                    child_name,
+                    Int4Linear.from_float(child, group_size=group_size, mode=mode),
+                )
             else:
                 setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))
             replaced.append(Quantized(name, child.in_features, child.out_features, mode))

@@ -34,6 +34,7 @@ from .ops.gated_activation import (
     swiglu_reference as swiglu,
 )
 from .ops.int4_linear import (
+    int4_dynamic_linear_reference as int4_dynamic_linear,
     int4_weight_only_linear_reference as int4_weight_only_linear,
     pack_int4_weight_reference as pack_int4_weight,
     quantize_per_group_int4_reference as quantize_per_group_int4,
@@ -88,6 +89,7 @@ __all__ = [
     "geglu",
     "gelu",
     "gelu_backward",
+    "int4_dynamic_linear",
     "int4_weight_only_linear",
     "int8_dynamic_linear",
     "int8_weight_only_linear",

@@ -67,9 +67,10 @@ at::Tensor cross_entropy_inplace(
 // buffer, overwritten by their gradient by the cross-entropy row kernel, and
 // turned into the chunk's grad_input rows and a float32 accumulation of
 // grad_weight and grad_bias by two more GEMMs.
-// The gradients are therefore computed in the forward (when one will be
-// needed) and only scaled by grad_output in the backward. reduction is
-// "mean" or "sum" ("none" would need a gradient per row); with "sum",
+// For reduction "mean" or "sum" the gradients are computed in the forward
+// (when one will be needed) and only scaled by grad_output in the backward;
+// for "none" (a loss per row, [N]) the backward recomputes the logits chunk
+// by chunk (linear_cross_entropy_backward): one GEMM more. With "sum",
 // `normalizer` divides the loss (and its gradients), for gradient
 // accumulation over micro-batches. Differentiable in input, weight and bias.
 at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,
@@ -80,13 +81,41 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
                                 double z_loss = 0.0, std::optional<double> softcap = std::nullopt,
                                 std::optional<double> normalizer = std::nullopt);
 
-// linear_cross_entropy's loss and its gradients for a grad_output of 1:
-// (loss, grad_input, grad_weight, grad_bias); grad_bias is empty without bias.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_forward(
+// linear_cross_entropy with what the same pass also yields: (loss, lse,
+// predicted), lse the per-row logsumexp of the (softcapped) logits ([N],
+// float32; float64 for float64 input; 0 on ignored rows: the z-loss term of
+// a row is z_loss * lse^2), predicted the argmax of each row's logits ([N]
+// int64; empty unless `predict`). Differentiable in the loss only.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight = std::nullopt,
     std::string_view reduction = "mean", int64_t ignore_index = -100,
     double label_smoothing = 0.0, double z_loss = 0.0,
-    std::optional<double> softcap = std::nullopt, std::optional<double> normalizer = std::nullopt);
+    std::optional<double> softcap = std::nullopt, std::optional<double> normalizer = std::nullopt,
+    bool predict = false);
+
+// linear_cross_entropy's loss and its gradients for a grad_output of 1 (of
+// ones for reduction "none"), then lse and predicted as
+// linear_cross_entropy_stats gives them: (loss, grad_input, grad_weight,
+// grad_bias, lse, predicted); grad_bias is empty without bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linear_cross_entropy_forward(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight = std::nullopt,
+    std::string_view reduction = "mean", int64_t ignore_index = -100,
+    double label_smoothing = 0.0, double z_loss = 0.0,
+    std::optional<double> softcap = std::nullopt, std::optional<double> normalizer = std::nullopt,
+    bool predict = false);
+
+// The gradients (grad_input, grad_weight, grad_bias) of linear_cross_entropy
+// for `grad_output` of the loss's shape ([N] for reduction "none"; a per-row
+// grad_output is also a per-token weighting of the losses), recomputing the
+// logits chunk by chunk; grad_bias is empty without bias. Not differentiable.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, std::string_view reduction,
+    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    std::optional<double> normalizer);
 
 }  // namespace fuseops

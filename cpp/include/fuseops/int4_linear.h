@@ -69,4 +69,20 @@ at::Tensor int4_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
                                    const at::Tensor& scale_zero, int64_t group_size,
                                    const std::optional<at::Tensor>& bias = std::nullopt);
 
+// W4A8: int4_weight_only_linear's weights (the same packed layout) times
+// activations quantized to int8 per row, as quantize_per_token_int8 does
+// (x_scale[m] = absmax / 127, xq = round(x / x_scale), ties to even; a row
+// holding Inf or NaN gives NaN), the products summed exactly in int32 per
+// group, then in float32:
+// y[m, n] = x_scale[m] * sum_g scale[n, g] * (sum_{k in g} xq[m, k] * q[n, k]
+//           - zero[n, g] * sum_{k in g} xq[m, k]) + bias[n], rounded to x's
+// dtype. What llama.cpp's Q4_0 x Q8_0 dot products do, with one activation
+// scale per row instead of per 32 values: on CPUs with AVX512_VNNI the
+// products take a quarter of the instructions of W4A16's, so a decode step
+// (few rows) streams the weight at memory speed. Every CPU build returns the
+// same bits. Inference op: no derivative.
+at::Tensor int4_dynamic_linear(const at::Tensor& input, const at::Tensor& packed,
+                               const at::Tensor& scale_zero, int64_t group_size,
+                               const std::optional<at::Tensor>& bias = std::nullopt);
+
 }  // namespace fuseops

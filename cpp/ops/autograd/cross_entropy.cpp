@@ -4,12 +4,15 @@
 // cross_entropy keeps the per-row logsumexp and the mean's divisor; its
 // backward recomputes the softmax from the logits in one pass and has no
 // derivative of its own (autograd/no_derivative.h). The in-place variant and
-// linear_cross_entropy compute their gradients in the forward; their
-// backward only scales them by grad_output, in place, so it may run once.
+// linear_cross_entropy with reduction "mean" or "sum" compute their gradients
+// in the forward; their backward only scales them by grad_output, in place,
+// so it may run once. linear_cross_entropy with reduction "none" recomputes
+// the logits in its backward (linear_cross_entropy_backward).
 // Neither op is differentiable in its class weights: a weight that requires
 // grad is refused rather than given no gradient silently.
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <ATen/record_function.h>
@@ -133,27 +136,79 @@ class CrossEntropyInplaceFunction
   }
 };
 
+// Returns (loss, lse, predicted); only the loss is differentiable. For
+// reduction "mean" or "sum" the forward computes the gradients (for a
+// grad_output of 1) and the backward scales them in place, once; for "none"
+// the forward keeps its inputs and the backward recomputes the logits
+// (linear_cross_entropy_backward, which has no derivative of its own).
 class LinearCrossEntropyFunction
     : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            const at::Tensor& target,
-                            const std::optional<at::Tensor>& class_weight, const Options& o,
-                            std::optional<double> normalizer) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                               const at::Tensor& target,
+                               const std::optional<at::Tensor>& class_weight, const Options& o,
+                               std::optional<double> normalizer, bool predict) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [loss, grad_input, grad_weight, grad_bias] = fuseops::linear_cross_entropy_forward(
-        input, weight, bias, target, class_weight, o.reduction, o.ignore_index,
-        o.label_smoothing, o.z_loss, o.softcap, normalizer);
-    ctx->saved_data["grad_input"] = grad_input;
-    ctx->saved_data["grad_weight"] = grad_weight;
-    ctx->saved_data["grad_bias"] = grad_bias;
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->set_materialize_grads(false);
+    const bool has_bias = bias.has_value() && bias->defined();
+    ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["used"] = false;
-    return loss;
+    const bool recompute = o.reduction == "none";
+    ctx->saved_data["recompute"] = recompute;
+    at::Tensor loss;
+    at::Tensor lse;
+    at::Tensor predicted;
+    if (recompute) {
+      std::tie(loss, lse, predicted) = fuseops::linear_cross_entropy_stats(
+          input, weight, bias, target, class_weight, o.reduction, o.ignore_index,
+          o.label_smoothing, o.z_loss, o.softcap, normalizer, predict);
+      const at::Tensor cw = detail::undefined_if_none(class_weight);
+      ctx->save_for_backward({input, weight, has_bias ? *bias : at::Tensor(), target, cw});
+      ctx->saved_data["has_class_weight"] = cw.defined();
+      ctx->saved_data["normalizer"] =
+          normalizer.has_value() ? c10::IValue(*normalizer) : c10::IValue();
+      save_options(ctx, o);
+    } else {
+      at::Tensor grad_input;
+      at::Tensor grad_weight;
+      at::Tensor grad_bias;
+      std::tie(loss, grad_input, grad_weight, grad_bias, lse, predicted) =
+          fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight,
+                                                o.reduction, o.ignore_index, o.label_smoothing,
+                                                o.z_loss, o.softcap, normalizer, predict);
+      ctx->saved_data["grad_input"] = grad_input;
+      ctx->saved_data["grad_weight"] = grad_weight;
+      ctx->saved_data["grad_bias"] = grad_bias;
+    }
+    ctx->mark_non_differentiable({lse, predicted});
+    return {loss, lse, predicted};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(8);
+    if (!grads[0].defined()) {
+      return result;
+    }
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    if (ctx->saved_data["recompute"].toBool()) {
+      const auto saved = ctx->get_saved_variables();
+      const Options o = saved_options(ctx);
+      const c10::IValue& normalizer = ctx->saved_data["normalizer"];
+      auto [grad_input, grad_weight, grad_bias] = fuseops::linear_cross_entropy_backward(
+          grads[0], saved[0], saved[1], has_bias ? std::optional<at::Tensor>(saved[2]) : std::nullopt,
+          saved[3],
+          ctx->saved_data["has_class_weight"].toBool() ? std::optional<at::Tensor>(saved[4])
+                                                       : std::nullopt,
+          o.reduction, o.ignore_index, o.label_smoothing, o.z_loss, o.softcap,
+          normalizer.isNone() ? std::nullopt : std::optional<double>(normalizer.toDouble()));
+      result[0] = grad_input;
+      result[1] = grad_weight;
+      if (has_bias) {
+        result[2] = grad_bias;
+      }
+      return result;
+    }
     TORCH_CHECK(!ctx->saved_data["used"].toBool(),
                 "fuseops::linear_cross_entropy: the backward can run only once (its gradients "
                 "are computed in the forward and scaled by grad_output in place)");
@@ -162,16 +217,17 @@ class LinearCrossEntropyFunction
     // Named like the backward ops of the other fuseops ops in profiles, with
     // grad_output's shape recorded as theirs is.
     RECORD_FUNCTION("fuseops::linear_cross_entropy_backward", std::vector<c10::IValue>({grads[0]}));
-    variable_list result(7);
     const at::Tensor& g = grads[0];
     result[0] = ctx->saved_data["grad_input"].toTensor().mul_(g);
     result[1] = ctx->saved_data["grad_weight"].toTensor().mul_(g);
-    if (ctx->saved_data["has_bias"].toBool()) {
+    if (has_bias) {
       result[2] = ctx->saved_data["grad_bias"].toTensor().mul_(g);
     }
     // Drop the references: the gradients now belong to the caller.
     ctx->saved_data.clear();
     ctx->saved_data["used"] = true;
+    ctx->saved_data["recompute"] = false;
+    ctx->saved_data["has_bias"] = has_bias;
     return result;
   }
 };
@@ -248,21 +304,54 @@ at::Tensor linear_cross_entropy_autograd(
   }
   return LinearCrossEntropyFunction::apply(
       input, weight, bias, target, class_weight,
-      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer);
+      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer,
+      /*predict=*/false)[0];
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats_autograd(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+    std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
+  check_weight_no_grad("fuseops::linear_cross_entropy_stats", "class_weight", class_weight);
+  if (!autograd_detail::records_grad({input, weight, bias})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::linear_cross_entropy_stats(input, weight, bias, target, class_weight,
+                                               reduction, ignore_index, label_smoothing, z_loss,
+                                               softcap, normalizer, predict);
+  }
+  const variable_list r = LinearCrossEntropyFunction::apply(
+      input, weight, bias, target, class_weight,
+      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer, predict);
+  return {r[0], r[1], r[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 linear_cross_entropy_forward_autograd(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer) {
+    std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
   autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_forward",
                                        {input, weight, bias, class_weight});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight,
                                                reduction, ignore_index, label_smoothing, z_loss,
-                                               softcap, normalizer);
+                                               softcap, normalizer, predict);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_autograd(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& target,
+    const std::optional<at::Tensor>& class_weight, std::string_view reduction,
+    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    std::optional<double> normalizer) {
+  autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_backward",
+                                       {grad_output, input, weight, bias, class_weight});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::linear_cross_entropy_backward(grad_output, input, weight, bias, target,
+                                                class_weight, reduction, ignore_index,
+                                                label_smoothing, z_loss, softcap, normalizer);
 }
 
 }  // namespace
@@ -273,7 +362,9 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("cross_entropy_backward", TORCH_FN(cross_entropy_backward_autograd));
   m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace_autograd));
   m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy_autograd));
+  m.impl("linear_cross_entropy_stats", TORCH_FN(linear_cross_entropy_stats_autograd));
   m.impl("linear_cross_entropy_forward", TORCH_FN(linear_cross_entropy_forward_autograd));
+  m.impl("linear_cross_entropy_backward", TORCH_FN(linear_cross_entropy_backward_autograd));
 }
 
 }  // namespace fuseops

@@ -42,12 +42,21 @@ at::Tensor int4_weight_only_linear_autograd(const at::Tensor& input, const at::T
   return fuseops::int4_weight_only_linear(input, packed, scale_zero, group_size, bias);
 }
 
+at::Tensor int4_dynamic_linear_autograd(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale_zero, int64_t group_size,
+                                        const std::optional<at::Tensor>& bias) {
+  check_inference("fuseops::int4_dynamic_linear", {input, packed, scale_zero, bias});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::int4_dynamic_linear(input, packed, scale_zero, group_size, bias);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("quantize_per_group_int4", TORCH_FN(quantize_per_group_int4_autograd));
   m.impl("pack_int4_weight", TORCH_FN(pack_int4_weight_autograd));
   m.impl("int4_weight_only_linear", TORCH_FN(int4_weight_only_linear_autograd));
+  m.impl("int4_dynamic_linear", TORCH_FN(int4_dynamic_linear_autograd));
 }
 
 }  // namespace fuseops

@@ -7,6 +7,7 @@
 namespace fuseops::cpu {
 
 FUSEOPS_DEFINE_CPU_KERNEL(int4_weight_only_linear_kernel, detail::Int4WeightOnlyLinearKernel);
+FUSEOPS_DEFINE_CPU_KERNEL(int4_dynamic_linear_kernel, detail::Int4DynamicLinearKernel);
 
 namespace {
 
@@ -14,6 +15,7 @@ struct Kernels {
   static detail::Int4WeightOnlyLinearKernel weight_only() {
     return int4_weight_only_linear_kernel.get();
   }
+  static detail::Int4DynamicLinearKernel dynamic() { return int4_dynamic_linear_kernel.get(); }
 };
 
 }  // namespace

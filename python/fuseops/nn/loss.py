@@ -7,7 +7,13 @@ from typing import Optional
 
 import torch
 
-from ..ops.cross_entropy import cross_entropy, cross_entropy_reference, linear_cross_entropy
+from ..ops.cross_entropy import (
+    CrossEntropyOutput,
+    _outputs,
+    cross_entropy,
+    cross_entropy_reference,
+    linear_cross_entropy,
+)
 from ._replace import _replaces
 
 
@@ -19,7 +25,9 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     logits with their gradient). Class indices in the class dimension
     (dimension 1, as in torch; moved last for inputs of more than 2
     dimensions) are fused; probability targets take torch's own path (without
-    z_loss or softcap, which they do not support)."""
+    z_loss or softcap, which they do not support). ``return_z_loss`` and
+    ``return_token_accuracy`` make the forward return a
+    ``fuseops.CrossEntropyOutput`` (see fuseops.cross_entropy)."""
 
     def __init__(
         self,
@@ -32,20 +40,25 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         z_loss: float = 0.0,
         softcap: Optional[float] = None,
         inplace_backward: bool = False,
+        return_z_loss: bool = False,
+        return_token_accuracy: bool = False,
     ) -> None:
         super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         self.z_loss = z_loss
         self.softcap = softcap
         self.inplace_backward = inplace_backward
+        self.return_z_loss = return_z_loss
+        self.return_token_accuracy = return_token_accuracy
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, target: torch.Tensor):
         # Instances converted by replace_modules lack the extensions' attributes.
         z_loss = getattr(self, "z_loss", 0.0)
         softcap = getattr(self, "softcap", None)
         if target.is_floating_point():
-            if z_loss or softcap is not None:
+            if z_loss or softcap is not None or _flags(self):
                 raise ValueError(
-                    "fuseops.nn.CrossEntropyLoss: z_loss and softcap need class-index targets"
+                    "fuseops.nn.CrossEntropyLoss: z_loss, softcap, return_z_loss and "
+                    "return_token_accuracy need class-index targets"
                 )
             return super().forward(input, target)
         logits = input.movedim(1, -1) if input.dim() > 2 else input
@@ -59,10 +72,31 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
             z_loss,
             softcap,
             inplace_backward=getattr(self, "inplace_backward", False),
+            return_z_loss=_flags(self)[0],
+            return_token_accuracy=_flags(self)[1],
         )
 
     def extra_repr(self) -> str:
-        return f"z_loss={self.z_loss}, softcap={self.softcap}, inplace_backward={self.inplace_backward}"
+        return (
+            f"z_loss={self.z_loss}, softcap={self.softcap}, "
+            f"inplace_backward={self.inplace_backward}{_flags_repr(self)}"
+        )
+
+
+def _flags(module: torch.nn.Module) -> tuple[bool, bool]:
+    """(return_z_loss, return_token_accuracy); False on instances converted by
+    replace_modules, which lack the attributes."""
+    return (
+        getattr(module, "return_z_loss", False),
+        getattr(module, "return_token_accuracy", False),
+    )
+
+
+def _flags_repr(module: torch.nn.Module) -> str:
+    z, accuracy = _flags(module)
+    return (", return_z_loss=True" if z else "") + (
+        ", return_token_accuracy=True" if accuracy else ""
+    )
 
 
 class TorchLinearCrossEntropyLoss(torch.nn.Module):
@@ -73,8 +107,11 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
     logits ``F.linear(input, linear_weight, linear_bias)``, upcasts them to
     float32 (as Hugging Face's causal-LM loss does) and takes their
     cross-entropy (``fuseops.reference.cross_entropy``: torch's options plus
-    ``z_loss`` and ``softcap``). ``reduction`` is "mean" or "sum";
-    ``normalizer`` (with "sum") divides the loss. This is the module a model
+    ``z_loss`` and ``softcap``). ``reduction`` is "mean", "sum" or "none"
+    (a loss per token, of ``target``'s shape); ``normalizer`` (with "sum")
+    divides the loss. ``return_z_loss`` and ``return_token_accuracy`` make
+    the forward return a ``fuseops.CrossEntropyOutput`` with the z-loss term
+    and the token accuracy (see fuseops.linear_cross_entropy). This is the module a model
     builds to be plain torch and still be found by ``replace_modules``, which
     swaps it for ``LinearCrossEntropyLoss``."""
 
@@ -86,6 +123,8 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
         label_smoothing: float = 0.0,
         z_loss: float = 0.0,
         softcap: Optional[float] = None,
+        return_z_loss: bool = False,
+        return_token_accuracy: bool = False,
     ) -> None:
         super().__init__()
         self.register_buffer("weight", weight)
@@ -94,6 +133,8 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
         self.label_smoothing = label_smoothing
         self.z_loss = z_loss
         self.softcap = softcap
+        self.return_z_loss = return_z_loss
+        self.return_token_accuracy = return_token_accuracy
 
     def forward(
         self,
@@ -102,12 +143,14 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
         target: torch.Tensor,
         linear_bias: Optional[torch.Tensor] = None,
         normalizer: Optional[float] = None,
-    ) -> torch.Tensor:
+    ):
         logits = torch.nn.functional.linear(input, linear_weight, linear_bias).float()
+        logits = logits.reshape(-1, logits.shape[-1])
+        flat_target = target.reshape(-1)
         weight = None if self.weight is None else self.weight.float()
         loss = cross_entropy_reference(
-            logits.reshape(-1, logits.shape[-1]),
-            target.reshape(-1),
+            logits,
+            flat_target,
             weight,
             self.reduction,
             self.ignore_index,
@@ -115,14 +158,46 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
             self.z_loss,
             self.softcap,
         )
-        return loss / normalizer if normalizer is not None else loss
+        loss = loss / normalizer if normalizer is not None else loss
+        loss = loss.reshape(target.shape) if self.reduction == "none" else loss
+        return_z_loss, return_accuracy = _flags(self)
+        if not (return_z_loss or return_accuracy):
+            return loss
+        with torch.no_grad():
+            capped = (
+                logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+            )
+            lse = torch.logsumexp(capped, -1) * (flat_target != self.ignore_index)
+            predicted = logits.argmax(-1)
+        output = _outputs(
+            loss,
+            lse,
+            predicted,
+            flat_target,
+            weight,
+            self.reduction,
+            self.ignore_index,
+            self.z_loss,
+            normalizer,
+            return_z_loss,
+            return_accuracy,
+            False,
+        )
+        return _reshaped(output, target.shape)
 
     def extra_repr(self) -> str:
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
             f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
-            f"softcap={self.softcap}"
+            f"softcap={self.softcap}{_flags_repr(self)}"
         )
+
+
+def _reshaped(output: CrossEntropyOutput, shape: torch.Size) -> CrossEntropyOutput:
+    """A per-token z-loss term back in the target's shape."""
+    if output.z_loss is not None and output.z_loss.dim() > 0:
+        return output._replace(z_loss=output.z_loss.reshape(shape))
+    return output
 
 
 @_replaces(TorchLinearCrossEntropyLoss)
@@ -140,8 +215,9 @@ class LinearCrossEntropyLoss(TorchLinearCrossEntropyLoss):
         target: torch.Tensor,
         linear_bias: Optional[torch.Tensor] = None,
         normalizer: Optional[float] = None,
-    ) -> torch.Tensor:
-        return linear_cross_entropy(
+    ):
+        return_z_loss, return_accuracy = _flags(self)
+        result = linear_cross_entropy(
             input.reshape(-1, input.shape[-1]),
             linear_weight,
             target.reshape(-1),
@@ -153,4 +229,11 @@ class LinearCrossEntropyLoss(TorchLinearCrossEntropyLoss):
             self.z_loss,
             self.softcap,
             normalizer,
+            return_z_loss=return_z_loss,
+            return_token_accuracy=return_accuracy,
         )
+        if isinstance(result, CrossEntropyOutput):
+            if self.reduction == "none":
+                result = result._replace(loss=result.loss.reshape(target.shape))
+            return _reshaped(result, target.shape)
+        return result.reshape(target.shape) if self.reduction == "none" else result

@@ -6,12 +6,80 @@ kernel on chunks of logits computed by GEMMs."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ._sample import DTYPES, Sample, tensor
+
+
+class CrossEntropyOutput(NamedTuple):
+    """What :func:`cross_entropy` and :func:`linear_cross_entropy` return when
+    one of their ``return_*`` flags is set; a field not asked for is None.
+
+    - ``loss``: the loss, as without the flags (z-loss term included).
+    - ``z_loss``: the z-loss term alone, ``z_loss * logsumexp(z)**2`` per
+      non-ignored row, reduced as the loss is (``"mean"``: divided by the
+      summed class weights of the non-ignored targets, the loss's divisor,
+      which is the count of those targets without class weights; ``"sum"``:
+      divided by ``normalizer`` when given; ``"none"``: per row, 0 on ignored
+      rows), in the loss's dtype; not differentiable (the loss carries its
+      gradient).
+    - ``token_accuracy``: the fraction of non-ignored rows whose predicted
+      class is the target (0-d float32; NaN when every target is ignored).
+    - ``predicted_tokens``: the predicted class of every row, the argmax of
+      its logits (first index among ties), shape of ``target``, int64. With a
+      ``softcap`` it is the argmax of the logits before the cap (the cap is
+      monotone: it can only tie values that differ in the logits)."""
+
+    loss: torch.Tensor
+    z_loss: Optional[torch.Tensor] = None
+    token_accuracy: Optional[torch.Tensor] = None
+    predicted_tokens: Optional[torch.Tensor] = None
+
+
+def _outputs(
+    loss: torch.Tensor,
+    lse: torch.Tensor,
+    predicted: Optional[torch.Tensor],
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    reduction: str,
+    ignore_index: int,
+    z_loss: float,
+    normalizer: Optional[float],
+    return_z_loss: bool,
+    return_token_accuracy: bool,
+    return_predicted_tokens: bool,
+) -> CrossEntropyOutput:
+    """The CrossEntropyOutput of a call from its loss, its per-row logsumexp
+    (0 on ignored rows) and its predicted classes."""
+    valid = target != ignore_index
+    z = None
+    if return_z_loss:
+        rows = (z_loss * lse.detach().square()).reshape(target.shape)
+        if reduction == "none":
+            z = rows
+        elif reduction == "sum":
+            z = rows.sum() / normalizer if normalizer is not None else rows.sum()
+        else:
+            if weight is None:
+                divisor = valid.sum()
+            else:
+                divisor = (weight.to(lse.dtype)[target.long().clamp(min=0)] * valid).sum()
+            z = rows.sum() / divisor
+        z = z.to(loss.dtype)
+    accuracy = None
+    if return_token_accuracy:
+        assert predicted is not None
+        correct = ((predicted == target) & valid).sum()
+        accuracy = correct.float() / valid.sum().float()
+    tokens = None
+    if return_predicted_tokens:
+        assert predicted is not None
+        tokens = predicted.reshape(target.shape)
+    return CrossEntropyOutput(loss, z, accuracy, tokens)
 
 
 def cross_entropy(
@@ -25,7 +93,10 @@ def cross_entropy(
     softcap: Optional[float] = None,
     *,
     inplace_backward: bool = False,
-) -> torch.Tensor:
+    return_z_loss: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+):
     """``F.cross_entropy(logits, target, weight, ignore_index=ignore_index,
     reduction=reduction, label_smoothing=label_smoothing)`` with the classes in
     the **last** dimension: ``logits`` ``[..., V]`` (float32/float64/bfloat16/
@@ -40,10 +111,46 @@ def cross_entropy(
     forward writes the gradient into ``logits`` (its values are gone after
     the call; nothing else may use them) and the backward scales it there by
     grad_output; that backward runs at most once. Differentiable in
-    ``logits`` (not in ``weight``)."""
+    ``logits`` (not in ``weight``).
+
+    ``return_z_loss``, ``return_token_accuracy``, ``return_predicted_tokens``:
+    return a :class:`CrossEntropyOutput` with those fields too (the z-loss
+    term from the logsumexp the loss computes; the predicted classes from an
+    argmax of ``logits``, before an in-place backward overwrites them).
+    ``return_z_loss`` needs ``inplace_backward=False``."""
     ops = torch.ops.fuseops
-    op = ops.cross_entropy_inplace if inplace_backward else ops.cross_entropy
-    return op(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
+    options = (weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
+    if not (return_z_loss or return_token_accuracy or return_predicted_tokens):
+        op = ops.cross_entropy_inplace if inplace_backward else ops.cross_entropy
+        return op(logits, target, *options)
+    predicted = None
+    if return_token_accuracy or return_predicted_tokens:
+        with torch.no_grad():
+            predicted = logits.argmax(-1)
+    if inplace_backward:
+        if return_z_loss:
+            raise ValueError(
+                "fuseops.cross_entropy: return_z_loss=True needs inplace_backward=False (the "
+                "in-place op does not keep the logsumexp the z-loss is made of)"
+            )
+        loss = ops.cross_entropy_inplace(logits, target, *options)
+        lse = loss.new_zeros(())
+    else:
+        loss, lse, _ = ops.cross_entropy_forward(logits, target, *options)
+    return _outputs(
+        loss,
+        lse,
+        predicted,
+        target,
+        weight,
+        reduction,
+        ignore_index,
+        z_loss,
+        None,
+        return_z_loss,
+        return_token_accuracy,
+        return_predicted_tokens,
+    )
 
 
 def cross_entropy_inplace(
@@ -125,18 +232,87 @@ def linear_cross_entropy(
     z_loss: float = 0.0,
     softcap: Optional[float] = None,
     normalizer: Optional[float] = None,
-) -> torch.Tensor:
+    *,
+    return_z_loss: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+):
     """``cross_entropy(F.linear(input, linear_weight, linear_bias), target,
     weight, ...)`` (arguments named as ``F.linear_cross_entropy``) without the
     ``[N, V]`` logits: ``input`` ``[N, H]``, ``linear_weight`` ``[V, H]``,
     ``target`` ``[N]``. Tokens go in chunks whose logits are about the size of
-    ``input``; the gradients are computed in the forward (``linear_weight``'s
-    accumulated in float32) and scaled by grad_output in the backward, which
-    runs at most once. ``reduction`` is ``"mean"`` or ``"sum"``; with
+    ``input``. With ``reduction`` ``"mean"`` or ``"sum"`` the gradients are
+    computed in the forward (``linear_weight``'s accumulated in float32) and
+    scaled by grad_output in the backward, which runs at most once; with
+    ``"none"`` (a loss per token, ``[N]``) the backward recomputes each
+    chunk's logits (one GEMM more, any number of backward passes), which also
+    makes a per-token weighting ``(loss * token_weight).sum()`` exact. With
     ``"sum"``, ``normalizer`` divides loss and gradients (gradient
     accumulation over micro-batches). Every option of :func:`cross_entropy`
-    applies. Differentiable in ``input``, ``linear_weight``, ``linear_bias``."""
-    return torch.ops.fuseops.linear_cross_entropy(
+    applies. Differentiable in ``input``, ``linear_weight``, ``linear_bias``.
+
+    ``return_z_loss``, ``return_token_accuracy``, ``return_predicted_tokens``:
+    return a :class:`CrossEntropyOutput` with those fields too, computed in
+    the same pass over the chunks (the predicted classes are the argmax of
+    each chunk's logits, taken before the gradient overwrites them)."""
+    options = (
+        weight,
+        reduction,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
+        normalizer,
+    )
+    if not (return_z_loss or return_token_accuracy or return_predicted_tokens):
+        return torch.ops.fuseops.linear_cross_entropy(
+            input, linear_weight, linear_bias, target, *options
+        )
+    loss, lse, predicted = torch.ops.fuseops.linear_cross_entropy_stats(
+        input,
+        linear_weight,
+        linear_bias,
+        target,
+        *options,
+        return_token_accuracy or return_predicted_tokens,
+    )
+    return _outputs(
+        loss,
+        lse,
+        predicted,
+        target,
+        weight,
+        reduction,
+        ignore_index,
+        z_loss,
+        normalizer,
+        return_z_loss,
+        return_token_accuracy,
+        return_predicted_tokens,
+    )
+
+
+def linear_cross_entropy_stats(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor] = None,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    normalizer: Optional[float] = None,
+    predict: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, lse, predicted)``: the loss of :func:`linear_cross_entropy`
+    (differentiable as there), the per-row logsumexp of the (softcapped)
+    logits (``[N]`` float32, float64 for float64 input, 0 on ignored rows)
+    and, when ``predict``, the argmax of every row's logits (``[N]`` int64;
+    empty otherwise). :func:`linear_cross_entropy`'s ``return_*`` flags are
+    built on it."""
+    return torch.ops.fuseops.linear_cross_entropy_stats(
         input,
         linear_weight,
         linear_bias,
@@ -148,6 +324,7 @@ def linear_cross_entropy(
         z_loss,
         softcap,
         normalizer,
+        predict,
     )
 
 
@@ -163,11 +340,50 @@ def linear_cross_entropy_forward(
     z_loss: float = 0.0,
     softcap: Optional[float] = None,
     normalizer: Optional[float] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, grad_input, grad_linear_weight, grad_linear_bias)`` of
-    :func:`linear_cross_entropy` for a grad_output of 1 (``grad_linear_bias``
-    is empty without a bias); not differentiable."""
+    predict: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, grad_input, grad_linear_weight, grad_linear_bias, lse,
+    predicted)`` of :func:`linear_cross_entropy` for a grad_output of 1 (of
+    ones with ``reduction="none"``; ``grad_linear_bias`` is empty without a
+    bias), then ``lse`` and ``predicted`` as :func:`linear_cross_entropy_stats`
+    gives them; not differentiable."""
     return torch.ops.fuseops.linear_cross_entropy_forward(
+        input,
+        linear_weight,
+        linear_bias,
+        target,
+        weight,
+        reduction,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
+        normalizer,
+        predict,
+    )
+
+
+def linear_cross_entropy_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor] = None,
+    weight: Optional[torch.Tensor] = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    normalizer: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad_input, grad_linear_weight, grad_linear_bias)`` of
+    :func:`linear_cross_entropy` for ``grad_output`` of the loss's shape
+    (``[N]`` with ``reduction="none"``: a weight per token), recomputing the
+    logits chunk by chunk (``grad_linear_bias`` is empty without a bias); not
+    differentiable."""
+    return torch.ops.fuseops.linear_cross_entropy_backward(
+        grad_output,
         input,
         linear_weight,
         linear_bias,
@@ -446,8 +662,17 @@ def samples(device) -> list[Sample]:
             wrapper_args=(lx, lw, lt, lb, None) + options,
         )
     )
+    none_options = ("none", -100, 0.0, 1e-3, None, None)
+    result.append(
+        Sample(
+            ops.linear_cross_entropy.default,
+            (lx, lw, lb, lt, None) + none_options,
+            linear_cross_entropy,
+            wrapper_args=(lx, lw, lt, lb, None) + none_options,
+        )
+    )
     fx, fw, ft, cw = t((9, 8)), t((12, 8)), target((9,), 12), torch.rand(12, device=device) + 0.5
-    forward_options = ("sum", -100, 0.0, 0.0, None, 4.0)
+    forward_options = ("sum", -100, 0.0, 0.0, None, 4.0, True)
     result.append(
         Sample(
             ops.linear_cross_entropy_forward.default,
@@ -456,6 +681,27 @@ def samples(device) -> list[Sample]:
             wrapper_args=(fx, fw, ft, None, cw) + forward_options,
         )
     )
+    for stats_options in (options + (True,), ("none", -100, 0.0, 1e-2, None, None, False)):
+        result.append(
+            Sample(
+                ops.linear_cross_entropy_stats.default,
+                (lx, lw, lb, lt, None) + stats_options,
+                linear_cross_entropy_stats,
+                wrapper_args=(lx, lw, lt, lb, None) + stats_options,
+            )
+        )
+    for grad, backward_options in (
+        (torch.randn((), device=device), ("mean", -100, 0.1, 1e-3, 4.0, None)),
+        (torch.randn(9, device=device), ("none", -100, 0.0, 0.0, None, None)),
+    ):
+        result.append(
+            Sample(
+                ops.linear_cross_entropy_backward.default,
+                (grad, fx, fw, None, ft, cw) + backward_options,
+                linear_cross_entropy_backward,
+                wrapper_args=(grad, fx, fw, ft, None, cw) + backward_options,
+            )
+        )
     for dtype in DTYPES:
         for shape in [(3, 7), (37, 1000), (5, 4099)]:
             for reduction in ("sum", "none"):
@@ -502,7 +748,7 @@ def fuzz(d) -> Sample:
             d.integers((rows,), 0, vocab),
             bias,
             weight,
-            d.choice(("mean", "sum")),
+            d.choice(("mean", "sum", "none")),
         ) + options
         normalizer = d.choice((None, 3.0)) if args[5] == "sum" else None
         return Sample(
@@ -523,10 +769,13 @@ def fuzz(d) -> Sample:
 
 
 __all__ = [
+    "CrossEntropyOutput",
     "cross_entropy",
     "cross_entropy_backward",
     "cross_entropy_forward",
     "cross_entropy_inplace",
     "linear_cross_entropy",
+    "linear_cross_entropy_backward",
     "linear_cross_entropy_forward",
+    "linear_cross_entropy_stats",
 ]

@@ -1,6 +1,8 @@
 """int4 linear layers: group-wise int4 quantization
-(``quantize_per_group_int4``), weight packing (``pack_int4_weight``) and the
-W4A16 linear (``int4_weight_only_linear``).
+(``quantize_per_group_int4``), weight packing (``pack_int4_weight``), the
+W4A16 linear (``int4_weight_only_linear``) and the W4A8 linear
+(``int4_dynamic_linear``: the same packed weight, activations quantized to
+int8 per row).
 
 A weight ``[N, K]`` is cut along K into groups of ``group_size`` values per
 output channel; each group has a float32 scale and an integer zero point and
@@ -82,6 +84,27 @@ def int4_weight_only_linear(
     return torch.ops.fuseops.int4_weight_only_linear(x, packed, scale_zero, group_size, bias)
 
 
+def int4_dynamic_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_zero: torch.Tensor,
+    group_size: int,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """W4A8: :func:`int4_weight_only_linear`'s packed weight times ``x``
+    quantized to int8 per row (``quantize_per_token_int8``'s math: scale
+    ``absmax / 127``, round half to even; a row holding Inf or NaN gives
+    NaN). Per group the products ``xq * q`` are summed exactly in int32, the
+    zero point's share ``zero * sum(xq)`` taken off and the group's scale
+    applied in float32, and the row's scale at the end: llama.cpp's Q4_0 x
+    Q8_0 arithmetic, with one activation scale per row. On CPUs with
+    AVX512_VNNI the products cost a quarter of W4A16's instructions, which
+    is what a decode step needs to run at memory speed; the result carries
+    the activations' int8 rounding (about 0.4% of a row's largest value).
+    Every CPU build returns the same bits."""
+    return torch.ops.fuseops.int4_dynamic_linear(x, packed, scale_zero, group_size, bias)
+
+
 def unpack_int4_weight(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The ``[n, k]`` values (uint8, in [0, 15]) a packed tensor holds."""
     blocks, pairs, _ = packed.shape
@@ -153,6 +176,19 @@ def int4_weight_only_linear_reference(x, packed, scale_zero, group_size, bias=No
     w = dequantize_int4_weight(packed, scale_zero, group_size, x.shape[-1], x.dtype)
     y = x @ w.T
     return y if bias is None else y + bias.to(x.dtype)
+
+
+def int4_dynamic_linear_reference(x, packed, scale_zero, group_size, bias=None):
+    # The quantized math in float64: the rows quantized in float32 exactly as
+    # the op does (float64 inputs rounded to float32 first), the products
+    # and the zero points' shares exact, the scales applied in float64.
+    from .quantize import quantize_per_token_int8_reference
+
+    xq, x_scale = quantize_per_token_int8_reference(x)
+    w = dequantize_int4_weight(packed, scale_zero, group_size, x.shape[-1], torch.float64)
+    y = (xq.to(torch.float64) @ w.T) * x_scale.to(torch.float64).unsqueeze(-1)
+    y = y if bias is None else y + bias.to(torch.float64)
+    return y.to(x.dtype)
 
 
 def _f_linear(x, packed, scale_zero, group_size):
@@ -237,6 +273,21 @@ def bench_cases():
             **common,
         )
     ]
+    dynamic: _CaseFields = {
+        **common,
+        "fuseops": "int4_dynamic_linear",
+        "reference": "int4_dynamic_linear",
+    }
+    cases.append(
+        Case(
+            "int4_dynamic_linear",
+            native=_f_linear,
+            native_label="F.linear (dequantized weight)",
+            description="W4A8: x quantized to int8 per row @ int4 weight (groups of 128)",
+            variant=True,
+            **dynamic,
+        )
+    )
     if hasattr(torch, "_weight_int4pack_mm_for_cpu"):
         cases.append(
             Case(
@@ -346,6 +397,33 @@ def samples(device) -> list[Sample]:
                         large=True,
                     )
                 )
+    # W4A8: the same weights; group sizes that are and are not multiples of
+    # 8 (the VNNI path's step), rows in one tile and in several chunks.
+    dyn = ops.int4_dynamic_linear.default
+    result += [
+        Sample(dyn, (t((3, 10)), w37, sz37, 4, None), int4_dynamic_linear),
+        Sample(dyn, (t((3, 10)), w_asym, sz_asym, 4, t((37,))), int4_dynamic_linear),
+        Sample(
+            dyn,
+            (t((2, 4, 10), torch.bfloat16, "transposed"), w37, sz37, 4, t((37,), torch.bfloat16)),
+            int4_dynamic_linear,
+        ),
+        Sample(dyn, (t((10,), torch.float64), w37, sz37, 4, None), int4_dynamic_linear),
+        Sample(dyn, (t((0, 10)), w37, sz37, 4, None), int4_dynamic_linear),
+        Sample(dyn, (t((3, 0)), *packed(5, 0, 2), 2, t((5,))), int4_dynamic_linear),
+    ]
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for group_size, symmetric in ((64, True), (12, False)):
+            wp, szp = packed(37, 300, group_size, symmetric)
+            for m in (1, 3, 9, 70):
+                result.append(
+                    Sample(
+                        dyn,
+                        (t((m, 300), dtype), wp, szp, group_size, t((37,), dtype)),
+                        int4_dynamic_linear,
+                        large=True,
+                    )
+                )
     return result
 
 
@@ -369,6 +447,12 @@ def fuzz(d) -> Sample:
     bias = d.maybe(lambda: d.tensor((n,), x.dtype))
     packed, scale_zero = pack_int4_weight(*quantized, group_size)
     d.math_dtype = torch.float32  # float64 x is summed in float32
+    if d.flag():
+        return Sample(
+            ops.int4_dynamic_linear.default,
+            (x, packed, scale_zero, group_size, bias),
+            int4_dynamic_linear,
+        )
     return Sample(
         ops.int4_weight_only_linear.default,
         (x, packed, scale_zero, group_size, bias),
@@ -378,6 +462,7 @@ def fuzz(d) -> Sample:
 
 __all__ = [
     "dequantize_int4_weight",
+    "int4_dynamic_linear",
     "int4_weight_only_linear",
     "pack_int4_weight",
     "quantize_per_group_int4",

@@ -94,6 +94,7 @@ PACKAGE_EXPORTS = [
     "include_dir",
     "library_path",
     "nn",
+    "preference",
     "quantization",
     "quantize_",
     "reference",

@@ -13,7 +13,7 @@ from . import _loader
 _loader.load()
 
 from . import _C  # type: ignore[attr-defined]  # noqa: E402  (needs the library loaded first)
-from . import cpu, nn, quantization, reference  # noqa: E402
+from . import cpu, nn, preference, quantization, reference  # noqa: E402
 from .quantization import quantize_  # noqa: E402
 from ._build_config import FUSEOPS_VERSION as __version__  # noqa: E402
 
@@ -147,6 +147,7 @@ __all__ = [
     "pack_2_4",
     "pack_int4_weight",
     "pack_int8_weight",
+    "preference",
     "prune_2_4",
     "quantization",
     "quantize_",

@@ -1,0 +1,301 @@
+"""Preference-optimisation losses fused with the LM head: DPO, IPO, hinge,
+SimPO, CPO and ORPO without the ``[tokens, vocab]`` logits.
+
+Every one of them is a function of the sequences' log-probabilities of
+their completion tokens, ``log p(target | prefix)`` summed (or averaged)
+over each sequence. ``fuseops.linear_cross_entropy(..., reduction="none")``
+gives exactly the negated per-token values, computed from the hidden states
+and the head's weight chunk by chunk (float32 statistics, no ``[N, V]``
+logits, in the forward or in the backward, which recomputes each chunk's
+logits with its tokens' gradients), so each loss here is that op followed
+by a few operations on ``[batch]`` tensors. Their gradients are exact: the
+backward of the per-token losses receives, per token, the gradient of the
+preference loss with respect to that token's log-probability.
+
+Layout (as TRL's trainers and Liger-Kernel's fused losses take it): the
+batch holds the chosen sequences first, then the rejected ones, in the same
+order: ``input`` ``[2B, T, H]`` (or ``[2B * T, H]``), ``target``
+``[2B, T]``, already shifted (``target[:, t]`` is the token that follows
+position ``t``), ``ignore_index`` on the prompt and padding positions.
+Definitions and defaults follow TRL (``DPOConfig``, ``CPOConfig``,
+``ORPOConfig``); where TRL's have changed between versions the docstrings
+say which form is computed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .ops.cross_entropy import linear_cross_entropy
+
+
+class PreferenceOutput(NamedTuple):
+    """What the fused preference losses return.
+
+    - ``loss``: the loss, averaged over the B pairs (differentiable).
+    - ``chosen_rewards`` / ``rejected_rewards``: ``[B]``, the implicit rewards
+      TRL logs (DPO: ``beta * (logp - ref_logp)``; SimPO and CPO: ``beta *
+      logp``; ORPO: ``beta * logp``), detached.
+    - ``chosen_logps`` / ``rejected_logps``: ``[B]``, the sequences'
+      log-probabilities as the loss used them (summed, or averaged per token
+      where the loss averages), detached.
+    - ``nll_loss``: the chosen sequences' cross-entropy per token (CPO and
+      ORPO add it to the loss; None for the others), detached."""
+
+    loss: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+    chosen_logps: torch.Tensor
+    rejected_logps: torch.Tensor
+    nll_loss: Optional[torch.Tensor] = None
+
+
+def token_log_probs(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """``log_softmax(F.linear(input, linear_weight, linear_bias) /
+    temperature).gather(target)`` per token, in ``target``'s shape (0 where
+    ``target == ignore_index``), without the logits: the negated per-token
+    losses of ``fuseops.linear_cross_entropy(..., reduction="none")``
+    (float32 statistics; the result in ``input``'s dtype). Differentiable in
+    ``input``, ``linear_weight`` and ``linear_bias``; the backward recomputes
+    the logits chunk by chunk."""
+    if not temperature > 0:
+        raise ValueError(f"fuseops.preference: temperature must be > 0, got {temperature}")
+    hidden = input.reshape(-1, input.shape[-1])
+    if temperature != 1.0:
+        # logits / T: the input (and the bias) scaled instead of the logits.
+        hidden = hidden / temperature
+        linear_bias = None if linear_bias is None else linear_bias / temperature
+    losses = linear_cross_entropy(
+        hidden,
+        linear_weight,
+        target.reshape(-1),
+        linear_bias,
+        reduction="none",
+        ignore_index=ignore_index,
+    )
+    return -losses.reshape(target.shape)
+
+
+def _split(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor],
+    ignore_index: int,
+    name: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chosen sums, rejected sums, chosen token counts, rejected token
+    counts) of the per-token log-probabilities."""
+    if target.dim() != 2 or target.shape[0] % 2:
+        raise ValueError(
+            f"fuseops.preference.{name}: target must be [2B, T] (B chosen sequences, then B "
+            f"rejected), got shape {tuple(target.shape)}"
+        )
+    if input.shape[:-1] != target.shape and input.shape[0] != target.numel():
+        raise ValueError(
+            f"fuseops.preference.{name}: input must be [2B, T, H] or [2B * T, H] for target "
+            f"{tuple(target.shape)}, got shape {tuple(input.shape)}"
+        )
+    logps = token_log_probs(input, linear_weight, target, linear_bias, ignore_index)
+    sums = logps.float().sum(-1)
+    counts = (target != ignore_index).sum(-1).to(sums.dtype)
+    b = target.shape[0] // 2
+    return sums[:b], sums[b:], counts[:b], counts[b:]
+
+
+def _sigmoid_loss(logits: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    # cDPO's smoothing: the label flipped with probability label_smoothing.
+    return -F.logsigmoid(logits) * (1 - label_smoothing) - F.logsigmoid(-logits) * label_smoothing
+
+
+def fused_linear_dpo(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    ref_chosen_logps: Optional[torch.Tensor] = None,
+    ref_rejected_logps: Optional[torch.Tensor] = None,
+    *,
+    linear_bias: Optional[torch.Tensor] = None,
+    ref_input: Optional[torch.Tensor] = None,
+    ref_weight: Optional[torch.Tensor] = None,
+    ref_bias: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+) -> PreferenceOutput:
+    """Direct Preference Optimization (Rafailov et al., 2023) from the
+    policy's hidden states and head: the sequences' summed log-probabilities
+    ``logp`` (chosen ``c``, rejected ``r``) against the reference model's,
+    given as ``ref_chosen_logps``/``ref_rejected_logps`` ``[B]`` or computed
+    here without gradients from ``ref_input`` and ``ref_weight`` (the
+    reference model's hidden states and head; ``ref_bias``). With ``Δ =
+    (logp_c - ref_c) - (logp_r - ref_r)``:
+
+    - ``"sigmoid"``: ``-logsigmoid(beta Δ)``, with ``label_smoothing`` ``ε``
+      the conservative form ``-(1 - ε) logsigmoid(beta Δ) - ε
+      logsigmoid(-beta Δ)`` (cDPO);
+    - ``"hinge"``: ``relu(1 - beta Δ)`` (SLiC);
+    - ``"ipo"``: ``(Δ' - 1 / (2 beta))^2`` with each log-ratio averaged over
+      its completion's tokens (TRL's normalisation of IPO).
+
+    The loss is the mean over the B pairs; rewards are ``beta * (logp -
+    ref)``."""
+    c, r, nc, nr = _split(
+        input, linear_weight, target, linear_bias, ignore_index, "fused_linear_dpo"
+    )
+    if ref_chosen_logps is None or ref_rejected_logps is None:
+        if ref_input is None or ref_weight is None:
+            raise ValueError(
+                "fuseops.preference.fused_linear_dpo: give ref_chosen_logps and "
+                "ref_rejected_logps, or ref_input and ref_weight to compute them"
+            )
+        with torch.no_grad():
+            ref_c, ref_r, _, _ = _split(
+                ref_input, ref_weight, target, ref_bias, ignore_index, "fused_linear_dpo"
+            )
+    else:
+        ref_c, ref_r = ref_chosen_logps.float(), ref_rejected_logps.float()
+    chosen_ratio, rejected_ratio = c - ref_c, r - ref_r
+    if loss_type == "sigmoid":
+        losses = _sigmoid_loss(beta * (chosen_ratio - rejected_ratio), label_smoothing)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * (chosen_ratio - rejected_ratio))
+    elif loss_type == "ipo":
+        delta = chosen_ratio / nc.clamp(min=1) - rejected_ratio / nr.clamp(min=1)
+        losses = (delta - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(
+            f"fuseops.preference.fused_linear_dpo: loss_type must be 'sigmoid', 'hinge' or "
+            f"'ipo', got {loss_type!r}"
+        )
+    return PreferenceOutput(
+        losses.mean(),
+        (beta * chosen_ratio).detach(),
+        (beta * rejected_ratio).detach(),
+        c.detach(),
+        r.detach(),
+    )
+
+
+def fused_linear_simpo(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    linear_bias: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    beta: float = 2.0,
+    gamma: float = 0.5,
+    label_smoothing: float = 0.0,
+) -> PreferenceOutput:
+    """SimPO (Meng et al., 2024): no reference model; the sequences'
+    log-probabilities averaged over their completion tokens, ``-logsigmoid(
+    beta (avg_c - avg_r) - gamma)`` (with cDPO's ``label_smoothing``), mean
+    over the pairs; rewards ``beta * avg``. TRL's defaults (CPOConfig with
+    ``loss_type="simpo"``: ``beta`` 2.0 there is the user's choice, gamma as
+    ``simpo_gamma`` 0.5)."""
+    c, r, nc, nr = _split(
+        input, linear_weight, target, linear_bias, ignore_index, "fused_linear_simpo"
+    )
+    avg_c, avg_r = c / nc.clamp(min=1), r / nr.clamp(min=1)
+    losses = _sigmoid_loss(beta * (avg_c - avg_r) - gamma, label_smoothing)
+    return PreferenceOutput(
+        losses.mean(),
+        (beta * avg_c).detach(),
+        (beta * avg_r).detach(),
+        avg_c.detach(),
+        avg_r.detach(),
+    )
+
+
+def _chosen_nll(c: torch.Tensor, nc: torch.Tensor) -> torch.Tensor:
+    # The chosen sequences' cross-entropy: every chosen token counted once.
+    return -c.sum() / nc.sum().clamp(min=1)
+
+
+def fused_linear_cpo(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    linear_bias: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    beta: float = 0.1,
+    alpha: float = 1.0,
+    label_smoothing: float = 0.0,
+    average_log_prob: bool = False,
+) -> PreferenceOutput:
+    """Contrastive Preference Optimization (Xu et al., 2024): no reference
+    model; ``-logsigmoid(beta (logp_c - logp_r))`` (cDPO's
+    ``label_smoothing``) plus ``alpha`` times the chosen sequences'
+    cross-entropy per token (the behaviour-cloning term, TRL's
+    ``cpo_alpha``); log-probabilities summed, or averaged per token with
+    ``average_log_prob``; rewards ``beta * logp``."""
+    c, r, nc, nr = _split(
+        input, linear_weight, target, linear_bias, ignore_index, "fused_linear_cpo"
+    )
+    nll = _chosen_nll(c, nc)
+    if average_log_prob:
+        c, r = c / nc.clamp(min=1), r / nr.clamp(min=1)
+    losses = _sigmoid_loss(beta * (c - r), label_smoothing)
+    return PreferenceOutput(
+        losses.mean() + alpha * nll,
+        (beta * c).detach(),
+        (beta * r).detach(),
+        c.detach(),
+        r.detach(),
+        nll.detach(),
+    )
+
+
+def fused_linear_orpo(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    linear_bias: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    beta: float = 0.1,
+) -> PreferenceOutput:
+    """Odds Ratio Preference Optimization (Hong et al., 2024): the chosen
+    sequences' cross-entropy per token minus ``beta`` times the mean of
+    ``logsigmoid(log odds(c) - log odds(r))``, with the log-probabilities
+    averaged per token and ``log odds(p) = log p - log(1 - p)`` (computed as
+    ``logp - log1p(-exp(logp))``), TRL's ``ORPOTrainer`` form; rewards
+    ``beta * avg``."""
+    c, r, nc, nr = _split(
+        input, linear_weight, target, linear_bias, ignore_index, "fused_linear_orpo"
+    )
+    nll = _chosen_nll(c, nc)
+    avg_c, avg_r = c / nc.clamp(min=1), r / nr.clamp(min=1)
+    log_odds = (avg_c - avg_r) - (torch.log1p(-torch.exp(avg_c)) - torch.log1p(-torch.exp(avg_r)))
+    ratio = F.logsigmoid(log_odds)
+    return PreferenceOutput(
+        nll - beta * ratio.mean(),
+        (beta * avg_c).detach(),
+        (beta * avg_r).detach(),
+        avg_c.detach(),
+        avg_r.detach(),
+        nll.detach(),
+    )
+
+
+__all__ = [
+    "PreferenceOutput",
+    "fused_linear_cpo",
+    "fused_linear_dpo",
+    "fused_linear_orpo",
+    "fused_linear_simpo",
+    "token_log_probs",
+]

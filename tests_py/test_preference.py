@@ -1,0 +1,236 @@
+"""fuseops.preference: DPO (sigmoid, cDPO smoothing, hinge, IPO), SimPO,
+CPO and ORPO fused with the LM head, and token_log_probs under them.
+
+Each is checked against its formula (the papers', in TRL's form) evaluated
+in float64 on materialized logits, ``log_softmax(x @ W.T + b)``: the loss
+and the gradients of the hidden states and the head. float32 runs differ
+from that by float32 rounding of the per-token statistics and of the
+sequence sums (a few 1e-7 relative per term; bound 1e-5 relative to the
+largest value, as the cross-entropy tests); bfloat16 inputs carry their
+own rounding, 2^-9 relative per logit, so the bound there is 2e-2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuseops
+from fuseops import preference
+
+B, T, H, V = 3, 7, 16, 50
+
+
+def batch(dtype=torch.float32, seed=0, bias=False):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2 * B, T, H, generator=gen).to(dtype)
+    w = (torch.randn(V, H, generator=gen) / H**0.5).to(dtype)
+    b = torch.randn(V, generator=gen).to(dtype) if bias else None
+    target = torch.randint(0, V, (2 * B, T), generator=gen)
+    target[:, :2] = -100  # the prompt
+    target[1, -1] = -100  # padding
+    return x, w, b, target
+
+
+def float64_token_logps(x, w, b, target, temperature=1.0):
+    logits = F.linear(x.double(), w.double(), None if b is None else b.double()) / temperature
+    mask = target != -100
+    picked = logits.log_softmax(-1).gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return picked * mask
+
+
+def sums(x, w, b, target):
+    lp = float64_token_logps(x, w, b, target)
+    counts = (target != -100).sum(-1).double()
+    return lp.sum(-1)[:B], lp.sum(-1)[B:], counts[:B], counts[B:]
+
+
+def logsig(z):
+    return F.logsigmoid(z)
+
+
+def dpo_reference(x, w, b, target, ref, beta, loss_type, smoothing):
+    c, r, nc, nr = sums(x, w, b, target)
+    ref_c, ref_r = ref
+    cr, rr = c - ref_c, r - ref_r
+    if loss_type == "sigmoid":
+        z = beta * (cr - rr)
+        losses = -(1 - smoothing) * logsig(z) - smoothing * logsig(-z)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * (cr - rr))
+    else:
+        losses = (cr / nc - rr / nr - 1 / (2 * beta)) ** 2
+    return losses.mean()
+
+
+def simpo_reference(x, w, b, target, beta, gamma, smoothing):
+    c, r, nc, nr = sums(x, w, b, target)
+    z = beta * (c / nc - r / nr) - gamma
+    return (-(1 - smoothing) * logsig(z) - smoothing * logsig(-z)).mean()
+
+
+def cpo_reference(x, w, b, target, beta, alpha, average):
+    c, r, nc, nr = sums(x, w, b, target)
+    nll = -c.sum() / nc.sum()
+    if average:
+        c, r = c / nc, r / nr
+    return -logsig(beta * (c - r)).mean() + alpha * nll
+
+
+def orpo_reference(x, w, b, target, beta):
+    c, r, nc, nr = sums(x, w, b, target)
+    nll = -c.sum() / nc.sum()
+    pc, pr = c / nc, r / nr  # average log-probabilities
+    log_odds = (pc - pr) - (torch.log(1 - torch.exp(pc)) - torch.log(1 - torch.exp(pr)))
+    return nll - beta * logsig(log_odds).mean()
+
+
+REF = (torch.tensor([-40.0, -35.0, -20.0]).double(), torch.tensor([-38.0, -41.0, -22.0]).double())
+
+CASES = {
+    "dpo sigmoid": (
+        lambda x, w, b, t: (
+            preference.fused_linear_dpo(
+                x, w, t, REF[0].float(), REF[1].float(), linear_bias=b, beta=0.1
+            ).loss
+        ),
+        lambda x, w, b, t: dpo_reference(x, w, b, t, REF, 0.1, "sigmoid", 0.0),
+    ),
+    "dpo cdpo": (
+        lambda x, w, b, t: (
+            preference.fused_linear_dpo(
+                x,
+                w,
+                t,
+                REF[0].float(),
+                REF[1].float(),
+                linear_bias=b,
+                beta=0.5,
+                label_smoothing=0.2,
+            ).loss
+        ),
+        lambda x, w, b, t: dpo_reference(x, w, b, t, REF, 0.5, "sigmoid", 0.2),
+    ),
+    "dpo hinge": (
+        lambda x, w, b, t: (
+            preference.fused_linear_dpo(
+                x, w, t, REF[0].float(), REF[1].float(), linear_bias=b, beta=0.05, loss_type="hinge"
+            ).loss
+        ),
+        lambda x, w, b, t: dpo_reference(x, w, b, t, REF, 0.05, "hinge", 0.0),
+    ),
+    "dpo ipo": (
+        lambda x, w, b, t: (
+            preference.fused_linear_dpo(
+                x, w, t, REF[0].float(), REF[1].float(), linear_bias=b, beta=0.1, loss_type="ipo"
+            ).loss
+        ),
+        lambda x, w, b, t: dpo_reference(x, w, b, t, REF, 0.1, "ipo", 0.0),
+    ),
+    "simpo": (
+        lambda x, w, b, t: (
+            preference.fused_linear_simpo(
+                x, w, t, linear_bias=b, beta=2.0, gamma=0.5, label_smoothing=0.1
+            ).loss
+        ),
+        lambda x, w, b, t: simpo_reference(x, w, b, t, 2.0, 0.5, 0.1),
+    ),
+    "cpo": (
+        lambda x, w, b, t: preference.fused_linear_cpo(x, w, t, linear_bias=b, beta=0.1).loss,
+        lambda x, w, b, t: cpo_reference(x, w, b, t, 0.1, 1.0, False),
+    ),
+    "cpo averaged": (
+        lambda x, w, b, t: (
+            preference.fused_linear_cpo(
+                x, w, t, linear_bias=b, beta=0.3, alpha=0.5, average_log_prob=True
+            ).loss
+        ),
+        lambda x, w, b, t: cpo_reference(x, w, b, t, 0.3, 0.5, True),
+    ),
+    "orpo": (
+        lambda x, w, b, t: preference.fused_linear_orpo(x, w, t, linear_bias=b, beta=0.1).loss,
+        lambda x, w, b, t: orpo_reference(x, w, b, t, 0.1),
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loss_and_gradients_match_the_float64_formula(name, bias, dtype):
+    ours, theirs = CASES[name]
+    x, w, b, target = batch(dtype, seed=len(name), bias=bias)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    if b is not None:
+        leaves.append(b.clone().requires_grad_())
+    loss = ours(*leaves[:2], leaves[2] if b is not None else None, target)
+    loss.backward()
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    want = theirs(*wide[:2], wide[2] if b is not None else None, target)
+    want_grads = torch.autograd.grad(want, wide)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(loss.double(), want, rtol=tol, atol=tol)
+    for got, exact in zip([t.grad for t in leaves], want_grads):
+        scale = exact.abs().max().item()
+        torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol * scale)
+
+
+def test_token_log_probs_with_temperature_and_flat_input():
+    x, w, b, target = batch(bias=True)
+    got = preference.token_log_probs(x.reshape(-1, H), w, target, b, temperature=0.7)
+    assert got.shape == target.shape
+    torch.testing.assert_close(
+        got.double(), float64_token_logps(x, w, b, target, 0.7), rtol=1e-5, atol=1e-5
+    )
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        preference.token_log_probs(x, w, target, temperature=0.0)
+
+
+def test_dpo_reference_model_given_or_computed_and_logged_values():
+    x, w, _, target = batch()
+    ref_x, ref_w = x + 0.1, w * 0.9
+    ref_c, ref_r, _, _ = sums(ref_x, ref_w, None, target)
+    given = preference.fused_linear_dpo(x, w, target, ref_c.float(), ref_r.float())
+    computed = preference.fused_linear_dpo(x, w, target, ref_input=ref_x, ref_weight=ref_w)
+    torch.testing.assert_close(given.loss, computed.loss)
+    c, r, _, _ = sums(x, w, None, target)
+    torch.testing.assert_close(computed.chosen_logps.double(), c, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        computed.chosen_rewards.double(), 0.1 * (c - ref_c), rtol=1e-4, atol=1e-5
+    )
+    torch.testing.assert_close(
+        computed.rejected_rewards.double(), 0.1 * (r - ref_r), rtol=1e-4, atol=1e-5
+    )
+    assert not computed.chosen_rewards.requires_grad
+    with pytest.raises(ValueError, match="ref_chosen_logps and ref_rejected_logps, or ref_input"):
+        preference.fused_linear_dpo(x, w, target)
+    with pytest.raises(ValueError, match="loss_type must be"):
+        preference.fused_linear_dpo(x, w, target, ref_c.float(), ref_r.float(), loss_type="kto")
+    with pytest.raises(ValueError, match=r"target must be \[2B, T\]"):
+        preference.fused_linear_simpo(x[:3], w, target[:3])
+
+
+def test_no_logits_are_formed_and_compile_fullgraph():
+    x, w, _, target = batch()
+
+    def step(x, w):
+        return preference.fused_linear_dpo(x, w, target, REF[0].float(), REF[1].float()).loss
+
+    with torch.profiler.profile() as prof:
+        x1 = x.clone().requires_grad_()
+        step(x1, w).backward()
+    names = {e.key for e in prof.key_averages()}
+    assert (
+        "fuseops::linear_cross_entropy_stats" in names or "fuseops::linear_cross_entropy" in names
+    )
+    assert "aten::log_softmax" not in names and "aten::_log_softmax" not in names
+    compiled = torch.compile(step, fullgraph=True)
+    x2 = x.clone().requires_grad_()
+    torch.testing.assert_close(compiled(x2, w), step(x.clone(), w))
+    compiled(x2, w).backward()
+    torch.testing.assert_close(x2.grad, x1.grad)
+
+
+def test_exported_from_the_package():
+    assert fuseops.preference.fused_linear_dpo is preference.fused_linear_dpo

@@ -232,5 +232,79 @@ def test_no_logits_are_formed_and_compile_fullgraph():
     torch.testing.assert_close(x2.grad, x1.grad)
 
 
+def grpo_reference(x, w, target, advantages, old, ref, beta, loss_type, level, eps):
+    logp = float64_token_logps(x, w, None, target)
+    mask = (target != -100).double()
+    log_ratio = logp - old
+    if level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1)).unsqueeze(-1)
+    ratio = torch.exp(log_ratio)
+    a = advantages.double().unsqueeze(-1)
+    per_token = -torch.min(ratio * a, torch.clamp(ratio, 1 - eps, 1 + eps) * a)
+    if beta:
+        per_token = per_token + beta * (torch.exp(ref - logp) - (ref - logp) - 1)
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (target.numel())
+    return (per_token * mask).sum() / mask.sum()  # dapo and bnpo: one batch
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_grpo_loss_and_gradients_match_the_float64_formula(loss_type, level, beta):
+    x, w, _, target = batch(seed=9)
+    gen = torch.Generator().manual_seed(1)
+    advantages = torch.randn(2 * B, generator=gen)
+    exact = float64_token_logps(x, w, None, target)
+    # The sampling policy and the reference a little off the current one, so
+    # that some ratios are clipped and the KL is not 0.
+    old = (exact + 0.3 * torch.randn(exact.shape, generator=gen).double()) * (target != -100)
+    ref = (exact + 0.2 * torch.randn(exact.shape, generator=gen).double()) * (target != -100)
+    xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+    out = preference.fused_linear_grpo(
+        xi,
+        wi,
+        target,
+        advantages,
+        old.float(),
+        ref.float(),
+        beta=beta,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+    )
+    out.loss.backward()
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    want = grpo_reference(xd, wd, target, advantages, old, ref, beta, loss_type, level, 0.2)
+    gx, gw = torch.autograd.grad(want, (xd, wd))
+    torch.testing.assert_close(out.loss.double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(xi.grad.double(), gx, rtol=1e-5, atol=1e-5 * gx.abs().max().item())
+    torch.testing.assert_close(wi.grad.double(), gw, rtol=1e-5, atol=1e-5 * gw.abs().max().item())
+    if level == "token":
+        assert 0 < out.clip_fraction.item() < 1
+    assert (out.kl.item() > 0) == (beta > 0)
+    torch.testing.assert_close(out.token_logps.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_grpo_on_policy_ratio_is_one_and_errors():
+    x, w, _, target = batch(seed=2)
+    advantages = torch.tensor([1.0, -1.0, 0.5, 0.0, 2.0, -0.5])
+    xi = x.clone().requires_grad_()
+    out = preference.fused_linear_grpo(xi, w, target, advantages, loss_type="bnpo")
+    mask = (target != -100).float()
+    # Ratio 1: the loss is -mean(A) over tokens and its gradient is the
+    # policy gradient -A * d logp.
+    want = -(advantages.unsqueeze(-1) * mask).sum() / mask.sum()
+    torch.testing.assert_close(out.loss, want)
+    assert out.clip_fraction.item() == 0.0
+    with pytest.raises(ValueError, match="beta != 0 needs ref_logps"):
+        preference.fused_linear_grpo(x, w, target, advantages, beta=0.1)
+    with pytest.raises(ValueError, match="loss_type must be"):
+        preference.fused_linear_grpo(x, w, target, advantages, loss_type="ppo")
+    with pytest.raises(ValueError, match=r"advantages \[B\]"):
+        preference.fused_linear_grpo(x, w, target, advantages[:3])
+
+
 def test_exported_from_the_package():
     assert fuseops.preference.fused_linear_dpo is preference.fused_linear_dpo

@@ -1,5 +1,5 @@
-"""Preference-optimisation losses fused with the LM head: DPO, IPO, hinge,
-SimPO, CPO and ORPO without the ``[tokens, vocab]`` logits.
+"""Preference-optimisation and RL losses fused with the LM head: DPO, IPO,
+hinge, SimPO, CPO, ORPO and GRPO without the ``[tokens, vocab]`` logits.
 
 Every one of them is a function of the sequences' log-probabilities of
 their completion tokens, ``log p(target | prefix)`` summed (or averaged)
@@ -291,10 +291,113 @@ def fused_linear_orpo(
     )
 
 
+class GRPOOutput(NamedTuple):
+    """What :func:`fused_linear_grpo` returns: the loss (differentiable), the
+    per-token log-probabilities ``[B, T]`` (detached; what the next
+    iteration passes as ``old_logps``), the mean per-token KL to the
+    reference over the completion tokens (0 without a reference) and the
+    fraction of completion tokens whose ratio was clipped (both detached)."""
+
+    loss: torch.Tensor
+    token_logps: torch.Tensor
+    kl: torch.Tensor
+    clip_fraction: torch.Tensor
+
+
+def fused_linear_grpo(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    advantages: torch.Tensor,
+    old_logps: Optional[torch.Tensor] = None,
+    ref_logps: Optional[torch.Tensor] = None,
+    *,
+    linear_bias: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    beta: float = 0.0,
+    epsilon_low: float = 0.2,
+    epsilon_high: Optional[float] = None,
+    loss_type: str = "dapo",
+    importance_sampling_level: str = "token",
+    num_items_in_batch: Optional[float] = None,
+    max_completion_length: Optional[int] = None,
+    temperature: float = 1.0,
+) -> GRPOOutput:
+    """Group Relative Policy Optimization (Shao et al., 2024) in TRL's
+    ``GRPOTrainer`` form, from the policy's hidden states and head:
+    ``input`` ``[B, T, H]``, ``target`` ``[B, T]`` (the completions' tokens,
+    shifted, ``ignore_index`` elsewhere), ``advantages`` ``[B]``.
+    With ``logp`` the per-token log-probabilities (at ``temperature``),
+    ``old_logps`` those of the sampling policy (default: ``logp`` detached,
+    ratio 1), the importance weight ``w = exp(logp - old)`` per token
+    (``importance_sampling_level="sequence"``: exp of the mean log-ratio of
+    the sequence, GSPO), the per-token loss is ``-min(w A, clip(w, 1 -
+    epsilon_low, 1 + epsilon_high) A)`` plus, with ``beta`` and
+    ``ref_logps`` ``[B, T]``, ``beta * (exp(ref - logp) - (ref - logp) -
+    1)`` (the k3 estimate of KL). Aggregation by ``loss_type``: ``"dapo"``
+    (TRL's default) the sum over completion tokens divided by
+    ``num_items_in_batch`` (default: their count); ``"bnpo"`` the mean over
+    completion tokens; ``"grpo"`` each sequence's mean, then the mean over
+    sequences; ``"dr_grpo"`` the sum divided by ``B * max_completion_length``
+    (default ``T``)."""
+    if loss_type not in ("dapo", "bnpo", "grpo", "dr_grpo"):
+        raise ValueError(
+            "fuseops.preference.fused_linear_grpo: loss_type must be 'dapo', 'bnpo', 'grpo' or "
+            f"'dr_grpo', got {loss_type!r}"
+        )
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(
+            "fuseops.preference.fused_linear_grpo: importance_sampling_level must be 'token' or "
+            f"'sequence', got {importance_sampling_level!r}"
+        )
+    if target.dim() != 2 or advantages.shape != target.shape[:1]:
+        raise ValueError(
+            "fuseops.preference.fused_linear_grpo: target must be [B, T] and advantages [B], got "
+            f"{tuple(target.shape)} and {tuple(advantages.shape)}"
+        )
+    if beta != 0.0 and ref_logps is None:
+        raise ValueError("fuseops.preference.fused_linear_grpo: beta != 0 needs ref_logps")
+    logps = token_log_probs(
+        input, linear_weight, target, linear_bias, ignore_index, temperature
+    ).float()
+    mask = (target != ignore_index).to(logps.dtype)
+    old = logps.detach() if old_logps is None else old_logps.float()
+    log_ratio = logps - old
+    if importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
+    ratio = torch.exp(log_ratio)
+    high = epsilon_low if epsilon_high is None else epsilon_high
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + high)
+    a = advantages.float().unsqueeze(-1)
+    per_token = -torch.min(ratio * a, clipped * a)
+    kl = torch.zeros((), device=logps.device)
+    if beta != 0.0:
+        assert ref_logps is not None
+        delta = ref_logps.float() - logps
+        per_token_kl = torch.exp(delta) - delta - 1
+        per_token = per_token + beta * per_token_kl
+        kl = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1)).detach()
+    if loss_type == "grpo":
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    elif loss_type == "dr_grpo":
+        length = target.shape[1] if max_completion_length is None else max_completion_length
+        loss = (per_token * mask).sum() / (target.shape[0] * length)
+    else:
+        items = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        loss = (per_token * mask).sum() / items
+    was_clipped = ((ratio != clipped) & (mask > 0)).to(logps.dtype)
+    clip_fraction = (was_clipped.sum() / mask.sum().clamp(min=1)).detach()
+    return GRPOOutput(loss, logps.detach(), kl, clip_fraction)
+
+
 __all__ = [
+    "GRPOOutput",
     "PreferenceOutput",
     "fused_linear_cpo",
     "fused_linear_dpo",
+    "fused_linear_grpo",
     "fused_linear_orpo",
     "fused_linear_simpo",
     "token_log_probs",

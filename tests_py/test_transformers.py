@@ -45,8 +45,19 @@ SHARED_EXPERTS = dict(
     n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1
 )
 
+# Tiny vision towers for the multimodal families (built by every test, run
+# by test_multimodal_with_images_matches).
+QWEN2_VL_VISION = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2)
+# Qwen2-VL's multimodal rotary sections (temporal, height, width) over the
+# 8 rotary frequencies of head_dim 16. Text alone has the same position in
+# all three; the text after an image (test_multimodal_with_images_matches)
+# has distinct ones.
+MROPE = dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3])
+
 # family -> (config class, model class, config overrides, fuseops ops the
-# patched training step must run)
+# patched training step must run). A config class with a text_config (the
+# multimodal families) takes the overrides in its text_config, but those of
+# OUTER.
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}, GATED),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}, GATED),
@@ -66,6 +77,23 @@ FAMILIES = {
         "Gemma3ForCausalLM",
         {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0},
         GEMMA,
+    ),
+    # Multimodal: the text towers (Qwen2-VL's multimodal rotary sections).
+    "qwen2_vl": (
+        "Qwen2VLConfig",
+        "Qwen2VLForConditionalGeneration",
+        dict(TOKENS, rope_parameters=MROPE, vision_config=QWEN2_VL_VISION),
+        GATED,
+    ),
+    "qwen2_5_vl": (
+        "Qwen2_5_VLConfig",
+        "Qwen2_5_VLForConditionalGeneration",
+        dict(
+            TOKENS,
+            rope_parameters=MROPE,
+            vision_config=dict(QWEN2_VL_VISION, intermediate_size=64, out_hidden_size=64),
+        ),
+        GATED,
     ),
     # Packed gate_up_proj, partial rotary embedding.
     "phi3": (
@@ -203,12 +231,28 @@ FAMILIES = {
         {"layer_norm", "bias_gelu", "linear_cross_entropy"},
     ),
 }
+# The settings of a multimodal config that are its own, not its text_config's.
+OUTER = {
+    "vision_config",
+    "tie_word_embeddings",
+    "image_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+}
+
+
+def build_config(config_cls: str, settings: dict):
+    cls = getattr(transformers, config_cls)
+    settings = {k: v for k, v in settings.items() if v is not None}
+    if "text_config" in getattr(cls, "sub_configs", {}):
+        outer = {k: settings.pop(k) for k in OUTER if k in settings}
+        return cls(text_config=settings, **outer)
+    return cls(**settings)
 
 
 def make_model(family: str, dtype=torch.float32, seed: int = 0, **overrides):
     config_cls, model_cls, extra, _ = FAMILIES[family]
-    settings = {k: v for k, v in {**COMMON, **extra, **overrides}.items() if v is not None}
-    config = getattr(transformers, config_cls)(**settings)
+    config = build_config(config_cls, {**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     return getattr(transformers, model_cls)(config).to(dtype)
 
@@ -257,10 +301,10 @@ def assert_gradients_match(ref, patched, tolerance: float, floor: float = 1e-3) 
         assert err <= tolerance, f"{name}: gradient error {err:.2e} of its largest value"
 
 
-def train_step(model, ids, labels, **kwargs):
+def train_step(model, input_ids, labels, **kwargs):
     model.train()
     model.zero_grad(set_to_none=True)
-    out = model(ids, labels=labels, **kwargs)
+    out = model(input_ids, labels=labels, **kwargs)
     out.loss.backward()
     return out
 
@@ -320,6 +364,77 @@ def test_generate_greedy_with_cache(family):
     ran = fuseops_ops_run(lambda: patched.eval().generate(ids, **kwargs))
     assert FAMILIES[family][3] - {"linear_cross_entropy"} <= ran
     torch.testing.assert_close(patched.generate(ids, **kwargs), expected, rtol=0, atol=0)
+
+
+# Special tokens of the multimodal families inside the tiny vocabulary.
+IMAGE_TOKEN, IMAGE_START, IMAGE_END = 3, 4, 5
+IMAGE_TOKENS = {
+    "qwen2_vl": dict(
+        image_token_id=IMAGE_TOKEN,
+        vision_start_token_id=IMAGE_START,
+        vision_end_token_id=IMAGE_END,
+    ),
+}
+IMAGE_TOKENS["qwen2_5_vl"] = IMAGE_TOKENS["qwen2_vl"]
+
+
+def image_inputs(family: str, config) -> dict:
+    """A batch of two sequences with one image each (4 image tokens after a
+    start token), the image's pixels and its patch grid."""
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(IMAGE_END + 1, VOCAB, (2, 16), generator=gen)
+    ids[:, 2], ids[:, 3:7], ids[:, 7] = IMAGE_START, IMAGE_TOKEN, IMAGE_END
+    labels = ids.clone()
+    labels[:, :8] = -100  # the loss on the text after the image
+    vision = config.vision_config
+    # A 4 x 4 patch grid per image, merged 2 x 2 into 4 tokens; the text
+    # after it takes 3-D (temporal, height, width) rotary positions.
+    grid = torch.tensor([[1, 4, 4]] * 2)
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    return dict(
+        input_ids=ids,
+        labels=labels,
+        pixel_values=torch.randn(2 * 16, patch, generator=gen),
+        image_grid_thw=grid,
+        mm_token_type_ids=(ids == IMAGE_TOKEN).int(),
+    )
+
+
+VISION_TOWERS = ("model.visual.",)
+
+
+@pytest.mark.parametrize("family", sorted(IMAGE_TOKENS))
+def test_multimodal_with_images_matches(family):
+    # The vision tower's patched modules (LayerNorm, Qwen2.5-VL's RMSNorm)
+    # and the text tower on image tokens, in training and evaluation.
+    ref = make_model(family, **IMAGE_TOKENS[family])
+    # Parameters initialized to zeros (norm offsets, biases) take random
+    # values, as trained ones have.
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for p in ref.parameters():
+            if not p.any():
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    patched = copy.deepcopy(ref)
+    assert fot.apply(patched)
+    inputs = image_inputs(family, ref.config)
+    expected = train_step(ref, **inputs)
+    ran = fuseops_ops_run(lambda: train_step(patched, **inputs))
+    assert FAMILIES[family][3] <= ran, f"fuseops ops run: {sorted(ran)}"
+    if family == "qwen2_vl":  # Qwen2.5-VL's vision tower has RMSNorm, no LayerNorm
+        assert "layer_norm" in ran
+    got = train_step(patched, **inputs)
+    assert abs(got.loss.item() - expected.loss.item()) <= 1e-5 * abs(expected.loss.item())
+    # The image reached the loss: the vision tower's patch embedding (its
+    # first parameter) has a gradient.
+    vision = next(p for n, p in ref.named_parameters() if n.startswith(VISION_TOWERS))
+    assert vision.grad is not None and vision.grad.abs().max() > 0
+    assert_gradients_match(ref, patched, 1e-5)
+    ref.eval(), patched.eval()
+    with torch.no_grad():
+        expected, got = ref(**inputs), patched(**inputs)
+    assert relative_error(got.logits, expected.logits) <= 1e-5
+    assert abs(got.loss.item() - expected.loss.item()) <= 1e-5 * abs(expected.loss.item())
 
 
 def test_bert_masked_lm_matches():
@@ -384,6 +499,8 @@ LM_HEADS = {
     "Ministral3ForCausalLM",
     "VaultGemmaForCausalLM",
     "StableLmForCausalLM",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
 }
 CHOICES = 2
 
@@ -406,13 +523,14 @@ def tiny_config(model_type: str):
     settings = {**COMMON, **extra, "num_hidden_layers": 1, "pad_token_id": 0}
     if model_type == "gpt2":
         settings["summary_first_dropout"] = 0.0  # GPT2DoubleHeadsModel's summary
-    return getattr(transformers, config_cls)(**{k: v for k, v in settings.items() if v is not None})
+    return build_config(config_cls, settings)
 
 
 def family_classes(model_type: str) -> list[type]:
     """The model classes of `model_type`'s modeling module (its __all__), but
     the abstract *PreTrainedModel and those of another config (Gemma 3's
-    multimodal classes are model type "gemma3", which apply rejects)."""
+    multimodal classes are model type "gemma3", which apply rejects;
+    Qwen2-VL's text model is "qwen2_vl_text")."""
     module = importlib.import_module(
         type(tiny_config(model_type)).__module__.replace(".configuration_", ".modeling_")
     )
@@ -443,7 +561,7 @@ def class_inputs(name: str, num_labels: int) -> dict:
         return ids, labels
 
     ids, labels = tokens(2, seq)
-    if name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")):
+    if name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")):
         return dict(input_ids=ids, labels=labels)
     if name.endswith("DoubleHeadsModel"):
         ids, labels = tokens(2, CHOICES, seq)

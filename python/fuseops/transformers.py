@@ -102,6 +102,21 @@ FAMILIES: dict[str, _Family] = {
     "gemma": _Family("Gemma", "gated", rms_offset=True, causal_lm=("GemmaForCausalLM",)),
     "gemma2": _Family("Gemma2", "gated", rms_offset=True, causal_lm=("Gemma2ForCausalLM",)),
     "gemma3_text": _Family("Gemma3", "gated", rms_offset=True, causal_lm=("Gemma3ForCausalLM",)),
+    # Qwen2-VL and Qwen2.5-VL: the text tower (its MLP class is Qwen2MLP) and
+    # the vision tower's norms (its MLP and attention stay HF's). HF's rotary
+    # embedding module selects the multimodal (mrope) sections of cos and
+    # sin; the attention then calls the plain apply_rotary_pos_emb. The
+    # ForConditionalGeneration head is the base model, lm_head and the
+    # causal-LM loss, as the head patch computes.
+    "qwen2_vl": _Family(
+        "Qwen2VL", "gated", mlp_class="Qwen2MLP", causal_lm=("Qwen2VLForConditionalGeneration",)
+    ),
+    "qwen2_5_vl": _Family(
+        "Qwen2_5_VL",
+        "gated",
+        mlp_class="Qwen2MLP",
+        causal_lm=("Qwen2_5_VLForConditionalGeneration",),
+    ),
     "phi3": _Family("Phi3", "packed", causal_lm=("Phi3ForCausalLM",)),
     "olmo2": _Family("Olmo2", "gated", causal_lm=("Olmo2ForCausalLM",)),
     "olmo3": _Family("Olmo3", "gated", causal_lm=("Olmo3ForCausalLM",)),

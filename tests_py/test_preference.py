@@ -306,5 +306,43 @@ def test_grpo_on_policy_ratio_is_one_and_errors():
         preference.fused_linear_grpo(x, w, target, advantages[:3])
 
 
+@pytest.mark.parametrize("loss_type", ["kto", "apo_zero_unpaired"])
+def test_kto_loss_and_gradients_match_the_float64_formula(loss_type):
+    x, w, _, target = batch(seed=4)
+    desirable = torch.tensor([True, False, True, True, False, False])
+    ref = torch.tensor([-60.0, -40.0, -55.0, -70.0, -45.0, -50.0]).double()
+    kl = torch.tensor(0.7)
+    xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+    out = preference.fused_linear_kto(
+        xi,
+        wi,
+        target,
+        desirable,
+        ref.float(),
+        kl=kl,
+        beta=0.1,
+        desirable_weight=1.0,
+        undesirable_weight=1.5,
+        loss_type=loss_type,
+    )
+    out.loss.backward()
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    r = float64_token_logps(xd, wd, None, target).sum(-1) - ref
+    z = 0.7 if loss_type == "kto" else 0.0
+    good = 1 - torch.sigmoid(0.1 * (r - z))
+    bad = 1 - torch.sigmoid(0.1 * (z - r)) if loss_type == "kto" else torch.sigmoid(0.1 * r)
+    want = torch.where(desirable, good, 1.5 * bad).mean()
+    gx, gw = torch.autograd.grad(want, (xd, wd))
+    torch.testing.assert_close(out.loss.double(), want, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(xi.grad.double(), gx, rtol=1e-5, atol=1e-5 * gx.abs().max().item())
+    torch.testing.assert_close(wi.grad.double(), gw, rtol=1e-5, atol=1e-5 * gw.abs().max().item())
+    assert out.chosen_rewards.shape == (3,) and out.rejected_rewards.shape == (3,)
+    torch.testing.assert_close(
+        out.chosen_rewards.double(), 0.1 * r[desirable].detach(), rtol=1e-4, atol=1e-5
+    )
+    with pytest.raises(ValueError, match="give ref_logps, or ref_input"):
+        preference.fused_linear_kto(x, w, target, desirable)
+
+
 def test_exported_from_the_package():
     assert fuseops.preference.fused_linear_dpo is preference.fused_linear_dpo

@@ -1,5 +1,6 @@
 """Preference-optimisation and RL losses fused with the LM head: DPO, IPO,
-hinge, SimPO, CPO, ORPO and GRPO without the ``[tokens, vocab]`` logits.
+hinge, SimPO, CPO, ORPO, KTO and GRPO without the ``[tokens, vocab]``
+logits.
 
 Every one of them is a function of the sequences' log-probabilities of
 their completion tokens, ``log p(target | prefix)`` summed (or averaged)
@@ -291,6 +292,83 @@ def fused_linear_orpo(
     )
 
 
+class KTOOutput(NamedTuple):
+    """What :func:`fused_linear_kto` returns: the loss (differentiable), the
+    rewards ``beta * (logp - ref)`` of the desirable and of the undesirable
+    examples, the sequences' summed log-probabilities ``[N]`` and the KL
+    reference point used (all detached)."""
+
+    loss: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+    logps: torch.Tensor
+    kl: torch.Tensor
+
+
+def fused_linear_kto(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    desirable: torch.Tensor,
+    ref_logps: Optional[torch.Tensor] = None,
+    *,
+    kl: Optional[torch.Tensor] = None,
+    linear_bias: Optional[torch.Tensor] = None,
+    ref_input: Optional[torch.Tensor] = None,
+    ref_weight: Optional[torch.Tensor] = None,
+    ref_bias: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    beta: float = 0.1,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+    loss_type: str = "kto",
+) -> KTOOutput:
+    """Kahneman-Tversky Optimization (Ethayarajh et al., 2024) in TRL's
+    ``KTOTrainer`` form, for unpaired examples: ``input`` ``[N, T, H]``,
+    ``target`` ``[N, T]``, ``desirable`` ``[N]`` bool (True: a desirable
+    completion). With ``r = logp - ref`` per sequence (``ref_logps`` ``[N]``,
+    or computed without gradients from ``ref_input``/``ref_weight``) and the
+    reference point ``kl`` (TRL: the clamped mean of the policy's minus the
+    reference's log-probabilities of mismatched prompt/completion pairs,
+    detached; default 0), ``"kto"``: desirable ``1 - sigmoid(beta (r -
+    kl))``, undesirable ``1 - sigmoid(beta (kl - r))``;
+    ``"apo_zero_unpaired"``: ``1 - sigmoid(beta r)`` and ``sigmoid(beta
+    r)``; weighted by ``desirable_weight``/``undesirable_weight``, mean over
+    the N examples."""
+    if loss_type not in ("kto", "apo_zero_unpaired"):
+        raise ValueError(
+            "fuseops.preference.fused_linear_kto: loss_type must be 'kto' or "
+            f"'apo_zero_unpaired', got {loss_type!r}"
+        )
+    if target.dim() != 2 or desirable.shape != target.shape[:1]:
+        raise ValueError(
+            "fuseops.preference.fused_linear_kto: target must be [N, T] and desirable [N], got "
+            f"{tuple(target.shape)} and {tuple(desirable.shape)}"
+        )
+    logps = token_log_probs(input, linear_weight, target, linear_bias, ignore_index).float().sum(-1)
+    if ref_logps is None:
+        if ref_input is None or ref_weight is None:
+            raise ValueError(
+                "fuseops.preference.fused_linear_kto: give ref_logps, or ref_input and ref_weight "
+                "to compute them"
+            )
+        with torch.no_grad():
+            ref = token_log_probs(ref_input, ref_weight, target, ref_bias, ignore_index)
+            ref_logps = ref.float().sum(-1)
+    ratio = logps - ref_logps.float()
+    point = torch.zeros((), device=logps.device) if kl is None else kl.detach().float()
+    if loss_type == "kto":
+        good = 1 - torch.sigmoid(beta * (ratio - point))
+        bad = 1 - torch.sigmoid(beta * (point - ratio))
+    else:
+        good = 1 - torch.sigmoid(beta * ratio)
+        bad = torch.sigmoid(beta * ratio)
+    desirable = desirable.to(torch.bool)
+    losses = torch.where(desirable, desirable_weight * good, undesirable_weight * bad)
+    rewards = (beta * ratio).detach()
+    return KTOOutput(losses.mean(), rewards[desirable], rewards[~desirable], logps.detach(), point)
+
+
 class GRPOOutput(NamedTuple):
     """What :func:`fused_linear_grpo` returns: the loss (differentiable), the
     per-token log-probabilities ``[B, T]`` (detached; what the next
@@ -394,10 +472,12 @@ def fused_linear_grpo(
 
 __all__ = [
     "GRPOOutput",
+    "KTOOutput",
     "PreferenceOutput",
     "fused_linear_cpo",
     "fused_linear_dpo",
     "fused_linear_grpo",
+    "fused_linear_kto",
     "fused_linear_orpo",
     "fused_linear_simpo",
     "token_log_probs",

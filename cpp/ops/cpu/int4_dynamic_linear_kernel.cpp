@@ -214,6 +214,22 @@ void group_sums_rows(int rows, bool vnni, const GroupDot& d, int32_t (*sums)[kBl
   group_sums<R>(vnni, d, sums);
 }
 
+// W int32 lanes converted to float32 (exactly: the group sums are below
+// 2^24 in magnitude for group sizes up to 8192).
+C10_ALWAYS_INLINE FloatVec load_int32_as_float(const int32_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+  float lanes[W];
+  for (int64_t l = 0; l < W; ++l) {
+    lanes[l] = static_cast<float>(p[l]);
+  }
+  return FloatVec::loadu(lanes);
+#endif
+}
+
 // The 16 values of one block's channels in a row of scale_zero (`count`
 // of them real, the rest 0) as V vectors.
 C10_ALWAYS_INLINE void load_channels(const float* p, int64_t count, FloatVec* out) {
@@ -316,13 +332,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
             const FloatVec x_sum(static_cast<float>(x_sums[(m + r) * groups + g]));
             float* acc = result[m - m_begin + r];
             for (int v = 0; v < V; ++v) {
-              const int32_t* s = sums[r] + v * W;
-              float dot_lanes[W];
-              for (int64_t l = 0; l < W; ++l) {
-                dot_lanes[l] = static_cast<float>(s[l]);
-              }
-              const FloatVec dot =
-                  fused_multiply_add(neg_zero[v], x_sum, FloatVec::loadu(dot_lanes));
+              const FloatVec dot = fused_multiply_add(neg_zero[v], x_sum,
+                                                      load_int32_as_float(sums[r] + v * W));
               const FloatVec before = g == 0 ? FloatVec(0.0f) : FloatVec::loadu(acc + v * W);
               fused_multiply_add(scale[v], dot, before).store(acc + v * W);
             }

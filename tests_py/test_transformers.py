@@ -230,6 +230,13 @@ FAMILIES = {
         ),
         {"layer_norm", "bias_gelu", "linear_cross_entropy"},
     ),
+    # LayerNorm, rotary, bias + tanh GELU (nn.Linear projections).
+    "starcoder2": (
+        "Starcoder2Config",
+        "Starcoder2ForCausalLM",
+        TOKENS,
+        {"layer_norm", "rope", "bias_gelu", "linear_cross_entropy"},
+    ),
 }
 # The settings of a multimodal config that are its own, not its text_config's.
 OUTER = {
@@ -314,9 +321,9 @@ TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 6e-2)}  # (valu
 
 # bfloat16 on one family per code path: Llama's RMSNorm and SwiGLU, Gemma's
 # (1 + weight) RMSNorm, GeGLU and softcapping, Phi-3's packed MLP, GPT-2's
-# LayerNorm and bias_gelu.
+# LayerNorm and bias_gelu, StarCoder2's bias_gelu after nn.Linear.
 CASES = [(family, torch.float32) for family in sorted(FAMILIES)] + [
-    (family, torch.bfloat16) for family in ("llama", "gemma2", "phi3", "gpt2")
+    (family, torch.bfloat16) for family in ("llama", "gemma2", "phi3", "gpt2", "starcoder2")
 ]
 
 
@@ -499,6 +506,7 @@ LM_HEADS = {
     "Ministral3ForCausalLM",
     "VaultGemmaForCausalLM",
     "StableLmForCausalLM",
+    "Starcoder2ForCausalLM",
     "Qwen2VLForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
 }

@@ -9,8 +9,9 @@ in the process stay as they are) and returns what it patched:
 - ``rope``: the attention modules apply the rotary embedding with
   ``fuseops.rope`` (the rest of HF's attention code unchanged);
 - ``mlp``: gated MLPs run ``fuseops.swiglu``/``fuseops.geglu`` on their
-  gate and up projections (Phi-3's packed ``gate_up_proj`` in place), GPT-2's
-  and BERT's ``fuseops.bias_gelu`` on the projection without its bias;
+  gate and up projections (Phi-3's packed ``gate_up_proj`` in place), GPT-2's,
+  StarCoder2's and BERT's ``fuseops.bias_gelu`` on the projection without its
+  bias;
 - ``layer_norm``: ``torch.nn.LayerNorm`` modules run ``fuseops.layer_norm``;
 - ``cross_entropy``: the causal-LM head, on each family's causal-LM class
   only (``FAMILIES[model_type].causal_lm``; other heads keep HF's forward).
@@ -79,7 +80,10 @@ _QUANTIZE_ATTRIBUTE = "_fuseops_quantize"
 @dataclass(frozen=True)
 class _Family:
     prefix: str  # class-name prefix of the family's modules: "Llama" -> LlamaRMSNorm
-    mlp: str  # "gated" (gate_proj/up_proj/down_proj), "packed" (gate_up_proj), "conv1d" (GPT-2), "dense" (BERT)
+    # "gated" (gate_proj/up_proj/down_proj), "packed" (gate_up_proj), and the
+    # bias + GELU kinds of _BIAS_GELU_MLPS: "conv1d" (GPT-2), "linear"
+    # (StarCoder2), "dense" (BERT)
+    mlp: str
     rms_offset: bool = False  # RMSNorm multiplies by (1 + weight) in float32 (Gemma)
     mlp_class: Optional[str] = None  # class name of the MLP module when not <prefix>MLP
     # The model classes whose forward _causal_lm_forward reproduces: the base
@@ -146,6 +150,8 @@ FAMILIES: dict[str, _Family] = {
     "stablelm": _Family("StableLm", "gated", causal_lm=("StableLmForCausalLM",)),
     # No rotary embedding (learned positions), nn.LayerNorm, bias + GELU MLPs.
     "gpt2": _Family("GPT2", "conv1d", causal_lm=("GPT2LMHeadModel",)),
+    # nn.LayerNorm, bias + GELU MLPs (nn.Linear c_fc and c_proj).
+    "starcoder2": _Family("Starcoder2", "linear", causal_lm=("Starcoder2ForCausalLM",)),
     # No lm_head: BERT's language-model heads are a transform then a decoder.
     "bert": _Family("Bert", "dense", mlp_class="BertIntermediate"),
 }
@@ -239,10 +245,27 @@ def _conv1d_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.dropout(self.c_proj(bias_gelu(hidden, fc.bias, self._fuseops_act)))
 
 
+def _linear_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # StarCoder2: c_fc and c_proj are nn.Linear; the bias add and the GELU
+    # are fused after c_fc's bias-free product, then c_proj and the residual
+    # dropout as HF's.
+    fc = self.c_fc
+    hidden = bias_gelu(F.linear(hidden_states, fc.weight), fc.bias, self._fuseops_act)
+    return F.dropout(self.c_proj(hidden), p=self.residual_dropout, training=self.training)
+
+
 def _dense_gelu_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     # BERT's intermediate layer: dense then GELU, the bias add fused.
     dense = self.dense
     return bias_gelu(F.linear(hidden_states, dense.weight), dense.bias, self._fuseops_act)
+
+
+# The bias + GELU MLP kinds: the layer whose bias is fused, and the forward.
+_BIAS_GELU_MLPS: dict[str, tuple[str, Callable[..., torch.Tensor]]] = {
+    "conv1d": ("c_fc", _conv1d_mlp_forward),
+    "linear": ("c_fc", _linear_mlp_forward),
+    "dense": ("dense", _dense_gelu_forward),
+}
 
 
 def _layer_norm_forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -789,11 +812,10 @@ def apply(
                 else:
                     forward, new = _packed_mlp_forward, new + " (packed gate_up_proj)"
             else:
-                bias = (module.c_fc if family.mlp == "conv1d" else module.dense).bias
-                if kind not in ("none", "tanh") or bias is None:
+                layer, forward = _BIAS_GELU_MLPS[family.mlp]
+                if kind not in ("none", "tanh") or getattr(module, layer).bias is None:
                     continue  # bias_gelu needs a GELU and a bias
                 new = f"fuseops.bias_gelu({kind!r})"
-                forward = _conv1d_mlp_forward if family.mlp == "conv1d" else _dense_gelu_forward
             module._fuseops_act = kind
             record(name, module, forward, "mlp", new)
         elif wanted["layer_norm"] and type(module) is torch.nn.LayerNorm:

@@ -345,6 +345,12 @@ def test_int4_linear_module_from_float_and_state_dict(device):
     assert module.packed.dtype == torch.uint8
     with pytest.raises(ValueError, match="group_size must be a positive even number"):
         fuseops.nn.Int4Linear(8, 8, group_size=3)
+    # The group size travels with the buffers' shapes.
+    other = fuseops.nn.Int4Linear(70, 33, device=device, group_size=64)
+    other.load_state_dict(restored.state_dict())
+    assert other.group_size == 32
+    with torch.no_grad():
+        assert torch.equal(other(x), y)
 
 
 def test_quantize_w4a16_swaps_linear_layers(device):

@@ -179,7 +179,8 @@ class Int4Linear(_QuantizedLinear):
     two values per byte) and ``scale_zero`` (float32 ``[groups, 2, N]``),
     plus ``bias`` (the layer's, in its dtype, or None), so ``state_dict()``
     saves and ``load_state_dict()`` restores them like any buffers; the
-    group size is an argument of the layer, not state. No gradients: run it
+    group size is read back from their shapes, so a state_dict saved with
+    another group size than the module was built with loads and sets it. No gradients: run it
     under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
 
@@ -236,6 +237,23 @@ class Int4Linear(_QuantizedLinear):
         quantized = quantize_per_group_int4(weight, self.group_size, self.symmetric)
         packed, scale_zero = pack_int4_weight(*quantized, self.group_size)
         return {"packed": packed, "scale_zero": scale_zero}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The group size is in the buffers' shapes (groups = scale_zero's
+        # first dimension, groups * group_size / 2 = packed's second): a
+        # state_dict saved with another group size than this module was
+        # built with loads, and the module takes it on.
+        packed = state_dict.get(prefix + "packed")
+        scale_zero = state_dict.get(prefix + "scale_zero")
+        if packed is not None and scale_zero is not None and scale_zero.dim() == 3:
+            groups = scale_zero.shape[0]
+            if groups and packed.dim() == 3 and (2 * packed.shape[1]) % groups == 0:
+                group_size = 2 * packed.shape[1] // groups
+                if group_size != self.group_size and -(-self.in_features // group_size) == groups:
+                    self.group_size = group_size
+                    self.packed = torch.empty_like(self.packed).resize_(packed.shape)
+                    self.scale_zero = torch.empty_like(self.scale_zero).resize_(scale_zero.shape)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         linear = int4_dynamic_linear if self.mode == "w4a8" else int4_weight_only_linear

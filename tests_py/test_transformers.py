@@ -48,6 +48,15 @@ SHARED_EXPERTS = dict(
 # Tiny vision towers for the multimodal families (built by every test, run
 # by test_multimodal_with_images_matches).
 QWEN2_VL_VISION = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2)
+SIGLIP_VISION = dict(
+    model_type="siglip_vision_model",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+)
 # Qwen2-VL's multimodal rotary sections (temporal, height, width) over the
 # 8 rotary frequencies of head_dim 16. Text alone has the same position in
 # all three; the text after an image (test_multimodal_with_images_matches)
@@ -72,13 +81,14 @@ FAMILIES = {
         {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0},
         GEMMA,
     ),
-    "gemma3": (
+    "gemma3_text": (
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
         {"head_dim": 16, "sliding_window": 8, "final_logit_softcapping": 3.0},
         GEMMA,
     ),
-    # Multimodal: the text towers (Qwen2-VL's multimodal rotary sections).
+    # Multimodal: the text towers (Qwen2-VL's multimodal rotary sections),
+    # with Qwen2-VL's causal-LM head patched and Gemma 3's left to HF.
     "qwen2_vl": (
         "Qwen2VLConfig",
         "Qwen2VLForConditionalGeneration",
@@ -94,6 +104,18 @@ FAMILIES = {
             vision_config=dict(QWEN2_VL_VISION, intermediate_size=64, out_hidden_size=64),
         ),
         GATED,
+    ),
+    "gemma3": (
+        "Gemma3Config",
+        "Gemma3ForConditionalGeneration",
+        dict(
+            TOKENS,
+            head_dim=16,
+            sliding_window=8,
+            vision_config=SIGLIP_VISION,
+            mm_tokens_per_image=4,
+        ),
+        {"rms_norm", "rope", "geglu"},
     ),
     # Packed gate_up_proj, partial rotary embedding.
     "phi3": (
@@ -241,11 +263,15 @@ FAMILIES = {
 # The settings of a multimodal config that are its own, not its text_config's.
 OUTER = {
     "vision_config",
+    "mm_tokens_per_image",
     "tie_word_embeddings",
     "image_token_id",
+    "image_token_index",
     "vision_start_token_id",
     "vision_end_token_id",
 }
+# The families whose causal-LM head is patched (the fused loss).
+HEADS = sorted(f for f, row in FAMILIES.items() if "linear_cross_entropy" in row[3])
 
 
 def build_config(config_cls: str, settings: dict):
@@ -338,7 +364,10 @@ def test_training_and_eval_match(family, dtype):
     ran = fuseops_ops_run(lambda: train_step(patched, ids, labels))
     got = train_step(patched, ids, labels)
     assert FAMILIES[family][3] <= ran, f"fuseops ops run: {sorted(ran)}"
-    assert got.logits is None  # no [tokens, vocab] logits in training with labels
+    if family in HEADS:
+        assert got.logits is None  # no [tokens, vocab] logits in training with labels
+    else:  # HF's head
+        assert relative_error(got.logits, expected.logits) <= value_tol
     assert abs(got.loss.item() - expected.loss.item()) <= value_tol * abs(expected.loss.item())
     assert_gradients_match(ref, patched, grad_tol)
     # The unpatched copy of the same classes runs none of fuseops' ops.
@@ -381,19 +410,23 @@ IMAGE_TOKENS = {
         vision_start_token_id=IMAGE_START,
         vision_end_token_id=IMAGE_END,
     ),
+    "gemma3": dict(image_token_index=IMAGE_TOKEN),
 }
 IMAGE_TOKENS["qwen2_5_vl"] = IMAGE_TOKENS["qwen2_vl"]
 
 
 def image_inputs(family: str, config) -> dict:
     """A batch of two sequences with one image each (4 image tokens after a
-    start token), the image's pixels and its patch grid."""
+    start token), the image's pixels and, for Qwen2-VL, its patch grid."""
     gen = torch.Generator().manual_seed(4)
     ids = torch.randint(IMAGE_END + 1, VOCAB, (2, 16), generator=gen)
     ids[:, 2], ids[:, 3:7], ids[:, 7] = IMAGE_START, IMAGE_TOKEN, IMAGE_END
     labels = ids.clone()
     labels[:, :8] = -100  # the loss on the text after the image
     vision = config.vision_config
+    if family == "gemma3":  # 2 x 2 patches, pooled to mm_tokens_per_image = 4 tokens
+        pixels = torch.randn(2, 3, vision.image_size, vision.image_size, generator=gen)
+        return dict(input_ids=ids, labels=labels, pixel_values=pixels)
     # A 4 x 4 patch grid per image, merged 2 x 2 into 4 tokens; the text
     # after it takes 3-D (temporal, height, width) rotary positions.
     grid = torch.tensor([[1, 4, 4]] * 2)
@@ -407,7 +440,7 @@ def image_inputs(family: str, config) -> dict:
     )
 
 
-VISION_TOWERS = ("model.visual.",)
+VISION_TOWERS = ("model.visual.", "model.vision_tower.")
 
 
 @pytest.mark.parametrize("family", sorted(IMAGE_TOKENS))
@@ -415,7 +448,8 @@ def test_multimodal_with_images_matches(family):
     # The vision tower's patched modules (LayerNorm, Qwen2.5-VL's RMSNorm)
     # and the text tower on image tokens, in training and evaluation.
     ref = make_model(family, **IMAGE_TOKENS[family])
-    # Parameters initialized to zeros (norm offsets, biases) take random
+    # Parameters initialized to zeros (Gemma 3's image projection, which
+    # would cut the image off the loss; norm offsets, biases) take random
     # values, as trained ones have.
     gen = torch.Generator().manual_seed(6)
     with torch.no_grad():
@@ -428,7 +462,7 @@ def test_multimodal_with_images_matches(family):
     expected = train_step(ref, **inputs)
     ran = fuseops_ops_run(lambda: train_step(patched, **inputs))
     assert FAMILIES[family][3] <= ran, f"fuseops ops run: {sorted(ran)}"
-    if family == "qwen2_vl":  # Qwen2.5-VL's vision tower has RMSNorm, no LayerNorm
+    if family != "qwen2_5_vl":  # its vision tower has RMSNorm, no LayerNorm
         assert "layer_norm" in ran
     got = train_step(patched, **inputs)
     assert abs(got.loss.item() - expected.loss.item()) <= 1e-5 * abs(expected.loss.item())
@@ -526,7 +560,7 @@ def tiny_config(model_type: str):
             attention_probs_dropout_prob=0.0,
             pad_token_id=0,
         )
-    config_cls, _, extra, _ = FAMILIES["gemma3" if model_type == "gemma3_text" else model_type]
+    config_cls, _, extra, _ = FAMILIES[model_type]
     # A pad token: the sequence classifiers find each row's last token by it.
     settings = {**COMMON, **extra, "num_hidden_layers": 1, "pad_token_id": 0}
     if model_type == "gpt2":
@@ -537,8 +571,8 @@ def tiny_config(model_type: str):
 def family_classes(model_type: str) -> list[type]:
     """The model classes of `model_type`'s modeling module (its __all__), but
     the abstract *PreTrainedModel and those of another config (Gemma 3's
-    multimodal classes are model type "gemma3", which apply rejects;
-    Qwen2-VL's text model is "qwen2_vl_text")."""
+    multimodal classes are model type "gemma3", its text-only ones
+    "gemma3_text"; Qwen2-VL's text model is "qwen2_vl_text")."""
     module = importlib.import_module(
         type(tiny_config(model_type)).__module__.replace(".configuration_", ".modeling_")
     )
@@ -678,7 +712,7 @@ def test_every_model_class_matches(model_type):
                 assert_gradients_match(ref, patched, 1e-5, floor=1e-2)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", HEADS)
 def test_logits_always_in_training(family):
     ref = make_model(family, num_hidden_layers=1)
     patched = copy.deepcopy(ref)

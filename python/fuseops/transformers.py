@@ -106,6 +106,11 @@ FAMILIES: dict[str, _Family] = {
     "gemma": _Family("Gemma", "gated", rms_offset=True, causal_lm=("GemmaForCausalLM",)),
     "gemma2": _Family("Gemma2", "gated", rms_offset=True, causal_lm=("Gemma2ForCausalLM",)),
     "gemma3_text": _Family("Gemma3", "gated", rms_offset=True, causal_lm=("Gemma3ForCausalLM",)),
+    # Gemma 3's multimodal models (Gemma3ForConditionalGeneration): the text
+    # tower as gemma3_text's, the SigLIP vision tower's nn.LayerNorm; the head
+    # stays HF's (its forward passes the labels to the base model and returns
+    # the image hidden states).
+    "gemma3": _Family("Gemma3", "gated", rms_offset=True),
     # Qwen2-VL and Qwen2.5-VL: the text tower (its MLP class is Qwen2MLP) and
     # the vision tower's norms (its MLP and attention stay HF's). HF's rotary
     # embedding module selects the multimodal (mrope) sections of cos and

@@ -251,8 +251,10 @@ class Int4Linear(_QuantizedLinear):
                 group_size = 2 * packed.shape[1] // groups
                 if group_size != self.group_size and -(-self.in_features // group_size) == groups:
                     self.group_size = group_size
-                    self.packed = torch.empty_like(self.packed).resize_(packed.shape)
-                    self.scale_zero = torch.empty_like(self.scale_zero).resize_(scale_zero.shape)
+                    for name, incoming in (("packed", packed), ("scale_zero", scale_zero)):
+                        mine = self._buffers[name]
+                        assert mine is not None
+                        self._buffers[name] = mine.new_empty(incoming.shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

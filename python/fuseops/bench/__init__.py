@@ -13,7 +13,8 @@ machine and method recorded with the results; ``results`` and ``report``, the
 rows and their table, JSON, CSV and chart; ``hf_models``, the
 ``--transformers`` run (a Hugging Face model with and without fuseops);
 ``decode``, the ``--decode`` run (``generate`` token by token, fuseops
-patched and quantized against HF and torch.ao).
+patched and quantized against HF and torch.ao); ``markdown``, ``--markdown``
+(an earlier run's JSON as GitHub Markdown tables, nothing run).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from . import cases, decode, environment, hf_models, report, results, runner, timing
+from . import cases, decode, environment, hf_models, markdown, report, results, runner, timing
 from .correctness import parse_dtypes
 
 SHAPE_PRESETS = {
@@ -239,6 +240,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     hf_models.add_arguments(parser)
     decode.add_arguments(parser)
+    markdown.add_arguments(parser)
 
 
 def _is_terminal(stream) -> bool:
@@ -295,6 +297,8 @@ def _apply_memory_settings(args: argparse.Namespace) -> Optional[dict]:
 
 def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
     """Runs the benchmark for parsed `args` (tests pass their own cases)."""
+    if getattr(args, "markdown", None) is not None or getattr(args, "markdown_out", None):
+        return markdown.run(args)
     if getattr(args, "transformers", None):
         return hf_models.run(args)
     if getattr(args, "decode", False):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import datetime
 import gc
 import importlib.util
 import json
@@ -523,6 +524,39 @@ def _number(value, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+TABLE_COLUMNS = [
+    "variant",
+    "batch",
+    "ms/token",
+    "tokens/s",
+    "MB read/step",
+    "GB/s",
+    "% of copy",
+    "weights MiB",
+    "peak MiB",
+]
+
+
+def _scaled(value, scale: float):
+    return None if value is None else value / scale
+
+
+def batch_cells(row: dict, b: dict) -> list[str]:
+    """One line of the table: a variant's figures at one batch size (a
+    missing figure is "-")."""
+    return [
+        "-" if row.get("variant") is None else str(row["variant"]),
+        "-" if b.get("batch") is None else str(b["batch"]),
+        _number(b.get("ms_per_token"), 2),
+        _number(b.get("tokens_per_s"), 1),
+        _number(_scaled(b.get("bytes_read_per_step"), 1e6), 2),
+        _number(b.get("gb_per_s"), 1),
+        _number(b.get("percent_of_copy"), 0),
+        _number(_scaled(row.get("weights_bytes"), 2**20), 1),
+        _number(_scaled(b.get("peak_bytes"), 2**20), 1),
+    ]
+
+
 def table(result: dict, args) -> str:
     size = SIZES[result["size"]]
     parameters = result["parameters"]
@@ -534,22 +568,15 @@ def table(result: dict, args) -> str:
         + f"; prompt {args.decode_prompt}, {args.decode_new_tokens} new tokens, greedy, "
         f"median of {args.decode_repeats}",
         "",
-        "| variant | batch | ms/token | tokens/s | MB read/step | GB/s | % of copy | "
-        "weights MiB | peak MiB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| " + " | ".join(TABLE_COLUMNS) + " |",
+        "| --- |" + " ---: |" * (len(TABLE_COLUMNS) - 1),
     ]
     for row in result["rows"]:
         if "error" in row:
             lines.append(f"| {row['variant']} | ERROR: {row['error']} | | | | | | | |")
             continue
         for b in row["batches"]:
-            peak = None if b["peak_bytes"] is None else b["peak_bytes"] / 2**20
-            lines.append(
-                f"| {row['variant']} | {b['batch']} | {b['ms_per_token']:.2f} | "
-                f"{_number(b['tokens_per_s'], 1)} | {b['bytes_read_per_step'] / 1e6:.2f} | "
-                f"{_number(b['gb_per_s'], 1)} | {_number(b['percent_of_copy'], 0)} | "
-                f"{row['weights_bytes'] / 2**20:.1f} | {_number(peak, 1)} |"
-            )
+            lines.append("| " + " | ".join(batch_cells(row, b)) + " |")
     return "\n".join(lines)
 
 
@@ -568,6 +595,8 @@ def _environment() -> dict:
         "threads": torch.get_num_threads(),
         "omp_wait_policy": policy,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "fuseops_cpu_capability": fuseops.build_info()["selected_cpu_capability"],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
 

@@ -3,6 +3,7 @@ its caches, and the environment and method recorded beside the results."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
 from typing import TYPE_CHECKING, Optional
@@ -95,6 +96,8 @@ def environment(config: Config) -> dict:
         "preset": config.bench_preset,
         "compile_peer": config.compile_peer,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        # When the run started: UTC, ISO 8601.
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "timer": {
             "min_time_s": config.timer.min_time,

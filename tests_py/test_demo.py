@@ -269,8 +269,8 @@ def test_quantized_inference_of_the_trained_model_in_every_mode():
             # (absmax / 254) each: on a barely trained model (loss near
             # log(vocab) ~ 4.4) that moves the mean loss by far less than 0.02.
             assert row["loss"] == pytest.approx(trained["loss"], abs=0.02), mode
-        elif mode == "w4a16":
-            # Half a byte per weight (K padded to the group of 128, channels
+        elif mode in ("w4a16", "w4a8"):
+            # The same buffers in both int4 modes. Half a byte per weight (K padded to the group of 128, channels
             # to blocks of 16) plus a float32 scale and zero point per group
             # and channel.
             def int4_bytes(n, k):

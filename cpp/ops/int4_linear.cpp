@@ -227,13 +227,12 @@ void check_int4_weight(const char* op, const at::Tensor& packed, const at::Tenso
   check_same_device(op, "scale_zero", scale_zero, "input", input);
 }
 
-}  // namespace
-
-at::Tensor int4_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
-                                        const at::Tensor& scale_zero, int64_t group_size,
-                                        const std::optional<at::Tensor>& bias,
-                                        Int4WeightOnlyLinearKernel kernel) {
-  constexpr const char* op = "fuseops::int4_weight_only_linear";
+// The int4 linear ops' shared entry: checks, output and the kernel call
+// (W4A16 and W4A8 take the same arguments and packed weights).
+at::Tensor int4_linear_with(const char* op, const at::Tensor& input, const at::Tensor& packed,
+                            const at::Tensor& scale_zero, int64_t group_size,
+                            const std::optional<at::Tensor>& bias,
+                            Int4WeightOnlyLinearKernel kernel) {
   check_floating_input(op, "input", input);
   TORCH_CHECK(input.dim() >= 1, op,
               ": argument 'input' must have at least one dimension [..., K], got a 0-d tensor");
@@ -250,25 +249,22 @@ at::Tensor int4_weight_only_linear_with(const at::Tensor& input, const at::Tenso
   return out;
 }
 
+}  // namespace
+
+at::Tensor int4_weight_only_linear_with(const at::Tensor& input, const at::Tensor& packed,
+                                        const at::Tensor& scale_zero, int64_t group_size,
+                                        const std::optional<at::Tensor>& bias,
+                                        Int4WeightOnlyLinearKernel kernel) {
+  return int4_linear_with("fuseops::int4_weight_only_linear", input, packed, scale_zero,
+                          group_size, bias, kernel);
+}
+
 at::Tensor int4_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
                                     const at::Tensor& scale_zero, int64_t group_size,
                                     const std::optional<at::Tensor>& bias,
                                     Int4DynamicLinearKernel kernel) {
-  constexpr const char* op = "fuseops::int4_dynamic_linear";
-  check_floating_input(op, "input", input);
-  TORCH_CHECK(input.dim() >= 1, op,
-              ": argument 'input' must have at least one dimension [..., K], got a 0-d tensor");
-  check_int4_weight(op, packed, scale_zero, group_size, input);
-  const int64_t n = scale_zero.size(2);
-  const int64_t k = input.size(-1);
-  const at::Tensor b = undefined_if_none(bias);
-  at::Tensor out = linear_output(op, input, b, n, "scale_zero");
-  if (!linear_needs_kernel(out, b, k, kernel != nullptr)) {
-    return out;
-  }
-  kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale_zero.contiguous(),
-         group_size, contiguous_if_defined(b));
-  return out;
+  return int4_linear_with("fuseops::int4_dynamic_linear", input, packed, scale_zero, group_size,
+                          bias, kernel);
 }
 
 }  // namespace detail

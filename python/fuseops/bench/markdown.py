@@ -201,19 +201,7 @@ def _allocation_table(rows: Sequence[dict]) -> list[str]:
         for row in rows
         if row.get("mode") == "forward+backward" and _int(row.get("allocated_bytes")) is not None
     }
-    columns = [
-        "op",
-        "dtype",
-        "shape",
-        "fuseops",
-        "held grad",
-        "eager",
-        "compile",
-        "native",
-        "saved vs held",
-        "vs eager",
-        "vs compile",
-    ]
+    columns = report.ALLOCATION_COLUMNS
     body = []
     for row in fresh:
         mine = _int(row.get("allocated_bytes"))

@@ -92,6 +92,22 @@ def _saved(peer: Optional[int], fuseops: Optional[int]) -> str:
     return ("-" if peer < fuseops else "") + _mib(abs(peer - fuseops))
 
 
+#: The columns of the allocation table (the text report's and the Markdown's).
+ALLOCATION_COLUMNS = [
+    "op",
+    "dtype",
+    "shape",
+    "fuseops",
+    "held grad",
+    "eager",
+    "compile",
+    "native",
+    "saved vs held",
+    "vs eager",
+    "vs compile",
+]
+
+
 def allocation_table(rows: Sequence[Row]) -> list[str]:
     """Bytes allocated per call in the fwd+bwd fresh grad rows, by fuseops
     and by each peer, and by fuseops in the fwd+bwd row (gradient held by
@@ -105,19 +121,7 @@ def allocation_table(rows: Sequence[Row]) -> list[str]:
         for row in rows
         if row.mode == "forward+backward" and row.allocated_bytes is not None
     }
-    columns = [
-        "op",
-        "dtype",
-        "shape",
-        "fuseops",
-        "held grad",
-        "eager",
-        "compile",
-        "native",
-        "saved vs held",
-        "vs eager",
-        "vs compile",
-    ]
+    columns = ALLOCATION_COLUMNS
     body = []
     for row in fresh:
         peer = {

@@ -74,7 +74,7 @@ def prompts(batch: int):
     return ids, mask
 
 
-def greedy(model, ids, mask, new_tokens=NEW_TOKENS):
+def greedy(model, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
     return model.generate(
         input_ids=ids,
         attention_mask=mask,
@@ -84,6 +84,7 @@ def greedy(model, ids, mask, new_tokens=NEW_TOKENS):
         pad_token_id=PAD,
         output_scores=True,
         return_dict_in_generate=True,
+        **kwargs,
     )
 
 
@@ -109,6 +110,34 @@ def test_greedy_generate_makes_hf_tokens(batch):
         difference = (got_scores - want_scores)[finite].abs().max().item()
         assert lead > 100 * difference, (lead, difference)
     assert len(set(want.sequences[:, ids.shape[1] :].flatten().tolist())) > 4
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_decode_steps_run_decode_attention(cache):
+    # Left-padded prompts: the padding is masked in every step; a static
+    # cache's unwritten slots are masked too (and hold zeros, never read).
+    ref = tiny_model()
+    patched = copy.deepcopy(ref)
+    replaced = {r.name: r for r in fot.apply(patched)}
+    assert replaced["<attention>"].old == "sdpa"
+    ids, mask = prompts(2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = greedy(patched, ids, mask, new_tokens=8, cache_implementation=cache)
+    calls = sum(e.name == "fuseops::decode_attention" for e in prof.events())
+    # The prompt (12 tokens) and each of the 7 later steps, in every layer.
+    assert calls == 8 * CONFIG["num_hidden_layers"]
+    want = greedy(ref, ids, mask, new_tokens=8, cache_implementation=cache)
+    torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
+
+
+def test_attention_false_keeps_sdpa():
+    model = tiny_model()
+    assert "<attention>" not in {r.name for r in fot.apply(model, attention=False)}
+    assert model.config._attn_implementation == "sdpa"
+    ids, mask = prompts(1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        greedy(model, ids, mask, new_tokens=2)
+    assert not any(e.name == "fuseops::decode_attention" for e in prof.events())
 
 
 # --- apply(model, quantize=...) ---
@@ -327,6 +356,7 @@ def test_bench_decode_command(tmp_path):
     expected = ["HF bf16", "fuseops bf16", "fuseops w8a16", "fuseops w8a8"]
     expected += [f"fuseops {m}" for m in ("w4a16", "w4a8") if m in quantization.QUANTIZE_MODES]
     expected.append("fuseops w8a16, projections separate")
+    expected.append("fuseops w8a16, SDPA attention")
     expected.append("torch.ao dynamic int8 (float32 activations)")
     lines = result.stdout.splitlines()
     assert any(line.startswith("OMP_WAIT_POLICY ") for line in lines)

@@ -132,10 +132,10 @@ def laced(t: torch.Tensor) -> torch.Tensor:
 def widened(args, taint=False, grad=False) -> list:
     """float64 copies of the tensors among `args` (laced elements made NaN
     with `taint`; leaves that require grad where the original does, with
-    `grad`)."""
+    `grad`); bool tensors (masks) stay as they are."""
     result = []
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, torch.Tensor) and a.dtype != torch.bool:
             w = a.detach().double().clone()
             if taint and a.is_floating_point():
                 w[laced(a.detach())] = math.nan

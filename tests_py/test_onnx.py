@@ -472,6 +472,43 @@ def _():
     return _int4_cases(ops.int4_dynamic_linear) + [rows]
 
 
+@case("decode_attention")
+def _():
+    cases = []
+    for dtype in (F32, F16, BF16, F64):
+        cases.append(
+            Case(
+                f"{dtype} 8/2 heads, one new token",
+                lambda q, k, v: ops.decode_attention(q, k, v),
+                t(2, 8, 1, 16, dtype=dtype),
+                t(2, 2, 20, 16, dtype=dtype),
+                t(2, 2, 20, 16, dtype=dtype),
+            )
+        )
+    mask = torch.rand(1, 1, 3, 9) > 0.3
+    mask[..., 0, :] = False  # a row that sees no key: zeros
+    bias = torch.randn(1, 4, 3, 9).masked_fill(~mask, float("-inf"))
+    cases += [
+        Case(
+            "bool mask, softcap, scale",
+            lambda q, k, v, m: ops.decode_attention(q, k, v, m, False, 0.4, 2.0),
+            t(1, 4, 3, 8),
+            t(1, 2, 9, 8),
+            t(1, 2, 9, 6),
+            mask,
+        ),
+        Case(
+            "additive mask and causal",
+            lambda q, k, v, m: ops.decode_attention(q, k, v, m, True),
+            t(1, 4, 3, 8),
+            t(1, 1, 9, 8),
+            t(1, 1, 9, 8),
+            bias,
+        ),
+    ]
+    return cases
+
+
 # --- the tests -------------------------------------------------------------------
 
 #: The ops this slice translates, each with the overloads an inference graph
@@ -491,6 +528,7 @@ TRANSLATED = {
     "int8_dynamic_linear": ("default",),
     "int4_weight_only_linear": ("default",),
     "int4_dynamic_linear": ("default",),
+    "decode_attention": ("default",),
 }
 
 

@@ -399,6 +399,9 @@ def test_generate_greedy_with_cache(family):
     expected = ref.eval().generate(ids, **kwargs)
     ran = fuseops_ops_run(lambda: patched.eval().generate(ids, **kwargs))
     assert FAMILIES[family][3] - {"linear_cross_entropy"} <= ran
+    # Every decoder here attends through the "fuseops" implementation.
+    assert patched.config._attn_implementation == fot.ATTENTION
+    assert "decode_attention" in ran
     torch.testing.assert_close(patched.generate(ids, **kwargs), expected, rtol=0, atol=0)
 
 
@@ -837,15 +840,16 @@ def test_optimizer_steps_match():
 
 def test_patching_twice_is_a_no_op_and_flags_select():
     model = make_model("llama")
-    first = fot.apply(model, rope=False, cross_entropy=False)
+    first = fot.apply(model, rope=False, cross_entropy=False, attention=False)
     assert {r.new for r in first} == {"fuseops.rms_norm", "fuseops.swiglu"}
+    assert model.config._attn_implementation == "sdpa"
     assert not fot.is_patched(model) and not fot.is_patched(model.model.layers[0].self_attn)
     forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
-    assert fot.apply(model, rope=False, cross_entropy=False) == []
+    assert fot.apply(model, rope=False, cross_entropy=False, attention=False) == []
     assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
     # The rest later; then nothing is left.
     rest = fot.apply(model)
-    assert {r.name for r in rest} == {"<model>"} | {
+    assert {r.name for r in rest} == {"<model>", "<attention>"} | {
         f"model.layers.{i}.self_attn" for i in range(COMMON["num_hidden_layers"])
     }
     assert fot.apply(model) == []

@@ -45,6 +45,9 @@ from .ops.cross_entropy import (
     linear_cross_entropy_forward,
     linear_cross_entropy_stats,
 )
+from .ops.decode_attention import (
+    decode_attention,
+)
 from .ops.gated_activation import (
     geglu,
     geglu_backward,
@@ -121,6 +124,7 @@ __all__ = [
     "cross_entropy_backward",
     "cross_entropy_forward",
     "cross_entropy_inplace",
+    "decode_attention",
     "dequantize_int4_weight",
     "dequantize_int8",
     "fused_add_rms_norm",

@@ -38,6 +38,10 @@ reductions), as any two implementations of the op do. What each op becomes:
   (for int4 one product per weight group, with the zero points taken off
   the weight), then the scales in float32. ``DynamicQuantizeLinear`` does
   not apply: it quantizes the whole tensor asymmetrically to uint8.
+- ``decode_attention``: a decomposition (key/value heads expanded to their
+  query heads, ``MatMul``, ``Tanh`` for the softcap, ``Where`` for the mask
+  and causal limit, ``Softmax``); ONNX's ``Attention`` (opset 23) returns
+  NaN, not zeros, for a row that sees no key.
 
 Not translated (:data:`NOT_TRANSLATED` says why for each): the backward
 ops (training), the ``out=`` overloads (an exported graph is functional),
@@ -441,6 +445,67 @@ def int4_dynamic_linear(input, packed, scale_zero, group_size: int, bias=None):
     return _cast(y, dtype)
 
 
+# --- attention -------------------------------------------------------------------
+
+
+def decode_attention(
+    query, key, value, attn_mask=None, is_causal: bool = False, scale=None, softcap: float = 0.0
+):
+    """``fuseops::decode_attention``: a decomposition in float32 (float64
+    for float64): each key/value head expanded to its query heads, ``MatMul``,
+    the softcap (``Tanh``), the mask and causal limit (``Where``),
+    ``Softmax``, rows that see no key set to zero, ``MatMul`` with the
+    values. Unlike the op, the graph multiplies the hidden keys' values by
+    zero rather than skipping them (a NaN or Inf there would spread)."""
+    dtype = _dtype(query)
+    ct = _opmath(dtype)
+    batch = _static_dim(query, 0, "the batch")
+    q_heads = _static_dim(query, 1, "the query heads")
+    q_len = _static_dim(query, 2, "the query length")
+    dim = _static_dim(query, 3, "the head size")
+    kv_heads = _static_dim(key, 1, "the key/value heads")
+    keys = _static_dim(key, 2, "the key length")
+    v_dim = _static_dim(value, 3, "the value head size")
+    group = q_heads // kv_heads
+
+    def per_query_head(t, last: int):
+        t = _cast(t, ct)
+        if group == 1:
+            return t
+        t = op.Expand(op.Unsqueeze(t, _ints(2)), _ints(batch, kv_heads, group, keys, last))
+        return op.Reshape(t, _ints(batch, q_heads, keys, last))
+
+    k = per_query_head(key, dim)
+    v = per_query_head(value, v_dim)
+    if scale is None:
+        scale = dim**-0.5 if dim > 0 else 1.0
+    scores = op.MatMul(
+        op.Mul(_cast(query, ct), _scalar(scale, ct)), op.Transpose(k, perm=[0, 1, 3, 2])
+    )
+    if softcap > 0:
+        cap = _scalar(softcap, ct)
+        scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap)
+    visible = None
+    if is_causal:
+        rows = torch.arange(q_len).unsqueeze(1) + (keys - q_len)
+        allowed = (torch.arange(keys).unsqueeze(0) <= rows).tolist()
+        visible = op.Constant(value=ir.tensor(allowed, dtype=ir.DataType.BOOL))
+    if attn_mask is not None:
+        if attn_mask.dtype == ir.DataType.BOOL:
+            seen = attn_mask
+        else:
+            bias = _cast(attn_mask, ct)
+            seen = op.Not(op.Equal(bias, _scalar(float("-inf"), ct)))
+            scores = op.Add(scores, bias)
+        visible = seen if visible is None else op.And(visible, seen)
+    if visible is not None:
+        scores = op.Where(visible, scores, _scalar(float("-inf"), ct))
+    weights = op.Softmax(scores, axis=-1)
+    if visible is not None:
+        weights = op.Where(visible, weights, _scalar(0.0, ct))
+    return _cast(op.MatMul(weights, v), dtype)
+
+
 # --- the table -----------------------------------------------------------------
 
 
@@ -464,6 +529,7 @@ def _translations() -> dict[Any, Callable]:
         ops.int8_dynamic_linear.default: int8_dynamic_linear,
         ops.int4_weight_only_linear.default: int4_weight_only_linear,
         ops.int4_dynamic_linear.default: int4_dynamic_linear,
+        ops.decode_attention.default: decode_attention,
     }
 
 

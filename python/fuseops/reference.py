@@ -29,6 +29,9 @@ from .ops.cross_entropy import (
     cross_entropy_reference as cross_entropy,
     linear_cross_entropy_reference as linear_cross_entropy,
 )
+from .ops.decode_attention import (
+    decode_attention_reference as decode_attention,
+)
 from .ops.gated_activation import (
     geglu_reference as geglu,
     swiglu_reference as swiglu,
@@ -83,6 +86,7 @@ __all__ = [
     "causal_conv1d_update",
     "cross_entropy",
     "cross_entropy_inplace",
+    "decode_attention",
     "dequantize_int8",
     "fused_add_rms_norm",
     "fused_add_rms_norm_backward",

@@ -56,6 +56,7 @@ from .nn import Replacement
 from .ops.activation import bias_gelu
 from .ops.cross_entropy import cross_entropy as _cross_entropy
 from .ops.cross_entropy import linear_cross_entropy
+from .ops.decode_attention import decode_attention
 from .ops.gated_activation import geglu, swiglu
 from .ops.layer_norm import layer_norm
 from .ops.rms_norm import rms_norm
@@ -64,7 +65,15 @@ from .ops.rope import apply_rotary_pos_emb as _fuseops_apply_rotary_pos_emb
 #: Attribute set on every patched module (its value: what was patched).
 MARKER = "_fuseops_patched"
 
-KINDS = ("rms_norm", "rope", "mlp", "layer_norm", "cross_entropy")
+KINDS = ("rms_norm", "rope", "mlp", "layer_norm", "cross_entropy", "attention")
+
+#: The attention implementation :func:`apply` sets (``attention=True``),
+#: registered with transformers' AttentionInterface and AttentionMaskInterface.
+ATTENTION = "fuseops"
+
+#: Calls with at most this many new tokens run fuseops.decode_attention
+#: (decoding, speculative steps, short prompts); longer ones SDPA.
+DECODE_ATTENTION_MAX_QUERY = 16
 
 # Set on a model whose head is patched: the `logits` mode it was patched with.
 _LOGITS_ATTRIBUTE = "_fuseops_logits"
@@ -94,6 +103,8 @@ class _Family:
     # (its modeling module's load_balancing_loss_func) when asked for the
     # router logits, and returns MoeCausalLMOutputWithPast.
     moe: bool = False
+    # A decoder (causal self-attention with a cache): apply's attention patch.
+    decoder: bool = True
 
 
 # model_type -> family. Every family's attention calls its module's
@@ -158,7 +169,7 @@ FAMILIES: dict[str, _Family] = {
     # nn.LayerNorm, bias + GELU MLPs (nn.Linear c_fc and c_proj).
     "starcoder2": _Family("Starcoder2", "linear", causal_lm=("Starcoder2ForCausalLM",)),
     # No lm_head: BERT's language-model heads are a transform then a decoder.
-    "bert": _Family("Bert", "dense", mlp_class="BertIntermediate"),
+    "bert": _Family("Bert", "dense", mlp_class="BertIntermediate", decoder=False),
 }
 
 LOGITS = ("auto", "always")
@@ -305,6 +316,112 @@ def _rope_forward_of(function: types.FunctionType) -> types.FunctionType:
 
 # ---------------------------------------------------------------------------
 # The causal-LM head
+
+
+def _repeat_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def _softcapped_attention(module, query, key, value, attention_mask, dropout, scaling, softcap):
+    # HF's eager attention with a softcap (Gemma 2), for what SDPA cannot
+    # take: differentiable ATen ops, softmax in float32.
+    group = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, group), _repeat_kv(value, group)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = softcap * torch.tanh(scores / softcap)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if attention_mask is None and getattr(module, "is_causal", False) and q_len > 1:
+        # The mask SDPA's is_causal stands for (masks are skipped then).
+        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(
+            kv_len - q_len
+        )[None, None]
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, : key.shape[-2]]
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), None
+
+
+def _attention_forward(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    **kwargs,
+):
+    """The ``"fuseops"`` attention implementation (transformers'
+    AttentionInterface signature): query ``[B, Hq, L, D]``, key and value
+    ``[B, Hkv, S, D]`` (the cache after its update); returns ``[B, L, Hq,
+    Dv]`` and no weights."""
+    q_len = query.shape[2]
+    records_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    # Only a decoder's causal self-attention (vision towers and encoders,
+    # with their own sequence packing, keep SDPA).
+    decode = (
+        getattr(module, "is_causal", False)
+        and q_len <= DECODE_ATTENTION_MAX_QUERY
+        and not records_grad
+        and (dropout == 0.0 or not module.training)
+        and kwargs.get("position_bias") is None
+        and kwargs.get("s_aux") is None
+        and kwargs.get("cache") is None
+        and (attention_mask is None or attention_mask.dim() == 4)
+    )
+    if not decode:
+        if softcap:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            return _softcapped_attention(
+                module, query, key, value, attention_mask, dropout, scale, softcap
+            )
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+    # HF's SDPA rule: causal only for several new tokens without a mask,
+    # aligned at the cache's start (an empty static cache holds the prompt
+    # in its first slots).
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(causal) and q_len > 1 and attention_mask is None
+    if causal and key.shape[2] > q_len:
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[2]]
+    out = decode_attention(
+        query,
+        key,
+        value,
+        attention_mask,
+        is_causal=causal,
+        scale=scaling,
+        softcap=float(softcap or 0.0),
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _attention_forward)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 def _shifted_targets(
@@ -661,6 +778,7 @@ def apply(
     quantize: Optional[str] = None,
     group_size: int = 128,
     fuse_projections: Optional[bool] = None,
+    attention: bool = True,
 ) -> list[Replacement]:
     """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
     family, see :func:`supported_model_types`) in place to run on fuseops
@@ -835,6 +953,21 @@ def apply(
             "cross_entropy",
             "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy",
         )
+    if attention:
+        config = getattr(model, "config", None)
+        current = getattr(config, "_attn_implementation", None)
+        can_set = getattr(model, "_can_set_attn_implementation", lambda: False)
+        if family.decoder and current in ("sdpa", "eager") and can_set():
+            _register_attention()
+            model.set_attn_implementation(ATTENTION)
+            replaced.append(
+                Replacement(
+                    "<attention>",
+                    current,
+                    f"fuseops.decode_attention (<= {DECODE_ATTENTION_MAX_QUERY} new tokens, "
+                    "no gradient; SDPA otherwise)",
+                )
+            )
     if quantize is not None:
         if fuse_projections:
             for name, originals, merged in _merge_projections(model):

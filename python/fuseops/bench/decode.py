@@ -217,12 +217,14 @@ def _compiled(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _fuseops(
-    quantize: Optional[str], fuse_projections: Optional[bool] = None
+    quantize: Optional[str], fuse_projections: Optional[bool] = None, attention: bool = True
 ) -> Callable[[torch.nn.Module], torch.nn.Module]:
     def prepare(model: torch.nn.Module) -> torch.nn.Module:
         import fuseops.transformers
 
-        fuseops.transformers.apply(model, quantize=quantize, fuse_projections=fuse_projections)
+        fuseops.transformers.apply(
+            model, quantize=quantize, fuse_projections=fuse_projections, attention=attention
+        )
         return model
 
     return prepare
@@ -264,6 +266,10 @@ def variants(compile_peer: bool) -> list[Variant]:
         )
     # What merging q/k/v and gate/up (apply's default when quantizing) gains.
     chosen.append(Variant("fuseops w8a16, projections separate", bf16, _fuseops("w8a16", False)))
+    # What fuseops.decode_attention (apply's default) gains over HF's SDPA path.
+    chosen.append(
+        Variant("fuseops w8a16, SDPA attention", bf16, _fuseops("w8a16", attention=False))
+    )
     chosen.append(
         Variant("torch.ao dynamic int8 (float32 activations)", torch.float32, _torch_ao_dynamic)
     )

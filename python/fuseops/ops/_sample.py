@@ -71,7 +71,7 @@ def tensor(shape, dtype=torch.float32, device="cpu", layout="contiguous", grad=F
     if layout == "contiguous" or not shape:
         t = randn(shape)
     elif layout == "transposed" and len(shape) > 1:
-        t = randn(shape[::-1]).transpose(0, -1)
+        t = randn(shape[-1:] + shape[1:-1] + shape[:1]).transpose(0, -1)
     elif layout == "sliced":
         t = randn(shape[:-1] + (2 * shape[-1] + 1,))[..., 1::2]
     elif layout == "expanded":

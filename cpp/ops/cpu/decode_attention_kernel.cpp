@@ -1,0 +1,403 @@
+// decode_attention CPU kernel; compiled once per CPU capability
+// (FuseopsCpuKernels.cmake).
+//
+// Work is cut by key/value head: the G query heads of one key/value head
+// (times the L query positions) are one block of rows, so each key and value
+// row is read from memory once for all of them, where SDPA with
+// repeat_kv reads it G times. A decode step has B * Hkv such blocks, fewer
+// than the threads on many machines, so the keys are also cut into chunks
+// (flash-decoding): each task keeps its chunk's running max, sum and
+// weighted values, and a second pass merges the chunks of a row. Scores,
+// softmax and sums are float32 (float64 for float64 inputs), dot products in
+// Vectorized lanes.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include "ops/cpu/decode_attention.h"
+
+namespace fuseops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace {
+
+using at::vec::Vectorized;
+
+// Query rows handled together: their scores of one key chunk stay in L1/L2.
+constexpr int64_t kRowBlock = 16;
+// Fewest keys per chunk when the keys are split across threads.
+constexpr int64_t kMinChunk = 256;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename acc_t>
+acc_t dot(const acc_t* a, const acc_t* b, int64_t n) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  Vec s0(0);
+  Vec s1(0);
+  int64_t d = 0;
+  for (; d + 2 * V <= n; d += 2 * V) {
+    s0 = at::vec::fmadd(Vec::loadu(a + d), Vec::loadu(b + d), s0);
+    s1 = at::vec::fmadd(Vec::loadu(a + d + V), Vec::loadu(b + d + V), s1);
+  }
+  if (d + V <= n) {
+    s0 = at::vec::fmadd(Vec::loadu(a + d), Vec::loadu(b + d), s0);
+    d += V;
+  }
+  acc_t sum = at::vec::vec_reduce_all<acc_t>([](Vec& x, Vec& y) { return x + y; }, s0 + s1);
+  for (; d < n; ++d) {
+    sum += a[d] * b[d];
+  }
+  return sum;
+}
+
+// acc[0, n) += p * v[0, n)
+template <typename acc_t>
+void axpy(acc_t* acc, acc_t p, const acc_t* v, int64_t n) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  const Vec pv(p);
+  int64_t d = 0;
+  for (; d + V <= n; d += V) {
+    at::vec::fmadd(pv, Vec::loadu(v + d), Vec::loadu(acc + d)).store(acc + d);
+  }
+  for (; d < n; ++d) {
+    acc[d] += p * v[d];
+  }
+}
+
+// NaN-propagating max: a NaN score makes its row NaN.
+template <typename acc_t>
+acc_t max_nan(acc_t a, acc_t b) {
+  return (a > b || std::isnan(a)) ? a : b;
+}
+
+// s = cap * tanh(s / cap) over a row.
+template <typename acc_t>
+void softcap_row(acc_t* s, int64_t n, acc_t cap) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  const Vec c(cap);
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    (c * (Vec::loadu(s + j) / c).tanh()).store(s + j);
+  }
+  for (; j < n; ++j) {
+    s[j] = cap * std::tanh(s[j] / cap);
+  }
+}
+
+// NaN-propagating max of a row (-inf when empty).
+template <typename acc_t>
+acc_t max_of_row(const acc_t* s, int64_t n) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  acc_t m = -std::numeric_limits<acc_t>::infinity();
+  int64_t j = 0;
+  if (n >= V) {
+    Vec mv = Vec::loadu(s);
+    for (j = V; j + V <= n; j += V) {
+      mv = at::vec::maximum(mv, Vec::loadu(s + j));
+    }
+    m = at::vec::vec_reduce_all<acc_t>(
+        [](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, mv);
+  }
+  for (; j < n; ++j) {
+    m = max_nan(m, s[j]);
+  }
+  return m;
+}
+
+// s = exp(s - m) over a row; returns the sum.
+template <typename acc_t>
+acc_t exp_row(acc_t* s, int64_t n, acc_t m) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  const Vec mv(m);
+  Vec sum_v(0);
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    const Vec e = (Vec::loadu(s + j) - mv).exp();
+    e.store(s + j);
+    sum_v = sum_v + e;
+  }
+  acc_t sum = at::vec::vec_reduce_all<acc_t>([](Vec& x, Vec& y) { return x + y; }, sum_v);
+  for (; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// A row of `n` elements as acc_t: the row itself when it already is, else
+// widened into `buffer`.
+template <typename scalar_t, typename acc_t>
+const acc_t* widened(const scalar_t* row, int64_t n, acc_t* buffer) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return row;
+  } else {
+    at::vec::convert(row, buffer, n);
+    return buffer;
+  }
+}
+
+template <typename scalar_t>
+void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
+                            const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& mask, bool is_causal, double scale,
+                            double softcap) {
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
+  const int64_t batch = query.size(0);
+  const int64_t q_heads = query.size(1);
+  const int64_t q_len = query.size(2);
+  const int64_t dim = query.size(3);
+  const int64_t kv_heads = key.size(1);
+  const int64_t keys = key.size(2);
+  const int64_t v_dim = value.size(3);
+  const int64_t group = q_heads / kv_heads;
+  // Rows of one key/value head: r = i * group + g, query head kv * group + g
+  // at position i (positions outer, so a block's causal limits are close).
+  const int64_t rows = q_len * group;
+  const int64_t row_blocks = ceil_div(rows, kRowBlock);
+  const int64_t blocks = batch * kv_heads * row_blocks;
+  const int64_t threads = at::get_num_threads();
+  int64_t splits = 1;
+  if (blocks < 2 * threads) {
+    splits = std::max<int64_t>(
+        1, std::min(ceil_div(keys, kMinChunk), ceil_div(2 * threads, blocks)));
+  }
+  const int64_t chunk = ceil_div(keys, splits);
+  splits = ceil_div(keys, chunk);
+
+  const scalar_t* q_data = query.const_data_ptr<scalar_t>();
+  const scalar_t* k_data = key.const_data_ptr<scalar_t>();
+  const scalar_t* v_data = value.const_data_ptr<scalar_t>();
+  scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
+  const bool has_mask = mask.defined();
+  const bool bool_mask = has_mask && mask.scalar_type() == at::kBool;
+  const bool* mask_bool = bool_mask ? mask.const_data_ptr<bool>() : nullptr;
+  const float* mask_float = has_mask && !bool_mask ? mask.const_data_ptr<float>() : nullptr;
+  const acc_t scale_acc = static_cast<acc_t>(scale);
+  const acc_t cap = static_cast<acc_t>(softcap);
+
+  // One row's partial result over one key chunk: running max, sum of
+  // exponentials, whether the row may see any key of the chunk, and the
+  // weighted sum of values.
+  const int64_t partial_size = v_dim + 3;
+  std::vector<acc_t> partials(splits > 1 ? blocks * splits * kRowBlock * partial_size : 0);
+
+  auto write_row = [&](int64_t b, int64_t kv, int64_t r, const acc_t* values, acc_t divisor,
+                       bool seen_any) {
+    const int64_t i = r / group;
+    const int64_t h = kv * group + r % group;
+    scalar_t* o = out_data + ((b * q_heads + h) * q_len + i) * v_dim;
+    for (int64_t d = 0; d < v_dim; ++d) {
+      o[d] = static_cast<scalar_t>(seen_any ? values[d] / divisor : acc_t(0));
+    }
+  };
+
+  at::parallel_for(0, blocks * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> q_rows(kRowBlock * dim);
+    std::vector<acc_t> scores(kRowBlock * chunk);
+    std::vector<uint8_t> seen(kRowBlock * chunk);
+    std::vector<acc_t> acc(kRowBlock * v_dim);
+    std::vector<acc_t> row_buffer(std::max(dim, v_dim));
+    std::vector<acc_t> row_max(kRowBlock);
+    std::vector<acc_t> row_sum(kRowBlock);
+    std::vector<uint8_t> row_seen(kRowBlock);
+    std::vector<int64_t> visible_prefix(kRowBlock);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t split = task % splits;
+      const int64_t block = task / splits;
+      const int64_t row_block = block % row_blocks;
+      const int64_t kv = (block / row_blocks) % kv_heads;
+      const int64_t b = block / (row_blocks * kv_heads);
+      const int64_t r0 = row_block * kRowBlock;
+      const int64_t n_rows = std::min(kRowBlock, rows - r0);
+      const int64_t j0 = split * chunk;
+      int64_t j1 = std::min(keys, j0 + chunk);
+      if (is_causal) {
+        // The block's last position sees keys up to keys - q_len + i_last.
+        const int64_t i_last = (r0 + n_rows - 1) / group;
+        j1 = std::min(j1, std::max<int64_t>(j0, keys - q_len + i_last + 1));
+      }
+      const int64_t n_keys = j1 - j0;
+
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const int64_t i = (r0 + r) / group;
+        const int64_t h = kv * group + (r0 + r) % group;
+        const scalar_t* q = q_data + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
+        for (int64_t d = 0; d < dim; ++d) {
+          q_rows[r * dim + d] = static_cast<acc_t>(q[d]) * scale_acc;
+        }
+      }
+      for (int64_t jj = 0; jj < n_keys; ++jj) {
+        const scalar_t* k_row =
+            k_data + b * key.stride(0) + kv * key.stride(1) + (j0 + jj) * key.stride(2);
+        const acc_t* k = widened(k_row, dim, row_buffer.data());
+        for (int64_t r = 0; r < n_rows; ++r) {
+          scores[r * n_keys + jj] = dot(q_rows.data() + r * dim, k, dim);
+        }
+      }
+      // Softcap, mask and causal limit; each row's max over the keys it sees.
+      // Without a mask the keys a row sees are a prefix of the chunk (the
+      // causal limit), handled with vectors only.
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const int64_t i = (r0 + r) / group;
+        const int64_t h = kv * group + (r0 + r) % group;
+        const int64_t limit = is_causal ? keys - q_len + i : keys - 1;
+        acc_t* row_scores = scores.data() + r * n_keys;
+        uint8_t* row_seen_keys = seen.data() + r * n_keys;
+        const int64_t prefix = std::clamp<int64_t>(limit + 1 - j0, 0, n_keys);
+        if (cap > 0) {
+          softcap_row(row_scores, prefix, cap);
+        }
+        acc_t m = kNegInf;
+        bool any = false;
+        if (!has_mask) {
+          any = prefix > 0;
+          m = max_of_row(row_scores, prefix);
+          visible_prefix[r] = prefix;
+        } else {
+          const int64_t mask_row = b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2);
+          for (int64_t jj = 0; jj < prefix; ++jj) {
+            const int64_t offset = mask_row + (j0 + jj) * mask.stride(3);
+            bool visible;
+            acc_t score = row_scores[jj];
+            if (bool_mask) {
+              visible = mask_bool[offset];
+            } else {
+              const float bias = mask_float[offset];
+              visible = bias != -std::numeric_limits<float>::infinity();
+              score += static_cast<acc_t>(bias);
+            }
+            row_seen_keys[jj] = visible;
+            row_scores[jj] = visible ? score : kNegInf;
+            if (visible) {
+              any = true;
+              m = max_nan(m, score);
+            }
+          }
+          visible_prefix[r] = prefix;
+        }
+        row_max[r] = m;
+        row_seen[r] = any;
+        // Seen keys all at -inf: this chunk adds nothing (if no other chunk
+        // has a finite score, the merge makes the row NaN, as softmax does).
+        // Hidden keys hold -inf: exp gives 0 for them.
+        row_sum[r] = (any && m != kNegInf) ? exp_row(row_scores, prefix, m) : acc_t(0);
+      }
+      // Weighted values: each value row read once for the block's rows.
+      std::fill(acc.begin(), acc.begin() + n_rows * v_dim, acc_t(0));
+      int64_t last_key = 0;
+      for (int64_t r = 0; r < n_rows; ++r) {
+        if (row_seen[r] && row_max[r] != kNegInf) {
+          last_key = std::max(last_key, visible_prefix[r]);
+        }
+      }
+      for (int64_t jj = 0; jj < last_key; ++jj) {
+        const scalar_t* v_row =
+            v_data + b * value.stride(0) + kv * value.stride(1) + (j0 + jj) * value.stride(2);
+        const acc_t* v = widened(v_row, v_dim, row_buffer.data());
+        for (int64_t r = 0; r < n_rows; ++r) {
+          // Hidden keys' values are not read (a static cache's unwritten
+          // slots may hold anything).
+          if (jj < visible_prefix[r] && row_max[r] != kNegInf && row_seen[r] &&
+              (!has_mask || seen[r * n_keys + jj])) {
+            axpy(acc.data() + r * v_dim, scores[r * n_keys + jj], v, v_dim);
+          }
+        }
+      }
+      if (splits == 1) {
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const bool nan_row = row_seen[r] && row_max[r] == kNegInf;
+          if (nan_row) {
+            std::fill(acc.begin() + r * v_dim, acc.begin() + (r + 1) * v_dim,
+                      std::numeric_limits<acc_t>::quiet_NaN());
+          }
+          write_row(b, kv, r0 + r, acc.data() + r * v_dim, nan_row ? acc_t(1) : row_sum[r],
+                    row_seen[r]);
+        }
+      } else {
+        for (int64_t r = 0; r < n_rows; ++r) {
+          acc_t* p = partials.data() + ((block * kRowBlock + r) * splits + split) * partial_size;
+          p[0] = row_max[r];
+          p[1] = row_sum[r];
+          p[2] = row_seen[r];
+          std::copy(acc.begin() + r * v_dim, acc.begin() + (r + 1) * v_dim, p + 3);
+        }
+      }
+    }
+  });
+  if (splits == 1) {
+    return;
+  }
+  // Merge each row's chunks: rescale to the largest max and normalise.
+  at::parallel_for(0, blocks * kRowBlock, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> merged(v_dim);
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t block = index / kRowBlock;
+      const int64_t r = block % row_blocks * kRowBlock + index % kRowBlock;
+      if (r >= rows) {
+        continue;
+      }
+      const int64_t kv = (block / row_blocks) % kv_heads;
+      const int64_t b = block / (row_blocks * kv_heads);
+      const acc_t* p = partials.data() + index * splits * partial_size;
+      bool any = false;
+      acc_t m = kNegInf;
+      for (int64_t s = 0; s < splits; ++s) {
+        if (p[s * partial_size + 2] != 0) {
+          any = true;
+          m = max_nan(m, p[s * partial_size]);
+        }
+      }
+      if (any && m == kNegInf) {
+        std::fill(merged.begin(), merged.end(), std::numeric_limits<acc_t>::quiet_NaN());
+        write_row(b, kv, r, merged.data(), acc_t(1), true);
+        continue;
+      }
+      std::fill(merged.begin(), merged.end(), acc_t(0));
+      acc_t sum = 0;
+      for (int64_t s = 0; s < splits; ++s) {
+        const acc_t* part = p + s * partial_size;
+        if (part[2] == 0 || part[0] == kNegInf) {
+          continue;
+        }
+        const acc_t weight = std::exp(part[0] - m);
+        sum += weight * part[1];
+        axpy(merged.data(), weight, part + 3, v_dim);
+      }
+      write_row(b, kv, r, merged.data(), sum, any);
+    }
+  });
+}
+
+void decode_attention_kernel_impl(const at::Tensor& out, const at::Tensor& query,
+                                  const at::Tensor& key, const at::Tensor& value,
+                                  const at::Tensor& mask, bool is_causal, double scale,
+                                  double softcap) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, query.scalar_type(), "fuseops::decode_attention", [&] {
+        decode_attention_typed<scalar_t>(out, query, key, value, mask, is_causal, scale,
+                                         softcap);
+      });
+}
+
+}  // namespace
+
+FUSEOPS_REGISTER_CPU_KERNEL(decode_attention_kernel, &decode_attention_kernel_impl);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuseops::cpu

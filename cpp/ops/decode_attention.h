@@ -1,0 +1,44 @@
+#pragma once
+// decode_attention's contract between its shared entry point and its
+// kernels (CPU, CUDA, Meta). Semantics: cpp/include/fuseops/decode_attention.h.
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/CompileTimeFunctionPointer.h>
+
+namespace fuseops::detail {
+
+// out [B, Hq, L, Dv] contiguous; query [B, Hq, L, D], key [B, Hkv, S, D],
+// value [B, Hkv, S, Dv] of out's dtype, each with stride 1 in its last
+// dimension (other strides any); mask undefined, or bool or float32
+// expanded to [B, Hq, L, S] (any strides, 0 where broadcast). B, Hq, L, S,
+// Dv > 0; scale finite, softcap >= 0 (0: none).
+using DecodeAttentionKernel = void (*)(const at::Tensor& out, const at::Tensor& query,
+                                       const at::Tensor& key, const at::Tensor& value,
+                                       const at::Tensor& mask, bool is_causal, double scale,
+                                       double softcap);
+
+at::Tensor decode_attention_with(const at::Tensor& query, const at::Tensor& key,
+                                 const at::Tensor& value,
+                                 const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                                 std::optional<double> scale, double softcap,
+                                 DecodeAttentionKernel kernel);
+
+template <typename Kernels>
+struct DecodeAttentionRegistrations {
+  static at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key,
+                                     const at::Tensor& value,
+                                     const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                                     std::optional<double> scale, double softcap) {
+    return decode_attention_with(query, key, value, attn_mask, is_causal, scale, softcap,
+                                 Kernels::forward());
+  }
+
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("decode_attention", TORCH_FN(decode_attention));
+  }
+};
+
+}  // namespace fuseops::detail

@@ -259,7 +259,41 @@ FAMILIES = {
         TOKENS,
         {"layer_norm", "rope", "bias_gelu", "linear_cross_entropy"},
     ),
+    # Cohere's bias-free float32 LayerNorm (its per-head q/k norms stay HF's),
+    # GPT-J rotary pairs and logits multiplied by logit_scale (not 1, so that
+    # a head ignoring it fails); Cohere 2 with rotary on its sliding-window
+    # layers only (every second layer is a full-attention one).
+    "cohere": (
+        "CohereConfig",
+        "CohereForCausalLM",
+        dict(TOKENS, use_qk_norm=True, logit_scale=0.25),
+        {"layer_norm", "rope", "swiglu", "linear_cross_entropy"},
+    ),
+    "cohere2": (
+        "Cohere2Config",
+        "Cohere2ForCausalLM",
+        dict(TOKENS, sliding_window=8, sliding_window_pattern=2, logit_scale=0.25),
+        {"layer_norm", "rope", "swiglu", "linear_cross_entropy"},
+    ),
+    # Packed gate_up_proj, partial rotary (half of head_dim) on GPT-J pairs;
+    # GLM-4 with its post-attention and post-MLP norms.
+    "glm": ("GlmConfig", "GlmForCausalLM", dict(TOKENS, head_dim=16), GATED),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", dict(TOKENS, head_dim=16), GATED),
+    # LayerNorm, rotary, bias + erf GELU after FalconLinear's product,
+    # multi-query attention (one key/value head) parallel to the MLP.
+    "falcon": (
+        "FalconConfig",
+        "FalconForCausalLM",
+        dict(
+            TOKENS, bias=True, ffn_hidden_size=96, num_key_value_heads=None, intermediate_size=None
+        ),
+        {"layer_norm", "rope", "bias_gelu", "linear_cross_entropy"},
+    ),
 }
+# Families whose attention computes SDPA (or eager math) itself instead of
+# going through transformers' AttentionInterface: transformers refuses to
+# change their attention implementation, so apply leaves it as it is.
+OWN_ATTENTION = {"falcon"}
 # The settings of a multimodal config that are its own, not its text_config's.
 OUTER = {
     "vision_config",
@@ -347,9 +381,12 @@ TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 6e-2)}  # (valu
 
 # bfloat16 on one family per code path: Llama's RMSNorm and SwiGLU, Gemma's
 # (1 + weight) RMSNorm, GeGLU and softcapping, Phi-3's packed MLP, GPT-2's
-# LayerNorm and bias_gelu, StarCoder2's bias_gelu after nn.Linear.
+# LayerNorm and bias_gelu, StarCoder2's bias_gelu after nn.Linear, Cohere's
+# float32 LayerNorm, GPT-J rotary and logit_scale, GLM's GPT-J rotary from
+# rotate_half rows, Falcon's bias_gelu after FalconLinear.
+BFLOAT16 = ("llama", "gemma2", "phi3", "gpt2", "starcoder2", "cohere", "glm", "falcon")
 CASES = [(family, torch.float32) for family in sorted(FAMILIES)] + [
-    (family, torch.bfloat16) for family in ("llama", "gemma2", "phi3", "gpt2", "starcoder2")
+    (family, torch.bfloat16) for family in BFLOAT16
 ]
 
 
@@ -399,9 +436,13 @@ def test_generate_greedy_with_cache(family):
     expected = ref.eval().generate(ids, **kwargs)
     ran = fuseops_ops_run(lambda: patched.eval().generate(ids, **kwargs))
     assert FAMILIES[family][3] - {"linear_cross_entropy"} <= ran
-    # Every decoder here attends through the "fuseops" implementation.
-    assert patched.config._attn_implementation == fot.ATTENTION
-    assert "decode_attention" in ran
+    if family in OWN_ATTENTION:
+        assert patched.config._attn_implementation != fot.ATTENTION
+        assert "decode_attention" not in ran
+    else:
+        # Every other decoder here attends through the "fuseops" implementation.
+        assert patched.config._attn_implementation == fot.ATTENTION
+        assert "decode_attention" in ran
     torch.testing.assert_close(patched.generate(ids, **kwargs), expected, rtol=0, atol=0)
 
 
@@ -546,6 +587,11 @@ LM_HEADS = {
     "Starcoder2ForCausalLM",
     "Qwen2VLForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
+    "CohereForCausalLM",
+    "Cohere2ForCausalLM",
+    "GlmForCausalLM",
+    "Glm4ForCausalLM",
+    "FalconForCausalLM",
 }
 CHOICES = 2
 

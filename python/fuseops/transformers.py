@@ -7,12 +7,14 @@ in the process stay as they are) and returns what it patched:
 - ``rms_norm``: the family's RMSNorm modules run ``fuseops.rms_norm``
   (Gemma's ``x_hat * (1 + weight)`` in float32 included);
 - ``rope``: the attention modules apply the rotary embedding with
-  ``fuseops.rope`` (the rest of HF's attention code unchanged);
+  ``fuseops.rope`` (the rest of HF's attention code unchanged; Cohere's and
+  GLM's GPT-J pairs with ``interleaved=True``);
 - ``mlp``: gated MLPs run ``fuseops.swiglu``/``fuseops.geglu`` on their
-  gate and up projections (Phi-3's packed ``gate_up_proj`` in place), GPT-2's,
-  StarCoder2's and BERT's ``fuseops.bias_gelu`` on the projection without its
-  bias;
-- ``layer_norm``: ``torch.nn.LayerNorm`` modules run ``fuseops.layer_norm``;
+  gate and up projections (Phi-3's and GLM's packed ``gate_up_proj`` in
+  place), GPT-2's, StarCoder2's, Falcon's and BERT's ``fuseops.bias_gelu`` on
+  the projection without its bias;
+- ``layer_norm``: ``torch.nn.LayerNorm`` modules run ``fuseops.layer_norm``,
+  and so do Cohere's bias-free LayerNorms (computed in float32);
 - ``cross_entropy``: the causal-LM head, on each family's causal-LM class
   only (``FAMILIES[model_type].causal_lm``; other heads keep HF's forward).
   With ``labels`` in training mode the loss is
@@ -22,7 +24,9 @@ in the process stay as they are) and returns what it patched:
   them); otherwise the logits are computed as HF does and the loss, if
   labels are given, is ``fuseops.cross_entropy``. Both honour
   ``ignore_index``, ``shift_labels``, ``num_items_in_batch`` (sum divided by
-  it, as HF's loss does) and the config's ``final_logit_softcapping``.
+  it, as HF's loss does), the config's ``final_logit_softcapping`` and the
+  logits' scale factors (Granite's ``logits_scaling``, Cohere's
+  ``logit_scale``).
 
 With ``quantize="w8a16"``, ``"w8a8"`` (or ``"w4a16"`` where
 ``fuseops.quantization.QUANTIZE_MODES`` has it) the model is then
@@ -61,6 +65,7 @@ from .ops.gated_activation import geglu, swiglu
 from .ops.layer_norm import layer_norm
 from .ops.rms_norm import rms_norm
 from .ops.rope import apply_rotary_pos_emb as _fuseops_apply_rotary_pos_emb
+from .ops.rope import rope as _fuseops_rope
 
 #: Attribute set on every patched module (its value: what was patched).
 MARKER = "_fuseops_patched"
@@ -91,7 +96,7 @@ class _Family:
     prefix: str  # class-name prefix of the family's modules: "Llama" -> LlamaRMSNorm
     # "gated" (gate_proj/up_proj/down_proj), "packed" (gate_up_proj), and the
     # bias + GELU kinds of _BIAS_GELU_MLPS: "conv1d" (GPT-2), "linear"
-    # (StarCoder2), "dense" (BERT)
+    # (StarCoder2), "dense" (BERT), "falcon" (FalconLinear dense_h_to_4h)
     mlp: str
     rms_offset: bool = False  # RMSNorm multiplies by (1 + weight) in float32 (Gemma)
     mlp_class: Optional[str] = None  # class name of the MLP module when not <prefix>MLP
@@ -105,6 +110,17 @@ class _Family:
     moe: bool = False
     # A decoder (causal self-attention with a cache): apply's attention patch.
     decoder: bool = True
+    # How the family's apply_rotary_pos_emb pairs the head dimensions, one of
+    # _ROTARY: "half" (rotate_half: j with j + rd/2), "interleaved" (GPT-J
+    # pairs 2j, 2j+1, cos/sin rows already in that layout: Cohere),
+    # "interleaved_half" (GPT-J pairs, cos/sin rows in the rotate_half
+    # layout, whose first half the function repeats pairwise: GLM).
+    rotary: str = "half"
+    # Class name of a bias-free LayerNorm computed in float32 (Cohere's:
+    # weight * (x - mean) * rsqrt(var + eps), rounded once to x's dtype).
+    layer_norm_class: Optional[str] = None
+    # The causal LM multiplies its logits by its logit_scale (Cohere).
+    logit_scale: bool = False
 
 
 # model_type -> family. Every family's attention calls its module's
@@ -168,6 +184,34 @@ FAMILIES: dict[str, _Family] = {
     "gpt2": _Family("GPT2", "conv1d", causal_lm=("GPT2LMHeadModel",)),
     # nn.LayerNorm, bias + GELU MLPs (nn.Linear c_fc and c_proj).
     "starcoder2": _Family("Starcoder2", "linear", causal_lm=("Starcoder2ForCausalLM",)),
+    # CohereLayerNorm (the per-head q/k norms, of a [heads, head_dim] weight,
+    # stay HF's), GPT-J rotary pairs, logits multiplied by logit_scale;
+    # Cohere 2 applies the rotary embedding on its sliding-window layers only.
+    "cohere": _Family(
+        "Cohere",
+        "gated",
+        causal_lm=("CohereForCausalLM",),
+        rotary="interleaved",
+        layer_norm_class="CohereLayerNorm",
+        logit_scale=True,
+    ),
+    "cohere2": _Family(
+        "Cohere2",
+        "gated",
+        causal_lm=("Cohere2ForCausalLM",),
+        rotary="interleaved",
+        layer_norm_class="Cohere2LayerNorm",
+        logit_scale=True,
+    ),
+    # Packed gate_up_proj, partial rotary on GPT-J pairs; GLM-4's extra
+    # post-attention and post-MLP norms are RMSNorms as the others.
+    "glm": _Family("Glm", "packed", causal_lm=("GlmForCausalLM",), rotary="interleaved_half"),
+    "glm4": _Family("Glm4", "packed", causal_lm=("Glm4ForCausalLM",), rotary="interleaved_half"),
+    # nn.LayerNorm, rotary (none with alibi), bias + GELU MLPs (FalconLinear
+    # dense_h_to_4h; without a bias the MLP stays HF's). Its attention calls
+    # SDPA or eager math itself, not through transformers' AttentionInterface:
+    # transformers refuses to change its implementation, so it keeps HF's.
+    "falcon": _Family("Falcon", "falcon", causal_lm=("FalconForCausalLM",)),
     # No lm_head: BERT's language-model heads are a transform then a decoder.
     "bert": _Family("Bert", "dense", mlp_class="BertIntermediate", decoder=False),
 }
@@ -276,11 +320,20 @@ def _dense_gelu_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return bias_gelu(F.linear(hidden_states, dense.weight), dense.bias, self._fuseops_act)
 
 
+def _falcon_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    # Falcon: dense_h_to_4h is a FalconLinear (x @ weight.T, then the bias
+    # added); the bias add and the GELU are fused after that product, then
+    # dense_4h_to_h as HF's.
+    fc = self.dense_h_to_4h
+    return self.dense_4h_to_h(bias_gelu(x @ fc.weight.T, fc.bias, self._fuseops_act))
+
+
 # The bias + GELU MLP kinds: the layer whose bias is fused, and the forward.
 _BIAS_GELU_MLPS: dict[str, tuple[str, Callable[..., torch.Tensor]]] = {
     "conv1d": ("c_fc", _conv1d_mlp_forward),
     "linear": ("c_fc", _linear_mlp_forward),
     "dense": ("dense", _dense_gelu_forward),
+    "falcon": ("dense_h_to_4h", _falcon_mlp_forward),
 }
 
 
@@ -291,6 +344,17 @@ def _layer_norm_forward(self, input: torch.Tensor) -> torch.Tensor:
     return layer_norm(input, self.weight, self.bias, self.eps)
 
 
+def _float32_layer_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # Cohere's LayerNorm: no bias, statistics and the weight product in
+    # float32, the result in x's dtype (fuseops.layer_norm computes
+    # bfloat16/float16 in float32 and rounds once; other dtype mixes run
+    # on float32 copies, as HF's code does).
+    weight, eps = self.weight, _eps(self)
+    if weight.dtype == hidden_states.dtype:
+        return layer_norm(hidden_states, weight, None, eps)
+    return layer_norm(hidden_states.float(), weight.float(), None, eps).to(hidden_states.dtype)
+
+
 def _hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
     # HF's signature (transformers 5): q, k [batch, heads, seq, head_dim] for
     # unsqueeze_dim=1; cos, sin [batch, seq, rotary_dim] (rotary_dim <=
@@ -298,13 +362,50 @@ def _hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
     return _fuseops_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 
+def _interleaved_rope(q, k, cos, sin, unsqueeze_dim: int):
+    # GPT-J pairs (2j, 2j + 1); fuseops.rope takes [batch, seq, heads, head_dim].
+    if unsqueeze_dim == 2:
+        return _fuseops_rope(q, k, cos, sin, interleaved=True)
+    if unsqueeze_dim != 1:
+        raise ValueError(f"apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+    q_out, k_out = _fuseops_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, interleaved=True)
+    return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+def _hf_apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
+    # Cohere's: cos, sin rows [batch, seq, rotary_dim] with each frequency
+    # twice in a row (repeat_interleave), q and k rotated in float32 and
+    # rounded to their dtype.
+    return _interleaved_rope(q, k, cos, sin, unsqueeze_dim)
+
+
+def _hf_apply_rotary_pos_emb_interleaved_half(q, k, cos, sin, unsqueeze_dim: int = 1):
+    # GLM's: cos, sin rows in the rotate_half layout (the frequencies, then
+    # the same again); the function takes the first half, each frequency
+    # twice in a row, and rotates GPT-J pairs of q's and k's first
+    # rotary_dim dimensions (partial rotary: the rest passed through).
+    half = cos.shape[-1] // 2
+    cos = cos[..., :half].repeat_interleave(2, dim=-1)
+    sin = sin[..., :half].repeat_interleave(2, dim=-1)
+    return _interleaved_rope(q, k, cos, sin, unsqueeze_dim)
+
+
+# _Family.rotary -> the apply_rotary_pos_emb the family's attention runs.
+_ROTARY: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "half": _hf_apply_rotary_pos_emb,
+    "interleaved": _hf_apply_rotary_pos_emb_interleaved,
+    "interleaved_half": _hf_apply_rotary_pos_emb_interleaved_half,
+}
+
+
 @functools.lru_cache(maxsize=None)
-def _rope_forward_of(function: types.FunctionType) -> types.FunctionType:
+def _rope_forward_of(function: types.FunctionType, rotary: str = "half") -> types.FunctionType:
     """The attention class's own forward, compiled code and all, reading
     ``apply_rotary_pos_emb`` from a copy of its module's globals where that
-    name is fuseops' (one function per class, shared by its instances)."""
+    name is fuseops' (the form of _ROTARY[rotary]; one function per class,
+    shared by its instances)."""
     scope = dict(function.__globals__)
-    scope["apply_rotary_pos_emb"] = _hf_apply_rotary_pos_emb
+    scope["apply_rotary_pos_emb"] = _ROTARY[rotary]
     patched = types.FunctionType(
         function.__code__, scope, function.__name__, function.__defaults__, function.__closure__
     )
@@ -442,11 +543,14 @@ def _reduce(loss_sum_or_mean: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     return loss_sum_or_mean / num_items_in_batch
 
 
-def _causal_lm_forward(original: Callable, logits_mode: str, moe: bool = False):
+def _causal_lm_forward(
+    original: Callable, logits_mode: str, moe: bool = False, logit_scale: bool = False
+):
     """The ``forward`` of a patched ``*ForCausalLM``/``*LMHeadModel``: the
     base model as HF calls it, then the head and loss by fuseops. With
     `logits_mode` ``"always"`` the logits are also computed in training with
-    labels, by one more product with the head's weight."""
+    labels, by one more product with the head's weight. With `logit_scale`
+    the logits are multiplied by the model's ``logit_scale`` (Cohere)."""
 
     from transformers.modeling_outputs import (
         CausalLMOutputWithCrossAttentions,
@@ -496,6 +600,8 @@ def _causal_lm_forward(original: Callable, logits_mode: str, moe: bool = False):
         softcap = getattr(self.config, "final_logit_softcapping", None)
         # Granite's heads divide the logits by it.
         logits_scaling = getattr(self.config, "logits_scaling", None) or 1.0
+        # Cohere's heads multiply them by it.
+        multiplier = self.logit_scale if logit_scale else 1.0
         reduction = "mean" if num_items_in_batch is None else "sum"
 
         def compute_logits():
@@ -510,6 +616,8 @@ def _causal_lm_forward(original: Callable, logits_mode: str, moe: bool = False):
             logits = head(kept)
             if logits_scaling != 1.0:
                 logits = logits / logits_scaling
+            if multiplier != 1.0:
+                logits = logits * multiplier
             return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
         logits = loss = None
@@ -523,6 +631,10 @@ def _causal_lm_forward(original: Callable, logits_mode: str, moe: bool = False):
                 # (h W^T + b) / s, as (h / s) W^T + b / s.
                 hidden = hidden / logits_scaling
                 bias = None if bias is None else bias / logits_scaling
+            if multiplier != 1.0:
+                # (h W^T + b) * m, as (h * m) W^T + b * m.
+                hidden = hidden * multiplier
+                bias = None if bias is None else bias * multiplier
             loss = _reduce(
                 linear_cross_entropy(
                     hidden,
@@ -897,7 +1009,19 @@ def apply(
         if MARKER in module.__dict__:
             continue
         cls_name = type(module).__name__
-        if wanted["rms_norm"] and cls_name == f"{family.prefix}RMSNorm":
+        if (
+            wanted["layer_norm"]
+            and cls_name == family.layer_norm_class
+            and module.weight.dim() == 1
+        ):
+            record(
+                name,
+                module,
+                _float32_layer_norm_forward,
+                "layer_norm",
+                "fuseops.layer_norm (float32, no bias)",
+            )
+        elif wanted["rms_norm"] and cls_name == f"{family.prefix}RMSNorm":
             if family.rms_offset:
                 record(
                     name,
@@ -916,7 +1040,8 @@ def apply(
             function = type(module).forward
             code = getattr(function, "__code__", None)
             if code is not None and "apply_rotary_pos_emb" in code.co_names:
-                record(name, module, _rope_forward_of(function), "rope", "fuseops.rope")
+                new = "fuseops.rope" + ("" if family.rotary == "half" else " (interleaved)")
+                record(name, module, _rope_forward_of(function, family.rotary), "rope", new)
         elif wanted["mlp"] and cls_name == mlp_class:
             act = next(
                 (getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None
@@ -949,7 +1074,7 @@ def apply(
         record(
             "",
             model,
-            _causal_lm_forward(type(model).forward, logits, family.moe),
+            _causal_lm_forward(type(model).forward, logits, family.moe, family.logit_scale),
             "cross_entropy",
             "fuseops.linear_cross_entropy (training with labels), fuseops.cross_entropy",
         )

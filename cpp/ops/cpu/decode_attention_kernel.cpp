@@ -36,6 +36,8 @@ using at::vec::Vectorized;
 constexpr int64_t kRowBlock = 16;
 // Fewest keys per chunk when the keys are split across threads.
 constexpr int64_t kMinChunk = 256;
+// Keys whose rows are widened and used together (in L1/L2).
+constexpr int64_t kKeyBlock = 32;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -139,6 +141,140 @@ acc_t exp_row(acc_t* s, int64_t n, acc_t m) {
   return sum;
 }
 
+// Sum of a vector's lanes.
+template <typename acc_t>
+acc_t lane_sum(const Vectorized<acc_t>& v) {
+  using Vec = Vectorized<acc_t>;
+  return at::vec::vec_reduce_all<acc_t>([](Vec& x, Vec& y) { return x + y; }, v);
+}
+
+// `count` (<= the vector size) elements from p; lanes past it are zero.
+template <typename acc_t>
+Vectorized<acc_t> load_part(const acc_t* p, int64_t count) {
+  using Vec = Vectorized<acc_t>;
+  return count == Vec::size() ? Vec::loadu(p) : Vec::loadu(p, count);
+}
+
+// out[r * out_stride + j] = q[r] . k_rows[j] for NR query rows (q: NR rows
+// of `dim`) and `n_keys` key rows: two keys at a time, so each query vector
+// loaded serves two products and 2 * NR sums run side by side.
+template <typename acc_t, int NR>
+void dot_block(const acc_t* q, int64_t dim, const acc_t* const* k_rows, int64_t n_keys,
+               acc_t* out, int64_t out_stride) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  int64_t j = 0;
+  for (; j + 2 <= n_keys; j += 2) {
+    Vec a0[NR];
+    Vec a1[NR];
+    for (int r = 0; r < NR; ++r) {
+      a0[r] = Vec(0);
+      a1[r] = Vec(0);
+    }
+    const acc_t* k0 = k_rows[j];
+    const acc_t* k1 = k_rows[j + 1];
+    for (int64_t d = 0; d < dim; d += V) {
+      const int64_t c = std::min(V, dim - d);
+      const Vec kv0 = load_part(k0 + d, c);
+      const Vec kv1 = load_part(k1 + d, c);
+      for (int r = 0; r < NR; ++r) {
+        const Vec qv = load_part(q + r * dim + d, c);
+        a0[r] = at::vec::fmadd(qv, kv0, a0[r]);
+        a1[r] = at::vec::fmadd(qv, kv1, a1[r]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      out[r * out_stride + j] = lane_sum(a0[r]);
+      out[r * out_stride + j + 1] = lane_sum(a1[r]);
+    }
+  }
+  for (; j < n_keys; ++j) {
+    for (int r = 0; r < NR; ++r) {
+      out[r * out_stride + j] = dot(q + r * dim, k_rows[j], dim);
+    }
+  }
+}
+
+template <typename acc_t>
+void dot_rows(const acc_t* q, int64_t n_rows, int64_t dim, const acc_t* const* k_rows,
+              int64_t n_keys, acc_t* out, int64_t out_stride) {
+  for (int64_t r = 0; r < n_rows; r += 4) {
+    const acc_t* qr = q + r * dim;
+    acc_t* o = out + r * out_stride;
+    switch (std::min<int64_t>(4, n_rows - r)) {
+      case 4:
+        dot_block<acc_t, 4>(qr, dim, k_rows, n_keys, o, out_stride);
+        break;
+      case 3:
+        dot_block<acc_t, 3>(qr, dim, k_rows, n_keys, o, out_stride);
+        break;
+      case 2:
+        dot_block<acc_t, 2>(qr, dim, k_rows, n_keys, o, out_stride);
+        break;
+      default:
+        dot_block<acc_t, 1>(qr, dim, k_rows, n_keys, o, out_stride);
+    }
+  }
+}
+
+// acc[r * v_dim + d] += p[r * p_stride + j] * v_rows[j][d] over the keys j
+// listed in `keys` (n of them), for NR rows: two vectors of each of the NR
+// accumulator rows stay in registers while the keys stream by.
+template <typename acc_t, int NR>
+void accumulate_block(const acc_t* p, int64_t p_stride, const int64_t* keys, int64_t n,
+                      const acc_t* const* v_rows, int64_t v_dim, acc_t* acc) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  for (int64_t d = 0; d < v_dim; d += 2 * V) {
+    const int64_t c0 = std::min(V, v_dim - d);
+    const int64_t c1 = std::clamp<int64_t>(v_dim - d - V, 0, V);
+    Vec a0[NR];
+    Vec a1[NR];
+    for (int r = 0; r < NR; ++r) {
+      a0[r] = load_part(acc + r * v_dim + d, c0);
+      a1[r] = c1 > 0 ? load_part(acc + r * v_dim + d + V, c1) : Vec(0);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t j = keys[t];
+      const Vec v0 = load_part(v_rows[j] + d, c0);
+      const Vec v1 = c1 > 0 ? load_part(v_rows[j] + d + V, c1) : Vec(0);
+      for (int r = 0; r < NR; ++r) {
+        const Vec w(p[r * p_stride + j]);
+        a0[r] = at::vec::fmadd(w, v0, a0[r]);
+        a1[r] = at::vec::fmadd(w, v1, a1[r]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      a0[r].store(acc + r * v_dim + d, c0);
+      if (c1 > 0) {
+        a1[r].store(acc + r * v_dim + d + V, c1);
+      }
+    }
+  }
+}
+
+template <typename acc_t>
+void accumulate_rows(const acc_t* p, int64_t n_rows, int64_t p_stride, const int64_t* keys,
+                     int64_t n, const acc_t* const* v_rows, int64_t v_dim, acc_t* acc) {
+  for (int64_t r = 0; r < n_rows; r += 4) {
+    const acc_t* pr = p + r * p_stride;
+    acc_t* ar = acc + r * v_dim;
+    switch (std::min<int64_t>(4, n_rows - r)) {
+      case 4:
+        accumulate_block<acc_t, 4>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+        break;
+      case 3:
+        accumulate_block<acc_t, 3>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+        break;
+      case 2:
+        accumulate_block<acc_t, 2>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+        break;
+      default:
+        accumulate_block<acc_t, 1>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+    }
+  }
+}
+
 // A row of `n` elements as acc_t: the row itself when it already is, else
 // widened into `buffer`.
 template <typename scalar_t, typename acc_t>
@@ -212,11 +348,14 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
     std::vector<acc_t> scores(kRowBlock * chunk);
     std::vector<uint8_t> seen(kRowBlock * chunk);
     std::vector<acc_t> acc(kRowBlock * v_dim);
-    std::vector<acc_t> row_buffer(std::max(dim, v_dim));
     std::vector<acc_t> row_max(kRowBlock);
     std::vector<acc_t> row_sum(kRowBlock);
     std::vector<uint8_t> row_seen(kRowBlock);
     std::vector<int64_t> visible_prefix(kRowBlock);
+    std::vector<uint8_t> contributes(kRowBlock);
+    std::vector<const acc_t*> row_ptrs(kKeyBlock);
+    std::vector<int64_t> full_keys(kKeyBlock);
+    std::vector<acc_t> block_buffer(kKeyBlock * std::max(dim, v_dim));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t split = task % splits;
       const int64_t block = task / splits;
@@ -242,13 +381,16 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
           q_rows[r * dim + d] = static_cast<acc_t>(q[d]) * scale_acc;
         }
       }
-      for (int64_t jj = 0; jj < n_keys; ++jj) {
-        const scalar_t* k_row =
-            k_data + b * key.stride(0) + kv * key.stride(1) + (j0 + jj) * key.stride(2);
-        const acc_t* k = widened(k_row, dim, row_buffer.data());
-        for (int64_t r = 0; r < n_rows; ++r) {
-          scores[r * n_keys + jj] = dot(q_rows.data() + r * dim, k, dim);
+      // Scores, a block of keys at a time (widened to acc_t when stored
+      // narrower).
+      for (int64_t jb = 0; jb < n_keys; jb += kKeyBlock) {
+        const int64_t nb = std::min(kKeyBlock, n_keys - jb);
+        for (int64_t t = 0; t < nb; ++t) {
+          const scalar_t* k_row =
+              k_data + b * key.stride(0) + kv * key.stride(1) + (j0 + jb + t) * key.stride(2);
+          row_ptrs[t] = widened(k_row, dim, block_buffer.data() + t * dim);
         }
+        dot_rows(q_rows.data(), n_rows, dim, row_ptrs.data(), nb, scores.data() + jb, n_keys);
       }
       // Softcap, mask and causal limit; each row's max over the keys it sees.
       // Without a mask the keys a row sees are a prefix of the chunk (the
@@ -299,25 +441,48 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
         row_sum[r] = (any && m != kNegInf) ? exp_row(row_scores, prefix, m) : acc_t(0);
       }
       // Weighted values: each value row read once for the block's rows.
+      // A key seen by every row (that has a result) joins the register-
+      // blocked sum; one seen by some rows only is added to those rows
+      // alone, so no row multiplies a value it must not read (a static
+      // cache's unwritten slot, a future position) by its zero weight.
       std::fill(acc.begin(), acc.begin() + n_rows * v_dim, acc_t(0));
       int64_t last_key = 0;
       for (int64_t r = 0; r < n_rows; ++r) {
-        if (row_seen[r] && row_max[r] != kNegInf) {
+        contributes[r] = row_seen[r] && row_max[r] != kNegInf;
+        if (contributes[r]) {
           last_key = std::max(last_key, visible_prefix[r]);
         }
       }
-      for (int64_t jj = 0; jj < last_key; ++jj) {
-        const scalar_t* v_row =
-            v_data + b * value.stride(0) + kv * value.stride(1) + (j0 + jj) * value.stride(2);
-        const acc_t* v = widened(v_row, v_dim, row_buffer.data());
-        for (int64_t r = 0; r < n_rows; ++r) {
-          // Hidden keys' values are not read (a static cache's unwritten
-          // slots may hold anything).
-          if (jj < visible_prefix[r] && row_max[r] != kNegInf && row_seen[r] &&
-              (!has_mask || seen[r * n_keys + jj])) {
-            axpy(acc.data() + r * v_dim, scores[r * n_keys + jj], v, v_dim);
+      auto seen_by = [&](int64_t r, int64_t jj) {
+        return contributes[r] && jj < visible_prefix[r] && (!has_mask || seen[r * n_keys + jj]);
+      };
+      for (int64_t jb = 0; jb < last_key; jb += kKeyBlock) {
+        const int64_t nb = std::min(kKeyBlock, last_key - jb);
+        int64_t n_full = 0;
+        for (int64_t t = 0; t < nb; ++t) {
+          const int64_t jj = jb + t;
+          int64_t seers = 0;
+          for (int64_t r = 0; r < n_rows; ++r) {
+            seers += seen_by(r, jj);
+          }
+          if (seers == 0) {
+            continue;
+          }
+          const scalar_t* v_row =
+              v_data + b * value.stride(0) + kv * value.stride(1) + (j0 + jj) * value.stride(2);
+          row_ptrs[t] = widened(v_row, v_dim, block_buffer.data() + t * v_dim);
+          if (seers == n_rows) {
+            full_keys[n_full++] = t;
+          } else {
+            for (int64_t r = 0; r < n_rows; ++r) {
+              if (seen_by(r, jj)) {
+                axpy(acc.data() + r * v_dim, scores[r * n_keys + jj], row_ptrs[t], v_dim);
+              }
+            }
           }
         }
+        accumulate_rows(scores.data() + jb, n_rows, n_keys, full_keys.data(), n_full,
+                        row_ptrs.data(), v_dim, acc.data());
       }
       if (splits == 1) {
         for (int64_t r = 0; r < n_rows; ++r) {

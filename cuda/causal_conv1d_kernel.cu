@@ -56,9 +56,8 @@ struct Shape {
 
 // (b, c, t) of flat index `i` over (batch, dim, extent): channels fastest
 // for channel-last, time fastest otherwise.
-__device__ __forceinline__ void unflatten(int64_t i, int64_t dim, int64_t extent,
-                                          bool channel_last, int64_t& b, int64_t& c,
-                                          int64_t& t) {
+__device__ __forceinline__ void unflatten(int64_t i, int64_t dim, int64_t extent, bool channel_last,
+                                          int64_t& b, int64_t& c, int64_t& t) {
   if (channel_last) {
     c = i % dim;
     t = (i / dim) % extent;
@@ -87,8 +86,7 @@ struct Input {
   const T* states;  // nullptr: zeros
   Strides ss;
 
-  __device__ __forceinline__ at::opmath_type<T> operator()(int64_t b, int64_t c,
-                                                           int64_t t) const {
+  __device__ __forceinline__ at::opmath_type<T> operator()(int64_t b, int64_t c, int64_t t) const {
     using acc_t = at::opmath_type<T>;
     if (t >= 0) {
       return static_cast<acc_t>(x[xs.at(b, c, t)]);
@@ -113,9 +111,11 @@ __device__ __forceinline__ at::opmath_type<T> pre_activation(const Input<T, W>& 
 
 // g[t] = grad_out[t] * act'(pre[t]) inside the sequence, 0 outside it.
 template <typename T, int W, bool kSilu>
-__device__ __forceinline__ at::opmath_type<T> output_grad(
-    const Input<T, W>& in, const T* grad_out, const Strides& gs, const at::opmath_type<T>* w,
-    const at::opmath_type<T>* bias, int64_t b, int64_t c, int64_t t, int64_t seqlen) {
+__device__ __forceinline__ at::opmath_type<T> output_grad(const Input<T, W>& in, const T* grad_out,
+                                                          const Strides& gs,
+                                                          const at::opmath_type<T>* w,
+                                                          const at::opmath_type<T>* bias, int64_t b,
+                                                          int64_t c, int64_t t, int64_t seqlen) {
   using acc_t = at::opmath_type<T>;
   if (t < 0 || t >= seqlen) {
     return acc_t(0);
@@ -130,9 +130,8 @@ __device__ __forceinline__ at::opmath_type<T> output_grad(
 }
 
 template <typename T, int W, bool kSilu>
-__global__ void forward_kernel(T* out, Strides os, Input<T, W> in,
-                               const at::opmath_type<T>* w, const at::opmath_type<T>* bias,
-                               Shape shape, bool channel_last) {
+__global__ void forward_kernel(T* out, Strides os, Input<T, W> in, const at::opmath_type<T>* w,
+                               const at::opmath_type<T>* bias, Shape shape, bool channel_last) {
   const int64_t n = shape.batch * shape.dim * shape.seqlen;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -162,9 +161,8 @@ __global__ void backward_input_kernel(T* grad_x, Strides dxs, T* grad_states, St
     acc_t sum = 0;
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      sum += w[c * W + k] *
-             output_grad<T, W, kSilu>(in, grad_out, gs, w, bias, b, c, s + (W - 1) - k,
-                                      shape.seqlen);
+      sum += w[c * W + k] * output_grad<T, W, kSilu>(in, grad_out, gs, w, bias, b, c,
+                                                     s + (W - 1) - k, shape.seqlen);
     }
     if (grad_final != nullptr && s >= shape.seqlen - (W - 1)) {
       sum += static_cast<acc_t>(grad_final[fs.at(b, c, s - (shape.seqlen - (W - 1)))]);
@@ -183,8 +181,8 @@ constexpr int kWeightParts = 32;
 // threadIdx.x, rows n = (batch, time) with n = part * blockDim.y +
 // threadIdx.y + k * kWeightParts * blockDim.y. partials: (parts, W + 1, dim).
 template <typename T, int W, bool kSilu>
-__global__ void weight_partials_kernel(at::opmath_type<T>* partials, const T* grad_out,
-                                       Strides gs, Input<T, W> in, const at::opmath_type<T>* w,
+__global__ void weight_partials_kernel(at::opmath_type<T>* partials, const T* grad_out, Strides gs,
+                                       Input<T, W> in, const at::opmath_type<T>* w,
                                        const at::opmath_type<T>* bias, Shape shape) {
   using acc_t = at::opmath_type<T>;
   extern __shared__ unsigned char shared_bytes[];
@@ -343,11 +341,11 @@ void causal_conv1d_backward_kernel(const at::Tensor& grad_x, const at::Tensor& g
           const acc_t* b = data_or_null<acc_t>(bias);
           const scalar_t* dy = grad_output.const_data_ptr<scalar_t>();
           backward_input_kernel<scalar_t, W, kSilu>
-              <<<blocks_for(shape.batch * shape.dim * (shape.seqlen + W - 1)), kThreadsPerBlock,
-                 0, stream>>>(grad_x.mutable_data_ptr<scalar_t>(), Strides(grad_x),
-                              grad_states.mutable_data_ptr<scalar_t>(), Strides(grad_states), dy,
-                              Strides(grad_output), data_or_null<scalar_t>(grad_final),
-                              Strides(grad_final), in, w, b, shape, channel_last);
+              <<<blocks_for(shape.batch * shape.dim * (shape.seqlen + W - 1)), kThreadsPerBlock, 0,
+                 stream>>>(grad_x.mutable_data_ptr<scalar_t>(), Strides(grad_x),
+                           grad_states.mutable_data_ptr<scalar_t>(), Strides(grad_states), dy,
+                           Strides(grad_output), data_or_null<scalar_t>(grad_final),
+                           Strides(grad_final), in, w, b, shape, channel_last);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           // Channel-last: 32 neighbouring channels by 8 rows; rows layout:
           // one channel by 256 rows, neighbours in time.
@@ -376,13 +374,12 @@ void causal_conv1d_update_kernel(const at::Tensor& out, const at::Tensor& x,
       at::kBFloat16, at::kHalf, x.scalar_type(), "fuseops::causal_conv1d_update", [&] {
         using acc_t = at::opmath_type<scalar_t>;
         const Shape shape{x.size(0), x.size(1), x.size(2)};
-        update_kernel<scalar_t>
-            <<<blocks_for(shape.batch * shape.dim), kThreadsPerBlock, 0,
-               c10::cuda::getCurrentCUDAStream()>>>(
-                out.mutable_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), Strides(x),
-                conv_state.mutable_data_ptr<scalar_t>(), Strides(conv_state),
-                weight.const_data_ptr<acc_t>(), data_or_null<acc_t>(bias), shape,
-                conv_state.size(2), static_cast<int>(weight.size(1)), silu);
+        update_kernel<scalar_t><<<blocks_for(shape.batch * shape.dim), kThreadsPerBlock, 0,
+                                  c10::cuda::getCurrentCUDAStream()>>>(
+            out.mutable_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), Strides(x),
+            conv_state.mutable_data_ptr<scalar_t>(), Strides(conv_state),
+            weight.const_data_ptr<acc_t>(), data_or_null<acc_t>(bias), shape, conv_state.size(2),
+            static_cast<int>(weight.size(1)), silu);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }

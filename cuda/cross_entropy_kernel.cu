@@ -89,8 +89,8 @@ __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& sum, acc_t* shared) {
 }
 
 template <typename scalar_t>
-__global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* logits,
-                            scalar_t* grad, const int64_t* __restrict__ target,
+__global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* logits, scalar_t* grad,
+                            const int64_t* __restrict__ target,
                             const at::opmath_type<scalar_t>* __restrict__ row_weight,
                             const at::opmath_type<scalar_t>* __restrict__ weight,
                             const at::opmath_type<scalar_t>* __restrict__ weight_sum_ptr,
@@ -217,8 +217,7 @@ void rows_cuda_kernel(const detail::CrossEntropyRowsArgs& args) {
             want_loss ? args.loss.mutable_data_ptr<acc_t>() : nullptr,
             want_loss ? args.lse.mutable_data_ptr<acc_t>()
                       : const_cast<acc_t*>(args.lse.const_data_ptr<acc_t>()),
-            want_loss, args.options.ignore_index,
-            static_cast<acc_t>(args.options.label_smoothing),
+            want_loss, args.options.ignore_index, static_cast<acc_t>(args.options.label_smoothing),
             static_cast<acc_t>(args.options.z_loss),
             args.options.softcap > 0 ? static_cast<acc_t>(args.options.softcap) : acc_t(1),
             args.options.softcap > 0);

@@ -144,10 +144,9 @@ __global__ void decode_attention_cuda(scalar_t* __restrict__ out, const scalar_t
   }
 }
 
-void decode_attention_kernel(const at::Tensor& out, const at::Tensor& query,
-                             const at::Tensor& key, const at::Tensor& value,
-                             const at::Tensor& mask, bool is_causal, double scale,
-                             double softcap) {
+void decode_attention_kernel(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key,
+                             const at::Tensor& value, const at::Tensor& mask, bool is_causal,
+                             double scale, double softcap) {
   c10::cuda::CUDAGuard device_guard(query.device());
   const int64_t rows = query.size(0) * query.size(1) * query.size(2);
   const int64_t keys = key.size(2);
@@ -162,10 +161,9 @@ void decode_attention_kernel(const at::Tensor& out, const at::Tensor& query,
         const at::Tensor scores =
             at::empty({rows, keys}, query.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
         decode_attention_cuda<scalar_t, acc_t><<<rows, kThreads, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), query.const_data_ptr<scalar_t>(),
-            strides_of(query), key.const_data_ptr<scalar_t>(), strides_of(key),
-            value.const_data_ptr<scalar_t>(), strides_of(value),
-            bool_mask ? mask.const_data_ptr<bool>() : nullptr,
+            out.mutable_data_ptr<scalar_t>(), query.const_data_ptr<scalar_t>(), strides_of(query),
+            key.const_data_ptr<scalar_t>(), strides_of(key), value.const_data_ptr<scalar_t>(),
+            strides_of(value), bool_mask ? mask.const_data_ptr<bool>() : nullptr,
             float_mask ? mask.const_data_ptr<float>() : nullptr, ms,
             scores.mutable_data_ptr<acc_t>(), seen.mutable_data_ptr<uint8_t>(), query.size(1),
             query.size(2), query.size(3), query.size(1) / key.size(1), keys, value.size(3),

@@ -131,8 +131,7 @@ void launch_elementwise(int64_t n, Op op, scalar_t* out, const scalar_t* a) {
 }
 
 template <typename scalar_t, typename Op>
-void launch_elementwise(int64_t n, Op op, scalar_t* out, const scalar_t* a,
-                        const scalar_t* b) {
+void launch_elementwise(int64_t n, Op op, scalar_t* out, const scalar_t* a, const scalar_t* b) {
   launch_elementwise_impl<true>(n, op, out, a, b);
 }
 

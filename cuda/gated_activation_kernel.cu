@@ -63,20 +63,19 @@ __global__ void gated_forward_kernel(int64_t rows, int64_t cols, RowPtr<scalar_t
     Vec result;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      result.val[j] = static_cast<scalar_t>(
-          activation_value<kAct>(static_cast<opmath_t>(a.val[j])) *
-          static_cast<opmath_t>(b.val[j]));
+      result.val[j] =
+          static_cast<scalar_t>(activation_value<kAct>(static_cast<opmath_t>(a.val[j])) *
+                                static_cast<opmath_t>(b.val[j]));
     }
     *reinterpret_cast<Vec*>(out.at(row, col)) = result;
   }
 }
 
 template <int kVec, Activation kAct, typename scalar_t>
-__global__ void gated_backward_kernel_impl(int64_t rows, int64_t cols,
-                                           RowPtr<scalar_t> grad_gate, RowPtr<scalar_t> grad_up,
+__global__ void gated_backward_kernel_impl(int64_t rows, int64_t cols, RowPtr<scalar_t> grad_gate,
+                                           RowPtr<scalar_t> grad_up,
                                            RowPtr<const scalar_t> grad_output,
-                                           RowPtr<const scalar_t> gate,
-                                           RowPtr<const scalar_t> up) {
+                                           RowPtr<const scalar_t> gate, RowPtr<const scalar_t> up) {
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = AlignedVector<scalar_t, kVec>;
   const int64_t n = rows * cols;
@@ -122,10 +121,9 @@ void gated_kernel(const at::Tensor& out, const at::Tensor& gate, const at::Tenso
                     rows, cols, mutable_rows_of<scalar_t>(out), rows_of<scalar_t>(gate),
                     rows_of<scalar_t>(up));
           } else {
-            gated_forward_kernel<1, kAct>
-                <<<blocks_for(rows * cols), kThreadsPerBlock, 0, stream>>>(
-                    rows, cols, mutable_rows_of<scalar_t>(out), rows_of<scalar_t>(gate),
-                    rows_of<scalar_t>(up));
+            gated_forward_kernel<1, kAct><<<blocks_for(rows * cols), kThreadsPerBlock, 0, stream>>>(
+                rows, cols, mutable_rows_of<scalar_t>(out), rows_of<scalar_t>(gate),
+                rows_of<scalar_t>(up));
           }
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         });
@@ -141,8 +139,8 @@ void gated_backward_kernel(const at::Tensor& grad_gate, const at::Tensor& grad_u
         constexpr int kVec = 16 / sizeof(scalar_t);
         const int64_t rows = gate.size(0);
         const int64_t cols = gate.size(1);
-        const bool vectorizable = rows_vectorizable<scalar_t>(
-            cols, {grad_gate, grad_up, grad_output, gate, up});
+        const bool vectorizable =
+            rows_vectorizable<scalar_t>(cols, {grad_gate, grad_up, grad_output, gate, up});
         auto stream = c10::cuda::getCurrentCUDAStream();
         dispatch_activation(activation, [&](auto act) {
           constexpr Activation kAct = decltype(act)::value;
@@ -171,8 +169,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::GatedRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::GatedRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

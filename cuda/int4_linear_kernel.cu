@@ -40,13 +40,10 @@ namespace fuseops::cuda {
 namespace {
 
 template <typename scalar_t>
-__global__ void int4_weight_only_linear_cuda(scalar_t* __restrict__ out,
-                                             const scalar_t* __restrict__ x,
-                                             const uint8_t* __restrict__ packed,
-                                             const float* __restrict__ scale_zero,
-                                             const scalar_t* __restrict__ bias, int64_t m_total,
-                                             int64_t n, int64_t k, int64_t groups,
-                                             int64_t group_size) {
+__global__ void int4_weight_only_linear_cuda(
+    scalar_t* __restrict__ out, const scalar_t* __restrict__ x, const uint8_t* __restrict__ packed,
+    const float* __restrict__ scale_zero, const scalar_t* __restrict__ bias, int64_t m_total,
+    int64_t n, int64_t k, int64_t groups, int64_t group_size) {
   using opmath_t = at::opmath_type<scalar_t>;
   const int64_t total = m_total * n;
   const int64_t pairs = group_size / 2;
@@ -94,8 +91,8 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
   const int64_t k = input.size(1);
   const int64_t n = scale_zero.size(2);
   const int64_t total = m_total * n;
-  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
-                                           65535);
+  const int64_t blocks =
+      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_weight_only_linear", [&] {
@@ -109,8 +106,7 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
 }
 
 template <typename scalar_t>
-__global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out,
-                                         const int8_t* __restrict__ xq,
+__global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __restrict__ xq,
                                          const float* __restrict__ x_scale,
                                          const uint8_t* __restrict__ packed,
                                          const float* __restrict__ scale_zero,
@@ -143,8 +139,7 @@ __global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out,
         dot += (byte & 0xF) * x0 + (byte >> 4) * x1;
         x_sum += x0 + x1;
       }
-      result = fmaf(scale, fmaf(-zero, static_cast<float>(x_sum), static_cast<float>(dot)),
-                    result);
+      result = fmaf(scale, fmaf(-zero, static_cast<float>(x_sum), static_cast<float>(dot)), result);
     }
     opmath_t value = static_cast<opmath_t>(result * x_scale[m]);
     if (bias != nullptr) {
@@ -167,14 +162,14 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const at::Tensor xq = at::zeros({m_total, x_stride}, input.options().dtype(at::kChar));
   const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
   const int64_t total = m_total * n;
-  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
-                                           65535);
+  const int64_t blocks =
+      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_dynamic_linear", [&] {
         quantize_rows_int8<NonFiniteRow::kNanScale>(
-            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(),
-            x_stride, x_scale.mutable_data_ptr<float>(), nullptr, stream);
+            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(), x_stride,
+            x_scale.mutable_data_ptr<float>(), nullptr, stream);
         int4_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
             out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
             x_scale.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
@@ -194,8 +189,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::Int4LinearRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::Int4LinearRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

@@ -38,8 +38,7 @@ namespace fuseops::cuda {
 namespace {
 
 template <typename scalar_t>
-__global__ void weight_only_linear_cuda(scalar_t* __restrict__ out,
-                                        const scalar_t* __restrict__ x,
+__global__ void weight_only_linear_cuda(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
                                         const int8_t* __restrict__ packed,
                                         const float* __restrict__ scale,
                                         const scalar_t* __restrict__ bias, int64_t m_total,
@@ -56,8 +55,8 @@ __global__ void weight_only_linear_cuda(scalar_t* __restrict__ out,
     const scalar_t* row = x + m * k;
     float acc = 0.0f;
     for (int64_t g = 0; g < groups; ++g) {
-      const char4 q = *reinterpret_cast<const char4*>(
-          w + g * detail::kInt8BlockN * detail::kInt8GroupK);
+      const char4 q =
+          *reinterpret_cast<const char4*>(w + g * detail::kInt8BlockN * detail::kInt8GroupK);
       const int64_t k0 = g * detail::kInt8GroupK;
       // Past K the packed weights are 0, but the activations are not there.
       acc += static_cast<float>(q.x) * static_cast<float>(row[k0]);
@@ -81,8 +80,8 @@ void weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const int64_t k = input.size(1);
   const int64_t n = scale.size(0);
   const int64_t total = m_total * n;
-  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
-                                           65535);
+  const int64_t blocks =
+      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_weight_only_linear", [&] {
@@ -116,8 +115,7 @@ __global__ void dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __
     for (int64_t g = 0; g < groups; ++g) {
       acc = __dp4a(x[g], w[g * detail::kInt8BlockN], acc);
     }
-    opmath_t value = (static_cast<opmath_t>(acc) *
-                      static_cast<opmath_t>(x_scale[m])) *
+    opmath_t value = (static_cast<opmath_t>(acc) * static_cast<opmath_t>(x_scale[m])) *
                      static_cast<opmath_t>(scale[ch]);
     if (bias != nullptr) {
       value += static_cast<opmath_t>(bias[ch]);
@@ -126,8 +124,8 @@ __global__ void dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __
   }
 }
 
-void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
-                           const at::Tensor& packed, const at::Tensor& scale,
+void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input, const at::Tensor& packed,
+                           const at::Tensor& scale,
                            const at::Tensor& /*colsum: signed products need none*/,
                            const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
@@ -140,8 +138,8 @@ void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
       at::zeros({m_total, groups * detail::kInt8GroupK}, input.options().dtype(at::kChar));
   const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
   const int64_t total = m_total * n;
-  const int64_t blocks = std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock,
-                                           65535);
+  const int64_t blocks =
+      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_dynamic_linear", [&] {
@@ -164,8 +162,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::Int8LinearRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::Int8LinearRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

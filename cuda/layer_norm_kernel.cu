@@ -67,12 +67,12 @@ int threads_for(int64_t chunks) {
 
 // hidden % kVec == 0 for kVec > 1; weight and bias may be nullptr.
 template <typename T, int kVec>
-__global__ void layer_norm_forward_kernel(T* __restrict__ out, at::opmath_type<T>* __restrict__ mean,
+__global__ void layer_norm_forward_kernel(T* __restrict__ out,
+                                          at::opmath_type<T>* __restrict__ mean,
                                           at::opmath_type<T>* __restrict__ rstd,
-                                          const T* __restrict__ input,
-                                          const T* __restrict__ weight,
-                                          const T* __restrict__ bias, int64_t rows,
-                                          int64_t hidden, at::opmath_type<T> eps) {
+                                          const T* __restrict__ input, const T* __restrict__ weight,
+                                          const T* __restrict__ bias, int64_t rows, int64_t hidden,
+                                          at::opmath_type<T> eps) {
   using acc_t = at::opmath_type<T>;
   __shared__ acc_t shared[kMaxWarps];
   const int64_t chunks = hidden / kVec;
@@ -150,8 +150,7 @@ __global__ void layer_norm_forward_kernel(T* __restrict__ out, at::opmath_type<T
 // layer_norm_backward.out may write grad_input over either (each element is
 // read before the same thread writes it).
 template <typename T, int kVec>
-__global__ void layer_norm_backward_kernel(T* grad_input,
-                                           at::opmath_type<T>* __restrict__ partials,
+__global__ void layer_norm_backward_kernel(T* grad_input, at::opmath_type<T>* __restrict__ partials,
                                            const T* grad_output, const T* input,
                                            const T* __restrict__ weight,
                                            const at::opmath_type<T>* __restrict__ mean,
@@ -163,11 +162,8 @@ __global__ void layer_norm_backward_kernel(T* grad_input,
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   const int64_t chunks = hidden / kVec;
   acc_t* block_partials = partials + blockIdx.x * 2 * hidden;
-  acc_t* accumulators =
-      in_shared ? reinterpret_cast<acc_t*>(dynamic_shared) : block_partials;
-  auto slot = [&](int64_t c, int k) {
-    return in_shared ? k * chunks + c : c * kVec + k;
-  };
+  acc_t* accumulators = in_shared ? reinterpret_cast<acc_t*>(dynamic_shared) : block_partials;
+  auto slot = [&](int64_t c, int k) { return in_shared ? k * chunks + c : c * kVec + k; };
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -244,8 +240,8 @@ constexpr int kReduceRows = 16;
 // offset = 0 (grad_weight) for blockIdx.y == 0 and hidden (grad_bias) for 1.
 template <typename T>
 __global__ void sum_partials_kernel(T* __restrict__ grad_weight, T* __restrict__ grad_bias,
-                                    const at::opmath_type<T>* __restrict__ partials,
-                                    int64_t blocks, int64_t hidden) {
+                                    const at::opmath_type<T>* __restrict__ partials, int64_t blocks,
+                                    int64_t hidden) {
   using acc_t = at::opmath_type<T>;
   __shared__ acc_t sums[kReduceRows][kReduceColumns + 1];
   const int64_t column = static_cast<int64_t>(blockIdx.x) * kReduceColumns + threadIdx.x;
@@ -280,8 +276,8 @@ const T* data_or_null(const at::Tensor& t) {
 }
 
 void layer_norm_kernel(const at::Tensor& out, const at::Tensor& mean, const at::Tensor& rstd,
-                       const at::Tensor& input, const at::Tensor& weight,
-                       const at::Tensor& bias, double eps) {
+                       const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                       double eps) {
   c10::cuda::CUDAGuard device_guard(input.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::layer_norm", [&] {
@@ -314,9 +310,8 @@ void layer_norm_kernel(const at::Tensor& out, const at::Tensor& mean, const at::
 
 template <typename T, int kVec>
 void launch_backward(T* dx, at::opmath_type<T>* partials, const T* dy, const T* x, const T* w,
-                     const at::opmath_type<T>* mean, const at::opmath_type<T>* rstd,
-                     int64_t rows, int64_t hidden, int64_t blocks, int device,
-                     cudaStream_t stream) {
+                     const at::opmath_type<T>* mean, const at::opmath_type<T>* rstd, int64_t rows,
+                     int64_t hidden, int64_t blocks, int device, cudaStream_t stream) {
   using acc_t = at::opmath_type<T>;
   auto kernel = layer_norm_backward_kernel<T, kVec>;
   // The block reductions' static arrays share the per-block limit.
@@ -327,20 +322,18 @@ void launch_backward(T* dx, at::opmath_type<T>* partials, const T* dy, const T* 
   const bool in_shared = accumulator_bytes <= shared_limit;
   const int shared_bytes = in_shared ? static_cast<int>(accumulator_bytes) : 0;
   if (shared_bytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        shared_bytes));
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   }
   kernel<<<static_cast<unsigned>(blocks), threads_for(hidden / kVec), shared_bytes, stream>>>(
       dx, partials, dy, x, w, mean, rstd, rows, hidden, in_shared);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void layer_norm_backward_kernel_launch(const at::Tensor& grad_input,
-                                       const at::Tensor& grad_weight,
-                                       const at::Tensor& grad_bias,
-                                       const at::Tensor& grad_output, const at::Tensor& input,
-                                       const at::Tensor& weight, const at::Tensor& mean,
-                                       const at::Tensor& rstd) {
+void layer_norm_backward_kernel_launch(const at::Tensor& grad_input, const at::Tensor& grad_weight,
+                                       const at::Tensor& grad_bias, const at::Tensor& grad_output,
+                                       const at::Tensor& input, const at::Tensor& weight,
+                                       const at::Tensor& mean, const at::Tensor& rstd) {
   c10::cuda::CUDAGuard device_guard(input.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::layer_norm_backward", [&] {
@@ -351,7 +344,8 @@ void layer_norm_backward_kernel_launch(const at::Tensor& grad_input,
         // A few blocks per SM keep the loads in flight; more would only add
         // partial sums to add up.
         const int64_t blocks = std::min<int64_t>(
-            rows, 2 * static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount, device)));
+            rows,
+            2 * static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount, device)));
         at::Tensor partials =
             at::empty({blocks, 2, hidden}, input.options().dtype(mean.scalar_type()));
         scalar_t* dx = grad_input.mutable_data_ptr<scalar_t>();
@@ -363,9 +357,9 @@ void layer_norm_backward_kernel_launch(const at::Tensor& grad_input,
         const acc_t* rstd_data = rstd.const_data_ptr<acc_t>();
         auto stream = c10::cuda::getCurrentCUDAStream();
         if (can_vectorize<scalar_t>(hidden, {dx, dy, x, w})) {
-          launch_backward<scalar_t, 16 / sizeof(scalar_t)>(dx, partial_data, dy, x, w,
-                                                           mean_data, rstd_data, rows, hidden,
-                                                           blocks, device, stream);
+          launch_backward<scalar_t, 16 / sizeof(scalar_t)>(dx, partial_data, dy, x, w, mean_data,
+                                                           rstd_data, rows, hidden, blocks, device,
+                                                           stream);
         } else {
           launch_backward<scalar_t, 1>(dx, partial_data, dy, x, w, mean_data, rstd_data, rows,
                                        hidden, blocks, device, stream);
@@ -387,8 +381,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::LayerNormRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::LayerNormRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

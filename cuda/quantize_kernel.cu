@@ -82,8 +82,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::QuantizeRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::QuantizeRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

@@ -30,10 +30,9 @@ inline constexpr int kQuantizeRowsPerBlock = kThreadsPerBlock / kWarpSize;
 
 // Row r of `input` (k values) into q + r * q_stride and scale[r].
 template <NonFiniteRow kPolicy, typename scalar_t>
-__global__ void quantize_rows_int8_cuda(const scalar_t* __restrict__ input, int64_t rows,
-                                        int64_t k, int8_t* __restrict__ q, int64_t q_stride,
-                                        float* __restrict__ scale,
-                                        unsigned long long* first_bad) {
+__global__ void quantize_rows_int8_cuda(const scalar_t* __restrict__ input, int64_t rows, int64_t k,
+                                        int8_t* __restrict__ q, int64_t q_stride,
+                                        float* __restrict__ scale, unsigned long long* first_bad) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t first =
       static_cast<int64_t>(blockIdx.x) * kQuantizeRowsPerBlock + threadIdx.x / kWarpSize;
@@ -85,13 +84,12 @@ __global__ void quantize_rows_int8_cuda(const scalar_t* __restrict__ input, int6
 // Launches quantize_rows_int8_cuda over `rows` (> 0) rows on `stream`;
 // first_bad is used with kRefuse only.
 template <NonFiniteRow kPolicy, typename scalar_t>
-void quantize_rows_int8(const scalar_t* input, int64_t rows, int64_t k, int8_t* q,
-                        int64_t q_stride, float* scale, unsigned long long* first_bad,
-                        cudaStream_t stream) {
+void quantize_rows_int8(const scalar_t* input, int64_t rows, int64_t k, int8_t* q, int64_t q_stride,
+                        float* scale, unsigned long long* first_bad, cudaStream_t stream) {
   const int64_t blocks =
       std::min<int64_t>((rows + kQuantizeRowsPerBlock - 1) / kQuantizeRowsPerBlock, 65535);
-  quantize_rows_int8_cuda<kPolicy, scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-      input, rows, k, q, q_stride, scale, first_bad);
+  quantize_rows_int8_cuda<kPolicy, scalar_t>
+      <<<blocks, kThreadsPerBlock, 0, stream>>>(input, rows, k, q, q_stride, scale, first_bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -41,10 +41,9 @@ void relu_backward_kernel(const at::Tensor& grad_input, const at::Tensor& grad_o
   c10::cuda::CUDAGuard device_guard(result.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, result.scalar_type(), "fuseops::relu_backward", [&] {
-        launch_elementwise(result.numel(), ReluBackwardOp{},
-                           grad_input.mutable_data_ptr<scalar_t>(),
-                           grad_output.const_data_ptr<scalar_t>(),
-                           result.const_data_ptr<scalar_t>());
+        launch_elementwise(
+            result.numel(), ReluBackwardOp{}, grad_input.mutable_data_ptr<scalar_t>(),
+            grad_output.const_data_ptr<scalar_t>(), result.const_data_ptr<scalar_t>());
       });
 }
 
@@ -55,8 +54,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::ReluRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::ReluRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

@@ -78,13 +78,12 @@ __device__ __forceinline__ int64_t row_groups() {
 }
 
 template <typename scalar_t, int kVec, int kWarpsPerRow>
-__global__ void rms_norm_forward_kernel(int64_t rows, int64_t hidden,
-                                        at::opmath_type<scalar_t> eps,
+__global__ void rms_norm_forward_kernel(int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps,
                                         // No __restrict__: the out= overloads
                                         // may write in place.
                                         const scalar_t* input, const scalar_t* residual,
-                                        const at::opmath_type<scalar_t>* weight,
-                                        scalar_t* out, scalar_t* residual_out,
+                                        const at::opmath_type<scalar_t>* weight, scalar_t* out,
+                                        scalar_t* residual_out,
                                         at::opmath_type<scalar_t>* __restrict__ rstd_out) {
   using opmath_t = at::opmath_type<scalar_t>;
   __shared__ opmath_t shared[kWarpsPerRow];
@@ -110,8 +109,7 @@ __global__ void rms_norm_forward_kernel(int64_t rows, int64_t hidden,
       }
     }
     sum_sq = row_sum<kWarpsPerRow>(sum_sq, shared);
-    const opmath_t rstd =
-        opmath_t(1) / ::sqrt(sum_sq / static_cast<opmath_t>(hidden) + eps);
+    const opmath_t rstd = opmath_t(1) / ::sqrt(sum_sq / static_cast<opmath_t>(hidden) + eps);
     if (rstd_out != nullptr && threadIdx.x == 0) {
       rstd_out[row] = rstd;
     }
@@ -140,16 +138,14 @@ __global__ void rms_norm_backward_kernel(
     // No __restrict__ on grad, grad_residual, input and grad_input: the
     // backward out= overloads may write grad_input over grad, grad_residual
     // or input (each element is read first).
-    int64_t rows, int64_t hidden, const scalar_t* grad,
-    const scalar_t* grad_residual, const scalar_t* input,
-    const at::opmath_type<scalar_t>* __restrict__ weight,
+    int64_t rows, int64_t hidden, const scalar_t* grad, const scalar_t* grad_residual,
+    const scalar_t* input, const at::opmath_type<scalar_t>* __restrict__ weight,
     const at::opmath_type<scalar_t>* __restrict__ rstd, scalar_t* grad_input,
     at::opmath_type<scalar_t>* __restrict__ weight_partials) {
   using opmath_t = at::opmath_type<scalar_t>;
   __shared__ opmath_t shared[kWarpsPerRow];
   const int64_t vecs = hidden / kVec;
-  opmath_t* partial =
-      weight_partials != nullptr ? weight_partials + row_group() * hidden : nullptr;
+  opmath_t* partial = weight_partials != nullptr ? weight_partials + row_group() * hidden : nullptr;
   for (int64_t row = row_group(); row < rows; row += row_groups()) {
     const int64_t offset = row * hidden;
     opmath_t dot = 0;
@@ -246,9 +242,8 @@ Launch launch_shape(int64_t rows, int64_t vecs, int64_t max_blocks) {
   const int64_t rows_per_block = warp_per_row ? kWarpsPerBlock : 1;
   const int64_t blocks =
       std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, max_blocks);
-  return warp_per_row
-             ? Launch{dim3(blocks), dim3(kWarpSize, kWarpsPerBlock), true}
-             : Launch{dim3(blocks), dim3(kBlockThreads, 1), false};
+  return warp_per_row ? Launch{dim3(blocks), dim3(kWarpSize, kWarpsPerBlock), true}
+                      : Launch{dim3(blocks), dim3(kBlockThreads, 1), false};
 }
 
 template <typename scalar_t, int kVec>
@@ -260,8 +255,7 @@ void launch_forward(const detail::RmsNormForwardArgs& args, int64_t rows, int64_
       args.residual.defined() ? args.residual.const_data_ptr<scalar_t>() : nullptr;
   scalar_t* residual_out =
       args.residual_out.defined() ? args.residual_out.mutable_data_ptr<scalar_t>() : nullptr;
-  const opmath_t* weight =
-      args.weight.defined() ? args.weight.const_data_ptr<opmath_t>() : nullptr;
+  const opmath_t* weight = args.weight.defined() ? args.weight.const_data_ptr<opmath_t>() : nullptr;
   opmath_t* rstd = args.rstd.defined() ? args.rstd.mutable_data_ptr<opmath_t>() : nullptr;
   const auto eps = static_cast<opmath_t>(args.eps);
   if (launch.warp_per_row) {
@@ -304,17 +298,15 @@ void launch_backward(const detail::RmsNormBackwardArgs& args, int64_t rows, int6
     rms_norm_backward_kernel<scalar_t, kVec, kWarpsPerBlock>
         <<<launch.grid, launch.block, 0, stream>>>(
             rows, hidden, args.grad_output.const_data_ptr<scalar_t>(), grad_residual,
-            args.input.const_data_ptr<scalar_t>(), weight,
-            args.rstd.const_data_ptr<opmath_t>(),
+            args.input.const_data_ptr<scalar_t>(), weight, args.rstd.const_data_ptr<opmath_t>(),
             args.grad_input.mutable_data_ptr<scalar_t>(), partial_ptr);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (with_weight) {
     const dim3 grid((hidden + kReduceColumns - 1) / kReduceColumns);
-    sum_weight_partials_kernel<opmath_t>
-        <<<grid, dim3(kReduceColumns, kReduceLanes), 0, stream>>>(
-            groups, hidden, partials.const_data_ptr<opmath_t>(),
-            args.grad_weight.mutable_data_ptr<opmath_t>());
+    sum_weight_partials_kernel<opmath_t><<<grid, dim3(kReduceColumns, kReduceLanes), 0, stream>>>(
+        groups, hidden, partials.const_data_ptr<opmath_t>(),
+        args.grad_weight.mutable_data_ptr<opmath_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -341,8 +333,8 @@ void rms_norm_forward_cuda_kernel(const detail::RmsNormForwardArgs& args) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, args.input.scalar_type(), "fuseops::rms_norm", [&] {
         constexpr int kVec = 16 / sizeof(scalar_t);
-        if (vectorizable<scalar_t>(hidden, {&args.input, &args.residual, &args.residual_out,
-                                            &args.out})) {
+        if (vectorizable<scalar_t>(hidden,
+                                   {&args.input, &args.residual, &args.residual_out, &args.out})) {
           launch_forward<scalar_t, kVec>(args, rows, hidden);
         } else {
           launch_forward<scalar_t, 1>(args, rows, hidden);
@@ -357,8 +349,8 @@ void rms_norm_backward_cuda_kernel(const detail::RmsNormBackwardArgs& args) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, args.input.scalar_type(), "fuseops::rms_norm_backward", [&] {
         constexpr int kVec = 16 / sizeof(scalar_t);
-        if (vectorizable<scalar_t>(hidden, {&args.grad_output, &args.grad_residual,
-                                            &args.input, &args.grad_input})) {
+        if (vectorizable<scalar_t>(
+                hidden, {&args.grad_output, &args.grad_residual, &args.input, &args.grad_input})) {
           launch_backward<scalar_t, kVec>(args, rows, hidden);
         } else {
           launch_backward<scalar_t, 1>(args, rows, hidden);
@@ -373,8 +365,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::RmsNormRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::RmsNormRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

@@ -121,16 +121,16 @@ void rope_kernel(const detail::RopeKernelArgs& a) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, a.input.scalar_type(), "fuseops::rope", [&] {
         using opmath_t = at::opmath_type<scalar_t>;
-        RopeParams<scalar_t> p{rows_view<scalar_t>(a.out, a.input),
-                               rows_view<scalar_t>(a.key_out, a.key),
-                               a.cos.const_data_ptr<opmath_t>(),
-                               a.sin.const_data_ptr<opmath_t>(),
-                               a.positions.defined() ? a.positions.const_data_ptr<int64_t>()
-                                                     : nullptr,
-                               a.cos.size(0),
-                               a.input.size(0),
-                               a.input.size(2),
-                               a.cos.size(1)};
+        RopeParams<scalar_t> p{
+            rows_view<scalar_t>(a.out, a.input),
+            rows_view<scalar_t>(a.key_out, a.key),
+            a.cos.const_data_ptr<opmath_t>(),
+            a.sin.const_data_ptr<opmath_t>(),
+            a.positions.defined() ? a.positions.const_data_ptr<int64_t>() : nullptr,
+            a.cos.size(0),
+            a.input.size(0),
+            a.input.size(2),
+            a.cos.size(1)};
         const int64_t rows = p.tokens * (p.q.heads + p.k.heads);
         if (rows == 0) {
           return;
@@ -157,8 +157,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::RopeRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::RopeRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

@@ -74,8 +74,8 @@ __global__ void sparse_linear_cuda(scalar_t* __restrict__ out, const scalar_t* _
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / n;
     const int64_t ch = i % n;
-    const acc_t acc = kept_dot<acc_t>(x + m * k, values + ch * v_stride,
-                                      meta + ch * meta_stride, k, v_stride, meta_stride);
+    const acc_t acc = kept_dot<acc_t>(x + m * k, values + ch * v_stride, meta + ch * meta_stride, k,
+                                      v_stride, meta_stride);
     opmath_t value = static_cast<opmath_t>(acc) * static_cast<opmath_t>(scale[ch]);
     if (bias != nullptr) {
       value += static_cast<opmath_t>(bias[ch]);
@@ -97,14 +97,13 @@ void launch(const at::Tensor& out, const at::Tensor& input, const at::Tensor& va
       <<<blocks, kThreadsPerBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
           out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
           values.const_data_ptr<value_t>(), meta.const_data_ptr<uint8_t>(),
-          scale.const_data_ptr<float>(),
-          bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k);
+          scale.const_data_ptr<float>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
+          m_total, n, k);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void sparse_linear_kernel(const at::Tensor& out, const at::Tensor& input,
-                          const at::Tensor& values, const at::Tensor& meta,
-                          const at::Tensor& scale, const at::Tensor& bias) {
+void sparse_linear_kernel(const at::Tensor& out, const at::Tensor& input, const at::Tensor& values,
+                          const at::Tensor& meta, const at::Tensor& scale, const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_linear", [&] {
@@ -117,14 +116,11 @@ void sparse_linear_kernel(const at::Tensor& out, const at::Tensor& input,
 }
 
 template <typename scalar_t>
-__global__ void sparse_dynamic_linear_cuda(scalar_t* __restrict__ out,
-                                           const int8_t* __restrict__ xq,
-                                           const float* __restrict__ x_scale,
-                                           const int8_t* __restrict__ values,
-                                           const uint8_t* __restrict__ meta,
-                                           const float* __restrict__ scale,
-                                           const scalar_t* __restrict__ bias, int64_t m_total,
-                                           int64_t n, int64_t k) {
+__global__ void sparse_dynamic_linear_cuda(
+    scalar_t* __restrict__ out, const int8_t* __restrict__ xq, const float* __restrict__ x_scale,
+    const int8_t* __restrict__ values, const uint8_t* __restrict__ meta,
+    const float* __restrict__ scale, const scalar_t* __restrict__ bias, int64_t m_total, int64_t n,
+    int64_t k) {
   using opmath_t = at::opmath_type<scalar_t>;
   const int64_t total = m_total * n;
   const int64_t v_stride = k / 2;
@@ -133,10 +129,9 @@ __global__ void sparse_dynamic_linear_cuda(scalar_t* __restrict__ out,
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / n;
     const int64_t ch = i % n;
-    const int acc = kept_dot<int>(xq + m * k, values + ch * v_stride,
-                                  meta + ch * meta_stride, k, v_stride, meta_stride);
-    opmath_t value = (static_cast<opmath_t>(acc) *
-                      static_cast<opmath_t>(x_scale[m])) *
+    const int acc = kept_dot<int>(xq + m * k, values + ch * v_stride, meta + ch * meta_stride, k,
+                                  v_stride, meta_stride);
+    opmath_t value = (static_cast<opmath_t>(acc) * static_cast<opmath_t>(x_scale[m])) *
                      static_cast<opmath_t>(scale[ch]);
     if (bias != nullptr) {
       value += static_cast<opmath_t>(bias[ch]);
@@ -181,8 +176,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::Sparse24Registrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::Sparse24Registrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cuda

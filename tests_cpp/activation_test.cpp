@@ -46,8 +46,7 @@ const std::vector<std::string> kApproximations = {"none", "tanh"};
 
 // `scale`: the largest factor multiplying the activation (the upstream
 // gradient in backward), which scales the absolute floor too.
-void expect_close(const at::Tensor& actual, const at::Tensor& expected_double,
-                  double scale = 1.0) {
+void expect_close(const at::Tensor& actual, const at::Tensor& expected_double, double scale = 1.0) {
   ASSERT_EQ(actual.sizes(), expected_double.sizes());
   const double tol = elementwise_tolerance(actual.scalar_type());
   const at::Tensor a = actual.to(at::kDouble);
@@ -75,8 +74,8 @@ at::Tensor random_input(at::IntArrayRef shape, at::ScalarType dtype, at::Device 
 
 // Shapes: empty, scalar, partial vectors, rows shorter than a vector,
 // several parallel chunks with a tail.
-const std::vector<std::vector<int64_t>> kShapes = {{0}, {}, {7}, {3, 17}, {5, 0, 3},
-                                                   {300, 67}, {40, 4099}};
+const std::vector<std::vector<int64_t>> kShapes = {{0},       {},        {7},       {3, 17},
+                                                   {5, 0, 3}, {300, 67}, {40, 4099}};
 
 TEST_P(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
@@ -84,14 +83,14 @@ TEST_P(Gelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
     for (auto dtype : kDtypes) {
       for (const auto& approximate : kApproximations) {
         for (const auto& shape : kShapes) {
-          SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                          << dtype << " " << approximate << " "
-                                          << at::IntArrayRef(shape));
+          SCOPED_TRACE(testing::Message()
+                       << fuseops::cpu::capability_name(capability) << " " << dtype << " "
+                       << approximate << " " << at::IntArrayRef(shape));
           const at::Tensor x = random_input(shape, dtype, device());
           const at::Tensor g = random_input(shape, dtype, device());
           expect_close(fuseops::gelu(x, approximate), gelu_ref(x, approximate));
-          expect_close(fuseops::gelu_backward(g, x, approximate),
-                       gelu_grad_ref(g, x, approximate), absmax(g));
+          expect_close(fuseops::gelu_backward(g, x, approximate), gelu_grad_ref(g, x, approximate),
+                       absmax(g));
         }
       }
     }
@@ -103,8 +102,8 @@ TEST_P(Silu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& shape : kShapes) {
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " " << at::IntArrayRef(shape));
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " " << at::IntArrayRef(shape));
         const at::Tensor x = random_input(shape, dtype, device());
         const at::Tensor g = random_input(shape, dtype, device());
         expect_close(fuseops::silu(x), at::silu(x.to(at::kDouble)));
@@ -160,21 +159,21 @@ at::Tensor exact(const at::Tensor& x, double (*f)(const std::string&, double),
 TEST_P(Activation, SpecialValuesFollowFloat64MathOnEveryBuild) {
   const double inf = std::numeric_limits<double>::infinity();
   // 17 values: a full vector of every build plus a tail.
-  const at::Tensor x64 = at::tensor({0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, inf, -inf,
-                                     std::numeric_limits<double>::quiet_NaN(), 3.0, -3.0, 0.5,
-                                     -0.5, 1e-30, -1e-30},
-                                    options(at::kDouble));
+  const at::Tensor x64 =
+      at::tensor({0.0, -0.0, 1.0, -1.0, 30.0, -30.0, 100.0, -100.0, inf, -inf,
+                  std::numeric_limits<double>::quiet_NaN(), 3.0, -3.0, 0.5, -0.5, 1e-30, -1e-30},
+                 options(at::kDouble));
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       const at::Tensor x = x64.to(dtype);
       const at::Tensor g = at::ones_like(x);
       for (const std::string act : {"none", "tanh", "silu"}) {
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " " << act);
+        SCOPED_TRACE(testing::Message()
+                     << fuseops::cpu::capability_name(capability) << " " << dtype << " " << act);
         const at::Tensor y = act == "silu" ? fuseops::silu(x) : fuseops::gelu(x, act);
-        const at::Tensor dy = act == "silu" ? fuseops::silu_backward(g, x)
-                                            : fuseops::gelu_backward(g, x, act);
+        const at::Tensor dy =
+            act == "silu" ? fuseops::silu_backward(g, x) : fuseops::gelu_backward(g, x, act);
         expect_close(y, exact(x, exact_value, act));
         expect_close(dy, exact(x, exact_derivative, act));
       }
@@ -191,35 +190,33 @@ TEST_P(Activation, ReducedPrecisionIsTheFloat32ResultRoundedOnce) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : {at::kBFloat16, at::kHalf}) {
-      SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                      << dtype);
+      SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype);
       const at::Tensor x = x64.to(dtype);
       const at::Tensor x32 = x.to(at::kFloat);
       EXPECT_TRUE(at::equal(fuseops::silu(x), fuseops::silu(x32).to(dtype)));
       EXPECT_TRUE(at::equal(fuseops::gelu(x, "none"), fuseops::gelu(x32, "none").to(dtype)));
-      EXPECT_TRUE(at::equal(fuseops::silu_backward(x, x),
-                            fuseops::silu_backward(x32, x32).to(dtype)));
+      EXPECT_TRUE(
+          at::equal(fuseops::silu_backward(x, x), fuseops::silu_backward(x32, x32).to(dtype)));
     }
   }
 }
 
 TEST_P(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
-  const std::vector<std::vector<int64_t>> shapes = {{0, 5}, {7}, {3, 17}, {2, 0, 3},
+  const std::vector<std::vector<int64_t>> shapes = {{0, 5},    {7},          {3, 17},   {2, 0, 3},
                                                     {300, 67}, {2, 33, 130}, {1100, 64}};
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& approximate : kApproximations) {
         for (const auto& shape : shapes) {
-          SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                          << dtype << " " << approximate << " "
-                                          << at::IntArrayRef(shape));
+          SCOPED_TRACE(testing::Message()
+                       << fuseops::cpu::capability_name(capability) << " " << dtype << " "
+                       << approximate << " " << at::IntArrayRef(shape));
           const at::Tensor x = random_input(shape, dtype, device());
           const at::Tensor b = random_input({shape.back()}, dtype, device());
           const at::Tensor g = random_input(shape, dtype, device());
           const at::Tensor z = x.to(at::kDouble) + b.to(at::kDouble);
-          expect_close(fuseops::bias_gelu(x, b, approximate),
-                       at::gelu(z, approximate));
+          expect_close(fuseops::bias_gelu(x, b, approximate), at::gelu(z, approximate));
           const auto [grad_input, grad_bias] = fuseops::bias_gelu_backward(g, x, b, approximate);
           const at::Tensor expected_grad_input = gelu_grad_ref(g, z, approximate);
           expect_close(grad_input, expected_grad_input, absmax(g));
@@ -229,8 +226,7 @@ TEST_P(BiasGelu, ForwardAndBackwardMatchFloat64OnEveryBuild) {
           const at::Tensor expected_grad_bias =
               expected_grad_input.reshape({-1, shape.back()}).sum(0);
           const at::Tensor err = (grad_bias.to(at::kDouble) - expected_grad_bias).abs();
-          const at::Tensor scale =
-              expected_grad_input.abs().reshape({-1, shape.back()}).sum(0) + 1;
+          const at::Tensor scale = expected_grad_input.abs().reshape({-1, shape.back()}).sum(0) + 1;
           EXPECT_TRUE((err <= elementwise_tolerance(dtype) * scale).all().item<bool>())
               << "grad_bias max error " << err.max().item<double>();
         }
@@ -250,9 +246,9 @@ TEST_P(Activation, NonContiguousInputs) {
     expect_close(fuseops::silu(x), at::silu(x.to(at::kDouble)));
     expect_close(fuseops::gelu_backward(g.view(x.sizes()), x, "tanh"),
                  gelu_grad_ref(g.view(x.sizes()), x, "tanh"), absmax(g));
-    const at::Tensor b = random_input({x.size(1) * 2}, at::kFloat, device()).slice(0, 0, x.size(1) * 2, 2);
-    expect_close(fuseops::bias_gelu(x, b),
-                 at::gelu(x.to(at::kDouble) + b.to(at::kDouble)));
+    const at::Tensor b =
+        random_input({x.size(1) * 2}, at::kFloat, device()).slice(0, 0, x.size(1) * 2, 2);
+    expect_close(fuseops::bias_gelu(x, b), at::gelu(x.to(at::kDouble) + b.to(at::kDouble)));
   }
 }
 
@@ -325,9 +321,8 @@ TEST(Activation, BadInputErrorsNameOpAndArgument) {
                         {"fuseops::silu_backward", "'grad_output'", "shape"});
   expect_error_mentions([] { fuseops::bias_gelu(at::ones({3, 4}), at::ones({3})); },
                         {"fuseops::bias_gelu", "'bias'", "size"});
-  expect_error_mentions(
-      [] { fuseops::bias_gelu(at::ones({3, 4}), at::ones({4}, at::kDouble)); },
-      {"fuseops::bias_gelu", "'bias'", "dtype"});
+  expect_error_mentions([] { fuseops::bias_gelu(at::ones({3, 4}), at::ones({4}, at::kDouble)); },
+                        {"fuseops::bias_gelu", "'bias'", "dtype"});
   expect_error_mentions(
       [] { fuseops::bias_gelu_backward(at::ones({3, 4}), at::ones({3, 4}), at::ones({4}), "x"); },
       {"fuseops::bias_gelu_backward", "'approximate'"});

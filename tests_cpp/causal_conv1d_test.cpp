@@ -53,9 +53,9 @@ std::pair<at::Tensor, at::Tensor> composite(const at::Tensor& x, const at::Tenso
                                             bool silu) {
   const int64_t width = w.size(1);
   const at::Tensor xd = x.to(at::kDouble);
-  const at::Tensor states =
-      init.defined() ? init.to(at::kDouble)
-                     : at::zeros({x.size(0), x.size(1), width - 1}, xd.options());
+  const at::Tensor states = init.defined()
+                                ? init.to(at::kDouble)
+                                : at::zeros({x.size(0), x.size(1), width - 1}, xd.options());
   const at::Tensor padded = at::cat({states, xd}, 2);
   at::Tensor out = at::conv1d(padded, w.to(at::kDouble).unsqueeze(1),
                               b.defined() ? b.to(at::kDouble) : at::Tensor(), at::IntArrayRef{1},
@@ -117,9 +117,9 @@ void check_config(const Config& cfg, const at::TensorOptions& options) {
   const at::Tensor wd = w.to(at::kDouble).requires_grad_();
   const auto f64 = options.dtype(at::kDouble);
   const at::Tensor bd = at::zeros({cfg.dim}, f64).requires_grad_();
-  const at::Tensor initd = (cfg.init ? init.to(at::kDouble)
-                                     : at::zeros({cfg.batch, cfg.dim, cfg.width - 1}, f64))
-                               .requires_grad_();
+  const at::Tensor initd =
+      (cfg.init ? init.to(at::kDouble) : at::zeros({cfg.batch, cfg.dim, cfg.width - 1}, f64))
+          .requires_grad_();
   const at::Tensor bias_d = cfg.bias ? bd + b.to(at::kDouble) : bd;
   const auto [o, f] = composite(xd, wd, bias_d, initd, cfg.silu);
   const auto grads = torch::autograd::grad({o, f}, {xd, wd, bd, initd},
@@ -201,12 +201,12 @@ TEST_P(CausalConv1d, WeightGradientIsDeterministic) {
   const at::Tensor w = at::randn({300, 4}, options());
   const at::Tensor dy =
       at::randn(x.sizes(), options()).transpose(1, 2).contiguous().transpose(1, 2);
-  const auto first = fuseops::causal_conv1d_backward(dy, x, w, std::nullopt, std::nullopt,
-                                                     std::nullopt, "silu");
+  const auto first =
+      fuseops::causal_conv1d_backward(dy, x, w, std::nullopt, std::nullopt, std::nullopt, "silu");
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
-  const auto second = fuseops::causal_conv1d_backward(dy, x, w, std::nullopt, std::nullopt,
-                                                      std::nullopt, "silu");
+  const auto second =
+      fuseops::causal_conv1d_backward(dy, x, w, std::nullopt, std::nullopt, std::nullopt, "silu");
   at::set_num_threads(threads);
   EXPECT_TRUE(at::equal(std::get<1>(first), std::get<1>(second)));
   EXPECT_TRUE(at::equal(std::get<2>(first), std::get<2>(second)));
@@ -223,7 +223,8 @@ TEST_P(CausalConv1d, UpdateMatchesTheFullConvolutionTokenByToken) {
         const at::Tensor full = composite(x, w, b, at::Tensor(), true).first;
         at::Tensor state = at::zeros({2, 5, state_len}, options(dtype));
         for (int64_t t = 0; t < 9; ++t) {
-          const at::Tensor step = fuseops::causal_conv1d_update(x.select(2, t), state, w, b, "silu");
+          const at::Tensor step =
+              fuseops::causal_conv1d_update(x.select(2, t), state, w, b, "silu");
           ASSERT_EQ(step.sizes(), (std::vector<int64_t>{2, 5}));
           expect_close(step, full.select(2, t), dtype);
         }
@@ -231,8 +232,10 @@ TEST_P(CausalConv1d, UpdateMatchesTheFullConvolutionTokenByToken) {
         expect_close(state, x.narrow(2, 9 - state_len, state_len), dtype);
         // Several tokens at once continue the same sequence.
         at::Tensor state2 = at::zeros({2, 5, state_len}, options(dtype));
-        const at::Tensor first = fuseops::causal_conv1d_update(x.narrow(2, 0, 4), state2, w, b, "silu");
-        const at::Tensor rest = fuseops::causal_conv1d_update(x.narrow(2, 4, 5), state2, w, b, "silu");
+        const at::Tensor first =
+            fuseops::causal_conv1d_update(x.narrow(2, 0, 4), state2, w, b, "silu");
+        const at::Tensor rest =
+            fuseops::causal_conv1d_update(x.narrow(2, 4, 5), state2, w, b, "silu");
         expect_close(at::cat({first, rest}, 2), full, dtype);
       }
     }
@@ -261,8 +264,9 @@ TEST(CausalConv1d, BadInputErrorsNameOpAndArgument) {
   expect_error_mentions([&] { fuseops::causal_conv1d(x.to(at::kInt), w); },
                         {"fuseops::causal_conv1d", "'x'", "dtype"});
   at::Tensor state = at::zeros({2, 4, 2});
-  expect_error_mentions([&] { fuseops::causal_conv1d_update(x, state, w); },
-                        {"fuseops::causal_conv1d_update", "'conv_state'", "state_len >= width - 1"});
+  expect_error_mentions(
+      [&] { fuseops::causal_conv1d_update(x, state, w); },
+      {"fuseops::causal_conv1d_update", "'conv_state'", "state_len >= width - 1"});
   at::Tensor buffer = at::zeros({2, 4, 8});
   at::Tensor aliased_state = buffer.narrow(2, 0, 4);
   expect_error_mentions(

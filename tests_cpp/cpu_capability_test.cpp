@@ -28,8 +28,7 @@ TEST(CpuCapability, ATenChoiceIsHonouredAndBounded) {
   if (aten == "DEFAULT") {
     EXPECT_EQ(selected, CpuCapability::DEFAULT);
   }
-  EXPECT_EQ(fuseops::build_info().selected_cpu_capability,
-            fuseops::cpu::capability_name(selected));
+  EXPECT_EQ(fuseops::build_info().selected_cpu_capability, fuseops::cpu::capability_name(selected));
 }
 
 TEST(CpuCapability, EveryRunnableBuildRunsWhenForced) {
@@ -91,8 +90,7 @@ TEST(CpuCapability, ReluIsExactOnEveryBuildSpecialValuesIncluded) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
-      SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                      << dtype);
+      SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype);
       // 100003: several parallel chunks and a tail shorter than any vector.
       at::Tensor x = at::randn({100003}, at::TensorOptions().dtype(dtype));
       at::Tensor every_7th = x.slice(0, 0, c10::nullopt, 7);

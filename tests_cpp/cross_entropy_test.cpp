@@ -60,13 +60,12 @@ at::Tensor composite(const at::Tensor& logits, const at::Tensor& target, const a
   const at::Tensor logp = z - lse.unsqueeze(-1);
   const at::Tensor valid = target != o.ignore_index;
   const at::Tensor safe = at::where(valid, target, at::zeros_like(target));
-  const at::Tensor w = weight.defined() ? weight.to(at::kDouble)
-                                        : at::ones({vocab}, z.options());
+  const at::Tensor w = weight.defined() ? weight.to(at::kDouble) : at::ones({vocab}, z.options());
   const at::Tensor w_t = w.index_select(0, safe.reshape(-1)).view(target.sizes()) * valid;
   const at::Tensor nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1) * w_t;
   const at::Tensor smooth = -(logp * w).sum(-1) * valid;
-  at::Tensor rows = (1 - o.smoothing) * nll + o.smoothing / vocab * smooth +
-                    o.z_loss * lse * lse * valid;
+  at::Tensor rows =
+      (1 - o.smoothing) * nll + o.smoothing / vocab * smooth + o.z_loss * lse * lse * valid;
   if (o.reduction == "none") {
     return rows;
   }
@@ -86,9 +85,9 @@ void check(const at::Tensor& logits, const at::Tensor& target, const at::Tensor&
   expect_close(loss, expected, dtype);
 
   const at::Tensor grad_out = at::randn(loss.sizes(), loss.options());
-  const at::Tensor grad = fuseops::cross_entropy_backward(grad_out, logits, target, w, lse, total,
-                                                          o.reduction, o.ignore_index,
-                                                          o.smoothing, o.z_loss, o.softcap);
+  const at::Tensor grad =
+      fuseops::cross_entropy_backward(grad_out, logits, target, w, lse, total, o.reduction,
+                                      o.ignore_index, o.smoothing, o.z_loss, o.softcap);
   const at::Tensor xd = logits.to(at::kDouble).clone().requires_grad_();
   const at::Tensor want = torch::autograd::grad({composite(xd, target, weight, o)}, {xd},
                                                 {grad_out.to(at::kDouble)})[0];
@@ -107,8 +106,8 @@ TEST_P(CrossEntropy, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
              {Options{}, Options{"sum"}, Options{"none"}, Options{"mean", -100, 0.1},
               Options{"sum", -100, 0.0, 1e-3}, Options{"mean", -100, 0.0, 0.0, 2.5},
               Options{"none", 3, 0.2, 1e-2, 4.0}}) {
-          SCOPED_TRACE(std::string(c10::toString(dtype)) + " V=" + std::to_string(vocab) +
-                       " " + o.reduction);
+          SCOPED_TRACE(std::string(c10::toString(dtype)) + " V=" + std::to_string(vocab) + " " +
+                       o.reduction);
           // Row 2 is ignored.
           const at::Tensor t = target.clone();
           t[2] = o.ignore_index;
@@ -131,8 +130,7 @@ TEST_P(CrossEntropy, AutogradAndInplaceVariantAgree) {
   at::Tensor buffer = logits.clone();
   const at::Tensor leaf = at::zeros({6, 50}, options()).requires_grad_();
   at::Tensor y = leaf + buffer;  // a non-leaf whose storage takes the gradient
-  const at::Tensor loss2 =
-      fuseops::cross_entropy_inplace(y, target, std::nullopt, "mean");
+  const at::Tensor loss2 = fuseops::cross_entropy_inplace(y, target, std::nullopt, "mean");
   EXPECT_TRUE(at::allclose(loss2, loss.detach(), 1e-6, 1e-6));
   loss2.backward(grad_out);
   EXPECT_TRUE(at::allclose(leaf.grad(), x.grad(), 1e-6, 1e-7));
@@ -144,8 +142,8 @@ TEST_P(CrossEntropy, AllIgnoredMeanIsNanAndEmptyRowsWork) {
   EXPECT_TRUE(fuseops::cross_entropy(logits, target).isnan().item<bool>());
   EXPECT_EQ(fuseops::cross_entropy(logits, target, std::nullopt, "sum").item<double>(), 0.0);
   const at::Tensor empty = at::randn({0, 5}, options()).requires_grad_();
-  const at::Tensor loss = fuseops::cross_entropy(empty, at::empty({0}, options(at::kLong)), std::nullopt,
-                                                 "sum");
+  const at::Tensor loss =
+      fuseops::cross_entropy(empty, at::empty({0}, options(at::kLong)), std::nullopt, "sum");
   loss.backward();
   EXPECT_EQ(empty.grad().sizes(), empty.sizes());
 }
@@ -166,21 +164,18 @@ TEST(CrossEntropy, BadInputErrorsNameOpAndArgument) {
       [&] { fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), std::nullopt, "avg"); },
       {"fuseops::cross_entropy", "reduction", "avg"});
   expect_error_mentions(
-      [&] {
-        fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), at::ones({9}), "mean");
-      },
+      [&] { fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), at::ones({9}), "mean"); },
       {"fuseops::cross_entropy", "weight", "[10]"});
   expect_error_mentions(
       [&] {
-        fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), std::nullopt, "mean", -100,
-                               1.5);
+        fuseops::cross_entropy(logits, at::zeros({4}, at::kLong), std::nullopt, "mean", -100, 1.5);
       },
       {"fuseops::cross_entropy", "label_smoothing", "1.5"});
   expect_error_mentions(
       [&] {
         fuseops::linear_cross_entropy(at::randn({4, 3}), at::randn({10, 3}), std::nullopt,
-                                      at::zeros({4}, at::kLong), std::nullopt, "none", -100,
-                                      0.0, 0.0, std::nullopt, 2.0);
+                                      at::zeros({4}, at::kLong), std::nullopt, "none", -100, 0.0,
+                                      0.0, std::nullopt, 2.0);
       },
       {"fuseops::linear_cross_entropy", "normalizer", "none"});
 }
@@ -210,7 +205,8 @@ TEST_P(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
       const at::Tensor wd = w.to(at::kDouble).clone().requires_grad_();
       const at::Tensor bd = b.to(at::kDouble).clone().requires_grad_();
       const at::Tensor want = composite(at::addmm(bd, xd, wd.t()), target, at::Tensor(), o);
-      const auto grads = torch::autograd::grad({want}, {xd, wd, bd}, {at::full({}, 0.5, options(at::kDouble))});
+      const auto grads =
+          torch::autograd::grad({want}, {xd, wd, bd}, {at::full({}, 0.5, options(at::kDouble))});
       expect_close(loss, want, dtype);
       expect_close(xi.grad(), grads[0], dtype);
       expect_close(wi.grad(), grads[1], dtype);
@@ -234,9 +230,9 @@ TEST_P(LinearCrossEntropy, PerRowLossesAndRecomputingBackward) {
     const at::Tensor token_weight = at::rand({150}, options(at::kDouble));
     const at::Tensor xi = x.clone().requires_grad_();
     const at::Tensor wi = w.clone().requires_grad_();
-    const at::Tensor loss = fuseops::linear_cross_entropy(
-        xi, wi, std::nullopt, target, std::nullopt, o.reduction, o.ignore_index, o.smoothing,
-        o.z_loss, o.softcap);
+    const at::Tensor loss =
+        fuseops::linear_cross_entropy(xi, wi, std::nullopt, target, std::nullopt, o.reduction,
+                                      o.ignore_index, o.smoothing, o.z_loss, o.softcap);
     ASSERT_EQ(loss.sizes(), target.sizes());
     loss.backward(token_weight);
     const at::Tensor xd = x.clone().requires_grad_();

@@ -75,10 +75,10 @@ TEST_P(DecodeAttention, MatchesFloat64CompositeInEveryBuild) {
       const at::Tensor want = reference(q, k, v, mask, c.causal, c.softcap);
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " keys " << c.keys << " L " << c.q_len);
-        const at::Tensor y = fuseops::decode_attention(q, k, v, mask, c.causal, std::nullopt,
-                                                       c.softcap);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " keys " << c.keys << " L " << c.q_len);
+        const at::Tensor y =
+            fuseops::decode_attention(q, k, v, mask, c.causal, std::nullopt, c.softcap);
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), want.sizes());
         // Softmax-weighted means of values of magnitude ~1: the float32

@@ -26,8 +26,7 @@ FUSEOPS_TEST_ON_DEVICES(Gated);
 
 // `scale`: the largest factor multiplying the activation (up, the upstream
 // gradient), which scales the absolute floor too.
-void expect_close(const at::Tensor& actual, const at::Tensor& expected_double,
-                  double scale = 1.0) {
+void expect_close(const at::Tensor& actual, const at::Tensor& expected_double, double scale = 1.0) {
   ASSERT_EQ(actual.sizes(), expected_double.sizes());
   const double tol = elementwise_tolerance(actual.scalar_type());
   const at::Tensor err = (actual.to(at::kDouble) - expected_double).abs();
@@ -63,8 +62,7 @@ std::tuple<at::Tensor, at::Tensor> backward(const std::string& form, const at::T
   return form == "silu" ? fuseops::swiglu_backward(g, gate, up)
                         : fuseops::geglu_backward(g, gate, up, form);
 }
-at::Tensor backward_packed(const std::string& form, const at::Tensor& g,
-                           const at::Tensor& input) {
+at::Tensor backward_packed(const std::string& form, const at::Tensor& g, const at::Tensor& input) {
   return form == "silu" ? fuseops::swiglu_packed_backward(g, input)
                         : fuseops::geglu_packed_backward(g, input, form);
 }
@@ -72,16 +70,15 @@ at::Tensor backward_packed(const std::string& form, const at::Tensor& g,
 const std::vector<std::string> kForms = {"silu", "none", "tanh"};
 
 TEST_P(Gated, SeparateAndPackedMatchFloat64OnEveryBuild) {
-  const std::vector<std::vector<int64_t>> shapes = {{0, 4}, {7}, {3, 17}, {2, 0, 3},
-                                                    {300, 67}, {2, 33, 130}};
+  const std::vector<std::vector<int64_t>> shapes = {{0, 4},    {7},       {3, 17},
+                                                    {2, 0, 3}, {300, 67}, {2, 33, 130}};
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
       for (const auto& form : kForms) {
         for (const auto& shape : shapes) {
           SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                          << dtype << " " << form << " "
-                                          << at::IntArrayRef(shape));
+                                          << dtype << " " << form << " " << at::IntArrayRef(shape));
           const Reference ref{form};
           std::vector<int64_t> packed_shape = shape;
           packed_shape.back() *= 2;
@@ -124,8 +121,7 @@ TEST_P(Gated, AutogradInCppSeparateAndPacked) {
     const at::Tensor up = packed.detach().narrow(1, 19, 19);
     const double scale = absmax(upstream) * absmax(packed);
     expect_close(packed.grad(),
-                 at::cat({ref.act_grad(upstream * up, gate), upstream * ref.act(gate)}, 1),
-                 scale);
+                 at::cat({ref.act_grad(upstream * up, gate), upstream * ref.act(gate)}, 1), scale);
     const at::Tensor gate_leaf = gate.clone().requires_grad_();
     const at::Tensor up_leaf = up.clone().requires_grad_();
     forward(form, gate_leaf, up_leaf).backward(upstream);
@@ -165,17 +161,16 @@ TEST(Gated, BadInputErrorsNameOpAndArgument) {
                         {"fuseops::geglu", "'approximate'", "'fast'"});
   expect_error_mentions([] { fuseops::geglu_packed(at::ones({2, 4}), ""); },
                         {"fuseops::geglu.packed", "'approximate'"});
-  expect_error_mentions(
-      [] { fuseops::swiglu_packed_backward(at::ones({3, 4}), at::ones({3, 4})); },
-      {"fuseops::swiglu_backward.packed", "'grad_output'", "[3, 2]"});
+  expect_error_mentions([] { fuseops::swiglu_packed_backward(at::ones({3, 4}), at::ones({3, 4})); },
+                        {"fuseops::swiglu_backward.packed", "'grad_output'", "[3, 2]"});
 }
 
 TEST(Gated, MetaTensorsGiveShapesOnly) {
   const auto meta = at::TensorOptions().device(at::kMeta).dtype(at::kHalf);
   EXPECT_EQ(fuseops::swiglu_packed(at::empty({4, 6}, meta)).sizes(), at::IntArrayRef({4, 3}));
-  EXPECT_EQ(fuseops::geglu_packed_backward(at::empty({4, 3}, meta), at::empty({4, 6}, meta))
-                .sizes(),
-            at::IntArrayRef({4, 6}));
+  EXPECT_EQ(
+      fuseops::geglu_packed_backward(at::empty({4, 3}, meta), at::empty({4, 6}, meta)).sizes(),
+      at::IntArrayRef({4, 6}));
 }
 
 // out= overlapping a strided input (the report of the fuzzer): ATen calls

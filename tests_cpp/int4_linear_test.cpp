@@ -93,8 +93,8 @@ double tolerance(at::ScalarType dtype) {
 
 TEST_P(Int4Linear, MatchesCompositeAndIsIdenticalInEveryBuild) {
   for (auto dtype : fuseops::testing::kDtypes) {
-    for (const auto& [m, n, k, group_size] : std::vector<std::tuple<int64_t, int64_t, int64_t,
-                                                                    int64_t>>{
+    for (const auto& [m, n, k, group_size] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
              {1, 16, 32, 32}, {3, 37, 10, 4}, {7, 40, 129, 64}, {61, 33, 256, 128}, {2, 1, 1, 2}}) {
       const at::Tensor w = at::randn({n, k}, options());
       const auto [wq, scale, zero] = fuseops::quantize_per_group_int4(w, group_size, m % 2 == 1);
@@ -107,15 +107,15 @@ TEST_P(Int4Linear, MatchesCompositeAndIsIdenticalInEveryBuild) {
       std::optional<at::Tensor> first;
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " m " << m << " n " << n << " k " << k);
-        const at::Tensor y = fuseops::int4_weight_only_linear(x, packed, scale_zero, group_size,
-                                                              bias);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " m " << m << " n " << n << " k " << k);
+        const at::Tensor y =
+            fuseops::int4_weight_only_linear(x, packed, scale_zero, group_size, bias);
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
         const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
-        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tolerance(dtype),
-                                 tolerance(dtype) * scale_of_y))
+        EXPECT_TRUE(
+            at::allclose(y.to(at::kDouble), want, tolerance(dtype), tolerance(dtype) * scale_of_y))
             << (y.to(at::kDouble) - want).abs().max().item<double>();
         if (first) {
           EXPECT_TRUE(at::equal(y, *first));
@@ -132,8 +132,8 @@ TEST_P(Int4Linear, MatchesCompositeAndIsIdenticalInEveryBuild) {
 // the dequantized weight, in float64.
 TEST_P(Int4Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
   for (auto dtype : fuseops::testing::kDtypes) {
-    for (const auto& [m, n, k, group_size] : std::vector<std::tuple<int64_t, int64_t, int64_t,
-                                                                    int64_t>>{
+    for (const auto& [m, n, k, group_size] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
              {1, 16, 32, 32}, {3, 37, 10, 4}, {9, 40, 300, 12}, {61, 33, 256, 128}}) {
       const at::Tensor w = at::randn({n, k}, options());
       const auto [wq, scale, zero] = fuseops::quantize_per_group_int4(w, group_size, m % 2 == 1);
@@ -148,15 +148,14 @@ TEST_P(Int4Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
       std::optional<at::Tensor> first;
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " m " << m << " n " << n << " k " << k);
-        const at::Tensor y =
-            fuseops::int4_dynamic_linear(x, packed, scale_zero, group_size, bias);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " m " << m << " n " << n << " k " << k);
+        const at::Tensor y = fuseops::int4_dynamic_linear(x, packed, scale_zero, group_size, bias);
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
         const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
-        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tolerance(dtype),
-                                 tolerance(dtype) * scale_of_y))
+        EXPECT_TRUE(
+            at::allclose(y.to(at::kDouble), want, tolerance(dtype), tolerance(dtype) * scale_of_y))
             << (y.to(at::kDouble) - want).abs().max().item<double>();
         if (first) {
           EXPECT_TRUE(at::equal(y, *first));
@@ -198,9 +197,8 @@ TEST(Int4Linear, BadInputsNameOpAndArgument) {
                                          at::randn({19}));
       },
       {op, "'bias'", "[20]"});
-  expect_error_mentions(
-      [&] { fuseops::pack_int4_weight(wq.to(at::kChar), scale, zero, 32); },
-      {"fuseops::pack_int4_weight", "'wq'", "uint8"});
+  expect_error_mentions([&] { fuseops::pack_int4_weight(wq.to(at::kChar), scale, zero, 32); },
+                        {"fuseops::pack_int4_weight", "'wq'", "uint8"});
   expect_error_mentions([&] { fuseops::pack_int4_weight(wq + 16, scale, zero, 32); },
                         {"fuseops::pack_int4_weight", "'wq'", "[0, 15]"});
   expect_error_mentions([&] { fuseops::pack_int4_weight(wq, scale, zero, 16); },

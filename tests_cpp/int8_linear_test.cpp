@@ -60,8 +60,8 @@ TEST_P(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
     for (auto dtype : fuseops::testing::kDtypes) {
       for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
                {1, 16, 4}, {3, 37, 10}, {7, 40, 129}, {61, 33, 64}, {2, 1, 1}}) {
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " m " << m << " n " << n << " k " << k);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " m " << m << " n " << n << " k " << k);
         const at::Tensor wq = random_int8({n, k}, device());
         const at::Tensor scale = at::rand({n}, options()) * 0.01 + 1e-3;
         const auto [packed, s, colsum] = fuseops::pack_int8_weight(wq, scale);
@@ -70,8 +70,8 @@ TEST_P(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
         for (bool with_bias : {false, true}) {
           const at::Tensor y = fuseops::int8_weight_only_linear(
               x, packed, s, with_bias ? std::optional<at::Tensor>(bias) : std::nullopt);
-          at::Tensor want = at::matmul(x.to(at::kDouble), wq.to(at::kDouble).t()) *
-                            scale.to(at::kDouble);
+          at::Tensor want =
+              at::matmul(x.to(at::kDouble), wq.to(at::kDouble).t()) * scale.to(at::kDouble);
           if (with_bias) {
             want = want + bias.to(at::kDouble);
           }
@@ -119,8 +119,8 @@ TEST_P(Int8Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
       std::optional<at::Tensor> first;
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " m " << m << " n " << n << " k " << k);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " m " << m << " n " << n << " k " << k);
         const at::Tensor y = fuseops::int8_dynamic_linear(x, packed, s, colsum, bias);
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
@@ -142,8 +142,9 @@ TEST(Int8Linear, BadInputsNameOpAndArgument) {
   const at::Tensor wq = random_int8({20, 12});
   const auto [packed, scale, colsum] = fuseops::pack_int8_weight(wq, at::rand({20}));
   const char* op = "fuseops::int8_weight_only_linear";
-  expect_error_mentions([&] { fuseops::int8_weight_only_linear(at::randn({2, 13}), packed, scale); },
-                        {op, "'input'", "K = 13", "'packed'"});
+  expect_error_mentions(
+      [&] { fuseops::int8_weight_only_linear(at::randn({2, 13}), packed, scale); },
+      {op, "'input'", "K = 13", "'packed'"});
   expect_error_mentions(
       [&] { fuseops::int8_weight_only_linear(at::randn({2, 12}), packed.to(at::kFloat), scale); },
       {op, "'packed'", "int8"});
@@ -157,13 +158,13 @@ TEST(Int8Linear, BadInputsNameOpAndArgument) {
       [&] { fuseops::int8_weight_only_linear(at::randn({2, 12}), packed, scale, at::randn({19})); },
       {op, "'bias'", "[20]"});
   expect_error_mentions(
-      [&] {
-        fuseops::int8_weight_only_linear(at::randint(0, 3, {2, 12}), packed, scale);
-      },
+      [&] { fuseops::int8_weight_only_linear(at::randint(0, 3, {2, 12}), packed, scale); },
       {op, "'input'", "dtype"});
   const char* dyn = "fuseops::int8_dynamic_linear";
   expect_error_mentions(
-      [&] { fuseops::int8_dynamic_linear(at::randn({2, 12}), packed, scale, colsum.to(at::kLong)); },
+      [&] {
+        fuseops::int8_dynamic_linear(at::randn({2, 12}), packed, scale, colsum.to(at::kLong));
+      },
       {dyn, "'colsum'", "int32"});
   expect_error_mentions(
       [&] {

@@ -28,11 +28,10 @@ using fuseops::testing::reduction_tolerance;
 class LayerNorm : public fuseops::testing::DeviceTest {};
 FUSEOPS_TEST_ON_DEVICES(LayerNorm);
 
-
 // Rows shorter than a vector, tails after full vectors, zero rows, several
 // parallel chunks, and a row longer than a task's grain.
-const std::vector<std::vector<int64_t>> kShapes = {
-    {1}, {7}, {3, 17}, {5, 0, 33}, {2, 3, 64}, {37, 1000}, {300, 96}, {3, 20011}};
+const std::vector<std::vector<int64_t>> kShapes = {{1},        {7},        {3, 17},   {5, 0, 33},
+                                                   {2, 3, 64}, {37, 1000}, {300, 96}, {3, 20011}};
 
 void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype) {
   ASSERT_EQ(actual.sizes(), expected.sizes());
@@ -102,7 +101,8 @@ void check_forward_and_backward(const at::Tensor& x, at::ScalarType dtype, bool 
   expect_close(dx, grads[0], dtype);
   // The parameter gradients are sums over all rows: their error grows with
   // the row count; scale the tolerance by sqrt(rows).
-  const double rows_factor = std::sqrt(std::max<double>(1.0, x.numel() / std::max<int64_t>(hidden, 1)));
+  const double rows_factor =
+      std::sqrt(std::max<double>(1.0, x.numel() / std::max<int64_t>(hidden, 1)));
   const double tol = reduction_tolerance(dtype) * rows_factor;
   EXPECT_TRUE(at::allclose(dw.to(at::kDouble), grads[1], tol, tol));
   EXPECT_TRUE(at::allclose(db.to(at::kDouble), grads[2], tol, tol));
@@ -114,10 +114,9 @@ TEST_P(LayerNorm, ForwardAndBackwardMatchCompositeInEveryCpuBuild) {
     for (auto dtype : kDtypes) {
       for (const auto& shape : kShapes) {
         for (int affine = 0; affine < 4; ++affine) {
-          SCOPED_TRACE(testing::Message()
-                       << fuseops::cpu::capability_name(capability) << " " << dtype << " "
-                       << at::IntArrayRef(shape) << " weight=" << (affine & 1)
-                       << " bias=" << (affine >> 1));
+          SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
+                                          << dtype << " " << at::IntArrayRef(shape) << " weight="
+                                          << (affine & 1) << " bias=" << (affine >> 1));
           const at::Tensor x = at::randn(shape, options(dtype)) * 3 + 1;
           check_forward_and_backward(x, dtype, affine & 1, affine >> 1);
         }
@@ -282,9 +281,9 @@ TEST_P(LayerNorm, OutVariant) {
 
 TEST_P(LayerNorm, ZeroRowsGiveZeroParameterGradients) {
   const at::Tensor x = at::randn({0, 12}, options());
-  const auto [dx, dw, db] = fuseops::layer_norm_backward(
-      at::randn({0, 12}, options()), x, at::randn({12}, options()), at::empty({0}, options()),
-      at::empty({0}, options()));
+  const auto [dx, dw, db] =
+      fuseops::layer_norm_backward(at::randn({0, 12}, options()), x, at::randn({12}, options()),
+                                   at::empty({0}, options()), at::empty({0}, options()));
   EXPECT_EQ(dx.sizes(), x.sizes());
   EXPECT_TRUE(at::equal(dw, at::zeros({12}, options())));
   EXPECT_TRUE(at::equal(db, at::zeros({12}, options())));
@@ -311,19 +310,28 @@ TEST(LayerNorm, BadInputErrorsNameOpAndArgument) {
       },
       {"fuseops::layer_norm.out", "'out'", "dtype"});
   expect_error_mentions(
-      [&] { fuseops::layer_norm_backward(at::ones({3, 7}), x, std::nullopt, at::ones({3}), at::ones({3})); },
+      [&] {
+        fuseops::layer_norm_backward(at::ones({3, 7}), x, std::nullopt, at::ones({3}),
+                                     at::ones({3}));
+      },
       {"fuseops::layer_norm_backward", "'grad_output'", "shape"});
   expect_error_mentions(
       [&] {
-        fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt,
-                                     at::ones({3}, at::kInt), at::ones({3}));
+        fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt, at::ones({3}, at::kInt),
+                                     at::ones({3}));
       },
       {"fuseops::layer_norm_backward", "'mean'", "dtype", "Int"});
   expect_error_mentions(
-      [&] { fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt, at::ones({3}), at::ones({4})); },
+      [&] {
+        fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt, at::ones({3}),
+                                     at::ones({4}));
+      },
       {"fuseops::layer_norm_backward", "'rstd'", "shape [3]", "followed by 1", "[4]"});
   expect_error_mentions(
-      [&] { fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt, at::ones({3, 2}), at::ones({3})); },
+      [&] {
+        fuseops::layer_norm_backward(at::ones({3, 8}), x, std::nullopt, at::ones({3, 2}),
+                                     at::ones({3}));
+      },
       {"fuseops::layer_norm_backward", "'mean'", "shape [3]", "[3, 2]"});
   expect_error_mentions([&] { fuseops::layer_norm_forward(x, at::ones({7})); },
                         {"fuseops::layer_norm_forward", "'weight'", "[8]", "[7]"});
@@ -347,9 +355,9 @@ TEST(LayerNorm, MetaTensorsGiveShapesOnly) {
   EXPECT_TRUE(y.is_meta());
   EXPECT_EQ(y.sizes(), x.sizes());
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
-  const auto [dx, dw, db] = fuseops::layer_norm_backward(
-      x, x, std::nullopt, at::empty({4, 5}, meta.dtype(at::kFloat)),
-      at::empty({4, 5}, meta.dtype(at::kFloat)));
+  const auto [dx, dw, db] =
+      fuseops::layer_norm_backward(x, x, std::nullopt, at::empty({4, 5}, meta.dtype(at::kFloat)),
+                                   at::empty({4, 5}, meta.dtype(at::kFloat)));
   EXPECT_EQ(dx.sizes(), x.sizes());
   EXPECT_EQ(dw.sizes(), at::IntArrayRef({16}));
   EXPECT_EQ(db.scalar_type(), at::kBFloat16);
@@ -368,8 +376,8 @@ TEST_P(LayerNorm, NumericallyHardRowsOnEveryBuild) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
       const auto options = this->options(dtype);
       for (int64_t hidden : {1, 7, 4096, 100003}) {
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " hidden " << hidden);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " hidden " << hidden);
         const at::Tensor b = at::randn({hidden}, options);
         const at::Tensor w = at::randn({hidden}, options);
         const at::Tensor constant = at::full({3, hidden}, 3.3, options);
@@ -381,8 +389,8 @@ TEST_P(LayerNorm, NumericallyHardRowsOnEveryBuild) {
         const at::Tensor huge = at::randn({3, hidden}, options) * 1e30;
         for (const at::Tensor& x : {offset, huge}) {
           SCOPED_TRACE(testing::Message() << "max |x| " << x.abs().max().item<double>());
-          expect_close(fuseops::layer_norm(x, w, b, 1e-12),
-                       composite_forward(x, w, b, 1e-12).out, dtype);
+          expect_close(fuseops::layer_norm(x, w, b, 1e-12), composite_forward(x, w, b, 1e-12).out,
+                       dtype);
         }
       }
     }

@@ -35,15 +35,16 @@ void expect_equal(const at::Tensor& actual, const at::Tensor& expected) {
   EXPECT_TRUE(at::equal(actual, expected));
 }
 
-const std::vector<std::vector<int64_t>> kShapes = {{1, 1}, {3, 17}, {5, 0}, {0, 4}, {64, 301}, {2, 3, 40}};
+const std::vector<std::vector<int64_t>> kShapes = {{1, 1}, {3, 17},   {5, 0},
+                                                   {0, 4}, {64, 301}, {2, 3, 40}};
 
 TEST_P(Quantize, MatchesCompositeInEveryBuildAndDtype) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride forced(capability);
     for (auto dtype : kDtypes) {
       for (const auto& shape : kShapes) {
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " " << at::IntArrayRef(shape));
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " " << at::IntArrayRef(shape));
         at::Tensor x = at::randn(shape, options(dtype)) * 3;
         if (x.size(0) > 1 && x.size(-1) > 0) {
           x.select(0, 1).zero_();  // an all-zero row gets scale 1
@@ -53,7 +54,8 @@ TEST_P(Quantize, MatchesCompositeInEveryBuildAndDtype) {
                                                   : fuseops::quantize_per_token_int8(x);
         expect_equal(q, want_q);
         expect_equal(scale, want_scale);
-        const auto [tq, tscale] = fuseops::quantize_per_token_int8(x.transpose(0, -1).contiguous().transpose(0, -1));
+        const auto [tq, tscale] =
+            fuseops::quantize_per_token_int8(x.transpose(0, -1).contiguous().transpose(0, -1));
         expect_equal(tq, want_q);
         expect_equal(tscale, want_scale);
       }
@@ -84,8 +86,9 @@ TEST_P(Quantize, DequantizeMatchesComposite) {
 }
 
 TEST_P(Quantize, BadInputsNameOpAndArgument) {
-  expect_error_mentions([&] { fuseops::quantize_per_channel_int8(at::randn({2, 3, 4}, options())); },
-                        {"fuseops::quantize_per_channel_int8", "'weight'", "2-D"});
+  expect_error_mentions(
+      [&] { fuseops::quantize_per_channel_int8(at::randn({2, 3, 4}, options())); },
+      {"fuseops::quantize_per_channel_int8", "'weight'", "2-D"});
   expect_error_mentions(
       [&] { fuseops::quantize_per_channel_int8(at::ones({2, 3}, options(at::kInt))); },
       {"fuseops::quantize_per_channel_int8", "'weight'", "dtype"});
@@ -94,8 +97,9 @@ TEST_P(Quantize, BadInputsNameOpAndArgument) {
   expect_error_mentions([&] { fuseops::quantize_per_token_int8(x); },
                         {"fuseops::quantize_per_token_int8", "'input'", "row 2", "Inf or NaN"});
   const at::Tensor q = at::zeros({3, 8}, options(at::kChar));
-  expect_error_mentions([&] { fuseops::dequantize_int8(q.to(at::kFloat), at::ones({3}, options())); },
-                        {"fuseops::dequantize_int8", "'q'", "int8"});
+  expect_error_mentions(
+      [&] { fuseops::dequantize_int8(q.to(at::kFloat), at::ones({3}, options())); },
+      {"fuseops::dequantize_int8", "'q'", "int8"});
   expect_error_mentions([&] { fuseops::dequantize_int8(q, at::ones({8}, options())); },
                         {"fuseops::dequantize_int8", "'scale'", "shape"});
   expect_error_mentions([&] { fuseops::dequantize_int8(q, at::ones({3}, options(at::kDouble))); },

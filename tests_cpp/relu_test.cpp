@@ -21,8 +21,8 @@ FUSEOPS_TEST_ON_DEVICES(Relu);
 
 // Sizes that exercise: empty, a scalar, partial vectors, several parallel
 // chunks with a tail.
-const std::vector<std::vector<int64_t>> kShapes = {
-    {0}, {}, {1}, {7}, {3, 17}, {5, 0, 3}, {2, 3, 4, 5}, {300001}};
+const std::vector<std::vector<int64_t>> kShapes = {{0},     {},        {1},          {7},
+                                                   {3, 17}, {5, 0, 3}, {2, 3, 4, 5}, {300001}};
 
 at::Tensor random_with_special_values(at::IntArrayRef shape, const at::TensorOptions& options) {
   at::Tensor t = at::randn(shape, options);
@@ -102,7 +102,7 @@ TEST_P(Relu, DoubleBackward) {
   const at::Tensor upstream = at::randn({9, 11}, options(at::kDouble)).requires_grad_();
   const at::Tensor y = fuseops::relu(x);
   const auto grads = torch::autograd::grad({y}, {x}, {upstream}, /*retain_graph=*/true,
-                                        /*create_graph=*/true);
+                                           /*create_graph=*/true);
   // d(grad_x)/d(upstream) is the relu mask.
   const at::Tensor w = at::randn({9, 11}, options(at::kDouble));
   const auto second = torch::autograd::grad({grads[0]}, {upstream}, {w});
@@ -145,15 +145,12 @@ TEST(Relu, BadInputErrorsNameOpAndArgument) {
                         {"fuseops::relu", "'input'", "Int"});
   expect_error_mentions([] { fuseops::relu(at::Tensor()); },
                         {"fuseops::relu", "'input'", "undefined"});
-  expect_error_mentions(
-      [] { fuseops::relu_backward(at::ones({3}), at::ones({4})); },
-      {"fuseops::relu_backward", "'grad_output'", "shape"});
-  expect_error_mentions(
-      [] { fuseops::relu_backward(at::ones({3}), at::ones({3}, at::kDouble)); },
-      {"fuseops::relu_backward", "'grad_output'", "dtype"});
-  expect_error_mentions(
-      [] { fuseops::relu_backward(at::ones({3}), at::Tensor()); },
-      {"fuseops::relu_backward", "'result'", "undefined"});
+  expect_error_mentions([] { fuseops::relu_backward(at::ones({3}), at::ones({4})); },
+                        {"fuseops::relu_backward", "'grad_output'", "shape"});
+  expect_error_mentions([] { fuseops::relu_backward(at::ones({3}), at::ones({3}, at::kDouble)); },
+                        {"fuseops::relu_backward", "'grad_output'", "dtype"});
+  expect_error_mentions([] { fuseops::relu_backward(at::ones({3}), at::Tensor()); },
+                        {"fuseops::relu_backward", "'result'", "undefined"});
   expect_error_mentions(
       [] {
         at::Tensor out = at::empty({3}, at::kDouble);
@@ -163,7 +160,8 @@ TEST(Relu, BadInputErrorsNameOpAndArgument) {
 }
 
 TEST(Relu, MetaTensorsGiveShapesOnly) {
-  const at::Tensor x = at::empty({4, 5}, at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16));
+  const at::Tensor x =
+      at::empty({4, 5}, at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16));
   const at::Tensor y = fuseops::relu(x);
   EXPECT_TRUE(y.is_meta());
   EXPECT_EQ(y.sizes(), x.sizes());

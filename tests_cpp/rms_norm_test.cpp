@@ -30,12 +30,11 @@ FUSEOPS_TEST_ON_DEVICES(RmsNorm);
 class FusedAddRmsNorm : public fuseops::testing::DeviceTest {};
 FUSEOPS_TEST_ON_DEVICES(FusedAddRmsNorm);
 
-
 // Rows of widths that cover: a single element, tails shorter than any vector,
 // exact multiples of 8/16/32 lanes, several row blocks per thread, empty
 // tensors (no rows, and rows of width zero).
-const std::vector<std::vector<int64_t>> kShapes = {
-    {1, 1}, {7, 33}, {4, 3, 64}, {2, 4099}, {300, 96}, {5}, {0, 16}, {3, 0}};
+const std::vector<std::vector<int64_t>> kShapes = {{1, 1},    {7, 33}, {4, 3, 64}, {2, 4099},
+                                                   {300, 96}, {5},     {0, 16},    {3, 0}};
 
 struct Tolerance {
   double rtol;
@@ -88,8 +87,8 @@ TEST_P(RmsNorm, ForwardMatchesFloat64Composite) {
   for (auto dtype : kDtypes) {
     for (const auto& shape : kShapes) {
       for (bool with_weight : {true, false}) {
-        SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape)
-                                        << " weight=" << with_weight);
+        SCOPED_TRACE(testing::Message()
+                     << dtype << " " << at::IntArrayRef(shape) << " weight=" << with_weight);
         const at::Tensor x = at::randn(shape, options(dtype));
         const at::Tensor w = with_weight ? at::randn({shape.back()}, options(dtype)) : at::Tensor();
         const at::Tensor y = fuseops::rms_norm(x, w, 1e-6);
@@ -100,11 +99,11 @@ TEST_P(RmsNorm, ForwardMatchesFloat64Composite) {
         expect_close(y, expected.to(dtype), dtype);
         // The default eps is PyTorch's.
         const at::Tensor y_default = fuseops::rms_norm(x, w);
-        expect_close(y_default,
-                     composite(x.to(at::kDouble), w.defined() ? w.to(at::kDouble) : w,
-                               default_eps(dtype))
-                         .to(dtype),
-                     dtype);
+        expect_close(
+            y_default,
+            composite(x.to(at::kDouble), w.defined() ? w.to(at::kDouble) : w, default_eps(dtype))
+                .to(dtype),
+            dtype);
       }
     }
   }
@@ -114,8 +113,8 @@ TEST_P(RmsNorm, BackwardMatchesFloat64Autograd) {
   for (auto dtype : kDtypes) {
     for (const auto& shape : kShapes) {
       for (bool with_weight : {true, false}) {
-        SCOPED_TRACE(testing::Message() << dtype << " " << at::IntArrayRef(shape)
-                                        << " weight=" << with_weight);
+        SCOPED_TRACE(testing::Message()
+                     << dtype << " " << at::IntArrayRef(shape) << " weight=" << with_weight);
         const at::Tensor x = at::randn(shape, options(dtype));
         const at::Tensor w = with_weight ? at::randn({shape.back()}, options(dtype)) : at::Tensor();
         const at::Tensor grad = at::randn(shape, options(dtype));
@@ -132,7 +131,8 @@ TEST_P(RmsNorm, BackwardMatchesFloat64Autograd) {
           // size |g w| rstd, which cancels where the row's x^2 dwarfs eps
           // (a one-element row: 1 - x^2 / (x^2 + eps)), so float32 is
           // accurate relative to that size, not to the small result.
-          const at::Tensor gw = with_weight ? grad.to(at::kDouble) * wd.detach() : grad.to(at::kDouble);
+          const at::Tensor gw =
+              with_weight ? grad.to(at::kDouble) * wd.detach() : grad.to(at::kDouble);
           const double term_size =
               (gw.abs() * rstd.to(at::kDouble).unsqueeze(-1)).max().item<double>();
           expect_close(grad_x, xd.grad().to(dtype), dtype, term_size);
@@ -140,8 +140,7 @@ TEST_P(RmsNorm, BackwardMatchesFloat64Autograd) {
         EXPECT_EQ(grad_x.sizes(), x.sizes());
         if (with_weight) {
           EXPECT_EQ(grad_w.scalar_type(), dtype);
-          const at::Tensor expected_w =
-              wd.grad().defined() ? wd.grad() : at::zeros_like(wd);
+          const at::Tensor expected_w = wd.grad().defined() ? wd.grad() : at::zeros_like(wd);
           // The weight gradient sums over rows: its error grows with the row
           // count, so compare with a tolerance scaled by it.
           const double rows = static_cast<double>(
@@ -168,8 +167,8 @@ TEST_P(FusedAddRmsNorm, ForwardAndBackwardMatchUnfusedComposite) {
       auto [out, new_residual] = fuseops::fused_add_rms_norm(x, residual, w, 1e-6);
       // The sum is rounded to the dtype exactly as ATen's add rounds it.
       EXPECT_TRUE(at::equal(new_residual, x + residual));
-      expect_close(out, composite((x + residual).to(at::kDouble), w.to(at::kDouble), 1e-6).to(dtype),
-                   dtype);
+      expect_close(
+          out, composite((x + residual).to(at::kDouble), w.to(at::kDouble), 1e-6).to(dtype), dtype);
 
       const at::Tensor grad_out = at::randn(shape, options(dtype));
       const at::Tensor grad_res = at::randn(shape, options(dtype));
@@ -226,9 +225,9 @@ TEST_P(RmsNorm, WeightOfAnotherDtype) {
   const at::Tensor w = at::randn({24}, options()).requires_grad_();
   const at::Tensor y = fuseops::rms_norm(x, w, 1e-6);
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
-  expect_close(y, composite(x.detach().to(at::kDouble), w.detach().to(at::kDouble), 1e-6)
-                      .to(at::kBFloat16),
-               at::kBFloat16);
+  expect_close(
+      y, composite(x.detach().to(at::kDouble), w.detach().to(at::kDouble), 1e-6).to(at::kBFloat16),
+      at::kBFloat16);
   y.backward(at::ones_like(y));
   EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
   EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
@@ -296,9 +295,10 @@ TEST_P(RmsNorm, DoubleBackward) {
 
   const at::Tensor xd = x.detach().clone().requires_grad_();
   const at::Tensor wd = w.detach().clone().requires_grad_();
-  const auto first_ref = torch::autograd::grad({composite(xd, wd, 1e-5)}, {xd, wd}, {upstream},
-                                               true, true);
-  const auto second_ref = torch::autograd::grad({first_ref[0].sum() + first_ref[1].sum()}, {xd, wd});
+  const auto first_ref =
+      torch::autograd::grad({composite(xd, wd, 1e-5)}, {xd, wd}, {upstream}, true, true);
+  const auto second_ref =
+      torch::autograd::grad({first_ref[0].sum() + first_ref[1].sum()}, {xd, wd});
   expect_close(second[0], second_ref[0], at::kDouble);
   expect_close(second[1], second_ref[1], at::kDouble);
 }
@@ -381,9 +381,8 @@ TEST(RmsNorm, BadInputErrorsNameOpAndArgument) {
                         {"fuseops::rms_norm", "'weight'", "[3]", "[4]"});
   expect_error_mentions([] { fuseops::rms_norm(at::ones({2, 3}), at::ones({3}, at::kInt)); },
                         {"fuseops::rms_norm", "'weight'", "Int"});
-  expect_error_mentions(
-      [] { fuseops::fused_add_rms_norm(at::ones({2, 3}), at::ones({2, 4})); },
-      {"fuseops::fused_add_rms_norm", "'residual'", "shape"});
+  expect_error_mentions([] { fuseops::fused_add_rms_norm(at::ones({2, 3}), at::ones({2, 4})); },
+                        {"fuseops::fused_add_rms_norm", "'residual'", "shape"});
   expect_error_mentions(
       [] { fuseops::fused_add_rms_norm(at::ones({2, 3}), at::ones({2, 3}, at::kDouble)); },
       {"fuseops::fused_add_rms_norm", "'residual'", "dtype"});
@@ -395,14 +394,12 @@ TEST(RmsNorm, BadInputErrorsNameOpAndArgument) {
       {"fuseops::rms_norm_backward", "'rstd'", "dtype"});
   expect_error_mentions(
       [] {
-        fuseops::rms_norm_backward(at::ones({2, 3}), at::ones({2, 3}), std::nullopt,
-                                   at::ones({3}));
+        fuseops::rms_norm_backward(at::ones({2, 3}), at::ones({2, 3}), std::nullopt, at::ones({3}));
       },
       {"fuseops::rms_norm_backward", "'rstd'", "shape"});
   expect_error_mentions(
       [] {
-        fuseops::rms_norm_backward(at::ones({2, 4}), at::ones({2, 3}), std::nullopt,
-                                   at::ones({2}));
+        fuseops::rms_norm_backward(at::ones({2, 4}), at::ones({2, 3}), std::nullopt, at::ones({2}));
       },
       {"fuseops::rms_norm_backward", "'grad_output'", "shape"});
   expect_error_mentions(
@@ -443,8 +440,7 @@ TEST_P(RmsNorm, EveryCpuBuildMatches) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : kDtypes) {
-      SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                      << dtype);
+      SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype);
       // 1000 rows of 1027: several tasks per thread, a tail in every row.
       const at::Tensor x = at::randn({1000, 1027}, options(dtype));
       const at::Tensor r = at::randn({1000, 1027}, options(dtype));

@@ -84,17 +84,16 @@ struct Case {
 };
 
 const std::vector<Case> kCases = {
-    {{7}, 4, 2, 64, 64, false},      {{7}, 4, 1, 64, 64, true},
-    {{2, 5}, 3, 3, 40, 24, false},   {{2, 5}, 2, 1, 40, 24, true},
-    {{33}, 2, 2, 130, 130, false},   {{1}, 1, 1, 6, 2, true},
+    {{7}, 4, 2, 64, 64, false},   {{7}, 4, 1, 64, 64, true},     {{2, 5}, 3, 3, 40, 24, false},
+    {{2, 5}, 2, 1, 40, 24, true}, {{33}, 2, 2, 130, 130, false}, {{1}, 1, 1, 6, 2, true},
 };
 
 TEST_P(Rope, ForwardAndBackwardMatchTheComposite) {
   for (auto dtype : kDtypes) {
     for (const Case& c : kCases) {
-      SCOPED_TRACE(testing::Message() << dtype << " heads " << c.heads << "/" << c.kv_heads
-                                      << " d " << c.head_dim << " rd " << c.rotary_dim
-                                      << " interleaved " << c.interleaved);
+      SCOPED_TRACE(testing::Message()
+                   << dtype << " heads " << c.heads << "/" << c.kv_heads << " d " << c.head_dim
+                   << " rd " << c.rotary_dim << " interleaved " << c.interleaved);
       auto [cos, sin] = cache(100, c.rotary_dim, c.interleaved, device());
       std::vector<int64_t> q_shape = c.lead, k_shape = c.lead;
       q_shape.insert(q_shape.end(), {c.heads, c.head_dim});
@@ -113,10 +112,9 @@ TEST_P(Rope, ForwardAndBackwardMatchTheComposite) {
       const auto grads = torch::autograd::grad({q_out, k_out}, {q, k}, {gq, gk});
       const at::Tensor qd = q.detach().to(at::kDouble).requires_grad_();
       const at::Tensor kd = k.detach().to(at::kDouble).requires_grad_();
-      const auto want = torch::autograd::grad(
-          {reference(qd, cos, sin, positions, c.interleaved),
-           reference(kd, cos, sin, positions, c.interleaved)},
-          {qd, kd}, {gq.to(at::kDouble), gk.to(at::kDouble)});
+      const auto want = torch::autograd::grad({reference(qd, cos, sin, positions, c.interleaved),
+                                               reference(kd, cos, sin, positions, c.interleaved)},
+                                              {qd, kd}, {gq.to(at::kDouble), gk.to(at::kDouble)});
       expect_close(grads[0], want[0], dtype);
       expect_close(grads[1], want[1], dtype);
       // The backward op called directly is the same transposed rotation.
@@ -168,9 +166,8 @@ TEST(Rope, BadInputsNameTheOpAndArgument) {
   // key_out inside out: refused (one result would overwrite the other).
   at::Tensor out = at::empty({4, 2, 8});
   at::Tensor inside = out.narrow(1, 0, 1);
-  expect_error_mentions(
-      [&] { fuseops::rope_out(q, k, cos, sin, positions, false, out, inside); },
-      {"fuseops::rope.out", "'out'", "'key_out'", "share memory"});
+  expect_error_mentions([&] { fuseops::rope_out(q, k, cos, sin, positions, false, out, inside); },
+                        {"fuseops::rope.out", "'out'", "'key_out'", "share memory"});
 }
 
 }  // namespace

@@ -19,10 +19,10 @@ namespace {
 using fuseops::testing::expect_error_mentions;
 
 TEST(Sparse24, PruneKeepsTheTwoLargestMagnitudesLowerIndexOnTies) {
-  const at::Tensor w = at::tensor({1.0, -3.0, 2.0, 0.5, 2.0, -2.0, 2.0, 1.0, 0.0, 0.0, 0.0, 5.0})
-                           .view({1, 12});
-  const at::Tensor want = at::tensor({0.0, -3.0, 2.0, 0.0, 2.0, -2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0})
-                              .view({1, 12});
+  const at::Tensor w =
+      at::tensor({1.0, -3.0, 2.0, 0.5, 2.0, -2.0, 2.0, 1.0, 0.0, 0.0, 0.0, 5.0}).view({1, 12});
+  const at::Tensor want =
+      at::tensor({0.0, -3.0, 2.0, 0.0, 2.0, -2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0}).view({1, 12});
   for (auto dtype : fuseops::testing::kDtypes) {
     EXPECT_TRUE(at::equal(fuseops::prune_2_4(w.to(dtype)), want.to(dtype))) << dtype;
   }
@@ -74,7 +74,8 @@ double tolerance(at::ScalarType dtype) {
 
 void expect_matches(const at::Tensor& y, const at::Tensor& want, at::ScalarType dtype) {
   const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
-  EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tolerance(dtype), tolerance(dtype) * scale_of_y))
+  EXPECT_TRUE(
+      at::allclose(y.to(at::kDouble), want, tolerance(dtype), tolerance(dtype) * scale_of_y))
       << (y.to(at::kDouble) - want).abs().max().item<double>();
 }
 
@@ -84,8 +85,8 @@ TEST(Sparse24, LinearMatchesCompositeInEveryBuild) {
     for (auto dtype : fuseops::testing::kDtypes) {
       for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
                {1, 16, 4}, {3, 37, 12}, {7, 40, 132}, {61, 33, 64}, {2, 1, 8}}) {
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " m " << m << " n " << n << " k " << k);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " m " << m << " n " << n << " k " << k);
         const at::Tensor w = fuseops::prune_2_4(at::randn({n, k}).to(dtype));
         const at::Tensor x = at::randn({m, k}).to(dtype);
         const at::Tensor bias = at::randn({n}).to(dtype);
@@ -93,17 +94,16 @@ TEST(Sparse24, LinearMatchesCompositeInEveryBuild) {
         const at::Tensor y = fuseops::sparse_2_4_linear(x, values, meta, scale, bias);
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
-        expect_matches(y, at::matmul(x.to(at::kDouble), w.to(at::kDouble).t()) + bias.to(at::kDouble),
-                       dtype);
+        expect_matches(
+            y, at::matmul(x.to(at::kDouble), w.to(at::kDouble).t()) + bias.to(at::kDouble), dtype);
         // int8 values with per-channel scales (W8A16).
         const auto [wq, wscale] = fuseops::quantize_per_channel_int8(w.to(at::kFloat));
         const auto [qvalues, qmeta, qscale] = fuseops::pack_2_4(wq, wscale);
         const at::Tensor yq = fuseops::sparse_2_4_linear(x, qvalues, qmeta, qscale);
         ASSERT_EQ(yq.scalar_type(), dtype);
-        expect_matches(yq,
-                       at::matmul(x.to(at::kDouble), wq.to(at::kDouble).t()) *
-                           wscale.to(at::kDouble),
-                       dtype);
+        expect_matches(
+            yq, at::matmul(x.to(at::kDouble), wq.to(at::kDouble).t()) * wscale.to(at::kDouble),
+            dtype);
       }
     }
   }
@@ -129,7 +129,8 @@ TEST(Sparse24, DynamicMatchesCompositeAndTheDenseOpInEveryBuild) {
   for (auto dtype : fuseops::testing::kDtypes) {
     for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 16, 4}, {3, 37, 12}, {2, 33, 200}, {7, 40, 132}, {61, 33, 64}}) {
-      const auto [wq, wscale] = fuseops::quantize_per_channel_int8(fuseops::prune_2_4(at::randn({n, k})));
+      const auto [wq, wscale] =
+          fuseops::quantize_per_channel_int8(fuseops::prune_2_4(at::randn({n, k})));
       const auto [values, meta, scale] = fuseops::pack_2_4(wq, wscale);
       const at::Tensor colsum = values.sum(1, false, at::kInt);
       const auto [packed, dense_scale, dense_colsum] = fuseops::pack_int8_weight(wq, wscale);
@@ -140,24 +141,26 @@ TEST(Sparse24, DynamicMatchesCompositeAndTheDenseOpInEveryBuild) {
       const double tol = dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : tolerance(dtype);
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);
-        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " "
-                                        << dtype << " m " << m << " n " << n << " k " << k);
-        const at::Tensor y = fuseops::sparse_2_4_dynamic_linear(x, values, meta, scale, colsum, bias);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " m " << m << " n " << n << " k " << k);
+        const at::Tensor y =
+            fuseops::sparse_2_4_dynamic_linear(x, values, meta, scale, colsum, bias);
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
         const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
         EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tol, tol * scale_of_y))
             << (y.to(at::kDouble) - want).abs().max().item<double>();
         // Exact int32 sums and the same epilogue: the dense op's bits.
-        EXPECT_TRUE(at::equal(
-            y, fuseops::int8_dynamic_linear(x, packed, dense_scale, dense_colsum, bias)));
+        EXPECT_TRUE(
+            at::equal(y, fuseops::int8_dynamic_linear(x, packed, dense_scale, dense_colsum, bias)));
       }
     }
   }
 }
 
 TEST(Sparse24, DynamicBadInputsNameOpAndArgument) {
-  const auto [wq, wscale] = fuseops::quantize_per_channel_int8(fuseops::prune_2_4(at::randn({20, 16})));
+  const auto [wq, wscale] =
+      fuseops::quantize_per_channel_int8(fuseops::prune_2_4(at::randn({20, 16})));
   const auto [values, meta, scale] = fuseops::pack_2_4(wq, wscale);
   const at::Tensor colsum = values.sum(1, false, at::kInt);
   const char* op = "fuseops::sparse_2_4_dynamic_linear";
@@ -181,19 +184,17 @@ TEST(Sparse24, BadInputsNameOpAndArgument) {
   const auto [values, meta, scale] = fuseops::pack_2_4(w);
   const char* op = "fuseops::sparse_2_4_linear";
   const at::Tensor x = at::randn({2, 16});
-  expect_error_mentions([&] { fuseops::sparse_2_4_linear(at::randn({2, 12}), values, meta, scale); },
-                        {op, "'input'", "K = 12", "'values'"});
   expect_error_mentions(
-      [&] { fuseops::sparse_2_4_linear(x, values.to(at::kDouble), meta, scale); },
-      {op, "'values'", "dtype"});
+      [&] { fuseops::sparse_2_4_linear(at::randn({2, 12}), values, meta, scale); },
+      {op, "'input'", "K = 12", "'values'"});
+  expect_error_mentions([&] { fuseops::sparse_2_4_linear(x, values.to(at::kDouble), meta, scale); },
+                        {op, "'values'", "dtype"});
   expect_error_mentions([&] { fuseops::sparse_2_4_linear(x, values, meta.to(at::kInt), scale); },
                         {op, "'meta'", "uint8"});
-  expect_error_mentions(
-      [&] { fuseops::sparse_2_4_linear(x, values, meta.narrow(0, 0, 3), scale); },
-      {op, "'meta'", "[20, 2]"});
-  expect_error_mentions(
-      [&] { fuseops::sparse_2_4_linear(x, values, meta, scale.narrow(0, 0, 3)); },
-      {op, "'scale'", "[20]"});
+  expect_error_mentions([&] { fuseops::sparse_2_4_linear(x, values, meta.narrow(0, 0, 3), scale); },
+                        {op, "'meta'", "[20, 2]"});
+  expect_error_mentions([&] { fuseops::sparse_2_4_linear(x, values, meta, scale.narrow(0, 0, 3)); },
+                        {op, "'scale'", "[20]"});
   expect_error_mentions(
       [&] { fuseops::sparse_2_4_linear(x, values, meta, scale, at::randn({19})); },
       {op, "'bias'", "[20]"});

@@ -18,8 +18,11 @@ namespace {
 // their backward (weight gradients summed over rows), a loss over rows.
 std::vector<at::Tensor> calls(const at::Tensor& x, const at::Tensor& w, const at::Tensor& g,
                               const at::Tensor& target) {
-  std::vector<at::Tensor> out = {fuseops::relu(x), fuseops::gelu(x, "tanh"), fuseops::silu(x),
-                                 fuseops::swiglu(x, g), fuseops::rms_norm(x, w, 1e-6),
+  std::vector<at::Tensor> out = {fuseops::relu(x),
+                                 fuseops::gelu(x, "tanh"),
+                                 fuseops::silu(x),
+                                 fuseops::swiglu(x, g),
+                                 fuseops::rms_norm(x, w, 1e-6),
                                  fuseops::layer_norm(x, w, w, 1e-5),
                                  fuseops::cross_entropy(x, target)};
   auto [y, rstd] = fuseops::rms_norm_forward(x, w, 1e-6);

@@ -23,17 +23,12 @@ namespace fuseops::gdb_types {
 // One parameter per class whose layout the printers need. The function is
 // exported, so neither the compiler nor the linker drops it, and with it the
 // type descriptions stay.
-__attribute__((visibility("default"), used, noinline)) void
-describe_types_for_gdb(
-    c10::TensorImpl* tensor_impl,
-    c10::UndefinedTensorImpl* undefined_tensor_impl,
-    c10::StorageImpl* storage_impl,
-    c10::ExtraMeta* extra_meta,
-    c10::SymbolicShapeMeta* symbolic_shape_meta,
-    c10::SymNodeImpl* sym_node_impl,
+__attribute__((visibility("default"), used, noinline)) void describe_types_for_gdb(
+    c10::TensorImpl* tensor_impl, c10::UndefinedTensorImpl* undefined_tensor_impl,
+    c10::StorageImpl* storage_impl, c10::ExtraMeta* extra_meta,
+    c10::SymbolicShapeMeta* symbolic_shape_meta, c10::SymNodeImpl* sym_node_impl,
     c10::AutogradMetaInterface* autograd_meta_interface,
-    torch::autograd::AutogradMeta* autograd_meta,
-    c10::VariableVersion* variable_version,
+    torch::autograd::AutogradMeta* autograd_meta, c10::VariableVersion* variable_version,
     c10::impl::PyObjectSlot* pyobject_slot) {}
 
-} // namespace fuseops::gdb_types
+}  // namespace fuseops::gdb_types

@@ -23,8 +23,8 @@ Activation parse_gelu_approximate(const char* op, std::string_view approximate) 
   if (approximate == "tanh") {
     return Activation::GeluTanh;
   }
-  TORCH_CHECK(false, op, ": argument 'approximate' must be 'none' or 'tanh', got '",
-              approximate, "'");
+  TORCH_CHECK(false, op, ": argument 'approximate' must be 'none' or 'tanh', got '", approximate,
+              "'");
 }
 
 namespace {
@@ -53,9 +53,8 @@ at::Tensor activation_with(const char* op, const at::Tensor& input, Activation a
   return out;
 }
 
-at::Tensor& activation_out_with(const char* op, const at::Tensor& input,
-                                Activation activation, at::Tensor& out,
-                                ActivationKernel kernel) {
+at::Tensor& activation_out_with(const char* op, const at::Tensor& input, Activation activation,
+                                at::Tensor& out, ActivationKernel kernel) {
   check_floating_input(op, "input", input);
   check_out(op, out, "input", input);
   prepare_outputs(op, {{"out", out}}, input.sizes(), {{"input", input}});
@@ -94,8 +93,7 @@ at::Tensor activation_backward_with(const char* op, const at::Tensor& grad_outpu
 
 at::Tensor& activation_backward_out_with(const char* op, const at::Tensor& grad_output,
                                          const at::Tensor& input, Activation activation,
-                                         at::Tensor& grad_input,
-                                         ActivationBackwardKernel kernel) {
+                                         at::Tensor& grad_input, ActivationBackwardKernel kernel) {
   check_activation_backward(op, grad_output, input);
   check_out(op, grad_input, "input", input);
   prepare_outputs(op, {{"out", grad_input}}, input.sizes(),
@@ -177,8 +175,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_with(const at::Tensor& gra
                                                            const at::Tensor& bias,
                                                            std::string_view approximate,
                                                            BiasGeluBackwardKernel kernel) {
-  const Activation activation = check_bias_gelu_backward("fuseops::bias_gelu_backward",
-                                                         grad_output, input, bias, approximate);
+  const Activation activation = check_bias_gelu_backward("fuseops::bias_gelu_backward", grad_output,
+                                                         input, bias, approximate);
   at::Tensor grad_input = empty_contiguous_like(input);
   at::Tensor grad_bias = empty_contiguous_like(bias);
   if (kernel != nullptr) {
@@ -193,8 +191,7 @@ void bias_gelu_backward_out_with(const at::Tensor& grad_output, const at::Tensor
                                  at::Tensor& grad_input, at::Tensor& grad_bias,
                                  BiasGeluBackwardKernel kernel) {
   constexpr const char* op = "fuseops::bias_gelu_backward.out";
-  const Activation activation =
-      check_bias_gelu_backward(op, grad_output, input, bias, approximate);
+  const Activation activation = check_bias_gelu_backward(op, grad_output, input, bias, approximate);
   check_out(op, grad_input, "input", input, "grad_input");
   check_out(op, grad_bias, "bias", bias, "grad_bias");
   const std::initializer_list<NamedTensor> inputs = {
@@ -214,8 +211,8 @@ void bias_gelu_backward_out_with(const at::Tensor& grad_output, const at::Tensor
   const at::Tensor bias_target = empty_contiguous_like(bias);
   fill_out(grad_input, {contiguous_grad, contiguous_input}, {bias, grad_bias},
            [&](const at::Tensor& target) {
-             run_bias_gelu_backward(kernel, target, bias_target, contiguous_grad,
-                                    contiguous_input, bias, activation);
+             run_bias_gelu_backward(kernel, target, bias_target, contiguous_grad, contiguous_input,
+                                    bias, activation);
            });
   grad_bias.copy_(bias_target);
 }
@@ -331,8 +328,8 @@ void bias_gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& inp
   check_floating_input(name, "bias", bias);
   check_out(name, grad_input, "input", input, "grad_input");
   check_out(name, grad_bias, "bias", bias, "grad_bias");
-  static auto op = detail::find_op<decltype(bias_gelu_backward_out)>(
-      "fuseops::bias_gelu_backward", "out");
+  static auto op =
+      detail::find_op<decltype(bias_gelu_backward_out)>("fuseops::bias_gelu_backward", "out");
   op.call(grad_output, input, bias, approximate, grad_input, grad_bias);
 }
 
@@ -353,8 +350,7 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   // out= overloads return nothing: torch.compile can functionalize a custom
   // op that mutates an argument, not one whose output aliases it.
   m.def("gelu.out(Tensor input, str approximate='none', *, Tensor(a!) out) -> ()", tags);
-  m.def("gelu_backward(Tensor grad_output, Tensor input, str approximate='none') -> Tensor",
-        tags);
+  m.def("gelu_backward(Tensor grad_output, Tensor input, str approximate='none') -> Tensor", tags);
   m.def(
       "gelu_backward.out(Tensor grad_output, Tensor input, str approximate='none', *, "
       "Tensor(a!) out) -> ()",
@@ -364,9 +360,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def("silu_backward(Tensor grad_output, Tensor input) -> Tensor", tags);
   m.def("silu_backward.out(Tensor grad_output, Tensor input, *, Tensor(a!) out) -> ()", tags);
   m.def("bias_gelu(Tensor input, Tensor bias, str approximate='none') -> Tensor", tags);
-  m.def(
-      "bias_gelu.out(Tensor input, Tensor bias, str approximate='none', *, Tensor(a!) out) -> ()",
-      tags);
+  m.def("bias_gelu.out(Tensor input, Tensor bias, str approximate='none', *, Tensor(a!) out) -> ()",
+        tags);
   m.def(
       "bias_gelu_backward(Tensor grad_output, Tensor input, Tensor bias, "
       "str approximate='none') -> (Tensor, Tensor)",

@@ -50,35 +50,31 @@ Activation parse_gelu_approximate(const char* op, std::string_view approximate);
 using ActivationKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
                                   Activation activation);
 using ActivationBackwardKernel = void (*)(const at::Tensor& grad_input,
-                                          const at::Tensor& grad_output,
-                                          const at::Tensor& input, Activation activation);
+                                          const at::Tensor& grad_output, const at::Tensor& input,
+                                          Activation activation);
 
 // bias_gelu kernels: contiguous `input`/`out`/`grad_*` viewed as rows of
 // bias.numel() elements, contiguous 1-D `bias`.
 using BiasGeluKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
                                 const at::Tensor& bias, Activation activation);
-using BiasGeluBackwardKernel = void (*)(const at::Tensor& grad_input,
-                                        const at::Tensor& grad_bias,
-                                        const at::Tensor& grad_output,
-                                        const at::Tensor& input, const at::Tensor& bias,
-                                        Activation activation);
+using BiasGeluBackwardKernel = void (*)(const at::Tensor& grad_input, const at::Tensor& grad_bias,
+                                        const at::Tensor& grad_output, const at::Tensor& input,
+                                        const at::Tensor& bias, Activation activation);
 
 // Checks, layout and allocation common to every backend; `kernel` fills the
 // outputs (nullptr for the Meta backend, which only needs shapes). `op` names
 // the op in error messages.
 at::Tensor activation_with(const char* op, const at::Tensor& input, Activation activation,
                            ActivationKernel kernel);
-at::Tensor& activation_out_with(const char* op, const at::Tensor& input,
-                                Activation activation, at::Tensor& out,
-                                ActivationKernel kernel);
+at::Tensor& activation_out_with(const char* op, const at::Tensor& input, Activation activation,
+                                at::Tensor& out, ActivationKernel kernel);
 at::Tensor activation_backward_with(const char* op, const at::Tensor& grad_output,
                                     const at::Tensor& input, Activation activation,
                                     ActivationBackwardKernel kernel);
 
 at::Tensor& activation_backward_out_with(const char* op, const at::Tensor& grad_output,
                                          const at::Tensor& input, Activation activation,
-                                         at::Tensor& grad_input,
-                                         ActivationBackwardKernel kernel);
+                                         at::Tensor& grad_input, ActivationBackwardKernel kernel);
 at::Tensor bias_gelu_with(const at::Tensor& input, const at::Tensor& bias,
                           std::string_view approximate, BiasGeluKernel kernel);
 at::Tensor& bias_gelu_out_with(const at::Tensor& input, const at::Tensor& bias,
@@ -100,11 +96,9 @@ template <typename Kernels>
 struct ActivationRegistrations {
   static at::Tensor gelu(const at::Tensor& input, std::string_view approximate) {
     constexpr const char* op = "fuseops::gelu";
-    return activation_with(op, input, parse_gelu_approximate(op, approximate),
-                           Kernels::forward());
+    return activation_with(op, input, parse_gelu_approximate(op, approximate), Kernels::forward());
   }
-  static void gelu_out(const at::Tensor& input, std::string_view approximate,
-                       at::Tensor& out) {
+  static void gelu_out(const at::Tensor& input, std::string_view approximate, at::Tensor& out) {
     constexpr const char* op = "fuseops::gelu.out";
     activation_out_with(op, input, parse_gelu_approximate(op, approximate), out,
                         Kernels::forward());
@@ -112,32 +106,29 @@ struct ActivationRegistrations {
   static at::Tensor gelu_backward(const at::Tensor& grad_output, const at::Tensor& input,
                                   std::string_view approximate) {
     constexpr const char* op = "fuseops::gelu_backward";
-    return activation_backward_with(op, grad_output, input,
-                                    parse_gelu_approximate(op, approximate),
+    return activation_backward_with(op, grad_output, input, parse_gelu_approximate(op, approximate),
                                     Kernels::backward());
   }
   static void gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
                                 std::string_view approximate, at::Tensor& out) {
     constexpr const char* op = "fuseops::gelu_backward.out";
-    activation_backward_out_with(op, grad_output, input,
-                                 parse_gelu_approximate(op, approximate), out,
-                                 Kernels::backward());
+    activation_backward_out_with(op, grad_output, input, parse_gelu_approximate(op, approximate),
+                                 out, Kernels::backward());
   }
   static at::Tensor silu(const at::Tensor& input) {
     return activation_with("fuseops::silu", input, Activation::Silu, Kernels::forward());
   }
   static void silu_out(const at::Tensor& input, at::Tensor& out) {
-    activation_out_with("fuseops::silu.out", input, Activation::Silu, out,
-                        Kernels::forward());
+    activation_out_with("fuseops::silu.out", input, Activation::Silu, out, Kernels::forward());
   }
   static at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input) {
-    return activation_backward_with("fuseops::silu_backward", grad_output, input,
-                                    Activation::Silu, Kernels::backward());
+    return activation_backward_with("fuseops::silu_backward", grad_output, input, Activation::Silu,
+                                    Kernels::backward());
   }
   static void silu_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
                                 at::Tensor& out) {
-    activation_backward_out_with("fuseops::silu_backward.out", grad_output, input,
-                                 Activation::Silu, out, Kernels::backward());
+    activation_backward_out_with("fuseops::silu_backward.out", grad_output, input, Activation::Silu,
+                                 out, Kernels::backward());
   }
   static at::Tensor bias_gelu(const at::Tensor& input, const at::Tensor& bias,
                               std::string_view approximate) {

@@ -57,10 +57,10 @@ void check_params(const char* op, const at::Tensor& x, const at::Tensor& weight,
               ": argument 'weight' must have width (its dimension 1) 2, 3 or 4, got ",
               weight.size(1));
   const bool reduced = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type() ||
-                  (reduced && weight.scalar_type() == at::kFloat),
-              op, ": argument 'weight' must have the dtype of 'x' (", x.scalar_type(), ")",
-              reduced ? " or float32" : "", ", got ", weight.scalar_type());
+  TORCH_CHECK(
+      weight.scalar_type() == x.scalar_type() || (reduced && weight.scalar_type() == at::kFloat),
+      op, ": argument 'weight' must have the dtype of 'x' (", x.scalar_type(), ")",
+      reduced ? " or float32" : "", ", got ", weight.scalar_type());
   if (bias.defined()) {
     check_floating_input(op, "bias", bias);
     check_same_dtype(op, "bias", bias, "weight", weight);
@@ -75,24 +75,23 @@ void check_conv_args(const char* op, const at::Tensor& x, const at::Tensor& weig
                      const at::Tensor& bias) {
   check_floating_input(op, "x", x);
   TORCH_CHECK(x.dim() == 3, op,
-              ": argument 'x' must have 3 dimensions (batch, dim, seqlen), got shape ",
-              x.sizes());
+              ": argument 'x' must have 3 dimensions (batch, dim, seqlen), got shape ", x.sizes());
   check_params(op, x, weight, bias);
 }
 
 // initial_states, grad_final_states: (batch, dim, width - 1) in x's dtype.
-void check_states(const char* op, const char* arg, const at::Tensor& states,
-                  const at::Tensor& x, int64_t width) {
+void check_states(const char* op, const char* arg, const at::Tensor& states, const at::Tensor& x,
+                  int64_t width) {
   if (!states.defined()) {
     return;
   }
   check_floating_input(op, arg, states);
   check_same_dtype(op, arg, states, "x", x);
   check_same_device(op, arg, states, "x", x);
-  TORCH_CHECK(states.dim() == 3 && states.size(0) == x.size(0) &&
-                  states.size(1) == x.size(1) && states.size(2) == width - 1,
-              op, ": argument '", arg, "' must have shape (batch, dim, width - 1) = (",
-              x.size(0), ", ", x.size(1), ", ", width - 1, "), got ", states.sizes());
+  TORCH_CHECK(states.dim() == 3 && states.size(0) == x.size(0) && states.size(1) == x.size(1) &&
+                  states.size(2) == width - 1,
+              op, ": argument '", arg, "' must have shape (batch, dim, width - 1) = (", x.size(0),
+              ", ", x.size(1), ", ", width - 1, "), got ", states.sizes());
 }
 
 // The layout the kernels read x in: channel-last when channels are
@@ -101,7 +100,7 @@ void check_states(const char* op, const char* arg, const at::Tensor& states,
 ConvLayout layout_of(const at::Tensor& x) {
   const bool time_contiguous = x.size(2) > 1 && x.stride(2) == 1;
   return x.size(1) > 1 && x.stride(1) == 1 && !time_contiguous ? ConvLayout::kChannelLast
-                                                                : ConvLayout::kRows;
+                                                               : ConvLayout::kRows;
 }
 
 at::Tensor readable_in(const at::Tensor& x, ConvLayout layout) {
@@ -132,8 +131,7 @@ at::Tensor dense_in(const at::Tensor& t, ConvLayout layout) {
 }
 
 bool is_dense_in(const at::Tensor& t, ConvLayout layout) {
-  return layout == ConvLayout::kChannelLast ? t.transpose(1, 2).is_contiguous()
-                                            : t.is_contiguous();
+  return layout == ConvLayout::kChannelLast ? t.transpose(1, 2).is_contiguous() : t.is_contiguous();
 }
 
 at::Tensor acc_param(const at::Tensor& param, const at::Tensor& x) {
@@ -215,9 +213,9 @@ at::Tensor causal_conv1d_with(const at::Tensor& x, const at::Tensor& weight,
 }
 
 at::Tensor& causal_conv1d_out_with(const at::Tensor& x, const at::Tensor& weight,
-                                   const OptionalTensor& bias,
-                                   const OptionalTensor& initial_states, ActivationName activation,
-                                   at::Tensor& out, CausalConv1dKernel kernel) {
+                                   const OptionalTensor& bias, const OptionalTensor& initial_states,
+                                   ActivationName activation, at::Tensor& out,
+                                   CausalConv1dKernel kernel) {
   const Prepared p = prepare(kOut, x, weight, bias, initial_states, activation, kernel != nullptr);
   check_out(kOut, out, "x", x);
   const at::Tensor b = undefined_if_none(bias);
@@ -249,8 +247,8 @@ std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward_with(
       prepare(kForwardStates, x, weight, bias, initial_states, activation, kernel != nullptr);
   at::Tensor out = empty_in(x.size(0), x.size(1), x.size(2), x.options(), p.layout);
   run_forward(kernel, out, p);
-  at::Tensor states = final_states(x, undefined_if_none(initial_states), weight.size(1),
-                                   p.layout, kernel != nullptr);
+  at::Tensor states = final_states(x, undefined_if_none(initial_states), weight.size(1), p.layout,
+                                   kernel != nullptr);
   return {out, states};
 }
 
@@ -316,8 +314,8 @@ at::Tensor causal_conv1d_update_with(const at::Tensor& x, const at::Tensor& conv
   TORCH_CHECK(conv_state.dim() == 3 && conv_state.size(0) == x.size(0) &&
                   conv_state.size(1) == x.size(1) && conv_state.size(2) >= width - 1,
               kUpdate, ": argument 'conv_state' must have shape (batch, dim, state_len) = (",
-              x.size(0), ", ", x.size(1), ", state_len) with state_len >= width - 1 = ",
-              width - 1, ", got ", conv_state.sizes());
+              x.size(0), ", ", x.size(1), ", state_len) with state_len >= width - 1 = ", width - 1,
+              ", got ", conv_state.sizes());
   TORCH_CHECK(symbolic(conv_state) || at::has_internal_overlap(conv_state) != at::MemOverlap::Yes,
               kUpdate,
               ": argument 'conv_state' is written in place and must not have elements that "
@@ -326,8 +324,8 @@ at::Tensor causal_conv1d_update_with(const at::Tensor& x, const at::Tensor& conv
   for (const auto& [name, input] :
        {std::pair<const char*, const at::Tensor*>{"x", &x}, {"weight", &weight}, {"bias", &b}}) {
     TORCH_CHECK(!share_memory(*input, conv_state), kUpdate, ": argument '", name,
-                "' shares memory with 'conv_state', which the op shifts in place; pass a '",
-                name, "' that does not overlap 'conv_state'");
+                "' shares memory with 'conv_state', which the op shifts in place; pass a '", name,
+                "' that does not overlap 'conv_state'");
   }
   at::Tensor out = empty_output(x.sizes(), x.options());
   if (kernel != nullptr && x.numel() > 0) {
@@ -360,8 +358,7 @@ at::Tensor& causal_conv1d_out(const at::Tensor& x, const at::Tensor& weight,
   check_floating_input(detail::kOut, "x", x);
   check_floating_input(detail::kOut, "weight", weight);
   check_out(detail::kOut, out, "x", x);
-  static auto op =
-      detail::find_out_op<decltype(causal_conv1d_out)>(detail::kForward, "out");
+  static auto op = detail::find_out_op<decltype(causal_conv1d_out)>(detail::kForward, "out");
   op.call(x, weight, bias, initial_states, activation, out);
   return out;
 }
@@ -409,25 +406,30 @@ struct MetaKernels {
 
 TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def("causal_conv1d(Tensor x, Tensor weight, Tensor? bias=None, Tensor? initial_states=None, "
-        "str? activation=None) -> Tensor",
-        tags);
+  m.def(
+      "causal_conv1d(Tensor x, Tensor weight, Tensor? bias=None, Tensor? initial_states=None, "
+      "str? activation=None) -> Tensor",
+      tags);
   // The out= overload returns nothing: torch.compile can functionalize a
   // custom op that mutates an argument, not one whose output aliases it.
-  m.def("causal_conv1d.out(Tensor x, Tensor weight, Tensor? bias=None, "
-        "Tensor? initial_states=None, str? activation=None, *, Tensor(a!) out) -> ()",
-        tags);
+  m.def(
+      "causal_conv1d.out(Tensor x, Tensor weight, Tensor? bias=None, "
+      "Tensor? initial_states=None, str? activation=None, *, Tensor(a!) out) -> ()",
+      tags);
   // causal_conv1d plus the final states (the last width-1 inputs).
-  m.def("causal_conv1d_forward(Tensor x, Tensor weight, Tensor? bias=None, "
-        "Tensor? initial_states=None, str? activation=None) -> (Tensor out, Tensor final_states)",
-        tags);
-  m.def("causal_conv1d_backward(Tensor grad_output, Tensor x, Tensor weight, Tensor? bias, "
-        "Tensor? initial_states, Tensor? grad_final_states, str? activation) -> (Tensor grad_x, "
-        "Tensor grad_weight, Tensor grad_bias, Tensor grad_initial_states)",
-        tags);
-  m.def("causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, "
-        "Tensor? bias=None, str? activation=None) -> Tensor",
-        tags);
+  m.def(
+      "causal_conv1d_forward(Tensor x, Tensor weight, Tensor? bias=None, "
+      "Tensor? initial_states=None, str? activation=None) -> (Tensor out, Tensor final_states)",
+      tags);
+  m.def(
+      "causal_conv1d_backward(Tensor grad_output, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor? initial_states, Tensor? grad_final_states, str? activation) -> (Tensor grad_x, "
+      "Tensor grad_weight, Tensor grad_bias, Tensor grad_initial_states)",
+      tags);
+  m.def(
+      "causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, "
+      "Tensor? bias=None, str? activation=None) -> Tensor",
+      tags);
 }
 
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {

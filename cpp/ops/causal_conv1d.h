@@ -27,8 +27,7 @@ enum class ConvLayout { kRows, kChannelLast };
 // batch, dim and seqlen all > 0.
 using CausalConv1dKernel = void (*)(const at::Tensor& out, const at::Tensor& x,
                                     const at::Tensor& weight, const at::Tensor& bias,
-                                    const at::Tensor& initial_states, bool silu,
-                                    ConvLayout layout);
+                                    const at::Tensor& initial_states, bool silu, ConvLayout layout);
 // grad_weight (dim, width) and grad_bias (dim) are in the accumulation
 // type, reduced in an order that depends only on the shapes.
 // grad_final_states may be undefined (zero).
@@ -41,9 +40,8 @@ using CausalConv1dBackwardKernel = void (*)(
 // (batch, dim, state_len) with any strides, not sharing memory; weight and
 // bias as above. Reads conv_state ++ x, writes out, then shifts conv_state.
 using CausalConv1dUpdateKernel = void (*)(const at::Tensor& out, const at::Tensor& x,
-                                          const at::Tensor& conv_state,
-                                          const at::Tensor& weight, const at::Tensor& bias,
-                                          bool silu);
+                                          const at::Tensor& conv_state, const at::Tensor& weight,
+                                          const at::Tensor& bias, bool silu);
 
 using OptionalTensor = std::optional<at::Tensor>;
 using ActivationName = std::optional<std::string_view>;
@@ -54,9 +52,9 @@ at::Tensor causal_conv1d_with(const at::Tensor& x, const at::Tensor& weight,
                               const OptionalTensor& bias, const OptionalTensor& initial_states,
                               ActivationName activation, CausalConv1dKernel kernel);
 at::Tensor& causal_conv1d_out_with(const at::Tensor& x, const at::Tensor& weight,
-                                   const OptionalTensor& bias,
-                                   const OptionalTensor& initial_states, ActivationName activation,
-                                   at::Tensor& out, CausalConv1dKernel kernel);
+                                   const OptionalTensor& bias, const OptionalTensor& initial_states,
+                                   ActivationName activation, at::Tensor& out,
+                                   CausalConv1dKernel kernel);
 std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward_with(
     const at::Tensor& x, const at::Tensor& weight, const OptionalTensor& bias,
     const OptionalTensor& initial_states, ActivationName activation, CausalConv1dKernel kernel);
@@ -76,15 +74,14 @@ struct CausalConv1dRegistrations {
   using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
   static at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight,
-                                  const OptionalTensor& bias,
-                                  const OptionalTensor& initial_states, ActivationName activation) {
+                                  const OptionalTensor& bias, const OptionalTensor& initial_states,
+                                  ActivationName activation) {
     return causal_conv1d_with(x, weight, bias, initial_states, activation, Kernels::forward());
   }
   static void causal_conv1d_out(const at::Tensor& x, const at::Tensor& weight,
                                 const OptionalTensor& bias, const OptionalTensor& initial_states,
                                 ActivationName activation, at::Tensor& out) {
-    causal_conv1d_out_with(x, weight, bias, initial_states, activation, out,
-                           Kernels::forward());
+    causal_conv1d_out_with(x, weight, bias, initial_states, activation, out, Kernels::forward());
   }
   static std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward(
       const at::Tensor& x, const at::Tensor& weight, const OptionalTensor& bias,
@@ -103,8 +100,7 @@ struct CausalConv1dRegistrations {
   static at::Tensor causal_conv1d_update(const at::Tensor& x, at::Tensor& conv_state,
                                          const at::Tensor& weight, const OptionalTensor& bias,
                                          ActivationName activation) {
-    return causal_conv1d_update_with(x, conv_state, weight, bias, activation,
-                                     Kernels::update());
+    return causal_conv1d_update_with(x, conv_state, weight, bias, activation, Kernels::update());
   }
 
   template <typename Library>

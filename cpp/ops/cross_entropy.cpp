@@ -38,8 +38,8 @@ Reduction parse_reduction(const char* op, std::string_view reduction) {
   if (reduction == "none") {
     return Reduction::None;
   }
-  TORCH_CHECK(false, op, ": argument 'reduction' must be 'none', 'sum' or 'mean', got '",
-              reduction, "'");
+  TORCH_CHECK(false, op, ": argument 'reduction' must be 'none', 'sum' or 'mean', got '", reduction,
+              "'");
 }
 
 namespace {
@@ -55,23 +55,21 @@ void check_target(const char* op, const at::Tensor& target, const at::Tensor& lo
   check_same_device(op, "target", target, "logits", logits);
   TORCH_CHECK(target.sizes() == logits.sizes().slice(0, logits.dim() - 1), op,
               ": argument 'target' must have shape ", logits.sizes().slice(0, logits.dim() - 1),
-              " (the shape of 'logits' without its last, class dimension), got ",
-              target.sizes());
+              " (the shape of 'logits' without its last, class dimension), got ", target.sizes());
 }
 
 // `logits` (named `logits_name`) holds the classes in its `class_dim`.
-void check_options(const char* op, int64_t vocab, const char* logits_name,
-                   const at::Tensor& logits, const char* class_dim, const at::Tensor& weight,
-                   double label_smoothing, double z_loss, std::optional<double> softcap) {
-  TORCH_CHECK(vocab >= 1, op, ": argument '", logits_name,
-              "' must have at least one class in its ", class_dim, " dimension, got ",
-              logits.sizes());
+void check_options(const char* op, int64_t vocab, const char* logits_name, const at::Tensor& logits,
+                   const char* class_dim, const at::Tensor& weight, double label_smoothing,
+                   double z_loss, std::optional<double> softcap) {
+  TORCH_CHECK(vocab >= 1, op, ": argument '", logits_name, "' must have at least one class in its ",
+              class_dim, " dimension, got ", logits.sizes());
   if (weight.defined()) {
     check_floating_input(op, "weight", weight);
     check_same_device(op, "weight", weight, "logits", logits);
     TORCH_CHECK(weight.dim() == 1 && weight.size(0) == vocab, op,
-                ": argument 'weight' must have shape [", vocab,
-                "] (one weight per class), got ", weight.sizes());
+                ": argument 'weight' must have shape [", vocab, "] (one weight per class), got ",
+                weight.sizes());
   }
   TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
               ": argument 'label_smoothing' must be in [0, 1], got ", label_smoothing);
@@ -79,10 +77,10 @@ void check_options(const char* op, int64_t vocab, const char* logits_name,
   // value would become inf there (NaN for a softcap, inf * 0 for z_loss).
   TORCH_CHECK(std::isfinite(static_cast<float>(z_loss)) && z_loss >= 0.0, op,
               ": argument 'z_loss' must be a number >= 0 and finite in float32, got ", z_loss);
-  TORCH_CHECK(!softcap.has_value() ||
-                  (std::isfinite(static_cast<float>(*softcap)) && *softcap > 0.0),
-              op, ": argument 'softcap' must be None or a number > 0 and finite in float32, got ",
-              softcap.value_or(0.0));
+  TORCH_CHECK(
+      !softcap.has_value() || (std::isfinite(static_cast<float>(*softcap)) && *softcap > 0.0), op,
+      ": argument 'softcap' must be None or a number > 0 and finite in float32, got ",
+      softcap.value_or(0.0));
 }
 
 void check_logits(const char* op, const at::Tensor& logits) {
@@ -169,9 +167,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
     const std::optional<at::Tensor>& weight_opt, std::string_view reduction_name,
     int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
-  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
-                                                     reduction_name, label_smoothing, z_loss,
-                                                     softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt, reduction_name,
+                                                     label_smoothing, z_loss, softcap);
   const auto opmath_options = logits.options().dtype(opmath_of(logits));
   at::Tensor lse = empty_output(target.sizes(), opmath_options);
   if (rows_kernel == nullptr) {
@@ -196,9 +193,8 @@ at::Tensor cross_entropy_backward_with(
     double label_smoothing, double z_loss, std::optional<double> softcap,
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
   constexpr const char* op = "fuseops::cross_entropy_backward";
-  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
-                                                     reduction_name, label_smoothing, z_loss,
-                                                     softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt, reduction_name,
+                                                     label_smoothing, z_loss, softcap);
   check_floating_input(op, "grad_output", grad_output);
   check_same_device(op, "grad_output", grad_output, "logits", logits);
   const at::IntArrayRef loss_shape =
@@ -212,11 +208,11 @@ at::Tensor cross_entropy_backward_with(
         {"total_weight", total_weight, at::IntArrayRef()}}) {
     TORCH_CHECK(t.defined(), op, ": argument '", name,
                 "' must be a defined tensor, got an undefined tensor");
-    TORCH_CHECK(t.scalar_type() == opmath, op, ": argument '", name, "' must have dtype ",
-                opmath, " (the computation dtype of 'logits'), got ", t.scalar_type());
+    TORCH_CHECK(t.scalar_type() == opmath, op, ": argument '", name, "' must have dtype ", opmath,
+                " (the computation dtype of 'logits'), got ", t.scalar_type());
     check_same_device(op, name, t, "logits", logits);
-    TORCH_CHECK(t.sizes() == shape, op, ": argument '", name, "' must have shape ", shape,
-                ", got ", t.sizes());
+    TORCH_CHECK(t.sizes() == shape, op, ": argument '", name, "' must have shape ", shape, ", got ",
+                t.sizes());
   }
   at::Tensor grad_logits = empty_contiguous_like(logits);
   if (rows_kernel == nullptr || logits.numel() == 0) {
@@ -235,15 +231,16 @@ at::Tensor cross_entropy_backward_with(
   return grad_logits;
 }
 
-at::Tensor cross_entropy_inplace_with(
-    at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight_opt,
-    std::string_view reduction_name, int64_t ignore_index, double label_smoothing,
-    double z_loss, std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
-    CrossEntropyRowsKernel rows_kernel) {
+at::Tensor cross_entropy_inplace_with(at::Tensor& logits, const at::Tensor& target,
+                                      const std::optional<at::Tensor>& weight_opt,
+                                      std::string_view reduction_name, int64_t ignore_index,
+                                      double label_smoothing, double z_loss,
+                                      std::optional<double> softcap,
+                                      CrossEntropyTargetKernel target_kernel,
+                                      CrossEntropyRowsKernel rows_kernel) {
   constexpr const char* op = "fuseops::cross_entropy_inplace";
-  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt,
-                                                     reduction_name, label_smoothing, z_loss,
-                                                     softcap);
+  const auto [reduction, weight] = check_logits_call(op, logits, target, weight_opt, reduction_name,
+                                                     label_smoothing, z_loss, softcap);
   TORCH_CHECK(at::has_internal_overlap(logits) != at::MemOverlap::Yes, op,
               ": argument 'logits' must not have elements that overlap each other (it "
               "receives the gradient), got strides ",
@@ -264,9 +261,8 @@ at::Tensor cross_entropy_inplace_with(
                                       : at::ones({}, opmath_options);
     // p.logits is `logits` itself when that is contiguous (written in
     // place), else a copy whose gradient is copied back.
-    rows_kernel({loss_rows, empty_output({p.target.numel()}, opmath_options), p.logits,
-                 grad_scale, p.logits, p.target, p.row_weight, p.weight, p.weight_sum,
-                 p.options});
+    rows_kernel({loss_rows, empty_output({p.target.numel()}, opmath_options), p.logits, grad_scale,
+                 p.logits, p.target, p.row_weight, p.weight, p.weight_sum, p.options});
     if (p.logits.data_ptr() != logits.data_ptr()) {
       logits.copy_(p.logits.view(logits.sizes()));
     }
@@ -279,9 +275,8 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     const std::optional<at::Tensor>& bias_opt, const at::Tensor& target,
     const std::optional<at::Tensor>& class_weight_opt, std::string_view reduction_name,
     int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
-    std::optional<double> normalizer, LinearLossGradient gradient,
-    const at::Tensor& grad_output, bool predict, CrossEntropyTargetKernel target_kernel,
-    CrossEntropyRowsKernel rows_kernel) {
+    std::optional<double> normalizer, LinearLossGradient gradient, const at::Tensor& grad_output,
+    bool predict, CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
   const Reduction reduction = parse_reduction(op, reduction_name);
   check_floating_input(op, "input", input);
   TORCH_CHECK(input.dim() == 2, op, ": argument 'input' must have shape [N, H], got ",
@@ -300,9 +295,8 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     check_floating_input(op, "bias", bias);
     check_same_dtype(op, "bias", bias, "input", input);
     check_same_device(op, "bias", bias, "input", input);
-    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == vocab, op,
-                ": argument 'bias' must have shape [", vocab,
-                "] (the first dimension of 'weight'), got ", bias.sizes());
+    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == vocab, op, ": argument 'bias' must have shape [",
+                vocab, "] (the first dimension of 'weight'), got ", bias.sizes());
   }
   TORCH_CHECK(target.defined(), op,
               ": argument 'target' must be a defined tensor, got an undefined tensor");
@@ -366,8 +360,8 @@ LinearCrossEntropyResult linear_cross_entropy_with(
   // every chunk's gradient. (prepare() reads the class count, dtype and
   // device from its logits argument: an empty [0, V] stands for them.)
   const at::Tensor no_logits = empty_output({0, vocab}, input.options());
-  const Prepared p = prepare(op, no_logits, target, class_weight, ignore_index,
-                             label_smoothing, z_loss, softcap, target_kernel);
+  const Prepared p = prepare(op, no_logits, target, class_weight, ignore_index, label_smoothing,
+                             z_loss, softcap, target_kernel);
   const at::Tensor total_weight = p.row_weight.sum();
   // The gradient's scale: 0-d for every row alike, or [N] per row (the
   // backward of reduction "none").
@@ -390,8 +384,8 @@ LinearCrossEntropyResult linear_cross_entropy_with(
   const bool reduced = opmath != input.scalar_type();
   const int64_t chunk_scale = reduced ? 4 : 1;
   const int64_t chunk = std::min(
-      rows, std::max<int64_t>(64, chunk_scale * ((rows * hidden + vocab - 1) /
-                                                 std::max<int64_t>(vocab, 1))));
+      rows, std::max<int64_t>(
+                64, chunk_scale * ((rows * hidden + vocab - 1) / std::max<int64_t>(vocab, 1))));
   at::Tensor buffer = empty_output({std::max<int64_t>(chunk, 0), vocab}, input.options());
   at::Tensor loss_rows = empty_output({rows}, opmath_options);
   // grad_weight and grad_bias accumulate in float32 (float64 for float64).
@@ -400,14 +394,13 @@ LinearCrossEntropyResult linear_cross_entropy_with(
   constexpr int64_t kVocabBlock = 4096;
   at::Tensor grad_bias_acc;
   if (with_grad) {
-    grad_weight_acc = reduced ? empty_output({vocab, hidden}, opmath_options).zero_()
-                              : r.grad_weight.zero_();
+    grad_weight_acc =
+        reduced ? empty_output({vocab, hidden}, opmath_options).zero_() : r.grad_weight.zero_();
     if (reduced) {
       grad_weight_block = empty_output({std::min(kVocabBlock, vocab), hidden}, input.options());
     }
     if (bias.defined()) {
-      grad_bias_acc =
-          reduced ? empty_output({vocab}, opmath_options).zero_() : r.grad_bias.zero_();
+      grad_bias_acc = reduced ? empty_output({vocab}, opmath_options).zero_() : r.grad_bias.zero_();
     }
   }
   const at::Tensor w_t = w.t();
@@ -534,8 +527,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
 }
 
 at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& logits,
-                                  const at::Tensor& target,
-                                  const std::optional<at::Tensor>& weight,
+                                  const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                   const at::Tensor& lse, const at::Tensor& total_weight,
                                   std::string_view reduction, int64_t ignore_index,
                                   double label_smoothing, double z_loss,
@@ -588,9 +580,8 @@ linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias, const at::Tensor& target,
                              const std::optional<at::Tensor>& class_weight,
                              std::string_view reduction, int64_t ignore_index,
-                             double label_smoothing, double z_loss,
-                             std::optional<double> softcap, std::optional<double> normalizer,
-                             bool predict) {
+                             double label_smoothing, double z_loss, std::optional<double> softcap,
+                             std::optional<double> normalizer, bool predict) {
   static auto op =
       find_op<decltype(linear_cross_entropy_forward)>("fuseops::linear_cross_entropy_forward");
   return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
@@ -600,8 +591,8 @@ linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const at::Tensor& target,
-    const std::optional<at::Tensor>& class_weight, std::string_view reduction,
-    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    const std::optional<at::Tensor>& class_weight, std::string_view reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, std::optional<double> softcap,
     std::optional<double> normalizer) {
   constexpr const char* name = "fuseops::linear_cross_entropy_backward";
   check_floating_input(name, "grad_output", grad_output);
@@ -610,8 +601,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
   check_defined(name, "target", target);
   static auto op = find_op<decltype(linear_cross_entropy_backward)>(name);
   return op.call(grad_output, input, weight, none_if_undefined(bias), target,
-                 none_if_undefined(class_weight), reduction, ignore_index, label_smoothing,
-                 z_loss, softcap, normalizer);
+                 none_if_undefined(class_weight), reduction, ignore_index, label_smoothing, z_loss,
+                 softcap, normalizer);
 }
 
 namespace {

@@ -79,15 +79,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_with(
     CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel);
 at::Tensor cross_entropy_backward_with(
     const at::Tensor& grad_output, const at::Tensor& logits, const at::Tensor& target,
-    const std::optional<at::Tensor>& weight, const at::Tensor& lse,
-    const at::Tensor& total_weight, std::string_view reduction, int64_t ignore_index,
-    double label_smoothing, double z_loss, std::optional<double> softcap,
-    CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel);
-at::Tensor cross_entropy_inplace_with(
-    at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& weight, const at::Tensor& lse, const at::Tensor& total_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
     std::optional<double> softcap, CrossEntropyTargetKernel target_kernel,
     CrossEntropyRowsKernel rows_kernel);
+at::Tensor cross_entropy_inplace_with(at::Tensor& logits, const at::Tensor& target,
+                                      const std::optional<at::Tensor>& weight,
+                                      std::string_view reduction, int64_t ignore_index,
+                                      double label_smoothing, double z_loss,
+                                      std::optional<double> softcap,
+                                      CrossEntropyTargetKernel target_kernel,
+                                      CrossEntropyRowsKernel rows_kernel);
 // What linear_cross_entropy_with computes: the loss (a scalar, or [N] for
 // reduction "none"), the per-row logsumexp of the (softcapped) logits
 // ([N] opmath, 0 on ignored rows), the predicted class of every row (argmax
@@ -110,11 +112,10 @@ enum class LinearLossGradient { None, OfOne, OfGradOutput };
 LinearCrossEntropyResult linear_cross_entropy_with(
     const char* op, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const at::Tensor& target,
-    const std::optional<at::Tensor>& class_weight, std::string_view reduction,
-    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
-    std::optional<double> normalizer, LinearLossGradient gradient,
-    const at::Tensor& grad_output, bool predict, CrossEntropyTargetKernel target_kernel,
-    CrossEntropyRowsKernel rows_kernel);
+    const std::optional<at::Tensor>& class_weight, std::string_view reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, std::optional<double> softcap,
+    std::optional<double> normalizer, LinearLossGradient gradient, const at::Tensor& grad_output,
+    bool predict, CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::target()` and
 // `Kernels::rows()` return its kernels.
@@ -125,46 +126,47 @@ struct CrossEntropyRegistrations {
                                   std::string_view reduction, int64_t ignore_index,
                                   double label_smoothing, double z_loss,
                                   std::optional<double> softcap) {
-    return std::get<0>(cross_entropy_forward_with(
-        "fuseops::cross_entropy", logits, target, weight, reduction, ignore_index,
-        label_smoothing, z_loss, softcap, Kernels::target(), Kernels::rows()));
+    return std::get<0>(cross_entropy_forward_with("fuseops::cross_entropy", logits, target, weight,
+                                                  reduction, ignore_index, label_smoothing, z_loss,
+                                                  softcap, Kernels::target(), Kernels::rows()));
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
-      const at::Tensor& logits, const at::Tensor& target,
-      const std::optional<at::Tensor>& weight, std::string_view reduction,
-      int64_t ignore_index, double label_smoothing, double z_loss,
+      const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+      std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
       std::optional<double> softcap) {
     return cross_entropy_forward_with("fuseops::cross_entropy_forward", logits, target, weight,
                                       reduction, ignore_index, label_smoothing, z_loss, softcap,
                                       Kernels::target(), Kernels::rows());
   }
-  static at::Tensor cross_entropy_backward(
-      const at::Tensor& grad_output, const at::Tensor& logits, const at::Tensor& target,
-      const std::optional<at::Tensor>& weight, const at::Tensor& lse,
-      const at::Tensor& total_weight, std::string_view reduction, int64_t ignore_index,
-      double label_smoothing, double z_loss, std::optional<double> softcap) {
+  static at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& logits,
+                                           const at::Tensor& target,
+                                           const std::optional<at::Tensor>& weight,
+                                           const at::Tensor& lse, const at::Tensor& total_weight,
+                                           std::string_view reduction, int64_t ignore_index,
+                                           double label_smoothing, double z_loss,
+                                           std::optional<double> softcap) {
     return cross_entropy_backward_with(grad_output, logits, target, weight, lse, total_weight,
-                                       reduction, ignore_index, label_smoothing, z_loss,
-                                       softcap, Kernels::target(), Kernels::rows());
+                                       reduction, ignore_index, label_smoothing, z_loss, softcap,
+                                       Kernels::target(), Kernels::rows());
   }
-  static at::Tensor cross_entropy_inplace(
-      at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-      std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-      std::optional<double> softcap) {
+  static at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
+                                          const std::optional<at::Tensor>& weight,
+                                          std::string_view reduction, int64_t ignore_index,
+                                          double label_smoothing, double z_loss,
+                                          std::optional<double> softcap) {
     return cross_entropy_inplace_with(logits, target, weight, reduction, ignore_index,
-                                               label_smoothing, z_loss, softcap,
-                                               Kernels::target(), Kernels::rows());
+                                      label_smoothing, z_loss, softcap, Kernels::target(),
+                                      Kernels::rows());
   }
   static at::Tensor linear_cross_entropy(
       const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
       const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
       std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
       std::optional<double> softcap, std::optional<double> normalizer) {
-    return linear_cross_entropy_with("fuseops::linear_cross_entropy", input, weight, bias,
-                                     target, class_weight, reduction, ignore_index,
-                                     label_smoothing, z_loss, softcap, normalizer,
-                                     LinearLossGradient::None, at::Tensor(), /*predict=*/false,
-                                     Kernels::target(), Kernels::rows())
+    return linear_cross_entropy_with("fuseops::linear_cross_entropy", input, weight, bias, target,
+                                     class_weight, reduction, ignore_index, label_smoothing, z_loss,
+                                     softcap, normalizer, LinearLossGradient::None, at::Tensor(),
+                                     /*predict=*/false, Kernels::target(), Kernels::rows())
         .loss;
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
@@ -172,11 +174,10 @@ struct CrossEntropyRegistrations {
       const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
       std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
       std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
-    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_stats", input, weight,
-                                       bias, target, class_weight, reduction, ignore_index,
-                                       label_smoothing, z_loss, softcap, normalizer,
-                                       LinearLossGradient::None, at::Tensor(), predict,
-                                       Kernels::target(), Kernels::rows());
+    auto r = linear_cross_entropy_with(
+        "fuseops::linear_cross_entropy_stats", input, weight, bias, target, class_weight, reduction,
+        ignore_index, label_smoothing, z_loss, softcap, normalizer, LinearLossGradient::None,
+        at::Tensor(), predict, Kernels::target(), Kernels::rows());
     return {r.loss, r.lse, r.predicted};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -184,22 +185,20 @@ struct CrossEntropyRegistrations {
                                const std::optional<at::Tensor>& bias, const at::Tensor& target,
                                const std::optional<at::Tensor>& class_weight,
                                std::string_view reduction, int64_t ignore_index,
-                               double label_smoothing, double z_loss,
-                               std::optional<double> softcap, std::optional<double> normalizer,
-                               bool predict) {
-    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_forward", input, weight,
-                                       bias, target, class_weight, reduction, ignore_index,
-                                       label_smoothing, z_loss, softcap, normalizer,
-                                       LinearLossGradient::OfOne, at::Tensor(), predict,
-                                       Kernels::target(), Kernels::rows());
+                               double label_smoothing, double z_loss, std::optional<double> softcap,
+                               std::optional<double> normalizer, bool predict) {
+    auto r = linear_cross_entropy_with(
+        "fuseops::linear_cross_entropy_forward", input, weight, bias, target, class_weight,
+        reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer,
+        LinearLossGradient::OfOne, at::Tensor(), predict, Kernels::target(), Kernels::rows());
     return {r.loss, r.grad_input, r.grad_weight, r.grad_bias, r.lse, r.predicted};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
       const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
       const std::optional<at::Tensor>& bias, const at::Tensor& target,
       const std::optional<at::Tensor>& class_weight, std::string_view reduction,
-      int64_t ignore_index, double label_smoothing, double z_loss,
-      std::optional<double> softcap, std::optional<double> normalizer) {
+      int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+      std::optional<double> normalizer) {
     auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_backward", input, weight,
                                        bias, target, class_weight, reduction, ignore_index,
                                        label_smoothing, z_loss, softcap, normalizer,

@@ -39,7 +39,8 @@ at::Tensor expanded_mask(const at::Tensor& mask, at::IntArrayRef full, bool conv
               ": argument 'attn_mask' must be bool or floating, got ", mask.scalar_type());
   TORCH_CHECK(mask.dim() <= 4, kOp,
               ": argument 'attn_mask' must have at most 4 dimensions (broadcastable to [B, Hq, "
-              "L, S] = ", full, "), got shape ", mask.sizes());
+              "L, S] = ",
+              full, "), got shape ", mask.sizes());
   const int64_t offset = 4 - mask.dim();
   for (int64_t d = 0; d < mask.dim(); ++d) {
     TORCH_CHECK(mask.size(d) == 1 || mask.size(d) == full[offset + d], kOp,
@@ -87,8 +88,8 @@ at::Tensor decode_attention_with(const at::Tensor& query, const at::Tensor& key,
   TORCH_CHECK(value.size(1) == kv_heads && value.size(2) == keys, kOp,
               ": argument 'value' must have the heads and length of 'key' (", kv_heads, ", ", keys,
               "), got shape ", value.sizes());
-  TORCH_CHECK(key.size(3) == dim, kOp, ": argument 'key' must have the head size of 'query' (",
-              dim, "), got shape ", key.sizes());
+  TORCH_CHECK(key.size(3) == dim, kOp, ": argument 'key' must have the head size of 'query' (", dim,
+              "), got shape ", key.sizes());
   if (scale.has_value()) {
     TORCH_CHECK(std::isfinite(*scale), kOp, ": argument 'scale' must be finite, got ", *scale);
   }
@@ -115,9 +116,9 @@ at::Tensor decode_attention_with(const at::Tensor& query, const at::Tensor& key,
 
 }  // namespace detail
 
-at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key,
-                            const at::Tensor& value, const std::optional<at::Tensor>& attn_mask,
-                            bool is_causal, std::optional<double> scale, double softcap) {
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                            std::optional<double> scale, double softcap) {
   check_floating_input(detail::kOp, "query", query);
   check_floating_input(detail::kOp, "key", key);
   check_floating_input(detail::kOp, "value", value);
@@ -137,9 +138,10 @@ struct MetaKernels {
 TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   // Inference op: no derivative (cpp/ops/autograd/decode_attention.cpp
   // refuses inputs that would record a gradient).
-  m.def("decode_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
-        "bool is_causal=False, float? scale=None, float softcap=0.0) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "decode_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+      "bool is_causal=False, float? scale=None, float softcap=0.0) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {

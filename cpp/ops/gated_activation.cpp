@@ -19,9 +19,7 @@ namespace fuseops {
 namespace detail {
 namespace {
 
-int64_t last_dim_size(const at::Tensor& t) {
-  return t.dim() == 0 ? 1 : t.size(-1);
-}
+int64_t last_dim_size(const at::Tensor& t) { return t.dim() == 0 ? 1 : t.size(-1); }
 
 // `t` as [numel / cols, cols] with contiguous rows: a view when its strides
 // allow one (e.g. a half of a packed tensor), else a contiguous copy.
@@ -109,8 +107,7 @@ void check_gated_backward(const char* op, const at::Tensor& grad_output, const a
 
 std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
                                                        const at::Tensor& grad_output,
-                                                       const at::Tensor& gate,
-                                                       const at::Tensor& up,
+                                                       const at::Tensor& gate, const at::Tensor& up,
                                                        Activation activation,
                                                        GatedBackwardKernel kernel) {
   check_gated_backward(op, grad_output, gate, up);
@@ -124,10 +121,9 @@ std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
   return {grad_gate, grad_up};
 }
 
-void gated_backward_out_with(const char* op, const at::Tensor& grad_output,
-                             const at::Tensor& gate, const at::Tensor& up,
-                             Activation activation, at::Tensor& grad_gate, at::Tensor& grad_up,
-                             GatedBackwardKernel kernel) {
+void gated_backward_out_with(const char* op, const at::Tensor& grad_output, const at::Tensor& gate,
+                             const at::Tensor& up, Activation activation, at::Tensor& grad_gate,
+                             at::Tensor& grad_up, GatedBackwardKernel kernel) {
   check_gated_backward(op, grad_output, gate, up);
   check_out(op, grad_gate, "gate", gate, "grad_gate");
   check_out(op, grad_up, "gate", gate, "grad_up");
@@ -148,8 +144,8 @@ void gated_backward_out_with(const char* op, const at::Tensor& grad_output,
       gate_direct ? grad_gate : detail::empty_output(gate.sizes(), gate.options());
   const at::Tensor up_target =
       up_direct ? grad_up : detail::empty_output(gate.sizes(), gate.options());
-  kernel(gate_target.view({-1, cols}), up_target.view({-1, cols}), grad_rows, gate_rows,
-         up_rows, activation);
+  kernel(gate_target.view({-1, cols}), up_target.view({-1, cols}), grad_rows, gate_rows, up_rows,
+         activation);
   if (!gate_direct) {
     grad_gate.copy_(gate_target);
   }
@@ -169,8 +165,8 @@ at::Tensor gated_packed_with(const char* op, const at::Tensor& input, Activation
   return out;
 }
 
-at::Tensor& gated_packed_out_with(const char* op, const at::Tensor& input,
-                                  Activation activation, at::Tensor& out, GatedKernel kernel) {
+at::Tensor& gated_packed_out_with(const char* op, const at::Tensor& input, Activation activation,
+                                  at::Tensor& out, GatedKernel kernel) {
   check_packed(op, input);
   check_out(op, out, "input", input);
   prepare_outputs(op, {{"out", out}}, packed_output_shape(input), {{"input", input}});
@@ -288,8 +284,8 @@ at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up, std::string_view 
   return op.call(gate, up, approximate);
 }
 
-at::Tensor& geglu_out(const at::Tensor& gate, const at::Tensor& up,
-                      std::string_view approximate, at::Tensor& out) {
+at::Tensor& geglu_out(const at::Tensor& gate, const at::Tensor& up, std::string_view approximate,
+                      at::Tensor& out) {
   check_defined_pair("fuseops::geglu.out", gate, up);
   check_out("fuseops::geglu.out", out, "gate", gate);
   static auto op = detail::find_out_op<decltype(geglu_out)>("fuseops::geglu", "out");
@@ -305,16 +301,14 @@ TensorPair geglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
   return op.call(grad_output, gate, up, approximate);
 }
 
-void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
-                        const at::Tensor& up, std::string_view approximate,
-                        at::Tensor& grad_gate, at::Tensor& grad_up) {
+void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate, const at::Tensor& up,
+                        std::string_view approximate, at::Tensor& grad_gate, at::Tensor& grad_up) {
   constexpr const char* name = "fuseops::geglu_backward.out";
   check_floating_input(name, "grad_output", grad_output);
   check_defined_pair(name, gate, up);
   check_out(name, grad_gate, "gate", gate, "grad_gate");
   check_out(name, grad_up, "gate", gate, "grad_up");
-  static auto op =
-      detail::find_op<decltype(geglu_backward_out)>("fuseops::geglu_backward", "out");
+  static auto op = detail::find_op<decltype(geglu_backward_out)>("fuseops::geglu_backward", "out");
   op.call(grad_output, gate, up, approximate, grad_gate, grad_up);
 }
 
@@ -366,8 +360,7 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       tags);
   m.def("swiglu_backward.packed(Tensor grad_output, Tensor input) -> Tensor", tags);
   m.def("geglu(Tensor gate, Tensor up, str approximate='none') -> Tensor", tags);
-  m.def("geglu.out(Tensor gate, Tensor up, str approximate='none', *, Tensor(a!) out) -> ()",
-        tags);
+  m.def("geglu.out(Tensor gate, Tensor up, str approximate='none', *, Tensor(a!) out) -> ()", tags);
   m.def("geglu.packed(Tensor input, str approximate='none') -> Tensor", tags);
   m.def("geglu.packed_out(Tensor input, str approximate='none', *, Tensor(a!) out) -> ()", tags);
   m.def(
@@ -384,9 +377,7 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       tags);
 }
 
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::GatedRegistrations<MetaKernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::GatedRegistrations<MetaKernels>::register_all(m); }
 
 // Autocast as torch's act(gate) * up: the multiply promotes mixed inputs.
 FUSEOPS_AUTOCAST(swiglu, kPromote, kPromote)

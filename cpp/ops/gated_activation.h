@@ -17,8 +17,8 @@ namespace fuseops::detail {
 // two halves of a packed [..., 2*H] tensor are such views, so packed inputs
 // and gradients are read and written in place. All views share shape and
 // dtype; outputs are allocated.
-using GatedKernel = void (*)(const at::Tensor& out, const at::Tensor& gate,
-                             const at::Tensor& up, Activation activation);
+using GatedKernel = void (*)(const at::Tensor& out, const at::Tensor& gate, const at::Tensor& up,
+                             Activation activation);
 using GatedBackwardKernel = void (*)(const at::Tensor& grad_gate, const at::Tensor& grad_up,
                                      const at::Tensor& grad_output, const at::Tensor& gate,
                                      const at::Tensor& up, Activation activation);
@@ -31,20 +31,18 @@ at::Tensor& gated_out_with(const char* op, const at::Tensor& gate, const at::Ten
                            Activation activation, at::Tensor& out, GatedKernel kernel);
 std::tuple<at::Tensor, at::Tensor> gated_backward_with(const char* op,
                                                        const at::Tensor& grad_output,
-                                                       const at::Tensor& gate,
-                                                       const at::Tensor& up,
+                                                       const at::Tensor& gate, const at::Tensor& up,
                                                        Activation activation,
                                                        GatedBackwardKernel kernel);
 
-void gated_backward_out_with(const char* op, const at::Tensor& grad_output,
-                             const at::Tensor& gate, const at::Tensor& up,
-                             Activation activation, at::Tensor& grad_gate, at::Tensor& grad_up,
-                             GatedBackwardKernel kernel);
+void gated_backward_out_with(const char* op, const at::Tensor& grad_output, const at::Tensor& gate,
+                             const at::Tensor& up, Activation activation, at::Tensor& grad_gate,
+                             at::Tensor& grad_up, GatedBackwardKernel kernel);
 
 at::Tensor gated_packed_with(const char* op, const at::Tensor& input, Activation activation,
                              GatedKernel kernel);
-at::Tensor& gated_packed_out_with(const char* op, const at::Tensor& input,
-                                  Activation activation, at::Tensor& out, GatedKernel kernel);
+at::Tensor& gated_packed_out_with(const char* op, const at::Tensor& input, Activation activation,
+                                  at::Tensor& out, GatedKernel kernel);
 at::Tensor gated_packed_backward_with(const char* op, const at::Tensor& grad_output,
                                       const at::Tensor& input, Activation activation,
                                       GatedBackwardKernel kernel);
@@ -62,8 +60,7 @@ struct GatedRegistrations {
     gated_out_with("fuseops::swiglu.out", gate, up, Activation::Silu, out, Kernels::forward());
   }
   static at::Tensor swiglu_packed(const at::Tensor& input) {
-    return gated_packed_with("fuseops::swiglu.packed", input, Activation::Silu,
-                             Kernels::forward());
+    return gated_packed_with("fuseops::swiglu.packed", input, Activation::Silu, Kernels::forward());
   }
   static void swiglu_packed_out(const at::Tensor& input, at::Tensor& out) {
     gated_packed_out_with("fuseops::swiglu.packed_out", input, Activation::Silu, out,
@@ -71,17 +68,16 @@ struct GatedRegistrations {
   }
   static TensorPair swiglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
                                     const at::Tensor& up) {
-    return gated_backward_with("fuseops::swiglu_backward", grad_output, gate, up,
-                               Activation::Silu, Kernels::backward());
+    return gated_backward_with("fuseops::swiglu_backward", grad_output, gate, up, Activation::Silu,
+                               Kernels::backward());
   }
   static void swiglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
                                   const at::Tensor& up, at::Tensor& grad_gate,
                                   at::Tensor& grad_up) {
-    gated_backward_out_with("fuseops::swiglu_backward.out", grad_output, gate, up,
-                            Activation::Silu, grad_gate, grad_up, Kernels::backward());
+    gated_backward_out_with("fuseops::swiglu_backward.out", grad_output, gate, up, Activation::Silu,
+                            grad_gate, grad_up, Kernels::backward());
   }
-  static at::Tensor swiglu_packed_backward(const at::Tensor& grad_output,
-                                           const at::Tensor& input) {
+  static at::Tensor swiglu_packed_backward(const at::Tensor& grad_output, const at::Tensor& input) {
     return gated_packed_backward_with("fuseops::swiglu_backward.packed", grad_output, input,
                                       Activation::Silu, Kernels::backward());
   }
@@ -89,14 +85,12 @@ struct GatedRegistrations {
   static at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up,
                           std::string_view approximate) {
     constexpr const char* op = "fuseops::geglu";
-    return gated_with(op, gate, up, parse_gelu_approximate(op, approximate),
-                      Kernels::forward());
+    return gated_with(op, gate, up, parse_gelu_approximate(op, approximate), Kernels::forward());
   }
-  static void geglu_out(const at::Tensor& gate, const at::Tensor& up,
-                        std::string_view approximate, at::Tensor& out) {
+  static void geglu_out(const at::Tensor& gate, const at::Tensor& up, std::string_view approximate,
+                        at::Tensor& out) {
     constexpr const char* op = "fuseops::geglu.out";
-    gated_out_with(op, gate, up, parse_gelu_approximate(op, approximate), out,
-                   Kernels::forward());
+    gated_out_with(op, gate, up, parse_gelu_approximate(op, approximate), out, Kernels::forward());
   }
   static at::Tensor geglu_packed(const at::Tensor& input, std::string_view approximate) {
     constexpr const char* op = "fuseops::geglu.packed";
@@ -112,8 +106,8 @@ struct GatedRegistrations {
   static TensorPair geglu_backward(const at::Tensor& grad_output, const at::Tensor& gate,
                                    const at::Tensor& up, std::string_view approximate) {
     constexpr const char* op = "fuseops::geglu_backward";
-    return gated_backward_with(op, grad_output, gate, up,
-                               parse_gelu_approximate(op, approximate), Kernels::backward());
+    return gated_backward_with(op, grad_output, gate, up, parse_gelu_approximate(op, approximate),
+                               Kernels::backward());
   }
   static void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
                                  const at::Tensor& up, std::string_view approximate,
@@ -122,13 +116,11 @@ struct GatedRegistrations {
     gated_backward_out_with(op, grad_output, gate, up, parse_gelu_approximate(op, approximate),
                             grad_gate, grad_up, Kernels::backward());
   }
-  static at::Tensor geglu_packed_backward(const at::Tensor& grad_output,
-                                          const at::Tensor& input,
+  static at::Tensor geglu_packed_backward(const at::Tensor& grad_output, const at::Tensor& input,
                                           std::string_view approximate) {
     constexpr const char* op = "fuseops::geglu_backward.packed";
     return gated_packed_backward_with(op, grad_output, input,
-                                      parse_gelu_approximate(op, approximate),
-                                      Kernels::backward());
+                                      parse_gelu_approximate(op, approximate), Kernels::backward());
   }
 
   template <typename Library>

@@ -41,7 +41,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 void check_group_size(const char* op, int64_t group_size) {
   TORCH_CHECK(group_size > 0 && group_size % 2 == 0, op,
               ": argument 'group_size' must be a positive even number (K values are packed in "
-              "pairs), got ", group_size);
+              "pairs), got ",
+              group_size);
 }
 
 // The checks quantize_per_group_int4 makes on every backend (Meta included).
@@ -135,8 +136,8 @@ void check_pack(const at::Tensor& wq, const at::Tensor& scale, const at::Tensor&
   TORCH_CHECK(scale.sizes() == at::IntArrayRef(want), op, ": argument 'scale' must have shape ",
               at::IntArrayRef(want), " ([N, ceil(K / group_size)] for 'wq' of shape ", wq.sizes(),
               " and group_size ", group_size, "), got ", scale.sizes());
-  TORCH_CHECK(zero.scalar_type() == at::kByte, op,
-              ": argument 'zero' must have dtype uint8, got ", zero.scalar_type());
+  TORCH_CHECK(zero.scalar_type() == at::kByte, op, ": argument 'zero' must have dtype uint8, got ",
+              zero.scalar_type());
   TORCH_CHECK(zero.sizes() == at::IntArrayRef(want), op, ": argument 'zero' must have shape ",
               at::IntArrayRef(want), " (that of 'scale'), got ", zero.sizes());
   check_same_device(op, "scale", scale, "wq", wq);
@@ -147,9 +148,9 @@ std::tuple<at::Tensor, at::Tensor> pack_outputs(const at::Tensor& wq, const at::
                                                 int64_t group_size) {
   const int64_t n = wq.size(0);
   const int64_t groups = scale.size(1);
-  return {empty_output({ceil_div(n, kInt4BlockN), groups * group_size / 2, kInt4BlockN},
-                       wq.options()),
-          empty_output({groups, 2, n}, scale.options())};
+  return {
+      empty_output({ceil_div(n, kInt4BlockN), groups * group_size / 2, kInt4BlockN}, wq.options()),
+      empty_output({groups, 2, n}, scale.options())};
 }
 
 std::tuple<at::Tensor, at::Tensor> pack_int4_weight_meta(const at::Tensor& wq,
@@ -184,8 +185,8 @@ std::tuple<at::Tensor, at::Tensor> pack_int4_weight_impl(const at::Tensor& wq,
     const at::Tensor padded =
         at::constant_pad_nd(wq, {0, 2 * pairs - k, 0, blocks * kInt4BlockN - n}, 0)
             .view({blocks, kInt4BlockN, pairs, 2});
-    const at::Tensor bytes = at::bitwise_or(
-        padded.select(3, 0), at::bitwise_left_shift(padded.select(3, 1), 4));
+    const at::Tensor bytes =
+        at::bitwise_or(padded.select(3, 0), at::bitwise_left_shift(padded.select(3, 1), 4));
     packed.copy_(bytes.permute({0, 2, 1}));
   }
   scale_zero.select(1, 0).copy_(scale.t());
@@ -202,12 +203,14 @@ void check_int4_weight(const char* op, const at::Tensor& packed, const at::Tenso
               packed.scalar_type());
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kInt4BlockN, op,
               ": argument 'packed' must have shape [ceil(N/16), groups * group_size / 2, 16] "
-              "(from fuseops.pack_int4_weight), got ", packed.sizes());
+              "(from fuseops.pack_int4_weight), got ",
+              packed.sizes());
   TORCH_CHECK(scale_zero.scalar_type() == at::kFloat, op,
               ": argument 'scale_zero' must have dtype float32, got ", scale_zero.scalar_type());
   TORCH_CHECK(scale_zero.dim() == 3 && scale_zero.size(1) == 2, op,
               ": argument 'scale_zero' must have shape [groups, 2, N] (from "
-              "fuseops.pack_int4_weight), got ", scale_zero.sizes());
+              "fuseops.pack_int4_weight), got ",
+              scale_zero.sizes());
   check_group_size(op, group_size);
   const int64_t n = scale_zero.size(2);
   const int64_t groups = scale_zero.size(0);
@@ -255,8 +258,8 @@ at::Tensor int4_weight_only_linear_with(const at::Tensor& input, const at::Tenso
                                         const at::Tensor& scale_zero, int64_t group_size,
                                         const std::optional<at::Tensor>& bias,
                                         Int4WeightOnlyLinearKernel kernel) {
-  return int4_linear_with("fuseops::int4_weight_only_linear", input, packed, scale_zero,
-                          group_size, bias, kernel);
+  return int4_linear_with("fuseops::int4_weight_only_linear", input, packed, scale_zero, group_size,
+                          bias, kernel);
 }
 
 at::Tensor int4_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
@@ -270,8 +273,8 @@ at::Tensor int4_dynamic_linear_with(const at::Tensor& input, const at::Tensor& p
 }  // namespace detail
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_group_int4(const at::Tensor& weight,
-                                                                        int64_t group_size,
-                                                                        bool symmetric) {
+                                                                       int64_t group_size,
+                                                                       bool symmetric) {
   check_floating_input("fuseops::quantize_per_group_int4", "weight", weight);
   static auto op =
       detail::find_op<decltype(quantize_per_group_int4)>("fuseops::quantize_per_group_int4");
@@ -322,18 +325,22 @@ struct MetaKernels {
 TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   // Inference ops: no derivative (cpp/ops/autograd/int4_linear.cpp refuses
   // inputs that would record a gradient).
-  m.def("quantize_per_group_int4(Tensor weight, int group_size=128, bool symmetric=True) "
-        "-> (Tensor, Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
-  m.def("pack_int4_weight(Tensor wq, Tensor scale, Tensor zero, int group_size) "
-        "-> (Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
-  m.def("int4_weight_only_linear(Tensor input, Tensor packed, Tensor scale_zero, "
-        "int group_size, Tensor? bias=None) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
-  m.def("int4_dynamic_linear(Tensor input, Tensor packed, Tensor scale_zero, "
-        "int group_size, Tensor? bias=None) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "quantize_per_group_int4(Tensor weight, int group_size=128, bool symmetric=True) "
+      "-> (Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "pack_int4_weight(Tensor wq, Tensor scale, Tensor zero, int group_size) "
+      "-> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "int4_weight_only_linear(Tensor input, Tensor packed, Tensor scale_zero, "
+      "int group_size, Tensor? bias=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "int4_dynamic_linear(Tensor input, Tensor packed, Tensor scale_zero, "
+      "int group_size, Tensor? bias=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {

@@ -19,9 +19,8 @@ inline constexpr int64_t kInt4BlockN = 16;
 // applied per group, plus bias (contiguous [N], input's dtype, or
 // undefined). M, N, K > 0; group_size even, G * group_size >= K.
 using Int4WeightOnlyLinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
-                                            const at::Tensor& packed,
-                                            const at::Tensor& scale_zero, int64_t group_size,
-                                            const at::Tensor& bias);
+                                            const at::Tensor& packed, const at::Tensor& scale_zero,
+                                            int64_t group_size, const at::Tensor& bias);
 
 // int4_dynamic_linear's kernel: the same arguments; the input rows are
 // quantized to int8 per row inside (group_size a multiple of 2 as above).

@@ -34,8 +34,10 @@ void check_int8_weight(const char* op, const at::Tensor& packed, const at::Tenso
               ": argument 'packed' must have dtype int8 (from fuseops.pack_int8_weight), got ",
               packed.scalar_type());
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kInt8BlockN && packed.size(3) == kInt8GroupK,
-              op, ": argument 'packed' must have shape [ceil(N/16), ceil(K/4), 16, 4] "
-              "(from fuseops.pack_int8_weight), got ", packed.sizes());
+              op,
+              ": argument 'packed' must have shape [ceil(N/16), ceil(K/4), 16, 4] "
+              "(from fuseops.pack_int8_weight), got ",
+              packed.sizes());
   TORCH_CHECK(scale.scalar_type() == at::kFloat, op,
               ": argument 'scale' must have dtype float32, got ", scale.scalar_type());
   TORCH_CHECK(scale.dim() == 1, op, ": argument 'scale' must be 1-D [N], got shape ",
@@ -83,16 +85,14 @@ at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tenso
 void check_dynamic_linear_colsum_and_k(const char* op, const at::Tensor& input,
                                        const at::Tensor& colsum, int64_t n, const char* from) {
   TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
-  TORCH_CHECK(colsum.scalar_type() == at::kInt, op,
-              ": argument 'colsum' must have dtype int32 (", from, "), got ",
-              colsum.scalar_type());
+  TORCH_CHECK(colsum.scalar_type() == at::kInt, op, ": argument 'colsum' must have dtype int32 (",
+              from, "), got ", colsum.scalar_type());
   TORCH_CHECK(colsum.dim() == 1 && colsum.size(0) == n, op, ": argument 'colsum' must have shape [",
               n, "] (", from, "), got ", colsum.sizes());
   check_same_device(op, "colsum", colsum, "input", input);
   const int64_t k = input.size(-1);
-  TORCH_CHECK(k <= kMaxDynamicK, op, ": argument 'input' has K = ", k,
-              " input features; at most ", kMaxDynamicK,
-              " are supported (the int32 sums of int8 products could overflow)");
+  TORCH_CHECK(k <= kMaxDynamicK, op, ": argument 'input' has K = ", k, " input features; at most ",
+              kMaxDynamicK, " are supported (the int32 sums of int8 products could overflow)");
 }
 
 at::Tensor int8_dynamic_linear_with(const at::Tensor& input, const at::Tensor& packed,
@@ -136,8 +136,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_impl(const at::T
   const int64_t groups = ceil_div(k, kInt8GroupK);
   const at::Tensor padded =
       at::constant_pad_nd(wq, {0, groups * kInt8GroupK - k, 0, blocks * kInt8BlockN - n}, 0);
-  at::Tensor packed =
-      empty_output({blocks, groups, kInt8BlockN, kInt8GroupK}, wq.options());
+  at::Tensor packed = empty_output({blocks, groups, kInt8BlockN, kInt8GroupK}, wq.options());
   packed.copy_(padded.view({blocks, kInt8BlockN, groups, kInt8GroupK}).permute({0, 2, 1, 3}));
   at::Tensor scale_copy = empty_output({n}, scale.options());
   scale_copy.copy_(scale);
@@ -150,7 +149,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_impl(const at::T
 }  // namespace detail
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight(const at::Tensor& wq,
-                                                                 const at::Tensor& scale) {
+                                                                const at::Tensor& scale) {
   TORCH_CHECK(wq.defined(), "fuseops::pack_int8_weight: argument 'wq' must be a defined tensor");
   TORCH_CHECK(scale.defined(),
               "fuseops::pack_int8_weight: argument 'scale' must be a defined tensor");
@@ -159,8 +158,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight(const at::Tensor
 }
 
 at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& packed,
-                                   const at::Tensor& scale,
-                                   const std::optional<at::Tensor>& bias) {
+                                   const at::Tensor& scale, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int8_weight_only_linear";
   check_floating_input(op, "input", input);
   TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
@@ -197,12 +195,14 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   // inputs that would record a gradient).
   m.def("pack_int8_weight(Tensor wq, Tensor scale) -> (Tensor, Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
-  m.def("int8_weight_only_linear(Tensor input, Tensor packed, Tensor scale, Tensor? bias=None) "
-        "-> Tensor",
-        {at::Tag::pt2_compliant_tag});
-  m.def("int8_dynamic_linear(Tensor input, Tensor packed, Tensor scale, Tensor colsum, "
-        "Tensor? bias=None) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "int8_weight_only_linear(Tensor input, Tensor packed, Tensor scale, Tensor? bias=None) "
+      "-> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "int8_dynamic_linear(Tensor input, Tensor packed, Tensor scale, Tensor colsum, "
+      "Tensor? bias=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {

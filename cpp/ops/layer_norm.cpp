@@ -46,9 +46,9 @@ void check_affine(const char* op, const char* arg, const at::Tensor& param,
   check_floating_input(op, arg, param);
   check_same_dtype(op, arg, param, "input", input);
   check_same_device(op, arg, param, "input", input);
-  TORCH_CHECK(param.dim() == 1 && param.size(0) == input.size(-1), op, ": argument '",
-              arg, "' must have shape [", input.size(-1),
-              "] (the last dimension of 'input'), got ", param.sizes());
+  TORCH_CHECK(param.dim() == 1 && param.size(0) == input.size(-1), op, ": argument '", arg,
+              "' must have shape [", input.size(-1), "] (the last dimension of 'input'), got ",
+              param.sizes());
 }
 
 // mean and rstd as layer_norm_forward returns them, or as
@@ -63,7 +63,8 @@ void check_stats(const char* op, const char* arg, const at::Tensor& stats,
   TORCH_CHECK(stats.sizes() == stats_shape(input) || keepdim, op, ": argument '", arg,
               "' must have shape ", stats_shape(input),
               " (input's shape without its last dimension) or that shape followed by 1 "
-              "(as at::native_layer_norm returns it), got ", stats.sizes());
+              "(as at::native_layer_norm returns it), got ",
+              stats.sizes());
 }
 
 at::Tensor kernel_stats(const at::Tensor& stats, const at::Tensor& input) {
@@ -111,10 +112,9 @@ at::Tensor layer_norm_with(const at::Tensor& input, const std::optional<at::Tens
   return out;
 }
 
-at::Tensor& layer_norm_out_with(const at::Tensor& input,
-                                const std::optional<at::Tensor>& weight,
-                                const std::optional<at::Tensor>& bias, double eps,
-                                at::Tensor& out, LayerNormKernel kernel) {
+at::Tensor& layer_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, double eps, at::Tensor& out,
+                                LayerNormKernel kernel) {
   constexpr const char* op = "fuseops::layer_norm.out";
   const at::Tensor w = undefined_if_none(weight);
   const at::Tensor b = undefined_if_none(bias);
@@ -151,9 +151,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_with(
 namespace {
 
 // The checks of a backward call; returns the weight (undefined for none).
-at::Tensor check_backward(const char* op, const at::Tensor& grad_output,
-                          const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                          const at::Tensor& mean, const at::Tensor& rstd) {
+at::Tensor check_backward(const char* op, const at::Tensor& grad_output, const at::Tensor& input,
+                          const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+                          const at::Tensor& rstd) {
   const at::Tensor w = undefined_if_none(weight);
   check_input(op, input);
   check_floating_input(op, "grad_output", grad_output);
@@ -189,9 +189,8 @@ void run_backward(LayerNormBackwardKernel kernel, const at::Tensor& grad_input,
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd, LayerNormBackwardKernel kernel) {
+    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const at::Tensor& mean, const at::Tensor& rstd, LayerNormBackwardKernel kernel) {
   const at::Tensor w =
       check_backward("fuseops::layer_norm_backward", grad_output, input, weight, mean, rstd);
   const int64_t hidden = input.size(-1);
@@ -203,10 +202,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
 }
 
 void layer_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
-                                  const std::optional<at::Tensor>& weight,
-                                  const at::Tensor& mean, const at::Tensor& rstd,
-                                  at::Tensor& grad_input, at::Tensor& grad_weight,
-                                  at::Tensor& grad_bias, LayerNormBackwardKernel kernel) {
+                                  const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+                                  const at::Tensor& rstd, at::Tensor& grad_input,
+                                  at::Tensor& grad_weight, at::Tensor& grad_bias,
+                                  LayerNormBackwardKernel kernel) {
   constexpr const char* op = "fuseops::layer_norm_backward.out";
   const at::Tensor w = check_backward(op, grad_output, input, weight, mean, rstd);
   check_out(op, grad_input, "input", input, "grad_input");
@@ -217,12 +216,14 @@ void layer_norm_backward_out_with(const at::Tensor& grad_output, const at::Tenso
                 row_sum == &grad_weight ? "grad_weight" : "grad_bias",
                 "' share memory; each result needs its own tensor");
   }
-  const std::initializer_list<NamedTensor> inputs = {
-      {"grad_output", grad_output}, {"input", input}, {"weight", w}, {"mean", mean},
-      {"rstd", rstd}};
+  const std::initializer_list<NamedTensor> inputs = {{"grad_output", grad_output},
+                                                     {"input", input},
+                                                     {"weight", w},
+                                                     {"mean", mean},
+                                                     {"rstd", rstd}};
   prepare_outputs(op, {{"grad_input", grad_input}}, input.sizes(), inputs);
-  prepare_outputs(op, {{"grad_weight", grad_weight}, {"grad_bias", grad_bias}},
-                  {input.size(-1)}, inputs);
+  prepare_outputs(op, {{"grad_weight", grad_weight}, {"grad_bias", grad_bias}}, {input.size(-1)},
+                  inputs);
   if (kernel == nullptr) {
     return;
   }
@@ -232,8 +233,8 @@ void layer_norm_backward_out_with(const at::Tensor& grad_output, const at::Tenso
   const at::Tensor bias_target = detail::empty_output({input.size(-1)}, input.options());
   fill_out(grad_input, {grad_output.contiguous(), input.contiguous()},
            {w, mean, rstd, grad_weight, grad_bias}, [&](const at::Tensor& target) {
-             run_backward(kernel, target, weight_target, bias_target, grad_output, input, w,
-                          mean, rstd);
+             run_backward(kernel, target, weight_target, bias_target, grad_output, input, w, mean,
+                          rstd);
            });
   grad_weight.copy_(weight_target);
   grad_bias.copy_(bias_target);
@@ -252,12 +253,10 @@ at::Tensor layer_norm(const at::Tensor& input, const std::optional<at::Tensor>& 
 }
 
 at::Tensor& layer_norm_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                           const std::optional<at::Tensor>& bias, double eps,
-                           at::Tensor& out) {
+                           const std::optional<at::Tensor>& bias, double eps, at::Tensor& out) {
   check_floating_input("fuseops::layer_norm.out", "input", input);
   check_out("fuseops::layer_norm.out", out, "input", input);
-  static auto op =
-      detail::find_out_op<decltype(layer_norm_out)>("fuseops::layer_norm", "out");
+  static auto op = detail::find_out_op<decltype(layer_norm_out)>("fuseops::layer_norm", "out");
   op.call(input, weight, bias, eps, out);
   return out;
 }
@@ -266,20 +265,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps) {
   check_floating_input("fuseops::layer_norm_forward", "input", input);
-  static auto op =
-      detail::find_op<decltype(layer_norm_forward)>("fuseops::layer_norm_forward");
+  static auto op = detail::find_op<decltype(layer_norm_forward)>("fuseops::layer_norm_forward");
   return op.call(input, weight, bias, eps);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd) {
+    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const at::Tensor& mean, const at::Tensor& rstd) {
   constexpr const char* name = "fuseops::layer_norm_backward";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
-  TORCH_CHECK(mean.defined(), name, ": argument 'mean' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(rstd.defined(), name, ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(mean.defined(), name,
+              ": argument 'mean' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(rstd.defined(), name,
+              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
   static auto op = detail::find_op<decltype(layer_norm_backward)>(name);
   return op.call(grad_output, input, weight, mean, rstd);
 }
@@ -291,8 +290,10 @@ void layer_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& in
   constexpr const char* name = "fuseops::layer_norm_backward.out";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
-  TORCH_CHECK(mean.defined(), name, ": argument 'mean' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(rstd.defined(), name, ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(mean.defined(), name,
+              ": argument 'mean' must be a defined tensor, got an undefined tensor");
+  TORCH_CHECK(rstd.defined(), name,
+              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
   check_out(name, grad_input, "input", input, "grad_input");
   check_out(name, grad_weight, "input", input, "grad_weight");
   check_out(name, grad_bias, "input", input, "grad_bias");
@@ -311,24 +312,29 @@ struct MetaKernels {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  m.def("layer_norm(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "layer_norm(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
   // The out= overload returns nothing: torch.compile can functionalize a
   // custom op that mutates an argument, not one whose output aliases it.
-  m.def("layer_norm.out(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
-        "*, Tensor(a!) out) -> ()",
-        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "layer_norm.out(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
+      "*, Tensor(a!) out) -> ()",
+      {at::Tag::pt2_compliant_tag});
   // layer_norm plus the per-row mean and rstd that layer_norm_backward takes.
-  m.def("layer_norm_forward(Tensor input, Tensor? weight=None, Tensor? bias=None, "
-        "float eps=1e-05) -> (Tensor output, Tensor mean, Tensor rstd)",
-        {at::Tag::pt2_compliant_tag});
-  m.def("layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
-        "Tensor rstd) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
-        {at::Tag::pt2_compliant_tag});
-  m.def("layer_norm_backward.out(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
-        "Tensor rstd, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) grad_bias) "
-        "-> ()",
-        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "layer_norm_forward(Tensor input, Tensor? weight=None, Tensor? bias=None, "
+      "float eps=1e-05) -> (Tensor output, Tensor mean, Tensor rstd)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
+      "Tensor rstd) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "layer_norm_backward.out(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
+      "Tensor rstd, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) grad_bias) "
+      "-> ()",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {

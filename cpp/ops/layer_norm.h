@@ -15,17 +15,13 @@ namespace fuseops::detail {
 // float64 for float64 input) are undefined when the caller does not need them.
 using LayerNormKernel = void (*)(const at::Tensor& out, const at::Tensor& mean,
                                  const at::Tensor& rstd, const at::Tensor& input,
-                                 const at::Tensor& weight, const at::Tensor& bias,
-                                 double eps);
+                                 const at::Tensor& weight, const at::Tensor& bias, double eps);
 // grad_weight and grad_bias ([H], input's dtype) are reduced over all rows by
 // the same pass that writes grad_input. Called with rows > 0 and H > 0 only.
 using LayerNormBackwardKernel = void (*)(const at::Tensor& grad_input,
-                                         const at::Tensor& grad_weight,
-                                         const at::Tensor& grad_bias,
-                                         const at::Tensor& grad_output,
-                                         const at::Tensor& input,
-                                         const at::Tensor& weight,
-                                         const at::Tensor& mean,
+                                         const at::Tensor& grad_weight, const at::Tensor& grad_bias,
+                                         const at::Tensor& grad_output, const at::Tensor& input,
+                                         const at::Tensor& weight, const at::Tensor& mean,
                                          const at::Tensor& rstd);
 
 // Checks, layout and allocation common to every backend; `kernel` fills the
@@ -33,22 +29,20 @@ using LayerNormBackwardKernel = void (*)(const at::Tensor& grad_input,
 at::Tensor layer_norm_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                            const std::optional<at::Tensor>& bias, double eps,
                            LayerNormKernel kernel);
-at::Tensor& layer_norm_out_with(const at::Tensor& input,
-                                const std::optional<at::Tensor>& weight,
-                                const std::optional<at::Tensor>& bias, double eps,
-                                at::Tensor& out, LayerNormKernel kernel);
+at::Tensor& layer_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, double eps, at::Tensor& out,
+                                LayerNormKernel kernel);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_with(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, LayerNormKernel kernel);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd, LayerNormBackwardKernel kernel);
+    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const at::Tensor& mean, const at::Tensor& rstd, LayerNormBackwardKernel kernel);
 void layer_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
-                                  const std::optional<at::Tensor>& weight,
-                                  const at::Tensor& mean, const at::Tensor& rstd,
-                                  at::Tensor& grad_input, at::Tensor& grad_weight,
-                                  at::Tensor& grad_bias, LayerNormBackwardKernel kernel);
+                                  const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+                                  const at::Tensor& rstd, at::Tensor& grad_input,
+                                  at::Tensor& grad_weight, at::Tensor& grad_bias,
+                                  LayerNormBackwardKernel kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::forward()` and
 // `Kernels::backward()` return its kernels.
@@ -61,8 +55,7 @@ struct LayerNormRegistrations {
     return layer_norm_with(input, weight, bias, eps, Kernels::forward());
   }
   static void layer_norm_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                             const std::optional<at::Tensor>& bias, double eps,
-                             at::Tensor& out) {
+                             const std::optional<at::Tensor>& bias, double eps, at::Tensor& out) {
     layer_norm_out_with(input, weight, bias, eps, out, Kernels::forward());
   }
   static TensorTriple layer_norm_forward(const at::Tensor& input,
@@ -70,20 +63,18 @@ struct LayerNormRegistrations {
                                          const std::optional<at::Tensor>& bias, double eps) {
     return layer_norm_forward_with(input, weight, bias, eps, Kernels::forward());
   }
-  static TensorTriple layer_norm_backward(const at::Tensor& grad_output,
-                                          const at::Tensor& input,
+  static TensorTriple layer_norm_backward(const at::Tensor& grad_output, const at::Tensor& input,
                                           const std::optional<at::Tensor>& weight,
                                           const at::Tensor& mean, const at::Tensor& rstd) {
-    return layer_norm_backward_with(grad_output, input, weight, mean, rstd,
-                                    Kernels::backward());
+    return layer_norm_backward_with(grad_output, input, weight, mean, rstd, Kernels::backward());
   }
   static void layer_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
                                       const std::optional<at::Tensor>& weight,
                                       const at::Tensor& mean, const at::Tensor& rstd,
                                       at::Tensor& grad_input, at::Tensor& grad_weight,
                                       at::Tensor& grad_bias) {
-    layer_norm_backward_out_with(grad_output, input, weight, mean, rstd, grad_input,
-                                 grad_weight, grad_bias, Kernels::backward());
+    layer_norm_backward_out_with(grad_output, input, weight, mean, rstd, grad_input, grad_weight,
+                                 grad_bias, Kernels::backward());
   }
 
   template <typename Library>

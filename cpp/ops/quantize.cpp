@@ -24,15 +24,13 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const char* op, const char* arg
                                                  const at::Tensor& input,
                                                  QuantizeRowsKernel kernel) {
   at::Tensor q = empty_output(input.sizes(), input.options().dtype(at::kChar));
-  at::Tensor scale = empty_output(input.sizes().slice(0, input.dim() - 1),
-                                  input.options().dtype(at::kFloat));
+  at::Tensor scale =
+      empty_output(input.sizes().slice(0, input.dim() - 1), input.options().dtype(at::kFloat));
   if (kernel != nullptr && scale.numel() > 0) {
     const int64_t bad_row = kernel(q, scale, input.contiguous());
     TORCH_CHECK(bad_row < 0, op, ": argument '", arg, "' must be finite, but row ", bad_row,
-                " (of ", scale.numel(), " rows of ", input.size(-1),
-                ") holds Inf or NaN", input.scalar_type() == at::kDouble
-                    ? " or a value beyond float32's range"
-                    : "",
+                " (of ", scale.numel(), " rows of ", input.size(-1), ") holds Inf or NaN",
+                input.scalar_type() == at::kDouble ? " or a value beyond float32's range" : "",
                 ": its scale absmax/127 would not be finite");
   }
   return {q, scale};
@@ -69,15 +67,16 @@ at::Tensor dequantize_int8_with(const at::Tensor& q, const at::Tensor& scale, in
   TORCH_CHECK(scale.scalar_type() == at::kFloat, op,
               ": argument 'scale' must have dtype float32, got ", scale.scalar_type());
   check_same_device(op, "scale", scale, "q", q);
-  TORCH_CHECK(q.dim() >= 1, op, ": argument 'q' must have at least one dimension, got a 0-d tensor");
-  TORCH_CHECK(dim >= -q.dim() && dim < q.dim(), op, ": argument 'dim' must be in [", -q.dim(),
-              ", ", q.dim() - 1, "] for 'q' of shape ", q.sizes(), ", got ", dim);
+  TORCH_CHECK(q.dim() >= 1, op,
+              ": argument 'q' must have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK(dim >= -q.dim() && dim < q.dim(), op, ": argument 'dim' must be in [", -q.dim(), ", ",
+              q.dim() - 1, "] for 'q' of shape ", q.sizes(), ", got ", dim);
   const int64_t d = dim < 0 ? dim + q.dim() : dim;
   std::vector<int64_t> scale_shape(q.sizes().begin(), q.sizes().end());
   scale_shape.erase(scale_shape.begin() + d);
   TORCH_CHECK(scale.sizes() == at::IntArrayRef(scale_shape), op,
-              ": argument 'scale' must have the shape of 'q' ", q.sizes(), " without dimension ",
-              d, ", i.e. ", at::IntArrayRef(scale_shape), ", got ", scale.sizes());
+              ": argument 'scale' must have the shape of 'q' ", q.sizes(), " without dimension ", d,
+              ", i.e. ", at::IntArrayRef(scale_shape), ", got ", scale.sizes());
   const at::ScalarType out_dtype = dtype.value_or(at::kFloat);
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kDouble || out_dtype == at::kBFloat16 ||
                   out_dtype == at::kHalf,
@@ -104,8 +103,8 @@ at::Tensor dequantize_int8_with(const at::Tensor& q, const at::Tensor& scale, in
 // so they are rejected here with a message naming the argument.
 std::tuple<at::Tensor, at::Tensor> quantize_per_channel_int8(const at::Tensor& weight) {
   check_floating_input("fuseops::quantize_per_channel_int8", "weight", weight);
-  static auto op = detail::find_op<decltype(quantize_per_channel_int8)>(
-      "fuseops::quantize_per_channel_int8");
+  static auto op =
+      detail::find_op<decltype(quantize_per_channel_int8)>("fuseops::quantize_per_channel_int8");
   return op.call(weight);
 }
 
@@ -139,8 +138,7 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   // inputs that would record a gradient).
   m.def("quantize_per_channel_int8(Tensor weight) -> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
-  m.def("quantize_per_token_int8(Tensor input) -> (Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
+  m.def("quantize_per_token_int8(Tensor input) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   m.def("dequantize_int8(Tensor q, Tensor scale, int dim=-1, ScalarType? dtype=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
 }

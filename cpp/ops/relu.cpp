@@ -37,8 +37,7 @@ at::Tensor& relu_out_with(const at::Tensor& input, at::Tensor& out, ReluKernel k
   return out;
 }
 
-at::Tensor relu_backward_with(const at::Tensor& grad_output,
-                              const at::Tensor& result,
+at::Tensor relu_backward_with(const at::Tensor& grad_output, const at::Tensor& result,
                               ReluBackwardKernel kernel) {
   constexpr const char* op = "fuseops::relu_backward";
   check_floating_input(op, "grad_output", grad_output);
@@ -127,14 +126,11 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   // The out= overload returns nothing: torch.compile can functionalize a
   // custom op that mutates an argument, not one whose output aliases it.
   m.def("relu.out(Tensor input, *, Tensor(a!) out) -> ()", {at::Tag::pt2_compliant_tag});
-  m.def("relu_backward(Tensor grad_output, Tensor result) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
+  m.def("relu_backward(Tensor grad_output, Tensor result) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("relu_backward.out(Tensor grad_output, Tensor result, *, Tensor(a!) out) -> ()",
         {at::Tag::pt2_compliant_tag});
 }
 
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::ReluRegistrations<MetaKernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::ReluRegistrations<MetaKernels>::register_all(m); }
 
 }  // namespace fuseops

@@ -11,16 +11,14 @@ namespace fuseops::detail {
 // Kernels receive contiguous tensors of one shape and dtype; outputs are
 // already allocated.
 using ReluKernel = void (*)(const at::Tensor& out, const at::Tensor& input);
-using ReluBackwardKernel = void (*)(const at::Tensor& grad_input,
-                                    const at::Tensor& grad_output,
+using ReluBackwardKernel = void (*)(const at::Tensor& grad_input, const at::Tensor& grad_output,
                                     const at::Tensor& result);
 
 // Checks, layout and allocation common to every backend; `kernel` fills the
 // output (nullptr for the Meta backend, which only needs shapes).
 at::Tensor relu_with(const at::Tensor& input, ReluKernel kernel);
 at::Tensor& relu_out_with(const at::Tensor& input, at::Tensor& out, ReluKernel kernel);
-at::Tensor relu_backward_with(const at::Tensor& grad_output,
-                              const at::Tensor& result,
+at::Tensor relu_backward_with(const at::Tensor& grad_output, const at::Tensor& result,
                               ReluBackwardKernel kernel);
 at::Tensor& relu_backward_out_with(const at::Tensor& grad_output, const at::Tensor& result,
                                    at::Tensor& grad_input, ReluBackwardKernel kernel);
@@ -29,9 +27,7 @@ at::Tensor& relu_backward_out_with(const at::Tensor& grad_output, const at::Tens
 // `Kernels::backward()` return its kernels.
 template <typename Kernels>
 struct ReluRegistrations {
-  static at::Tensor relu(const at::Tensor& input) {
-    return relu_with(input, Kernels::forward());
-  }
+  static at::Tensor relu(const at::Tensor& input) { return relu_with(input, Kernels::forward()); }
   static void relu_out(const at::Tensor& input, at::Tensor& out) {
     relu_out_with(input, out, Kernels::forward());
   }

@@ -56,7 +56,7 @@ at::Tensor kernel_weight(const at::Tensor& weight, at::ScalarType opmath) {
 
 at::Tensor empty_rstd(const at::Tensor& input) {
   return detail::empty_output(input.sizes().slice(0, input.dim() - 1),
-                   input.options().dtype(opmath_dtype(input)));
+                              input.options().dtype(opmath_dtype(input)));
 }
 
 int64_t hidden_size(const at::Tensor& input) { return input.size(-1); }
@@ -71,9 +71,8 @@ void check_residual(const char* op, const at::Tensor& input, const at::Tensor& r
 void check_rstd(const char* op, const at::Tensor& input, const at::Tensor& rstd) {
   TORCH_CHECK(rstd.defined(), op,
               ": argument 'rstd' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(rstd.scalar_type() == opmath_dtype(input), op,
-              ": argument 'rstd' must have dtype ", opmath_dtype(input),
-              " (the computation dtype of 'input'), got ", rstd.scalar_type());
+  TORCH_CHECK(rstd.scalar_type() == opmath_dtype(input), op, ": argument 'rstd' must have dtype ",
+              opmath_dtype(input), " (the computation dtype of 'input'), got ", rstd.scalar_type());
   check_same_device(op, "rstd", rstd, "input", input);
   TORCH_CHECK(rstd.sizes() == input.sizes().slice(0, input.dim() - 1), op,
               ": argument 'rstd' must have shape ", input.sizes().slice(0, input.dim() - 1),
@@ -95,9 +94,8 @@ struct ForwardResult {
 
 // The allocating forward of both ops; `residual` is undefined for rms_norm.
 ForwardResult forward(const char* op, const at::Tensor& input, const at::Tensor& residual,
-                      const std::optional<at::Tensor>& weight_opt,
-                      std::optional<double> eps, bool want_rstd,
-                      RmsNormForwardKernel kernel) {
+                      const std::optional<at::Tensor>& weight_opt, std::optional<double> eps,
+                      bool want_rstd, RmsNormForwardKernel kernel) {
   check_input(op, input);
   if (residual.defined()) {
     check_residual(op, input, residual);
@@ -205,17 +203,17 @@ at::Tensor rms_norm_with(const at::Tensor& input, const std::optional<at::Tensor
   return forward("fuseops::rms_norm", input, at::Tensor(), weight, eps, false, kernel).out;
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward_with(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    std::optional<double> eps, RmsNormForwardKernel kernel) {
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_with(const at::Tensor& input,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         std::optional<double> eps,
+                                                         RmsNormForwardKernel kernel) {
   ForwardResult r =
       forward("fuseops::rms_norm_forward", input, at::Tensor(), weight, eps, true, kernel);
   return {r.out, r.rstd};
 }
 
 void rms_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>& weight_opt,
-                       std::optional<double> eps, at::Tensor& out,
-                       RmsNormForwardKernel kernel) {
+                       std::optional<double> eps, at::Tensor& out, RmsNormForwardKernel kernel) {
   constexpr const char* op = "fuseops::rms_norm.out";
   check_input(op, input);
   const at::Tensor weight = checked_weight(op, input, weight_opt);
@@ -234,23 +232,23 @@ void rms_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>&
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
-    RmsNormBackwardKernel kernel) {
-  BackwardResult r = backward("fuseops::rms_norm_backward", grad_output, at::Tensor(),
-                              "input", input, weight, rstd, kernel);
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(const at::Tensor& grad_output,
+                                                          const at::Tensor& input,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          const at::Tensor& rstd,
+                                                          RmsNormBackwardKernel kernel) {
+  BackwardResult r = backward("fuseops::rms_norm_backward", grad_output, at::Tensor(), "input",
+                              input, weight, rstd, kernel);
   return {r.grad_input, r.grad_weight};
 }
 
 namespace {
 
 // The out= backward of both ops; `grad_residual` is undefined for rms_norm.
-void backward_out(const char* op, const at::Tensor& grad_output,
-                  const at::Tensor& grad_residual, const char* input_name,
-                  const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                  const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight,
-                  RmsNormBackwardKernel kernel) {
+void backward_out(const char* op, const at::Tensor& grad_output, const at::Tensor& grad_residual,
+                  const char* input_name, const at::Tensor& input,
+                  const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+                  at::Tensor& grad_input, at::Tensor& grad_weight, RmsNormBackwardKernel kernel) {
   const at::Tensor weight_or_undefined =
       check_backward(op, grad_output, grad_residual, input_name, input, weight, rstd);
   const bool has_weight = weight_or_undefined.defined();
@@ -261,13 +259,18 @@ void backward_out(const char* op, const at::Tensor& grad_output,
               ": arguments 'grad_input' and 'grad_weight' share memory; each result needs its "
               "own tensor");
   prepare_outputs(op, {{"grad_input", grad_input}}, input.sizes(),
-                  {{"grad_output", grad_output}, {"grad_new_residual", grad_residual},
-                   {input_name, input}, {"rstd", rstd}, {"weight", weight_or_undefined},
+                  {{"grad_output", grad_output},
+                   {"grad_new_residual", grad_residual},
+                   {input_name, input},
+                   {"rstd", rstd},
+                   {"weight", weight_or_undefined},
                    {"grad_weight", grad_weight}});
-  prepare_outputs(op, {{"grad_weight", grad_weight}},
-                  {has_weight ? input.size(-1) : 0},
-                  {{"grad_output", grad_output}, {"grad_new_residual", grad_residual},
-                   {input_name, input}, {"rstd", rstd}, {"weight", weight_or_undefined},
+  prepare_outputs(op, {{"grad_weight", grad_weight}}, {has_weight ? input.size(-1) : 0},
+                  {{"grad_output", grad_output},
+                   {"grad_new_residual", grad_residual},
+                   {input_name, input},
+                   {"rstd", rstd},
+                   {"weight", weight_or_undefined},
                    {"grad_input", grad_input}});
   if (kernel == nullptr) {
     return;
@@ -276,8 +279,8 @@ void backward_out(const char* op, const at::Tensor& grad_output,
   BackwardResult r;
   fill_out(grad_input, {grad_output, grad_residual, input},
            {rstd, weight_or_undefined, grad_weight}, [&](const at::Tensor& target) {
-             r = backward(op, grad_output, grad_residual, input_name, input, weight, rstd,
-                          kernel, target);
+             r = backward(op, grad_output, grad_residual, input_name, input, weight, rstd, kernel,
+                          target);
            });
   if (has_weight) {
     grad_weight.copy_(r.grad_weight);
@@ -290,25 +293,25 @@ void rms_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor&
                                 const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
                                 at::Tensor& grad_input, at::Tensor& grad_weight,
                                 RmsNormBackwardKernel kernel) {
-  backward_out("fuseops::rms_norm_backward.out", grad_output, at::Tensor(), "input", input,
-               weight, rstd, grad_input, grad_weight, kernel);
+  backward_out("fuseops::rms_norm_backward.out", grad_output, at::Tensor(), "input", input, weight,
+               rstd, grad_input, grad_weight, kernel);
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps,
-    RmsNormForwardKernel kernel) {
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(const at::Tensor& input,
+                                                           const at::Tensor& residual,
+                                                           const std::optional<at::Tensor>& weight,
+                                                           std::optional<double> eps,
+                                                           RmsNormForwardKernel kernel) {
   ForwardResult r =
       forward("fuseops::fused_add_rms_norm", input, residual, weight, eps, false, kernel);
   return {r.out, r.new_residual};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_with(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps,
-    RmsNormForwardKernel kernel) {
-  ForwardResult r = forward("fuseops::fused_add_rms_norm_forward", input, residual, weight,
-                            eps, true, kernel);
+    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps, RmsNormForwardKernel kernel) {
+  ForwardResult r =
+      forward("fuseops::fused_add_rms_norm_forward", input, residual, weight, eps, true, kernel);
   return {r.out, r.new_residual, r.rstd};
 }
 
@@ -321,8 +324,7 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
   check_residual(op, input, residual);
   const at::Tensor weight = checked_weight(op, input, weight_opt);
   check_out(op, out, "input", input);
-  TORCH_CHECK(residual_out.defined(), op,
-              ": argument 'residual_out' must be a defined tensor");
+  TORCH_CHECK(residual_out.defined(), op, ": argument 'residual_out' must be a defined tensor");
   check_same_dtype(op, "residual_out", residual_out, "input", input);
   check_same_device(op, "residual_out", residual_out, "input", input);
   prepare_outputs(op, {{"out", out}, {"residual_out", residual_out}}, input.sizes(),
@@ -343,8 +345,7 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
   const bool residual_direct =
       writes_directly(residual_out, {contiguous_input, contiguous_residual}, {opmath_weight});
   const at::Tensor out_target = out_direct ? out : empty_contiguous_like(input);
-  const at::Tensor residual_target =
-      residual_direct ? residual_out : empty_contiguous_like(input);
+  const at::Tensor residual_target = residual_direct ? residual_out : empty_contiguous_like(input);
   kernel({out_target, at::Tensor(), contiguous_input, contiguous_residual, residual_target,
           opmath_weight, eps_value});
   if (!residual_direct) {
@@ -357,19 +358,20 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_with(
     const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
-    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, RmsNormBackwardKernel kernel) {
+    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+    RmsNormBackwardKernel kernel) {
   BackwardResult r = backward("fuseops::fused_add_rms_norm_backward", grad_output,
-                              undefined_if_none(grad_new_residual), "new_residual",
-                              new_residual, weight, rstd, kernel);
+                              undefined_if_none(grad_new_residual), "new_residual", new_residual,
+                              weight, rstd, kernel);
   return {r.grad_input, r.grad_weight};
 }
 
-void fused_add_rms_norm_backward_out_with(
-    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
-    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight,
-    RmsNormBackwardKernel kernel) {
+void fused_add_rms_norm_backward_out_with(const at::Tensor& grad_output,
+                                          const std::optional<at::Tensor>& grad_new_residual,
+                                          const at::Tensor& new_residual,
+                                          const std::optional<at::Tensor>& weight,
+                                          const at::Tensor& rstd, at::Tensor& grad_input,
+                                          at::Tensor& grad_weight, RmsNormBackwardKernel kernel) {
   backward_out("fuseops::fused_add_rms_norm_backward.out", grad_output,
                undefined_if_none(grad_new_residual), "new_residual", new_residual, weight, rstd,
                grad_input, grad_weight, kernel);
@@ -432,8 +434,7 @@ void rms_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& inpu
               ": argument 'rstd' must be a defined tensor, got an undefined tensor");
   TORCH_CHECK(grad_input.defined(), name, ": argument 'grad_input' must be a defined tensor");
   TORCH_CHECK(grad_weight.defined(), name, ": argument 'grad_weight' must be a defined tensor");
-  static auto op =
-      find_op<decltype(rms_norm_backward_out)>("fuseops::rms_norm_backward", "out");
+  static auto op = find_op<decltype(rms_norm_backward_out)>("fuseops::rms_norm_backward", "out");
   op.call(grad_output, input, none_if_undefined(weight), rstd, grad_input, grad_weight);
 }
 
@@ -449,15 +450,13 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& input,
 }
 
 std::tuple<at::Tensor&, at::Tensor&> fused_add_rms_norm_out(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, at::Tensor& out,
-    at::Tensor& residual_out) {
+    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps, at::Tensor& out, at::Tensor& residual_out) {
   constexpr const char* name = "fuseops::fused_add_rms_norm.out";
   check_floating_input(name, "input", input);
   check_floating_input(name, "residual", residual);
   check_out(name, out, "input", input);
-  TORCH_CHECK(residual_out.defined(), name,
-              ": argument 'residual_out' must be a defined tensor");
+  TORCH_CHECK(residual_out.defined(), name, ": argument 'residual_out' must be a defined tensor");
   static auto op =
       find_out_op<decltype(fused_add_rms_norm_out)>("fuseops::fused_add_rms_norm", "out");
   op.call(input, residual, none_if_undefined(weight), eps, out, residual_out);
@@ -465,8 +464,8 @@ std::tuple<at::Tensor&, at::Tensor&> fused_add_rms_norm_out(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps) {
   constexpr const char* name = "fuseops::fused_add_rms_norm_forward";
   check_floating_input(name, "input", input);
   check_floating_input(name, "residual", residual);
@@ -489,11 +488,11 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
 }
 
 void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
-                                    const std::optional<at::Tensor>& grad_new_residual,
-                                    const at::Tensor& new_residual,
-                                    const std::optional<at::Tensor>& weight,
-                                    const at::Tensor& rstd, at::Tensor& grad_input,
-                                    at::Tensor& grad_weight) {
+                                     const std::optional<at::Tensor>& grad_new_residual,
+                                     const at::Tensor& new_residual,
+                                     const std::optional<at::Tensor>& weight,
+                                     const at::Tensor& rstd, at::Tensor& grad_input,
+                                     at::Tensor& grad_weight) {
   constexpr const char* name = "fuseops::fused_add_rms_norm_backward.out";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "new_residual", new_residual);
@@ -560,9 +559,7 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       tags);
 }
 
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::RmsNormRegistrations<MetaKernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::RmsNormRegistrations<MetaKernels>::register_all(m); }
 
 // Autocast as torch's rms_norm: CPU falls through (a reduced input with float32
 // weight is computed in float32 and returned in the input's dtype); CUDA

@@ -16,7 +16,7 @@ namespace fuseops::detail {
 // before its slot is written). Kernels never see an empty input.
 struct RmsNormForwardArgs {
   at::Tensor out;
-  at::Tensor rstd;          // per row, opmath dtype; undefined: not wanted
+  at::Tensor rstd;  // per row, opmath dtype; undefined: not wanted
   at::Tensor input;
   at::Tensor residual;      // fused_add_rms_norm only, else undefined
   at::Tensor residual_out;  // defined iff residual is: receives input + residual
@@ -26,7 +26,7 @@ struct RmsNormForwardArgs {
 
 struct RmsNormBackwardArgs {
   at::Tensor grad_input;
-  at::Tensor grad_weight;    // (hidden,) opmath, undefined without weight
+  at::Tensor grad_weight;  // (hidden,) opmath, undefined without weight
   at::Tensor grad_output;
   at::Tensor grad_residual;  // added to grad_input, or undefined
   at::Tensor input;          // the normalized input (new_residual when fused)
@@ -46,41 +46,43 @@ using RmsNormBackwardKernel = void (*)(const RmsNormBackwardArgs& args);
 at::Tensor rms_norm_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                          std::optional<double> eps, RmsNormForwardKernel kernel);
 void rms_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                       std::optional<double> eps, at::Tensor& out,
-                       RmsNormForwardKernel kernel);
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward_with(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    std::optional<double> eps, RmsNormForwardKernel kernel);
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
-    RmsNormBackwardKernel kernel);
+                       std::optional<double> eps, at::Tensor& out, RmsNormForwardKernel kernel);
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_with(const at::Tensor& input,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         std::optional<double> eps,
+                                                         RmsNormForwardKernel kernel);
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_with(const at::Tensor& grad_output,
+                                                          const at::Tensor& input,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          const at::Tensor& rstd,
+                                                          RmsNormBackwardKernel kernel);
 void rms_norm_backward_out_with(const at::Tensor& grad_output, const at::Tensor& input,
                                 const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
                                 at::Tensor& grad_input, at::Tensor& grad_weight,
                                 RmsNormBackwardKernel kernel);
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps,
-    RmsNormForwardKernel kernel);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with(const at::Tensor& input,
+                                                           const at::Tensor& residual,
+                                                           const std::optional<at::Tensor>& weight,
+                                                           std::optional<double> eps,
+                                                           RmsNormForwardKernel kernel);
 void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& residual,
-                                 const std::optional<at::Tensor>& weight,
-                                 std::optional<double> eps, at::Tensor& out,
-                                 at::Tensor& residual_out, RmsNormForwardKernel kernel);
+                                 const std::optional<at::Tensor>& weight, std::optional<double> eps,
+                                 at::Tensor& out, at::Tensor& residual_out,
+                                 RmsNormForwardKernel kernel);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_with(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps,
-    RmsNormForwardKernel kernel);
+    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps, RmsNormForwardKernel kernel);
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_with(
     const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
-    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, RmsNormBackwardKernel kernel);
-void fused_add_rms_norm_backward_out_with(
-    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
-    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight,
+    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
     RmsNormBackwardKernel kernel);
+void fused_add_rms_norm_backward_out_with(const at::Tensor& grad_output,
+                                          const std::optional<at::Tensor>& grad_new_residual,
+                                          const at::Tensor& new_residual,
+                                          const std::optional<at::Tensor>& weight,
+                                          const at::Tensor& rstd, at::Tensor& grad_input,
+                                          at::Tensor& grad_weight, RmsNormBackwardKernel kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::forward()` and
 // `Kernels::backward()` return its kernels.
@@ -95,8 +97,7 @@ struct RmsNormRegistrations {
     rms_norm_out_with(input, weight, eps, out, Kernels::forward());
   }
   static std::tuple<at::Tensor, at::Tensor> rms_norm_forward(
-      const at::Tensor& input, const std::optional<at::Tensor>& weight,
-      std::optional<double> eps) {
+      const at::Tensor& input, const std::optional<at::Tensor>& weight, std::optional<double> eps) {
     return rms_norm_forward_with(input, weight, eps, Kernels::forward());
   }
   static std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
@@ -105,15 +106,14 @@ struct RmsNormRegistrations {
     return rms_norm_backward_with(grad_output, input, weight, rstd, Kernels::backward());
   }
   static void rms_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& input,
-                                    const std::optional<at::Tensor>& weight,
-                                    const at::Tensor& rstd, at::Tensor& grad_input,
-                                    at::Tensor& grad_weight) {
+                                    const std::optional<at::Tensor>& weight, const at::Tensor& rstd,
+                                    at::Tensor& grad_input, at::Tensor& grad_weight) {
     rms_norm_backward_out_with(grad_output, input, weight, rstd, grad_input, grad_weight,
                                Kernels::backward());
   }
   static std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(
-      const at::Tensor& input, const at::Tensor& residual,
-      const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+      const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+      std::optional<double> eps) {
     return fused_add_rms_norm_with(input, residual, weight, eps, Kernels::forward());
   }
   static void fused_add_rms_norm_out(const at::Tensor& input, const at::Tensor& residual,
@@ -124,23 +124,25 @@ struct RmsNormRegistrations {
                                 Kernels::forward());
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward(
-      const at::Tensor& input, const at::Tensor& residual,
-      const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+      const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+      std::optional<double> eps) {
     return fused_add_rms_norm_forward_with(input, residual, weight, eps, Kernels::forward());
   }
   static std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
       const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
       const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
       const at::Tensor& rstd) {
-    return fused_add_rms_norm_backward_with(grad_output, grad_new_residual, new_residual,
-                                            weight, rstd, Kernels::backward());
+    return fused_add_rms_norm_backward_with(grad_output, grad_new_residual, new_residual, weight,
+                                            rstd, Kernels::backward());
   }
-  static void fused_add_rms_norm_backward_out(
-      const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
-      const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
-      const at::Tensor& rstd, at::Tensor& grad_input, at::Tensor& grad_weight) {
-    fused_add_rms_norm_backward_out_with(grad_output, grad_new_residual, new_residual, weight,
-                                         rstd, grad_input, grad_weight, Kernels::backward());
+  static void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
+                                              const std::optional<at::Tensor>& grad_new_residual,
+                                              const at::Tensor& new_residual,
+                                              const std::optional<at::Tensor>& weight,
+                                              const at::Tensor& rstd, at::Tensor& grad_input,
+                                              at::Tensor& grad_weight) {
+    fused_add_rms_norm_backward_out_with(grad_output, grad_new_residual, new_residual, weight, rstd,
+                                         grad_input, grad_weight, Kernels::backward());
   }
 
   template <typename Library>

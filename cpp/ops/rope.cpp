@@ -67,8 +67,8 @@ void check_key(const Names& n, const at::Tensor& input, const at::Tensor& key) {
                   key.size(-1) == input.size(-1),
               n.op, ": argument '", n.key, "' must have shape [",
               c10::Join(", ", token_dims(input)), token_dims(input).empty() ? "" : ", ",
-              "kv_heads, ", input.size(-1), "] (the token dimensions and head_dim of '",
-              n.input, "' ", input.sizes(), ", any number of heads), got ", key.sizes());
+              "kv_heads, ", input.size(-1), "] (the token dimensions and head_dim of '", n.input,
+              "' ", input.sizes(), ", any number of heads), got ", key.sizes());
 }
 
 // cos and sin: same dtype, device and shape; an even rotary dim (their last
@@ -87,8 +87,8 @@ int64_t check_cache(const Names& n, const at::Tensor& input, const at::Tensor& c
   const int64_t rotary_dim = cos.size(-1);
   TORCH_CHECK(rotary_dim % 2 == 0 && rotary_dim <= input.size(-1), n.op,
               ": the rotary dim (the last dimension of 'cos' and 'sin') must be even and at "
-              "most head_dim (", input.size(-1), ", the last dimension of '", n.input,
-              "'), got ", rotary_dim);
+              "most head_dim (",
+              input.size(-1), ", the last dimension of '", n.input, "'), got ", rotary_dim);
   return rotary_dim;
 }
 
@@ -197,16 +197,18 @@ Tables prepare_tables(const Names& n, const at::Tensor& input, const at::Tensor&
   const at::Tensor positions = undefined_if_none(positions_opt);
   Tables tables;
   if (positions.defined()) {
-    TORCH_CHECK(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt,
-                n.op, ": argument 'positions' must have dtype int64 or int32, got ",
+    TORCH_CHECK(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt, n.op,
+                ": argument 'positions' must have dtype int64 or int32, got ",
                 positions.scalar_type());
     check_same_device(n.op, "positions", positions, n.input, input);
     TORCH_CHECK(at::is_expandable_to(positions.sizes(), lead), n.op,
                 ": argument 'positions' must have a shape broadcastable to the token "
-                "dimensions of '", n.input, "' ", lead, ", got ", positions.sizes());
+                "dimensions of '",
+                n.input, "' ", lead, ", got ", positions.sizes());
     TORCH_CHECK(cos.dim() == 2, n.op,
                 ": with positions, 'cos' and 'sin' must be caches of shape [max_pos, "
-                "rotary_dim], got ", cos.sizes());
+                "rotary_dim], got ",
+                cos.sizes());
     if (!compute) {
       return tables;
     }
@@ -227,9 +229,9 @@ Tables prepare_tables(const Names& n, const at::Tensor& input, const at::Tensor&
   per_token.push_back(rotary_dim);
   TORCH_CHECK(at::is_expandable_to(cos.sizes(), per_token), n.op,
               ": without positions, 'cos' and 'sin' hold one row per token and must have a "
-              "shape broadcastable to ", at::IntArrayRef(per_token),
-              " (the token dimensions of '", n.input, "', then the rotary dim), got ",
-              cos.sizes());
+              "shape broadcastable to ",
+              at::IntArrayRef(per_token), " (the token dimensions of '", n.input,
+              "', then the rotary dim), got ", cos.sizes());
   if (compute) {
     tables.cos = cos.expand(per_token).reshape({tokens, rotary_dim}).to(opmath).contiguous();
     tables.sin = sin.expand(per_token).reshape({tokens, rotary_dim}).to(opmath).contiguous();
@@ -258,10 +260,8 @@ Checked check_all(const Names& n, const at::Tensor& input, const at::Tensor& key
 std::tuple<at::Tensor, at::Tensor> rope_with(const at::Tensor& query, const at::Tensor& key,
                                              const at::Tensor& cos, const at::Tensor& sin,
                                              const std::optional<at::Tensor>& positions,
-                                             bool interleaved, bool transpose,
-                                             RopeKernel kernel) {
-  const Checked c =
-      check_all(names(key.defined(), transpose, false), query, key, cos, sin);
+                                             bool interleaved, bool transpose, RopeKernel kernel) {
+  const Checked c = check_all(names(key.defined(), transpose, false), query, key, cos, sin);
   at::Tensor out = empty_contiguous_like(query);
   at::Tensor key_out = key.defined() ? empty_contiguous_like(key) : at::Tensor();
   const bool compute = kernel != nullptr && c.tokens > 0;
@@ -303,12 +303,14 @@ void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Ten
     // prepare_outputs' test of two outputs is conservative; this one is
     // exact for q and k taken from one fused qkv tensor, the in-place case.
     const bool viewable = kernel_writable(out, c.tokens) && kernel_writable(key_out, c.tokens);
-    TORCH_CHECK(!(viewable ? may_overlap(out.reshape({c.tokens, out.size(-2), out.size(-1)}),
-                                         key_out.reshape({c.tokens, key_out.size(-2),
-                                                          key_out.size(-1)}))
-                           : may_overlap(out, key_out)),
-                op, ": arguments 'out' and 'key_out' share memory; each result needs its own "
-                "tensor, got sizes ", out.sizes(), " and ", key_out.sizes());
+    TORCH_CHECK(
+        !(viewable ? may_overlap(out.reshape({c.tokens, out.size(-2), out.size(-1)}),
+                                 key_out.reshape({c.tokens, key_out.size(-2), key_out.size(-1)}))
+                   : may_overlap(out, key_out)),
+        op,
+        ": arguments 'out' and 'key_out' share memory; each result needs its own "
+        "tensor, got sizes ",
+        out.sizes(), " and ", key_out.sizes());
   }
   const Tables tables =
       prepare_tables(c.names, query, cos, sin, positions, c.rotary_dim, c.tokens, compute);
@@ -341,8 +343,8 @@ void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Ten
   if (!k_direct) {
     k_target = empty_output({c.tokens, key.size(-2), key.size(-1)}, key.options());
   }
-  kernel({q_target, q_rows, k_target, k_rows, tables.cos, tables.sin, tables.positions,
-          interleaved, transpose});
+  kernel({q_target, q_rows, k_target, k_rows, tables.cos, tables.sin, tables.positions, interleaved,
+          transpose});
   if (!q_direct) {
     out.copy_(q_target.view(query.sizes()));
   }
@@ -374,8 +376,7 @@ std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& query, const at::Tenso
                                         const at::Tensor& cos, const at::Tensor& sin,
                                         const std::optional<at::Tensor>& positions,
                                         bool interleaved) {
-  check_defined("fuseops::rope",
-                {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}});
+  check_defined("fuseops::rope", {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}});
   static auto op = find_op<decltype(rope)>("fuseops::rope");
   return op.call(query, key, cos, sin, detail::none_if_undefined(positions), interleaved);
 }
@@ -397,14 +398,13 @@ std::tuple<at::Tensor&, at::Tensor&> rope_out(const at::Tensor& query, const at:
   check_out(name, out, "query", query);
   TORCH_CHECK(key_out.defined(), name, ": argument 'key_out' must be a defined tensor");
   static auto op = find_out_op<decltype(rope_out)>("fuseops::rope", "out");
-  op.call(query, key, cos, sin, detail::none_if_undefined(positions), interleaved, out,
-          key_out);
+  op.call(query, key, cos, sin, detail::none_if_undefined(positions), interleaved, out, key_out);
   return {out, key_out};
 }
 
-at::Tensor& rope_single_out(const at::Tensor& input, const at::Tensor& cos,
-                            const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                            bool interleaved, at::Tensor& out) {
+at::Tensor& rope_single_out(const at::Tensor& input, const at::Tensor& cos, const at::Tensor& sin,
+                            const std::optional<at::Tensor>& positions, bool interleaved,
+                            at::Tensor& out) {
   constexpr const char* name = "fuseops::rope.single_out";
   check_defined(name, {{"input", &input}, {"cos", &cos}, {"sin", &sin}});
   check_out(name, out, "input", input);
@@ -421,47 +421,47 @@ std::tuple<at::Tensor&, at::Tensor&> rope_(at::Tensor& query, at::Tensor& key,
 }
 
 std::tuple<at::Tensor, at::Tensor> rope_backward(const at::Tensor& grad_query,
-                                                 const at::Tensor& grad_key,
-                                                 const at::Tensor& cos, const at::Tensor& sin,
+                                                 const at::Tensor& grad_key, const at::Tensor& cos,
+                                                 const at::Tensor& sin,
                                                  const std::optional<at::Tensor>& positions,
                                                  bool interleaved) {
-  check_defined("fuseops::rope_backward",
-                {{"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos},
-                 {"sin", &sin}});
+  check_defined(
+      "fuseops::rope_backward",
+      {{"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos}, {"sin", &sin}});
   static auto op = find_op<decltype(rope_backward)>("fuseops::rope_backward");
-  return op.call(grad_query, grad_key, cos, sin, detail::none_if_undefined(positions),
-                 interleaved);
+  return op.call(grad_query, grad_key, cos, sin, detail::none_if_undefined(positions), interleaved);
 }
 
 at::Tensor rope_single_backward(const at::Tensor& grad_input, const at::Tensor& cos,
-                                const at::Tensor& sin,
-                                const std::optional<at::Tensor>& positions, bool interleaved) {
+                                const at::Tensor& sin, const std::optional<at::Tensor>& positions,
+                                bool interleaved) {
   check_defined("fuseops::rope_backward.single",
                 {{"grad_input", &grad_input}, {"cos", &cos}, {"sin", &sin}});
-  static auto op =
-      find_op<decltype(rope_single_backward)>("fuseops::rope_backward", "single");
+  static auto op = find_op<decltype(rope_single_backward)>("fuseops::rope_backward", "single");
   return op.call(grad_input, cos, sin, detail::none_if_undefined(positions), interleaved);
 }
 
-std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(
-    const at::Tensor& grad_query, const at::Tensor& grad_key, const at::Tensor& cos,
-    const at::Tensor& sin, const std::optional<at::Tensor>& positions, bool interleaved,
-    at::Tensor& out, at::Tensor& key_out) {
+std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(const at::Tensor& grad_query,
+                                                       const at::Tensor& grad_key,
+                                                       const at::Tensor& cos, const at::Tensor& sin,
+                                                       const std::optional<at::Tensor>& positions,
+                                                       bool interleaved, at::Tensor& out,
+                                                       at::Tensor& key_out) {
   constexpr const char* name = "fuseops::rope_backward.out";
-  check_defined(name, {{"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos},
-                       {"sin", &sin}});
+  check_defined(
+      name, {{"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos}, {"sin", &sin}});
   check_out(name, out, "grad_query", grad_query);
   TORCH_CHECK(key_out.defined(), name, ": argument 'key_out' must be a defined tensor");
   static auto op = find_out_op<decltype(rope_backward_out)>("fuseops::rope_backward", "out");
-  op.call(grad_query, grad_key, cos, sin, detail::none_if_undefined(positions), interleaved,
-          out, key_out);
+  op.call(grad_query, grad_key, cos, sin, detail::none_if_undefined(positions), interleaved, out,
+          key_out);
   return {out, key_out};
 }
 
 at::Tensor& rope_backward_single_out(const at::Tensor& grad_input, const at::Tensor& cos,
                                      const at::Tensor& sin,
-                                     const std::optional<at::Tensor>& positions,
-                                     bool interleaved, at::Tensor& out) {
+                                     const std::optional<at::Tensor>& positions, bool interleaved,
+                                     at::Tensor& out) {
   constexpr const char* name = "fuseops::rope_backward.single_out";
   check_defined(name, {{"grad_input", &grad_input}, {"cos", &cos}, {"sin", &sin}});
   check_out(name, out, "grad_input", grad_input);
@@ -518,8 +518,6 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       tags);
 }
 
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::RopeRegistrations<MetaKernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::RopeRegistrations<MetaKernels>::register_all(m); }
 
 }  // namespace fuseops

@@ -56,8 +56,8 @@ struct RopeRegistrations {
     return rope_with(query, key, cos, sin, positions, interleaved, false, Kernels::rope());
   }
   static at::Tensor rope_single(const at::Tensor& input, const at::Tensor& cos,
-                                const at::Tensor& sin,
-                                const std::optional<at::Tensor>& positions, bool interleaved) {
+                                const at::Tensor& sin, const std::optional<at::Tensor>& positions,
+                                bool interleaved) {
     return std::get<0>(
         rope_with(input, at::Tensor(), cos, sin, positions, interleaved, false, Kernels::rope()));
   }
@@ -67,24 +67,23 @@ struct RopeRegistrations {
     rope_out_with(query, key, cos, sin, positions, interleaved, false, out, key_out,
                   Kernels::rope());
   }
-  static void rope_single_out(const at::Tensor& input, const at::Tensor& cos,
-                              const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                              bool interleaved, at::Tensor& out) {
-    rope_out_with(input, at::Tensor(), cos, sin, positions, interleaved, false, out,
-                  at::Tensor(), Kernels::rope());
+  static void rope_single_out(const at::Tensor& input, const at::Tensor& cos, const at::Tensor& sin,
+                              const std::optional<at::Tensor>& positions, bool interleaved,
+                              at::Tensor& out) {
+    rope_out_with(input, at::Tensor(), cos, sin, positions, interleaved, false, out, at::Tensor(),
+                  Kernels::rope());
   }
   static std::tuple<at::Tensor, at::Tensor> rope_backward(
       const at::Tensor& grad_query, const at::Tensor& grad_key, const at::Tensor& cos,
       const at::Tensor& sin, const std::optional<at::Tensor>& positions, bool interleaved) {
-    return rope_with(grad_query, grad_key, cos, sin, positions, interleaved, true,
-                     Kernels::rope());
+    return rope_with(grad_query, grad_key, cos, sin, positions, interleaved, true, Kernels::rope());
   }
   static at::Tensor rope_single_backward(const at::Tensor& grad_input, const at::Tensor& cos,
                                          const at::Tensor& sin,
                                          const std::optional<at::Tensor>& positions,
                                          bool interleaved) {
-    return std::get<0>(rope_with(grad_input, at::Tensor(), cos, sin, positions, interleaved,
-                                 true, Kernels::rope()));
+    return std::get<0>(rope_with(grad_input, at::Tensor(), cos, sin, positions, interleaved, true,
+                                 Kernels::rope()));
   }
   static void rope_backward_out(const at::Tensor& grad_query, const at::Tensor& grad_key,
                                 const at::Tensor& cos, const at::Tensor& sin,
@@ -95,8 +94,8 @@ struct RopeRegistrations {
   }
   static void rope_backward_single_out(const at::Tensor& grad_input, const at::Tensor& cos,
                                        const at::Tensor& sin,
-                                       const std::optional<at::Tensor>& positions,
-                                       bool interleaved, at::Tensor& out) {
+                                       const std::optional<at::Tensor>& positions, bool interleaved,
+                                       at::Tensor& out) {
     rope_out_with(grad_input, at::Tensor(), cos, sin, positions, interleaved, true, out,
                   at::Tensor(), Kernels::rope());
   }

@@ -54,8 +54,8 @@ void check_scale(const char* op, const at::Tensor& scale, int64_t n, const char*
                  const at::Tensor& ref, const char* ref_arg) {
   TORCH_CHECK(scale.scalar_type() == at::kFloat, op,
               ": argument 'scale' must have dtype float32, got ", scale.scalar_type());
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == n, op, ": argument 'scale' must have shape [",
-              n, "] (N, from ", n_from, "), got ", scale.sizes());
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == n, op, ": argument 'scale' must have shape [", n,
+              "] (N, from ", n_from, "), got ", scale.sizes());
   check_same_device(op, "scale", scale, ref_arg, ref);
 }
 
@@ -119,8 +119,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_2_4_impl(const at::Tensor& w
   for (int64_t j = 1; j < kSparseGroupK; ++j) {
     nibbles = nibbles.add(keep.select(2, j).to(at::kInt).mul(1 << j));
   }
-  nibbles = at::constant_pad_nd(nibbles, {0, 2 * meta.size(1) - groups}, 0)
-                .view({n, meta.size(1), 2});
+  nibbles =
+      at::constant_pad_nd(nibbles, {0, 2 * meta.size(1) - groups}, 0).view({n, meta.size(1), 2});
   meta.copy_(nibbles.select(2, 0).add(nibbles.select(2, 1).mul(16)));
   if (scale.defined()) {
     scale_out.copy_(scale);
@@ -191,11 +191,11 @@ at::Tensor prepare_linear(const char* op, const at::Tensor& input, const at::Ten
               values.sizes());
   const int64_t n = values.size(0);
   const int64_t k = input.size(-1);
-  TORCH_CHECK(k % kSparseGroupK == 0 && values.size(1) * 2 == k, op,
-              ": argument 'input' has K = ", k,
-              " (its last dimension), but 'values' holds the kept halves of K = ",
-              2 * values.size(1), " input features (shape ", values.sizes(),
-              "); K must be a multiple of 4; input shape ", input.sizes());
+  TORCH_CHECK(
+      k % kSparseGroupK == 0 && values.size(1) * 2 == k, op, ": argument 'input' has K = ", k,
+      " (its last dimension), but 'values' holds the kept halves of K = ", 2 * values.size(1),
+      " input features (shape ", values.sizes(), "); K must be a multiple of 4; input shape ",
+      input.sizes());
   TORCH_CHECK(meta.scalar_type() == at::kByte, op,
               ": argument 'meta' must have dtype uint8 (from fuseops.pack_2_4), got ",
               meta.scalar_type());
@@ -299,12 +299,14 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
   m.def("prune_2_4(Tensor weight) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("pack_2_4(Tensor weight, Tensor? scale=None) -> (Tensor, Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
-  m.def("sparse_2_4_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
-        "Tensor? bias=None) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
-  m.def("sparse_2_4_dynamic_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
-        "Tensor colsum, Tensor? bias=None) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
+  m.def(
+      "sparse_2_4_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
+      "Tensor? bias=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "sparse_2_4_dynamic_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
+      "Tensor colsum, Tensor? bias=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {

@@ -24,8 +24,8 @@ void bind_all(py::module_& m);
 
 }  // namespace fuseops::python
 
-#define FUSEOPS_PYTHON_BINDINGS(name)                                                \
-  static void fuseops_bind_##name(::fuseops::python::py::module_& m);                \
-  [[maybe_unused]] static const bool fuseops_bindings_##name##_added =              \
-      ::fuseops::python::add_bindings(&fuseops_bind_##name);                        \
+#define FUSEOPS_PYTHON_BINDINGS(name)                                  \
+  static void fuseops_bind_##name(::fuseops::python::py::module_& m);  \
+  [[maybe_unused]] static const bool fuseops_bindings_##name##_added = \
+      ::fuseops::python::add_bindings(&fuseops_bind_##name);           \
   static void fuseops_bind_##name(::fuseops::python::py::module_& m)

@@ -17,19 +17,16 @@ FUSEOPS_PYTHON_BINDINGS(gated_activation) {
   m.def("swiglu_packed_out", &fuseops::swiglu_packed_out, py::arg("input"), py::arg("out"));
   m.def("swiglu_packed_backward", &fuseops::swiglu_packed_backward, py::arg("grad_output"),
         py::arg("input"));
-  m.def("geglu", &fuseops::geglu, py::arg("gate"), py::arg("up"),
-        py::arg("approximate") = "none");
-  m.def("geglu_out", &fuseops::geglu_out, py::arg("gate"), py::arg("up"),
-        py::arg("approximate"), py::arg("out"));
+  m.def("geglu", &fuseops::geglu, py::arg("gate"), py::arg("up"), py::arg("approximate") = "none");
+  m.def("geglu_out", &fuseops::geglu_out, py::arg("gate"), py::arg("up"), py::arg("approximate"),
+        py::arg("out"));
   m.def("geglu_backward", &fuseops::geglu_backward, py::arg("grad_output"), py::arg("gate"),
         py::arg("up"), py::arg("approximate") = "none");
-  m.def("geglu_backward_out", &fuseops::geglu_backward_out, py::arg("grad_output"),
-        py::arg("gate"), py::arg("up"), py::arg("approximate"), py::arg("grad_gate"),
-        py::arg("grad_up"));
-  m.def("geglu_packed", &fuseops::geglu_packed, py::arg("input"),
-        py::arg("approximate") = "none");
-  m.def("geglu_packed_out", &fuseops::geglu_packed_out, py::arg("input"),
-        py::arg("approximate"), py::arg("out"));
+  m.def("geglu_backward_out", &fuseops::geglu_backward_out, py::arg("grad_output"), py::arg("gate"),
+        py::arg("up"), py::arg("approximate"), py::arg("grad_gate"), py::arg("grad_up"));
+  m.def("geglu_packed", &fuseops::geglu_packed, py::arg("input"), py::arg("approximate") = "none");
+  m.def("geglu_packed_out", &fuseops::geglu_packed_out, py::arg("input"), py::arg("approximate"),
+        py::arg("out"));
   m.def("geglu_packed_backward", &fuseops::geglu_packed_backward, py::arg("grad_output"),
         py::arg("input"), py::arg("approximate") = "none");
 }

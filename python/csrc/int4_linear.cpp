@@ -14,7 +14,6 @@ FUSEOPS_PYTHON_BINDINGS(int4_linear) {
   m.def("int4_weight_only_linear", &fuseops::int4_weight_only_linear, py::arg("input"),
         py::arg("packed"), py::arg("scale_zero"), py::arg("group_size"),
         py::arg("bias") = py::none());
-  m.def("int4_dynamic_linear", &fuseops::int4_dynamic_linear, py::arg("input"),
-        py::arg("packed"), py::arg("scale_zero"), py::arg("group_size"),
-        py::arg("bias") = py::none());
+  m.def("int4_dynamic_linear", &fuseops::int4_dynamic_linear, py::arg("input"), py::arg("packed"),
+        py::arg("scale_zero"), py::arg("group_size"), py::arg("bias") = py::none());
 }

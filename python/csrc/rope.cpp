@@ -9,8 +9,8 @@
 namespace py = pybind11;
 
 FUSEOPS_PYTHON_BINDINGS(rope) {
-  m.def("rope", &fuseops::rope, py::arg("query"), py::arg("key"), py::arg("cos"),
-        py::arg("sin"), py::arg("positions") = py::none(), py::arg("interleaved") = false);
+  m.def("rope", &fuseops::rope, py::arg("query"), py::arg("key"), py::arg("cos"), py::arg("sin"),
+        py::arg("positions") = py::none(), py::arg("interleaved") = false);
   m.def("rope_single", &fuseops::rope_single, py::arg("input"), py::arg("cos"), py::arg("sin"),
         py::arg("positions") = py::none(), py::arg("interleaved") = false);
   m.def(

@@ -30,15 +30,13 @@ class FixtureSymNode : public c10::SymNodeImpl {
   std::optional<int64_t> maybe_as_int() override { return std::nullopt; }
   int64_t guard_int(const char*, int64_t) override { return hint_; }
   c10::SymNode clone() override { return c10::make_intrusive<FixtureSymNode>(hint_); }
-  c10::SymNode wrap_int(int64_t num) override {
-    return c10::make_intrusive<FixtureSymNode>(num);
-  }
+  c10::SymNode wrap_int(int64_t num) override { return c10::make_intrusive<FixtureSymNode>(num); }
 
  private:
   int64_t hint_;
 };
 
-} // namespace
+}  // namespace
 
 // The tests break here; `up` shows main's variables.
 extern "C" __attribute__((noinline)) void fixture_stop(void* const* cases, int count) {
@@ -102,11 +100,38 @@ int main() {
   auto* garbage_impl = reinterpret_cast<c10::TensorImpl*>(garbage_impl_bytes);
 
   void* const cases[] = {
-      &contiguous_float, &transposed, &sliced, &bf16, &fp16, &int64, &boolean,
-      &scalar, &empty, &undefined, &seven_dim, &requires_grad, &with_grad, &optional_tensor,
-      &optional_empty, &complex, &uint8, &long_vector, &meta, &cuda, &symbolic,
-      &int_array_ref, &small_vector, &cpu_device, &cuda_device, &scalar_type,
-      &type_meta, &sym_int, &storage, &impl_pointer, &garbage_tensor, &garbage_impl,
+      &contiguous_float,
+      &transposed,
+      &sliced,
+      &bf16,
+      &fp16,
+      &int64,
+      &boolean,
+      &scalar,
+      &empty,
+      &undefined,
+      &seven_dim,
+      &requires_grad,
+      &with_grad,
+      &optional_tensor,
+      &optional_empty,
+      &complex,
+      &uint8,
+      &long_vector,
+      &meta,
+      &cuda,
+      &symbolic,
+      &int_array_ref,
+      &small_vector,
+      &cpu_device,
+      &cuda_device,
+      &scalar_type,
+      &type_meta,
+      &sym_int,
+      &storage,
+      &impl_pointer,
+      &garbage_tensor,
+      &garbage_impl,
   };
   fixture_stop(cases, static_cast<int>(sizeof(cases) / sizeof(cases[0])));
   std::printf("%s\n", contiguous_float.sum().item<float>() == 15.0f ? "ok" : "wrong");

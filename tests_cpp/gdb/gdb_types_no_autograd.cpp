@@ -9,6 +9,5 @@
 #include <c10/core/UndefinedTensorImpl.h>
 
 __attribute__((visibility("default"), used, noinline)) void describe_c10_types_for_gdb(
-    c10::TensorImpl* tensor_impl,
-    c10::UndefinedTensorImpl* undefined_tensor_impl,
+    c10::TensorImpl* tensor_impl, c10::UndefinedTensorImpl* undefined_tensor_impl,
     c10::StorageImpl* storage_impl) {}

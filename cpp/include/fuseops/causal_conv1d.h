@@ -53,8 +53,7 @@ std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> causal_conv1d_backward(
     const at::Tensor& grad_output, const at::Tensor& x, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& initial_states,
-    const std::optional<at::Tensor>& grad_final_states,
-    std::optional<std::string_view> activation);
+    const std::optional<at::Tensor>& grad_final_states, std::optional<std::string_view> activation);
 
 // One decoding step: x (batch, dim) or (batch, dim, seqlen) continues the
 // sequence whose last inputs `conv_state` (batch, dim, state_len >= width-1)

@@ -40,8 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
 // the softmax is recomputed from logits and lse. grad_output has the loss's
 // shape (target.shape for "none", 0-d otherwise).
 at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tensor& logits,
-                                  const at::Tensor& target,
-                                  const std::optional<at::Tensor>& weight,
+                                  const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                   const at::Tensor& lse, const at::Tensor& total_weight,
                                   std::string_view reduction, int64_t ignore_index,
                                   double label_smoothing, double z_loss,
@@ -54,11 +53,11 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tenso
 // holds the gradient), nothing else may read them, and the backward runs at
 // most once. A non-contiguous `logits` is written through a contiguous copy.
 // Differentiable in logits.
-at::Tensor cross_entropy_inplace(
-    at::Tensor& logits, const at::Tensor& target,
-    const std::optional<at::Tensor>& weight = std::nullopt, std::string_view reduction = "mean",
-    int64_t ignore_index = -100, double label_smoothing = 0.0, double z_loss = 0.0,
-    std::optional<double> softcap = std::nullopt);
+at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
+                                 const std::optional<at::Tensor>& weight = std::nullopt,
+                                 std::string_view reduction = "mean", int64_t ignore_index = -100,
+                                 double label_smoothing = 0.0, double z_loss = 0.0,
+                                 std::optional<double> softcap = std::nullopt);
 
 // cross_entropy(input @ weight.T + bias, target, ...) without the [N, V]
 // logits: input [N, H], weight [V, H], bias [V], target [N]. Tokens are
@@ -76,9 +75,9 @@ at::Tensor cross_entropy_inplace(
 at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,
                                 const std::optional<at::Tensor>& bias, const at::Tensor& target,
                                 const std::optional<at::Tensor>& class_weight = std::nullopt,
-                                std::string_view reduction = "mean",
-                                int64_t ignore_index = -100, double label_smoothing = 0.0,
-                                double z_loss = 0.0, std::optional<double> softcap = std::nullopt,
+                                std::string_view reduction = "mean", int64_t ignore_index = -100,
+                                double label_smoothing = 0.0, double z_loss = 0.0,
+                                std::optional<double> softcap = std::nullopt,
                                 std::optional<double> normalizer = std::nullopt);
 
 // linear_cross_entropy with what the same pass also yields: (loss, lse,
@@ -89,23 +88,22 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight = std::nullopt,
-    std::string_view reduction = "mean", int64_t ignore_index = -100,
-    double label_smoothing = 0.0, double z_loss = 0.0,
-    std::optional<double> softcap = std::nullopt, std::optional<double> normalizer = std::nullopt,
-    bool predict = false);
+    std::string_view reduction = "mean", int64_t ignore_index = -100, double label_smoothing = 0.0,
+    double z_loss = 0.0, std::optional<double> softcap = std::nullopt,
+    std::optional<double> normalizer = std::nullopt, bool predict = false);
 
 // linear_cross_entropy's loss and its gradients for a grad_output of 1 (of
 // ones for reduction "none"), then lse and predicted as
 // linear_cross_entropy_stats gives them: (loss, grad_input, grad_weight,
 // grad_bias, lse, predicted); grad_bias is empty without bias.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-linear_cross_entropy_forward(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& target, const std::optional<at::Tensor>& class_weight = std::nullopt,
-    std::string_view reduction = "mean", int64_t ignore_index = -100,
-    double label_smoothing = 0.0, double z_loss = 0.0,
-    std::optional<double> softcap = std::nullopt, std::optional<double> normalizer = std::nullopt,
-    bool predict = false);
+linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, const at::Tensor& target,
+                             const std::optional<at::Tensor>& class_weight = std::nullopt,
+                             std::string_view reduction = "mean", int64_t ignore_index = -100,
+                             double label_smoothing = 0.0, double z_loss = 0.0,
+                             std::optional<double> softcap = std::nullopt,
+                             std::optional<double> normalizer = std::nullopt, bool predict = false);
 
 // The gradients (grad_input, grad_weight, grad_bias) of linear_cross_entropy
 // for `grad_output` of the loss's shape ([N] for reduction "none"; a per-row
@@ -114,8 +112,8 @@ linear_cross_entropy_forward(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const at::Tensor& target,
-    const std::optional<at::Tensor>& class_weight, std::string_view reduction,
-    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    const std::optional<at::Tensor>& class_weight, std::string_view reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, std::optional<double> softcap,
     std::optional<double> normalizer);
 
 }  // namespace fuseops

@@ -31,8 +31,7 @@ namespace fuseops {
 // NaN there). NaN in a seen score makes its row NaN. Inference op: no
 // derivative; called on tensors that require grad with grad mode on it
 // raises.
-at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key,
-                            const at::Tensor& value,
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                             const std::optional<at::Tensor>& attn_mask = std::nullopt,
                             bool is_causal = false, std::optional<double> scale = std::nullopt,
                             double softcap = 0.0);

@@ -18,8 +18,7 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor& swiglu_out(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out);
 // (grad_gate, grad_up) in one pass.
 std::tuple<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_output,
-                                                   const at::Tensor& gate,
-                                                   const at::Tensor& up);
+                                                   const at::Tensor& gate, const at::Tensor& up);
 // swiglu_backward into preallocated tensors; either may be grad_output,
 // gate or up itself (computed in place). Not differentiable.
 void swiglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
@@ -34,15 +33,13 @@ at::Tensor swiglu_packed_backward(const at::Tensor& grad_output, const at::Tenso
 // gelu(gate, approximate) * up; approximate is "none" or "tanh" as in gelu.
 at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up,
                  std::string_view approximate = "none");
-at::Tensor& geglu_out(const at::Tensor& gate, const at::Tensor& up,
-                      std::string_view approximate, at::Tensor& out);
+at::Tensor& geglu_out(const at::Tensor& gate, const at::Tensor& up, std::string_view approximate,
+                      at::Tensor& out);
 std::tuple<at::Tensor, at::Tensor> geglu_backward(const at::Tensor& grad_output,
-                                                  const at::Tensor& gate,
-                                                  const at::Tensor& up,
+                                                  const at::Tensor& gate, const at::Tensor& up,
                                                   std::string_view approximate = "none");
-void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate,
-                        const at::Tensor& up, std::string_view approximate,
-                        at::Tensor& grad_gate, at::Tensor& grad_up);
+void geglu_backward_out(const at::Tensor& grad_output, const at::Tensor& gate, const at::Tensor& up,
+                        std::string_view approximate, at::Tensor& grad_gate, at::Tensor& grad_up);
 
 at::Tensor geglu_packed(const at::Tensor& input, std::string_view approximate = "none");
 at::Tensor& geglu_packed_out(const at::Tensor& input, std::string_view approximate,

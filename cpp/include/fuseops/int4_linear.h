@@ -29,8 +29,8 @@ namespace fuseops {
 // Values are rounded half to even, wq = clamp(round(w / scale) + zero, 0, 15).
 // A weight holding Inf or NaN raises.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_group_int4(const at::Tensor& weight,
-                                                                        int64_t group_size = 128,
-                                                                        bool symmetric = true);
+                                                                       int64_t group_size = 128,
+                                                                       bool symmetric = true);
 
 // Packs (wq, scale, zero) as quantize_per_group_int4 returns them into the
 // layout of int4_weight_only_linear. Returns two plain tensors, so a module
@@ -63,8 +63,8 @@ std::tuple<at::Tensor, at::Tensor> pack_int4_weight(const at::Tensor& wq, const 
 // y[m, n] = sum_g scale[n, g] * (sum_{k in g} x[m, k] * q[n, k] -
 // zero[n, g] * sum_{k in g} x[m, k]) + bias[n], rounded to x's dtype. An
 // infinite activation makes its row NaN (Inf - Inf in the zero points'
-// share). Every CPU build returns the same bits. Inference op: no derivative; called on tensors that
-// require grad with grad mode on it raises.
+// share). Every CPU build returns the same bits. Inference op: no derivative; called on tensors
+// that require grad with grad mode on it raises.
 at::Tensor int4_weight_only_linear(const at::Tensor& input, const at::Tensor& packed,
                                    const at::Tensor& scale_zero, int64_t group_size,
                                    const std::optional<at::Tensor>& bias = std::nullopt);

@@ -24,7 +24,7 @@ namespace fuseops {
 // N and K are not stored: N is scale's length, K the activations' last
 // dimension (checked against the packed shape).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight(const at::Tensor& wq,
-                                                                 const at::Tensor& scale);
+                                                                const at::Tensor& scale);
 
 // y = x @ (wq * scale[:, None]).T + bias with int8 weights and float
 // activations (W8A16): x [..., K] float32, bfloat16, float16 or float64,

@@ -16,15 +16,12 @@ namespace fuseops {
 // contiguous, with the shape of `input`.
 at::Tensor layer_norm(const at::Tensor& input,
                       const std::optional<at::Tensor>& weight = std::nullopt,
-                      const std::optional<at::Tensor>& bias = std::nullopt,
-                      double eps = 1e-5);
+                      const std::optional<at::Tensor>& bias = std::nullopt, double eps = 1e-5);
 
 // layer_norm into a preallocated `out` (resized to input's shape if it
 // differs); `out` may be `input` itself. Not differentiable, like every out= op.
-at::Tensor& layer_norm_out(const at::Tensor& input,
-                           const std::optional<at::Tensor>& weight,
-                           const std::optional<at::Tensor>& bias, double eps,
-                           at::Tensor& out);
+at::Tensor& layer_norm_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, double eps, at::Tensor& out);
 
 // layer_norm that also returns the per-row statistics layer_norm_backward
 // takes: (out, mean, rstd) with rstd = 1 / sqrt(var + eps), both of shape
@@ -46,9 +43,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
 // shape {H} and computed in the same pass as grad_input, whether or not the
 // forward had a weight or bias.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd);
+    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const at::Tensor& mean, const at::Tensor& rstd);
 
 // layer_norm_backward into preallocated tensors (grad_weight and grad_bias
 // resized to {H}); grad_input may be grad_output or input itself (computed

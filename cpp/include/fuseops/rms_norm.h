@@ -15,8 +15,7 @@ namespace fuseops {
 // result has input's dtype. eps defaults, as in PyTorch, to the machine
 // epsilon of the computation type (float32's, or float64's for float64).
 // Differentiable (C++ autograd) in input and weight.
-at::Tensor rms_norm(const at::Tensor& input,
-                    const std::optional<at::Tensor>& weight = std::nullopt,
+at::Tensor rms_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight = std::nullopt,
                     std::optional<double> eps = std::nullopt);
 
 // rms_norm into a preallocated `out` (resized to input's shape if it
@@ -34,9 +33,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward(
 // Gradients of rms_norm w.r.t. input and weight, in one pass over the rows
 // (the weight gradient accumulates in float32/float64 across all rows).
 // grad_weight has weight's dtype, or is an empty tensor when weight is None.
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& rstd);
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_output,
+                                                     const at::Tensor& input,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     const at::Tensor& rstd);
 
 // rms_norm_backward into preallocated tensors (grad_weight resized to
 // [hidden], or [0] without weight); grad_input may be grad_output or input
@@ -58,9 +58,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(
 // be the very tensor `input` or `residual` (in place, as inference engines
 // update the residual stream). Not differentiable.
 std::tuple<at::Tensor&, at::Tensor&> fused_add_rms_norm_out(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, at::Tensor& out,
-    at::Tensor& residual_out);
+    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps, at::Tensor& out, at::Tensor& residual_out);
 
 // fused_add_rms_norm that also returns rstd: (out, new_residual, rstd).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward(
@@ -82,10 +81,10 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
 // grad_new_residual or new_residual itself (computed in place). Not
 // differentiable, like every out= op.
 void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
-                                    const std::optional<at::Tensor>& grad_new_residual,
-                                    const at::Tensor& new_residual,
-                                    const std::optional<at::Tensor>& weight,
-                                    const at::Tensor& rstd, at::Tensor& grad_input,
-                                    at::Tensor& grad_weight);
+                                     const std::optional<at::Tensor>& grad_new_residual,
+                                     const at::Tensor& new_residual,
+                                     const std::optional<at::Tensor>& weight,
+                                     const at::Tensor& rstd, at::Tensor& grad_input,
+                                     at::Tensor& grad_weight);
 
 }  // namespace fuseops

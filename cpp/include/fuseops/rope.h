@@ -56,15 +56,14 @@ std::tuple<at::Tensor&, at::Tensor&> rope_out(const at::Tensor& query, const at:
                                               bool interleaved, at::Tensor& out,
                                               at::Tensor& key_out);
 
-at::Tensor& rope_single_out(const at::Tensor& input, const at::Tensor& cos,
-                            const at::Tensor& sin, const std::optional<at::Tensor>& positions,
-                            bool interleaved, at::Tensor& out);
+at::Tensor& rope_single_out(const at::Tensor& input, const at::Tensor& cos, const at::Tensor& sin,
+                            const std::optional<at::Tensor>& positions, bool interleaved,
+                            at::Tensor& out);
 
 // In place (inference): rope_out(query, key, ..., query, key).
-std::tuple<at::Tensor&, at::Tensor&> rope_(at::Tensor& query, at::Tensor& key,
-                                           const at::Tensor& cos, const at::Tensor& sin,
-                                           const std::optional<at::Tensor>& positions = std::nullopt,
-                                           bool interleaved = false);
+std::tuple<at::Tensor&, at::Tensor&> rope_(
+    at::Tensor& query, at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin,
+    const std::optional<at::Tensor>& positions = std::nullopt, bool interleaved = false);
 
 // Gradients of rope w.r.t. query and key: the transposed rotation
 //   grad_x = g * cos + rotate^T(g * sin)
@@ -83,14 +82,16 @@ at::Tensor rope_single_backward(const at::Tensor& grad_input, const at::Tensor& 
 // rope_backward into preallocated `out` and `key_out`, which may be
 // `grad_query` and `grad_key` themselves (in place, as rope's autograd does
 // with gradients nothing else refers to); as rope_out otherwise.
-std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(
-    const at::Tensor& grad_query, const at::Tensor& grad_key, const at::Tensor& cos,
-    const at::Tensor& sin, const std::optional<at::Tensor>& positions, bool interleaved,
-    at::Tensor& out, at::Tensor& key_out);
+std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(const at::Tensor& grad_query,
+                                                       const at::Tensor& grad_key,
+                                                       const at::Tensor& cos, const at::Tensor& sin,
+                                                       const std::optional<at::Tensor>& positions,
+                                                       bool interleaved, at::Tensor& out,
+                                                       at::Tensor& key_out);
 
 at::Tensor& rope_backward_single_out(const at::Tensor& grad_input, const at::Tensor& cos,
                                      const at::Tensor& sin,
-                                     const std::optional<at::Tensor>& positions,
-                                     bool interleaved, at::Tensor& out);
+                                     const std::optional<at::Tensor>& positions, bool interleaved,
+                                     at::Tensor& out);
 
 }  // namespace fuseops

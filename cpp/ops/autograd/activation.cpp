@@ -58,12 +58,10 @@ at::Tensor activation_second_derivative(const at::Tensor& x, Activation activati
 }
 
 // grad_input = grad_output * f'(input), differentiable in both.
-class ActivationBackwardFunction
-    : public torch::autograd::Function<ActivationBackwardFunction> {
+class ActivationBackwardFunction : public torch::autograd::Function<ActivationBackwardFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad_output,
-                            const at::Tensor& input, const std::string& approximate,
-                            bool is_silu) {
+                            const at::Tensor& input, const std::string& approximate, bool is_silu) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({grad_output, input});
     ctx->saved_data["approximate"] = approximate;
@@ -110,13 +108,14 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    return {autograd_detail::gradient_over(
-                grads[0], input,
-                [&](at::Tensor& grad) { fuseops::gelu_backward_out(grad, input, approximate, grad); },
-                [&](const at::Tensor& grad) {
-                  return ActivationBackwardFunction::apply(grad, input, approximate, false);
-                }),
-            at::Tensor()};
+    return {
+        autograd_detail::gradient_over(
+            grads[0], input,
+            [&](at::Tensor& grad) { fuseops::gelu_backward_out(grad, input, approximate, grad); },
+            [&](const at::Tensor& grad) {
+              return ActivationBackwardFunction::apply(grad, input, approximate, false);
+            }),
+        at::Tensor()};
   }
 };
 
@@ -140,8 +139,8 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
 
 class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& bias, const std::string& approximate) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& bias,
+                            const std::string& approximate) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({input, bias});
     ctx->saved_data["approximate"] = approximate;
@@ -206,8 +205,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor&
                                                                const at::Tensor& input,
                                                                const at::Tensor& bias,
                                                                c10::string_view approximate) {
-  autograd_detail::check_no_derivative("fuseops::bias_gelu_backward",
-                                       {grad_output, input, bias});
+  autograd_detail::check_no_derivative("fuseops::bias_gelu_backward", {grad_output, input, bias});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::bias_gelu_backward(grad_output, input, bias, approximate);
 }

@@ -27,15 +27,15 @@ using Activation = std::optional<std::string_view>;
 class CausalConv1dFunction : public torch::autograd::Function<CausalConv1dFunction> {
  public:
   // Returns (out) or, with `with_final_states`, (out, final_states).
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
-                               const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias,
                                const std::optional<at::Tensor>& initial_states,
                                Activation activation, bool with_final_states) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     variable_list result;
     if (with_final_states) {
-      auto [out, states] = fuseops::causal_conv1d_forward(x, weight, bias, initial_states,
-                                                          activation);
+      auto [out, states] =
+          fuseops::causal_conv1d_forward(x, weight, bias, initial_states, activation);
       result = {out, states};
     } else {
       result = {fuseops::causal_conv1d(x, weight, bias, initial_states, activation)};
@@ -62,9 +62,9 @@ class CausalConv1dFunction : public torch::autograd::Function<CausalConv1dFuncti
         has_init ? std::optional<at::Tensor>(saved[3]) : std::nullopt;
     const std::optional<at::Tensor> grad_final =
         grads.size() > 1 ? std::optional<at::Tensor>(grads[1]) : std::nullopt;
-    auto [grad_x, grad_weight, grad_bias, grad_init] = fuseops::causal_conv1d_backward(
-        grads[0], saved[0], saved[1], bias, init, grad_final,
-        name.isNone() ? Activation() : Activation(activation));
+    auto [grad_x, grad_weight, grad_bias, grad_init] =
+        fuseops::causal_conv1d_backward(grads[0], saved[0], saved[1], bias, init, grad_final,
+                                        name.isNone() ? Activation() : Activation(activation));
     return {grad_x,
             grad_weight,
             has_bias ? grad_bias : at::Tensor(),

@@ -95,8 +95,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     const auto saved = ctx->get_saved_variables();
     const Options o = saved_options(ctx);
     const std::optional<at::Tensor> weight =
-        ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[2])
-                                               : std::nullopt;
+        ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[2]) : std::nullopt;
     variable_list result = none;
     result[0] = fuseops::cross_entropy_backward(grads[0], saved[0], saved[1], weight, saved[3],
                                                 saved[4], o.reduction, o.ignore_index,
@@ -107,15 +106,14 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 
 // The gradient is in `logits` after the forward; backward scales it by
 // grad_output in place and returns it.
-class CrossEntropyInplaceFunction
-    : public torch::autograd::Function<CrossEntropyInplaceFunction> {
+class CrossEntropyInplaceFunction : public torch::autograd::Function<CrossEntropyInplaceFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, at::Tensor logits, const at::Tensor& target,
                             const std::optional<at::Tensor>& weight, const Options& o) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    at::Tensor loss = fuseops::cross_entropy_inplace(
-        logits, target, weight, o.reduction, o.ignore_index, o.label_smoothing, o.z_loss,
-        o.softcap);
+    at::Tensor loss =
+        fuseops::cross_entropy_inplace(logits, target, weight, o.reduction, o.ignore_index,
+                                       o.label_smoothing, o.z_loss, o.softcap);
     ctx->saved_data["grad"] = logits.detach();
     ctx->saved_data["used"] = false;
     ctx->saved_data["per_row"] = o.reduction == "none";
@@ -128,7 +126,8 @@ class CrossEntropyInplaceFunction
                 "gradient lives in the logits buffer and is scaled there in place)");
     check_not_recording("fuseops::cross_entropy_inplace");
     ctx->saved_data["used"] = true;
-    RECORD_FUNCTION("fuseops::cross_entropy_inplace_backward", std::vector<c10::IValue>({grads[0]}));
+    RECORD_FUNCTION("fuseops::cross_entropy_inplace_backward",
+                    std::vector<c10::IValue>({grads[0]}));
     at::Tensor grad = ctx->saved_data["grad"].toTensor();
     const at::Tensor& g = grads[0];
     grad.mul_(ctx->saved_data["per_row"].toBool() ? g.unsqueeze(-1) : g);
@@ -141,8 +140,7 @@ class CrossEntropyInplaceFunction
 // grad_output of 1) and the backward scales them in place, once; for "none"
 // the forward keeps its inputs and the backward recomputes the logits
 // (linear_cross_entropy_backward, which has no derivative of its own).
-class LinearCrossEntropyFunction
-    : public torch::autograd::Function<LinearCrossEntropyFunction> {
+class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -161,8 +159,8 @@ class LinearCrossEntropyFunction
     at::Tensor predicted;
     if (recompute) {
       std::tie(loss, lse, predicted) = fuseops::linear_cross_entropy_stats(
-          input, weight, bias, target, class_weight, o.reduction, o.ignore_index,
-          o.label_smoothing, o.z_loss, o.softcap, normalizer, predict);
+          input, weight, bias, target, class_weight, o.reduction, o.ignore_index, o.label_smoothing,
+          o.z_loss, o.softcap, normalizer, predict);
       const at::Tensor cw = detail::undefined_if_none(class_weight);
       ctx->save_for_backward({input, weight, has_bias ? *bias : at::Tensor(), target, cw});
       ctx->saved_data["has_class_weight"] = cw.defined();
@@ -196,8 +194,8 @@ class LinearCrossEntropyFunction
       const Options o = saved_options(ctx);
       const c10::IValue& normalizer = ctx->saved_data["normalizer"];
       auto [grad_input, grad_weight, grad_bias] = fuseops::linear_cross_entropy_backward(
-          grads[0], saved[0], saved[1], has_bias ? std::optional<at::Tensor>(saved[2]) : std::nullopt,
-          saved[3],
+          grads[0], saved[0], saved[1],
+          has_bias ? std::optional<at::Tensor>(saved[2]) : std::nullopt, saved[3],
           ctx->saved_data["has_class_weight"].toBool() ? std::optional<at::Tensor>(saved[4])
                                                        : std::nullopt,
           o.reduction, o.ignore_index, o.label_smoothing, o.z_loss, o.softcap,
@@ -245,11 +243,12 @@ at::Tensor cross_entropy_autograd(const at::Tensor& logits, const at::Tensor& ta
   check_weight_no_grad("fuseops::cross_entropy", "weight", weight);
   if (!autograd_detail::records_grad({logits})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::cross_entropy(logits, target, weight, reduction, ignore_index,
-                                  label_smoothing, z_loss, softcap);
+    return fuseops::cross_entropy(logits, target, weight, reduction, ignore_index, label_smoothing,
+                                  z_loss, softcap);
   }
   return CrossEntropyFunction::apply(
-      logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap))[0];
+      logits, target, weight,
+      options(reduction, ignore_index, label_smoothing, z_loss, softcap))[0];
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_autograd(
@@ -262,29 +261,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_autograd(
   return {r[0], r[1], r[2]};
 }
 
-at::Tensor cross_entropy_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& logits, const at::Tensor& target,
-    const std::optional<at::Tensor>& weight, const at::Tensor& lse,
-    const at::Tensor& total_weight, std::string_view reduction, int64_t ignore_index,
-    double label_smoothing, double z_loss, std::optional<double> softcap) {
+at::Tensor cross_entropy_backward_autograd(const at::Tensor& grad_output, const at::Tensor& logits,
+                                           const at::Tensor& target,
+                                           const std::optional<at::Tensor>& weight,
+                                           const at::Tensor& lse, const at::Tensor& total_weight,
+                                           std::string_view reduction, int64_t ignore_index,
+                                           double label_smoothing, double z_loss,
+                                           std::optional<double> softcap) {
   autograd_detail::check_no_derivative("fuseops::cross_entropy_backward",
                                        {grad_output, logits, weight, lse, total_weight});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::cross_entropy_backward(grad_output, logits, target, weight, lse, total_weight,
-                                         reduction, ignore_index, label_smoothing, z_loss,
-                                         softcap);
+                                         reduction, ignore_index, label_smoothing, z_loss, softcap);
 }
 
-at::Tensor cross_entropy_inplace_autograd(
-    at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap) {
+at::Tensor cross_entropy_inplace_autograd(at::Tensor& logits, const at::Tensor& target,
+                                          const std::optional<at::Tensor>& weight,
+                                          std::string_view reduction, int64_t ignore_index,
+                                          double label_smoothing, double z_loss,
+                                          std::optional<double> softcap) {
   check_weight_no_grad("fuseops::cross_entropy_inplace", "weight", weight);
   if (!autograd_detail::records_grad({logits})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::cross_entropy_inplace(logits, target, weight, reduction,
-                                                   ignore_index, label_smoothing, z_loss,
-                                                   softcap);
+    return fuseops::cross_entropy_inplace(logits, target, weight, reduction, ignore_index,
+                                          label_smoothing, z_loss, softcap);
   }
   return CrossEntropyInplaceFunction::apply(
       logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap));
@@ -316,9 +316,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats_autogr
   check_weight_no_grad("fuseops::linear_cross_entropy_stats", "class_weight", class_weight);
   if (!autograd_detail::records_grad({input, weight, bias})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::linear_cross_entropy_stats(input, weight, bias, target, class_weight,
-                                               reduction, ignore_index, label_smoothing, z_loss,
-                                               softcap, normalizer, predict);
+    return fuseops::linear_cross_entropy_stats(input, weight, bias, target, class_weight, reduction,
+                                               ignore_index, label_smoothing, z_loss, softcap,
+                                               normalizer, predict);
   }
   const variable_list r = LinearCrossEntropyFunction::apply(
       input, weight, bias, target, class_weight,
@@ -335,16 +335,16 @@ linear_cross_entropy_forward_autograd(
   autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_forward",
                                        {input, weight, bias, class_weight});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight,
-                                               reduction, ignore_index, label_smoothing, z_loss,
-                                               softcap, normalizer, predict);
+  return fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight, reduction,
+                                               ignore_index, label_smoothing, z_loss, softcap,
+                                               normalizer, predict);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_autograd(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const at::Tensor& target,
-    const std::optional<at::Tensor>& class_weight, std::string_view reduction,
-    int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
+    const std::optional<at::Tensor>& class_weight, std::string_view reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, std::optional<double> softcap,
     std::optional<double> normalizer) {
   autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_backward",
                                        {grad_output, input, weight, bias, class_weight});

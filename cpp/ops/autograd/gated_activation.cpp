@@ -31,8 +31,7 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({gate, up});
     ctx->saved_data["approximate"] = approximate;
-    return approximate.empty() ? fuseops::swiglu(gate, up)
-                               : fuseops::geglu(gate, up, approximate);
+    return approximate.empty() ? fuseops::swiglu(gate, up) : fuseops::geglu(gate, up, approximate);
   }
 
   // `grads` by reference: the gradient is moved out, so that a sole owner
@@ -55,9 +54,9 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
         },
         [&](const at::Tensor& grad) {
           at::Tensor grad_gate;
-          std::tie(grad_gate, grad_up) =
-              approximate.empty() ? fuseops::swiglu_backward(grad, gate, up)
-                                  : fuseops::geglu_backward(grad, gate, up, approximate);
+          std::tie(grad_gate, grad_up) = approximate.empty()
+                                             ? fuseops::swiglu_backward(grad, gate, up)
+                                             : fuseops::geglu_backward(grad, gate, up, approximate);
           return grad_gate;
         });
     return {grad_gate, grad_up, at::Tensor()};
@@ -78,9 +77,8 @@ class GatedPackedFunction : public torch::autograd::Function<GatedPackedFunction
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    return {approximate.empty()
-                ? fuseops::swiglu_packed_backward(grads[0], input)
-                : fuseops::geglu_packed_backward(grads[0], input, approximate),
+    return {approximate.empty() ? fuseops::swiglu_packed_backward(grads[0], input)
+                                : fuseops::geglu_packed_backward(grads[0], input, approximate),
             at::Tensor()};
   }
 };
@@ -113,8 +111,7 @@ at::Tensor geglu_autograd(const at::Tensor& gate, const at::Tensor& up,
 
 at::Tensor geglu_packed_autograd(const at::Tensor& input, c10::string_view approximate) {
   check_floating_input("fuseops::geglu.packed", "input", input);
-  return GatedPackedFunction::apply(input,
-                                    geglu_approximate("fuseops::geglu.packed", approximate));
+  return GatedPackedFunction::apply(input, geglu_approximate("fuseops::geglu.packed", approximate));
 }
 
 using TensorPair = std::tuple<at::Tensor, at::Tensor>;
@@ -126,10 +123,8 @@ TensorPair swiglu_backward_autograd(const at::Tensor& grad_output, const at::Ten
   return fuseops::swiglu_backward(grad_output, gate, up);
 }
 
-at::Tensor swiglu_packed_backward_autograd(const at::Tensor& grad_output,
-                                           const at::Tensor& input) {
-  autograd_detail::check_no_derivative("fuseops::swiglu_backward.packed",
-                                       {grad_output, input});
+at::Tensor swiglu_packed_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input) {
+  autograd_detail::check_no_derivative("fuseops::swiglu_backward.packed", {grad_output, input});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::swiglu_packed_backward(grad_output, input);
 }
@@ -141,11 +136,9 @@ TensorPair geglu_backward_autograd(const at::Tensor& grad_output, const at::Tens
   return fuseops::geglu_backward(grad_output, gate, up, approximate);
 }
 
-at::Tensor geglu_packed_backward_autograd(const at::Tensor& grad_output,
-                                          const at::Tensor& input,
+at::Tensor geglu_packed_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input,
                                           c10::string_view approximate) {
-  autograd_detail::check_no_derivative("fuseops::geglu_backward.packed",
-                                       {grad_output, input});
+  autograd_detail::check_no_derivative("fuseops::geglu_backward.packed", {grad_output, input});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::geglu_packed_backward(grad_output, input, approximate);
 }

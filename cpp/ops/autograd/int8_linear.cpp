@@ -18,8 +18,8 @@ namespace {
 
 using autograd_detail::check_inference;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_autograd(
-    const at::Tensor& wq, const at::Tensor& scale) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_autograd(const at::Tensor& wq,
+                                                                         const at::Tensor& scale) {
   check_inference("fuseops::pack_int8_weight", {wq, scale});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::pack_int8_weight(wq, scale);

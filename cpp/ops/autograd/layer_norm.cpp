@@ -47,8 +47,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
     const std::optional<at::Tensor> weight =
-        ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[1])
-                                               : std::nullopt;
+        ctx->saved_data["has_weight"].toBool() ? std::optional<at::Tensor>(saved[1]) : std::nullopt;
     at::Tensor grad_weight, grad_bias;
     const at::Tensor grad_input = autograd_detail::gradient_over(
         grads[0], input,
@@ -87,9 +86,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_autograd(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& mean,
-    const at::Tensor& rstd) {
+    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const at::Tensor& mean, const at::Tensor& rstd) {
   autograd_detail::check_no_derivative("fuseops::layer_norm_backward",
                                        {grad_output, input, weight, mean, rstd});
   at::AutoDispatchBelowADInplaceOrView below_autograd;

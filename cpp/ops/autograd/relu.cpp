@@ -17,8 +17,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-class ReluBackwardFunction
-    : public torch::autograd::Function<ReluBackwardFunction> {
+class ReluBackwardFunction : public torch::autograd::Function<ReluBackwardFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad_output,
                             const at::Tensor& result) {
@@ -61,8 +60,7 @@ at::Tensor relu_autograd(const at::Tensor& input) {
   return ReluFunction::apply(input);
 }
 
-at::Tensor relu_backward_autograd(const at::Tensor& grad_output,
-                                  const at::Tensor& result) {
+at::Tensor relu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& result) {
   check_floating_input("fuseops::relu_backward", "grad_output", grad_output);
   check_floating_input("fuseops::relu_backward", "result", result);
   return ReluBackwardFunction::apply(grad_output, result);

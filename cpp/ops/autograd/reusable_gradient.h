@@ -51,16 +51,15 @@ inline bool reusable_gradient(const at::Tensor& grad, const at::Tensor& like) {
   // Keys of wrappers and lazy views: writing through them is not writing
   // the values the tensor shows (negative/conjugate bits, zero tensors), or
   // is seen by something that records calls.
-  constexpr c10::DispatchKeySet kForeign({
-      c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-      c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
-      c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
-      c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::Negative,
-      c10::DispatchKey::Conjugate, c10::DispatchKey::ZeroTensor});
+  constexpr c10::DispatchKeySet kForeign(
+      {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+       c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+       c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
+       c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::Negative,
+       c10::DispatchKey::Conjugate, c10::DispatchKey::ZeroTensor});
   if (grad.key_set().has_any(kForeign) || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
-      grad.unsafeGetTensorImpl()->is_python_dispatch() || grad.is_inference() ||
-      grad.is_nested() || grad.layout() != at::kStrided ||
-      at::caching::is_cached_tensor(grad) ||
+      grad.unsafeGetTensorImpl()->is_python_dispatch() || grad.is_inference() || grad.is_nested() ||
+      grad.layout() != at::kStrided || at::caching::is_cached_tensor(grad) ||
       !(grad.device().is_cpu() || grad.device().is_cuda())) {
     return false;
   }

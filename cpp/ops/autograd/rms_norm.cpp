@@ -46,8 +46,7 @@ std::tuple<at::Tensor, at::Tensor> composite_backward(const at::Tensor& grad,
   const at::Tensor rstd = (x.pow(2).mean(-1, /*keepdim=*/true) + eps).rsqrt();
   const at::Tensor x_hat = x * rstd;
   const at::Tensor g_hat = weight.defined() ? g * weight.to(opmath) : g;
-  const at::Tensor grad_input =
-      rstd * (g_hat - x_hat * (g_hat * x_hat).mean(-1, /*keepdim=*/true));
+  const at::Tensor grad_input = rstd * (g_hat - x_hat * (g_hat * x_hat).mean(-1, /*keepdim=*/true));
   at::Tensor grad_weight;
   if (weight.defined()) {
     // Rows counted explicitly: reshape cannot infer them (-1) when the
@@ -69,8 +68,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   // Returns (out, rstd); rstd is not differentiable.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
-                               const std::optional<at::Tensor>& weight,
-                               std::optional<double> eps) {
+                               const std::optional<at::Tensor>& weight, std::optional<double> eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, rstd] = fuseops::rms_norm_forward(input, weight, eps);
     ctx->mark_non_differentiable({rstd});
@@ -115,8 +113,7 @@ class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNorm
  public:
   // Returns (out, new_residual, rstd); rstd is not differentiable.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
-                               const at::Tensor& residual,
-                               const std::optional<at::Tensor>& weight,
+                               const at::Tensor& residual, const std::optional<at::Tensor>& weight,
                                std::optional<double> eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, new_residual, rstd] =
@@ -150,20 +147,20 @@ class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNorm
           grads[0], new_residual,
           [&](at::Tensor& grad) {
             grad_weight = empty_grad_weight(new_residual, weight);
-            fuseops::fused_add_rms_norm_backward_out(
-                grad, none_if_undefined(grad_new_residual), new_residual,
-                none_if_undefined(weight), rstd, grad, grad_weight);
+            fuseops::fused_add_rms_norm_backward_out(grad, none_if_undefined(grad_new_residual),
+                                                     new_residual, none_if_undefined(weight), rstd,
+                                                     grad, grad_weight);
           },
           [&](const at::Tensor& grad) {
             at::Tensor grad_sum;
             if (at::GradMode::is_enabled()) {
-              std::tie(grad_sum, grad_weight) = composite_backward(
-                  grad, new_residual, weight, ctx->saved_data["eps"].toDouble());
+              std::tie(grad_sum, grad_weight) =
+                  composite_backward(grad, new_residual, weight, ctx->saved_data["eps"].toDouble());
               return grad_new_residual.defined() ? grad_sum + grad_new_residual : grad_sum;
             }
-            std::tie(grad_sum, grad_weight) = fuseops::fused_add_rms_norm_backward(
-                grad, none_if_undefined(grad_new_residual), new_residual,
-                none_if_undefined(weight), rstd);
+            std::tie(grad_sum, grad_weight) =
+                fuseops::fused_add_rms_norm_backward(grad, none_if_undefined(grad_new_residual),
+                                                     new_residual, none_if_undefined(weight), rstd);
             return grad_sum;
           });
     }
@@ -182,40 +179,37 @@ at::Tensor rms_norm_autograd(const at::Tensor& input, const std::optional<at::Te
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_autograd(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    std::optional<double> eps) {
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, std::optional<double> eps) {
   check_floating_input("fuseops::rms_norm_forward", "input", input);
   const variable_list result = RmsNormFunction::apply(input, weight, eps);
   return {result[0], result[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps) {
   check_floating_input("fuseops::fused_add_rms_norm", "input", input);
   check_floating_input("fuseops::fused_add_rms_norm", "residual", residual);
   if (!records_grad({input, residual, weight})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::fused_add_rms_norm(input, residual, weight, eps);
   }
-  const variable_list result =
-      FusedAddRmsNormFunction::apply(input, residual, weight, eps);
+  const variable_list result = FusedAddRmsNormFunction::apply(input, residual, weight, eps);
   return {result[0], result[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_autograd(
-    const at::Tensor& input, const at::Tensor& residual,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps) {
   check_floating_input("fuseops::fused_add_rms_norm_forward", "input", input);
   check_floating_input("fuseops::fused_add_rms_norm_forward", "residual", residual);
-  const variable_list result =
-      FusedAddRmsNormFunction::apply(input, residual, weight, eps);
+  const variable_list result = FusedAddRmsNormFunction::apply(input, residual, weight, eps);
   return {result[0], result[1], result[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& input,
-    const std::optional<at::Tensor>& weight, const at::Tensor& rstd) {
+    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const at::Tensor& rstd) {
   autograd_detail::check_no_derivative("fuseops::rms_norm_backward",
                                        {grad_output, input, weight, rstd});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -230,8 +224,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_autograd(
       "fuseops::fused_add_rms_norm_backward",
       {grad_output, grad_new_residual, new_residual, weight, rstd});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::fused_add_rms_norm_backward(grad_output, grad_new_residual, new_residual,
-                                              weight, rstd);
+  return fuseops::fused_add_rms_norm_backward(grad_output, grad_new_residual, new_residual, weight,
+                                              rstd);
 }
 
 }  // namespace

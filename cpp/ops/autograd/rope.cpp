@@ -31,8 +31,7 @@ using autograd_detail::records_grad;
 using detail::none_if_undefined;
 using detail::undefined_if_none;
 
-void check_tables_not_differentiated(const char* op, const at::Tensor& cos,
-                                     const at::Tensor& sin) {
+void check_tables_not_differentiated(const char* op, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(!records_grad({cos, sin}), op,
               ": arguments 'cos' and 'sin' are not differentiable (fuseops computes no "
               "gradient for the cos/sin cache), got a tensor that requires grad; build the "
@@ -54,14 +53,13 @@ struct Tables {
 
 Tables saved_tables(AutogradContext* ctx) {
   const auto saved = ctx->get_saved_variables();
-  return {saved[0], saved[1], none_if_undefined(saved[2]),
-          ctx->saved_data["interleaved"].toBool()};
+  return {saved[0], saved[1], none_if_undefined(saved[2]), ctx->saved_data["interleaved"].toBool()};
 }
 
 // The rotation (transpose=false) or its transpose of whichever of (a, b)
 // are defined, through the differentiable dispatcher ops.
 std::tuple<at::Tensor, at::Tensor> apply(bool transpose, const at::Tensor& a, const at::Tensor& b,
-                                        const Tables& t) {
+                                         const Tables& t) {
   if (a.defined() && b.defined()) {
     return transpose ? fuseops::rope_backward(a, b, t.cos, t.sin, t.positions, t.interleaved)
                      : fuseops::rope(a, b, t.cos, t.sin, t.positions, t.interleaved);
@@ -89,8 +87,8 @@ at::Tensor rotate_over(at::Tensor& slot, const Tables& t) {
 
 // rope's backward of both gradients in one call, each written over its own
 // gradient when nothing else refers to it, else into a new tensor.
-std::tuple<at::Tensor, at::Tensor> rotate_pair_over(at::Tensor& query_slot,
-                                                    at::Tensor& key_slot, const Tables& t) {
+std::tuple<at::Tensor, at::Tensor> rotate_pair_over(at::Tensor& query_slot, at::Tensor& key_slot,
+                                                    const Tables& t) {
   at::Tensor grad_query = std::move(query_slot);
   at::Tensor grad_key = std::move(key_slot);
   const bool query_reused = autograd_detail::reusable_gradient(grad_query, at::Tensor());
@@ -100,8 +98,8 @@ std::tuple<at::Tensor, at::Tensor> rotate_pair_over(at::Tensor& query_slot,
   }
   at::Tensor out = query_reused ? grad_query : detail::empty_contiguous_like(grad_query);
   at::Tensor key_out = key_reused ? grad_key : detail::empty_contiguous_like(grad_key);
-  fuseops::rope_backward_out(grad_query, grad_key, t.cos, t.sin, t.positions, t.interleaved,
-                             out, key_out);
+  fuseops::rope_backward_out(grad_query, grad_key, t.cos, t.sin, t.positions, t.interleaved, out,
+                             key_out);
   return {out, key_out};
 }
 

@@ -43,8 +43,7 @@ at::Tensor sparse_2_4_dynamic_linear_autograd(const at::Tensor& input, const at:
                                               const at::Tensor& meta, const at::Tensor& scale,
                                               const at::Tensor& colsum,
                                               const std::optional<at::Tensor>& bias) {
-  check_inference("fuseops::sparse_2_4_dynamic_linear",
-                  {input, values, meta, scale, colsum, bias});
+  check_inference("fuseops::sparse_2_4_dynamic_linear", {input, values, meta, scale, colsum, bias});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::sparse_2_4_dynamic_linear(input, values, meta, scale, colsum, bias);
 }

@@ -41,8 +41,8 @@ class AutocastKernel final : public c10::OperatorKernel {
     op.callBoxed(stack);
     if (cast_ == AutocastCast::kLinearLoss) {
       const size_t num_returns = op.schema().returns().size();
-      for (auto ret = stack->end() - static_cast<std::ptrdiff_t>(num_returns);
-           ret != stack->end(); ++ret) {
+      for (auto ret = stack->end() - static_cast<std::ptrdiff_t>(num_returns); ret != stack->end();
+           ++ret) {
         if (ret->isTensor() && at::autocast::is_eligible(ret->toTensor(), device_)) {
           *ret = ret->toTensor().to(at::kFloat);
         }
@@ -119,8 +119,8 @@ void register_autocast(torch::Library& m, const char* name, c10::DeviceType devi
   if (cast == AutocastCast::kNone) {
     return;
   }
-  m.impl(name, torch::CppFunction::makeFromBoxedFunctor(
-                   std::make_unique<AutocastKernel>(device, cast)));
+  m.impl(name,
+         torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutocastKernel>(device, cast)));
 }
 
 }  // namespace fuseops::detail

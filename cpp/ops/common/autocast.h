@@ -43,12 +43,12 @@ void register_autocast(torch::Library& m, const char* name, c10::DeviceType devi
 
 }  // namespace fuseops::detail
 
-#define FUSEOPS_AUTOCAST(op, cpu_cast, cuda_cast)                                \
-  TORCH_LIBRARY_IMPL(fuseops, AutocastCPU, m) {                                  \
-    ::fuseops::detail::register_autocast(m, #op, c10::DeviceType::CPU,           \
-                                         ::fuseops::detail::AutocastCast::cpu_cast); \
-  }                                                                              \
-  TORCH_LIBRARY_IMPL(fuseops, AutocastCUDA, m) {                                 \
-    ::fuseops::detail::register_autocast(m, #op, c10::DeviceType::CUDA,          \
+#define FUSEOPS_AUTOCAST(op, cpu_cast, cuda_cast)                                     \
+  TORCH_LIBRARY_IMPL(fuseops, AutocastCPU, m) {                                       \
+    ::fuseops::detail::register_autocast(m, #op, c10::DeviceType::CPU,                \
+                                         ::fuseops::detail::AutocastCast::cpu_cast);  \
+  }                                                                                   \
+  TORCH_LIBRARY_IMPL(fuseops, AutocastCUDA, m) {                                      \
+    ::fuseops::detail::register_autocast(m, #op, c10::DeviceType::CUDA,               \
                                          ::fuseops::detail::AutocastCast::cuda_cast); \
   }

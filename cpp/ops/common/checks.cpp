@@ -14,36 +14,34 @@ void check_floating_input(const char* op, const char* arg, const at::Tensor& t) 
   TORCH_CHECK(t.defined(), op, ": argument '", arg,
               "' must be a defined tensor, got an undefined tensor");
   const auto dtype = t.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble ||
-                  dtype == at::kBFloat16 || dtype == at::kHalf,
-              op, ": argument '", arg,
-              "' must have dtype float32, float64, bfloat16 or float16, got ",
-              dtype);
+  TORCH_CHECK(
+      dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf,
+      op, ": argument '", arg, "' must have dtype float32, float64, bfloat16 or float16, got ",
+      dtype);
 }
 
-void check_same_dtype(const char* op, const char* arg, const at::Tensor& t,
-                      const char* ref_arg, const at::Tensor& ref) {
+void check_same_dtype(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref) {
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": argument '", arg,
-              "' must have the same dtype as '", ref_arg, "' (",
-              ref.scalar_type(), "), got ", t.scalar_type());
+              "' must have the same dtype as '", ref_arg, "' (", ref.scalar_type(), "), got ",
+              t.scalar_type());
 }
 
-void check_same_device(const char* op, const char* arg, const at::Tensor& t,
-                       const char* ref_arg, const at::Tensor& ref) {
+void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                       const at::Tensor& ref) {
   TORCH_CHECK(t.device() == ref.device(), op, ": argument '", arg,
-              "' must be on the same device as '", ref_arg, "' (",
-              ref.device(), "), got ", t.device());
+              "' must be on the same device as '", ref_arg, "' (", ref.device(), "), got ",
+              t.device());
 }
 
-void check_same_shape(const char* op, const char* arg, const at::Tensor& t,
-                      const char* ref_arg, const at::Tensor& ref) {
-  TORCH_CHECK(t.sizes() == ref.sizes(), op, ": argument '", arg,
-              "' must have the same shape as '", ref_arg, "' ", ref.sizes(),
-              ", got ", t.sizes());
+void check_same_shape(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref) {
+  TORCH_CHECK(t.sizes() == ref.sizes(), op, ": argument '", arg, "' must have the same shape as '",
+              ref_arg, "' ", ref.sizes(), ", got ", t.sizes());
 }
 
-void check_out(const char* op, const at::Tensor& out, const char* ref_arg,
-               const at::Tensor& ref, const char* out_arg) {
+void check_out(const char* op, const at::Tensor& out, const char* ref_arg, const at::Tensor& ref,
+               const char* out_arg) {
   TORCH_CHECK(out.defined(), op, ": argument '", out_arg, "' must be a defined tensor");
   check_same_dtype(op, out_arg, out, ref_arg, ref);
   check_same_device(op, out_arg, out, ref_arg, ref);
@@ -54,9 +52,7 @@ namespace {
 // Fake tensors traced with dynamic shapes hold no data and have no concrete
 // layout to reason about; functionalization has already removed their
 // aliasing.
-bool symbolic(const at::Tensor& t) {
-  return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
-}
+bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
 
 // Byte offsets in its storage of the first and one past the last byte `t`
 // can address (strides are never negative in PyTorch).
@@ -104,9 +100,8 @@ bool provably_distinct_elements(const at::Tensor& t) {
 void check_outputs_disjoint(const char* op, std::initializer_list<NamedTensor> outputs) {
   for (auto a = outputs.begin(); a != outputs.end(); ++a) {
     for (auto b = a + 1; b != outputs.end(); ++b) {
-      TORCH_CHECK(!share_memory(a->tensor, b->tensor), op, ": arguments '", a->name,
-                  "' and '", b->name,
-                  "' share memory; each result needs its own tensor, got sizes ",
+      TORCH_CHECK(!share_memory(a->tensor, b->tensor), op, ": arguments '", a->name, "' and '",
+                  b->name, "' share memory; each result needs its own tensor, got sizes ",
                   a->tensor.sizes(), " and ", b->tensor.sizes());
     }
   }
@@ -137,10 +132,9 @@ void prepare_outputs(const char* op, std::initializer_list<NamedTensor> outputs,
                       !out.tensor.has_storage() ||
                       !out.tensor.storage().is_alias_of(input.tensor.storage()),
                   op, ": argument '", out.name, "' of shape ", out.tensor.sizes(),
-                  " must be resized to ", sizes, " but shares memory with argument '",
-                  input.name, "', which the resize would change; pass an '", out.name,
-                  "' of shape ", sizes, " that does not share memory with '", input.name,
-                  "'");
+                  " must be resized to ", sizes, " but shares memory with argument '", input.name,
+                  "', which the resize would change; pass an '", out.name, "' of shape ", sizes,
+                  " that does not share memory with '", input.name, "'");
     }
     out.tensor.resize_(sizes);
   }

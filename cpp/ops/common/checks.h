@@ -15,18 +15,18 @@ namespace fuseops {
 void check_floating_input(const char* op, const char* arg, const at::Tensor& t);
 
 // `arg` matches `ref_arg` in dtype, device and shape.
-void check_same_dtype(const char* op, const char* arg, const at::Tensor& t,
-                      const char* ref_arg, const at::Tensor& ref);
-void check_same_device(const char* op, const char* arg, const at::Tensor& t,
-                       const char* ref_arg, const at::Tensor& ref);
-void check_same_shape(const char* op, const char* arg, const at::Tensor& t,
-                      const char* ref_arg, const at::Tensor& ref);
+void check_same_dtype(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref);
+void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                       const at::Tensor& ref);
+void check_same_shape(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref);
 
 // `out` of an `.out` overload (argument `out_arg`): defined, same dtype and
 // device as `ref`.
 // Its shape is fixed by prepare_outputs().
-void check_out(const char* op, const at::Tensor& out, const char* ref_arg,
-               const at::Tensor& ref, const char* out_arg = "out");
+void check_out(const char* op, const at::Tensor& out, const char* ref_arg, const at::Tensor& ref,
+               const char* out_arg = "out");
 
 // A tensor argument and its name in the op's schema, for error messages.
 struct NamedTensor {

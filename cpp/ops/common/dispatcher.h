@@ -25,8 +25,8 @@ struct ReturningNothing<R(Args...)> {
 // functions return the out tensors for chaining: the handle takes the API
 // function's arguments and returns nothing.
 template <typename Fn>
-c10::TypedOperatorHandle<typename ReturningNothing<Fn>::type> find_out_op(
-    const char* name, const char* overload) {
+c10::TypedOperatorHandle<typename ReturningNothing<Fn>::type> find_out_op(const char* name,
+                                                                          const char* overload) {
   return find_op<typename ReturningNothing<Fn>::type>(name, overload);
 }
 

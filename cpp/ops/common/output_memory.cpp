@@ -216,11 +216,10 @@ OutputAllocator& OutputAllocator::instance() {
 namespace detail {
 
 at::Tensor empty_output(c10::IntArrayRef sizes, const c10::TensorOptions& options) {
-  const bool large_cpu = options.device().is_cpu() && !options.pinned_memory() &&
-                         options.layout() == c10::kStrided &&
-                         static_cast<std::size_t>(c10::multiply_integers(sizes)) *
-                                 options.dtype().itemsize() >=
-                             kLargeOutputBytes;
+  const bool large_cpu =
+      options.device().is_cpu() && !options.pinned_memory() && options.layout() == c10::kStrided &&
+      static_cast<std::size_t>(c10::multiply_integers(sizes)) * options.dtype().itemsize() >=
+          kLargeOutputBytes;
   if (!large_cpu || !OutputAllocator::instance().in_use()) {
     return at::empty(sizes, options);
   }

@@ -25,8 +25,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::ActivationRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) { detail::ActivationRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cpu

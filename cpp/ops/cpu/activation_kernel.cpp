@@ -16,8 +16,7 @@ namespace {
 #define FUSEOPS_DISPATCH_FLOATING(dtype, name, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, name, __VA_ARGS__)
 
-void activation_kernel_impl(const at::Tensor& out, const at::Tensor& input,
-                            Activation activation) {
+void activation_kernel_impl(const at::Tensor& out, const at::Tensor& input, Activation activation) {
   FUSEOPS_DISPATCH_FLOATING(input.scalar_type(), "fuseops::activation", [&] {
     dispatch_activation(activation, [&](auto act) {
       parallel_map([](auto x) { return activation_value<decltype(act)::value>(x); },
@@ -27,9 +26,8 @@ void activation_kernel_impl(const at::Tensor& out, const at::Tensor& input,
   });
 }
 
-void activation_backward_kernel_impl(const at::Tensor& grad_input,
-                                     const at::Tensor& grad_output, const at::Tensor& input,
-                                     Activation activation) {
+void activation_backward_kernel_impl(const at::Tensor& grad_input, const at::Tensor& grad_output,
+                                     const at::Tensor& input, Activation activation) {
   FUSEOPS_DISPATCH_FLOATING(input.scalar_type(), "fuseops::activation_backward", [&] {
     dispatch_activation(activation, [&](auto act) {
       parallel_map2(
@@ -42,8 +40,8 @@ void activation_backward_kernel_impl(const at::Tensor& grad_input,
   });
 }
 
-void bias_gelu_kernel_impl(const at::Tensor& out, const at::Tensor& input,
-                           const at::Tensor& bias, Activation activation) {
+void bias_gelu_kernel_impl(const at::Tensor& out, const at::Tensor& input, const at::Tensor& bias,
+                           Activation activation) {
   FUSEOPS_DISPATCH_FLOATING(input.scalar_type(), "fuseops::bias_gelu", [&] {
     using Block = OpmathBlock<scalar_t>;
     const int64_t cols = bias.numel();
@@ -85,8 +83,8 @@ void bias_gelu_backward_kernel_impl(const at::Tensor& grad_input, const at::Tens
     const int64_t cols = bias.numel();
     const int64_t rows = input.numel() / cols;
     const int64_t min_rows_per_chunk = std::max<int64_t>(1, kElementwiseGrain / cols);
-    const int64_t rows_per_chunk = std::max(min_rows_per_chunk,
-                                            (rows + kMaxBiasChunks - 1) / kMaxBiasChunks);
+    const int64_t rows_per_chunk =
+        std::max(min_rows_per_chunk, (rows + kMaxBiasChunks - 1) / kMaxBiasChunks);
     const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
     at::Tensor partial =
         at::empty({chunks, cols}, input.options().dtype(c10::CppTypeToScalarType<opmath_t>::value));
@@ -111,8 +109,8 @@ void bias_gelu_backward_kernel_impl(const at::Tensor& grad_input, const at::Tens
               const auto b = Block::load(bias_data + i, count);
               auto g = Block::load(go_data + offset + i, count);
               for (int r = 0; r < Block::kRegisters; ++r) {
-                g[r] = g[r] *
-                       activation_derivative<decltype(act)::value, false>(x[r] + b[r], nullptr);
+                g[r] =
+                    g[r] * activation_derivative<decltype(act)::value, false>(x[r] + b[r], nullptr);
                 // Lanes past `count` hold zeros; never add them into acc.
                 const int64_t lanes = std::min<int64_t>(kVecSize, count - r * kVecSize);
                 if (lanes > 0) {

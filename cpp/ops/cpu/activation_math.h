@@ -93,8 +93,8 @@ C10_ALWAYS_INLINE Vec<T> activation_exp(const Vec<T>& x) {
     // e^r <= 1); outside it the lanes are replaced below.
     const V y = at::vec::cast<float>(at::vec::cast<int32_t>(exp_r) +
                                      at::vec::convert<int32_t>(n * V(8388608.0f)));
-    const V result = V::blendv(
-        V::blendv(y, V(std::numeric_limits<float>::infinity()), x > max_x), V(0.0f), x < min_x);
+    const V result = V::blendv(V::blendv(y, V(std::numeric_limits<float>::infinity()), x > max_x),
+                               V(0.0f), x < min_x);
 #if defined(CPU_CAPABILITY_DEFAULT)
     return V::blendv(result, x, is_nan);
 #else

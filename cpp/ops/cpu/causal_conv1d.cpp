@@ -22,8 +22,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::CausalConv1dRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) { detail::CausalConv1dRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cpu

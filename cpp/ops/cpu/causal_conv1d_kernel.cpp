@@ -123,8 +123,8 @@ void forward_row(T* out, const T* x, const T* states, const acc_type<T>* w, acc_
     typename Block::Registers acc;
     acc.fill(Vec(bias));
     for (int k = 0; k < W; ++k) {
-      const auto window = t == 0 ? Block::load(head.values + k)
-                                 : Block::load(x + t - (W - 1) + k, count);
+      const auto window =
+          t == 0 ? Block::load(head.values + k) : Block::load(x + t - (W - 1) + k, count);
       for (int r = 0; r < R; ++r) {
         acc[r] = at::vec::fmadd(wv[k], window[r], acc[r]);
       }
@@ -143,9 +143,9 @@ void forward_row(T* out, const T* x, const T* states, const acc_type<T>* w, acc_
 // g goes to `g` (length >= L + W - 1 + N; zero past L) in a first pass that
 // also sums grad_w and grad_b from the windows it loads anyway.
 template <typename T, int W, bool kSilu>
-void backward_row(T* grad_x, T* grad_states, acc_type<T>* grad_wb, const T* grad_out,
-                  const T* x, const T* states, const T* grad_final, const acc_type<T>* w,
-                  acc_type<T> bias, int64_t seqlen, acc_type<T>* g) {
+void backward_row(T* grad_x, T* grad_states, acc_type<T>* grad_wb, const T* grad_out, const T* x,
+                  const T* states, const T* grad_final, const acc_type<T>* w, acc_type<T> bias,
+                  int64_t seqlen, acc_type<T>* g) {
   using acc_t = acc_type<T>;
   using Block = OpmathBlock<T>;
   using Vec = typename Block::Vec;
@@ -284,9 +284,7 @@ struct ChannelParams {
   }
 };
 
-int64_t time_chunks(int64_t seqlen) {
-  return (seqlen + kTimeChunk - 1) / kTimeChunk;
-}
+int64_t time_chunks(int64_t seqlen) { return (seqlen + kTimeChunk - 1) / kTimeChunk; }
 
 // Calls fn(b, chunk, t0, t1, c0, c1) for every channel-last task.
 template <typename Fn>
@@ -314,34 +312,34 @@ void forward_channel_last(T* out, const ChannelLastRows<T>& rows,
   constexpr int64_t N = Block::kSize;
   constexpr int64_t V = Vec::size();
   const int64_t dim = rows.dim;
-  parallel_channel_tasks(batch, seqlen, dim, [&](int64_t b, int64_t, int64_t t0, int64_t t1,
-                                                 int64_t c0, int64_t c1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const T* in[W];
-      for (int k = 0; k < W; ++k) {
-        in[k] = rows.at(b, t - (W - 1) + k);
-      }
-      T* dst = out + (b * seqlen + t) * dim;
-      for (int64_t c = c0; c < c1; c += N) {
-        const int64_t count = std::min(N, c1 - c);
-        typename Block::Registers acc;
-        for (int r = 0; r < R; ++r) {
-          acc[r] = Vec::loadu(p.b.data() + c + r * V);
-        }
-        for (int k = 0; k < W; ++k) {
-          const auto window = Block::load(in[k] + c, count);
-          for (int r = 0; r < R; ++r) {
-            acc[r] = at::vec::fmadd(Vec::loadu(p.w.data() + k * dim + c + r * V), window[r],
-                                    acc[r]);
+  parallel_channel_tasks(
+      batch, seqlen, dim, [&](int64_t b, int64_t, int64_t t0, int64_t t1, int64_t c0, int64_t c1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const T* in[W];
+          for (int k = 0; k < W; ++k) {
+            in[k] = rows.at(b, t - (W - 1) + k);
+          }
+          T* dst = out + (b * seqlen + t) * dim;
+          for (int64_t c = c0; c < c1; c += N) {
+            const int64_t count = std::min(N, c1 - c);
+            typename Block::Registers acc;
+            for (int r = 0; r < R; ++r) {
+              acc[r] = Vec::loadu(p.b.data() + c + r * V);
+            }
+            for (int k = 0; k < W; ++k) {
+              const auto window = Block::load(in[k] + c, count);
+              for (int r = 0; r < R; ++r) {
+                acc[r] =
+                    at::vec::fmadd(Vec::loadu(p.w.data() + k * dim + c + r * V), window[r], acc[r]);
+              }
+            }
+            for (auto& v : acc) {
+              v = activate<kSilu>(v);
+            }
+            Block::store(dst + c, acc, count);
           }
         }
-        for (auto& v : acc) {
-          v = activate<kSilu>(v);
-        }
-        Block::store(dst + c, acc, count);
-      }
-    }
-  });
+      });
 }
 
 // The backward of one task walks its time steps once: step t computes the
@@ -363,112 +361,114 @@ void backward_channel_last(T* grad_x, T* grad_states, acc_type<T>* partials, con
   constexpr int64_t V = Vec::size();
   const int64_t dim = rows.dim;
   const int64_t chunks = time_chunks(seqlen);
-  parallel_channel_tasks(batch, seqlen, dim, [&](int64_t b, int64_t chunk, int64_t t0, int64_t t1,
-                                                 int64_t c0, int64_t c1) {
-    // Rows are padded by a block: lanes past c1 are computed and never read.
-    const int64_t stride = c1 - c0 + N;
-    std::vector<acc_t> ring(W * stride);
-    std::vector<acc_t> sums((W + 1) * stride, acc_t(0));
-    auto g_row = [&](int64_t t) { return ring.data() + (t % W) * stride; };
-    const acc_t* w = p.w.data();
-    for (int64_t t = t0; t < t1 + W - 1; ++t) {
-      acc_t* g = g_row(t);
-      if (t < seqlen) {
-        const T* in[W];
-        for (int k = 0; k < W; ++k) {
-          in[k] = rows.at(b, t - (W - 1) + k);
-        }
-        const T* dy = grad_out + (b * seqlen + t) * dim;
-        const bool own = t < t1;
-        for (int64_t c = c0; c < c1; c += N) {
-          const int64_t count = std::min(N, c1 - c);
-          typename Block::Registers window[W];
-          typename Block::Registers pre;
-          for (int r = 0; r < R; ++r) {
-            pre[r] = Vec::loadu(p.b.data() + c + r * V);
-          }
-          for (int k = 0; k < W; ++k) {
-            window[k] = Block::load(in[k] + c, count);
-            for (int r = 0; r < R; ++r) {
-              pre[r] = at::vec::fmadd(Vec::loadu(w + k * dim + c + r * V), window[k][r], pre[r]);
-            }
-          }
-          const auto dyv = Block::load(dy + c, count);
-          for (int r = 0; r < R; ++r) {
-            const int64_t i = c - c0 + r * V;
-            const Vec gr = activation_grad<kSilu>(dyv[r], pre[r]);
-            gr.store(g + i);
-            if (own) {
-              for (int k = 0; k < W; ++k) {
-                acc_t* s = sums.data() + k * stride + i;
-                at::vec::fmadd(gr, window[k][r], Vec::loadu(s)).store(s);
-              }
-              acc_t* s = sums.data() + W * stride + i;
-              (Vec::loadu(s) + gr).store(s);
-            }
-          }
-        }
-      } else {
-        std::fill(g, g + stride, acc_t(0));
-      }
-
-      const int64_t s = t - (W - 1);
-      if (s >= t0) {
-        const acc_t* gk[W];
-        for (int k = 0; k < W; ++k) {
-          gk[k] = g_row(t - k);
-        }
-        const int64_t final_row = s - (seqlen - (W - 1));
-        const T* fin = grad_final != nullptr && final_row >= 0
-                           ? grad_final + (b * (W - 1) + final_row) * dim
-                           : nullptr;
-        T* dst = grad_x + (b * seqlen + s) * dim;
-        for (int64_t c = c0; c < c1; c += N) {
-          const int64_t count = std::min(N, c1 - c);
-          typename Block::Registers acc;
-          for (int r = 0; r < R; ++r) {
-            const int64_t i = c - c0 + r * V;
-            acc[r] = Vec(acc_t(0));
+  parallel_channel_tasks(
+      batch, seqlen, dim,
+      [&](int64_t b, int64_t chunk, int64_t t0, int64_t t1, int64_t c0, int64_t c1) {
+        // Rows are padded by a block: lanes past c1 are computed and never read.
+        const int64_t stride = c1 - c0 + N;
+        std::vector<acc_t> ring(W * stride);
+        std::vector<acc_t> sums((W + 1) * stride, acc_t(0));
+        auto g_row = [&](int64_t t) { return ring.data() + (t % W) * stride; };
+        const acc_t* w = p.w.data();
+        for (int64_t t = t0; t < t1 + W - 1; ++t) {
+          acc_t* g = g_row(t);
+          if (t < seqlen) {
+            const T* in[W];
             for (int k = 0; k < W; ++k) {
-              acc[r] = at::vec::fmadd(Vec::loadu(w + k * dim + c + r * V), Vec::loadu(gk[k] + i),
-                                      acc[r]);
+              in[k] = rows.at(b, t - (W - 1) + k);
             }
-          }
-          if (fin != nullptr) {
-            const auto extra = Block::load(fin + c, count);
-            for (int r = 0; r < R; ++r) {
-              acc[r] = acc[r] + extra[r];
+            const T* dy = grad_out + (b * seqlen + t) * dim;
+            const bool own = t < t1;
+            for (int64_t c = c0; c < c1; c += N) {
+              const int64_t count = std::min(N, c1 - c);
+              typename Block::Registers window[W];
+              typename Block::Registers pre;
+              for (int r = 0; r < R; ++r) {
+                pre[r] = Vec::loadu(p.b.data() + c + r * V);
+              }
+              for (int k = 0; k < W; ++k) {
+                window[k] = Block::load(in[k] + c, count);
+                for (int r = 0; r < R; ++r) {
+                  pre[r] =
+                      at::vec::fmadd(Vec::loadu(w + k * dim + c + r * V), window[k][r], pre[r]);
+                }
+              }
+              const auto dyv = Block::load(dy + c, count);
+              for (int r = 0; r < R; ++r) {
+                const int64_t i = c - c0 + r * V;
+                const Vec gr = activation_grad<kSilu>(dyv[r], pre[r]);
+                gr.store(g + i);
+                if (own) {
+                  for (int k = 0; k < W; ++k) {
+                    acc_t* s = sums.data() + k * stride + i;
+                    at::vec::fmadd(gr, window[k][r], Vec::loadu(s)).store(s);
+                  }
+                  acc_t* s = sums.data() + W * stride + i;
+                  (Vec::loadu(s) + gr).store(s);
+                }
+              }
             }
+          } else {
+            std::fill(g, g + stride, acc_t(0));
           }
-          Block::store(dst + c, acc, count);
-        }
-      }
 
-      if (t0 == 0 && t == W - 2) {
-        // The ring holds g rows 0 .. W-2: the initial states' gradient.
-        for (int j = 0; j < W - 1; ++j) {
-          T* dst = grad_states + (b * (W - 1) + j) * dim;
-          const T* fin = grad_final != nullptr && j >= seqlen
-                             ? grad_final + (b * (W - 1) + j - seqlen) * dim
-                             : nullptr;
-          for (int64_t c = c0; c < c1; ++c) {
-            acc_t sum = 0;
-            for (int k = 0; k <= j; ++k) {
-              sum += w[k * dim + c] * g_row(j - k)[c - c0];
+          const int64_t s = t - (W - 1);
+          if (s >= t0) {
+            const acc_t* gk[W];
+            for (int k = 0; k < W; ++k) {
+              gk[k] = g_row(t - k);
             }
-            if (fin != nullptr) {
-              sum += static_cast<acc_t>(fin[c]);
+            const int64_t final_row = s - (seqlen - (W - 1));
+            const T* fin = grad_final != nullptr && final_row >= 0
+                               ? grad_final + (b * (W - 1) + final_row) * dim
+                               : nullptr;
+            T* dst = grad_x + (b * seqlen + s) * dim;
+            for (int64_t c = c0; c < c1; c += N) {
+              const int64_t count = std::min(N, c1 - c);
+              typename Block::Registers acc;
+              for (int r = 0; r < R; ++r) {
+                const int64_t i = c - c0 + r * V;
+                acc[r] = Vec(acc_t(0));
+                for (int k = 0; k < W; ++k) {
+                  acc[r] = at::vec::fmadd(Vec::loadu(w + k * dim + c + r * V),
+                                          Vec::loadu(gk[k] + i), acc[r]);
+                }
+              }
+              if (fin != nullptr) {
+                const auto extra = Block::load(fin + c, count);
+                for (int r = 0; r < R; ++r) {
+                  acc[r] = acc[r] + extra[r];
+                }
+              }
+              Block::store(dst + c, acc, count);
             }
-            dst[c] = static_cast<T>(sum);
+          }
+
+          if (t0 == 0 && t == W - 2) {
+            // The ring holds g rows 0 .. W-2: the initial states' gradient.
+            for (int j = 0; j < W - 1; ++j) {
+              T* dst = grad_states + (b * (W - 1) + j) * dim;
+              const T* fin = grad_final != nullptr && j >= seqlen
+                                 ? grad_final + (b * (W - 1) + j - seqlen) * dim
+                                 : nullptr;
+              for (int64_t c = c0; c < c1; ++c) {
+                acc_t sum = 0;
+                for (int k = 0; k <= j; ++k) {
+                  sum += w[k * dim + c] * g_row(j - k)[c - c0];
+                }
+                if (fin != nullptr) {
+                  sum += static_cast<acc_t>(fin[c]);
+                }
+                dst[c] = static_cast<T>(sum);
+              }
+            }
           }
         }
-      }
-    }
-    acc_t* part = partials + (b * chunks + chunk) * (W + 1) * dim;
-    for (int q = 0; q <= W; ++q) {
-      std::copy_n(sums.data() + q * stride, c1 - c0, part + q * dim + c0);
-    }
-  });
+        acc_t* part = partials + (b * chunks + chunk) * (W + 1) * dim;
+        for (int q = 0; q <= W; ++q) {
+          std::copy_n(sums.data() + q * stride, c1 - c0, part + q * dim + c0);
+        }
+      });
 }
 
 // grad_weight (dim, W) and grad_bias (dim) from `parts` partial sums laid
@@ -503,9 +503,9 @@ void reduce_channel_partials(acc_t* grad_weight, acc_t* grad_bias, const acc_t* 
 // ---------------------------------------------------------------------------
 // Entry points
 
-void causal_conv1d_kernel_impl(const at::Tensor& out, const at::Tensor& x,
-                               const at::Tensor& weight, const at::Tensor& bias,
-                               const at::Tensor& states, bool silu, ConvLayout layout) {
+void causal_conv1d_kernel_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const at::Tensor& states, bool silu,
+                               ConvLayout layout) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, x.scalar_type(), "fuseops::causal_conv1d", [&] {
         using acc_t = acc_type<scalar_t>;
@@ -536,8 +536,8 @@ void causal_conv1d_kernel_impl(const at::Tensor& out, const at::Tensor& x,
           } else {
             const ChannelParams<acc_t> params(weight, bias, dim, W);
             const std::vector<scalar_t> zeros(dim + OpmathBlock<scalar_t>::kSize, scalar_t(0));
-            const ChannelLastRows<scalar_t> rows{xp, x.stride(0), x.stride(2), dim, W, sp,
-                                                 zeros.data()};
+            const ChannelLastRows<scalar_t> rows{xp, x.stride(0), x.stride(2), dim,
+                                                 W,  sp,          zeros.data()};
             forward_channel_last<scalar_t, W, kSilu>(op, rows, params, batch, seqlen);
           }
         });
@@ -545,8 +545,7 @@ void causal_conv1d_kernel_impl(const at::Tensor& out, const at::Tensor& x,
 }
 
 void causal_conv1d_backward_kernel_impl(const at::Tensor& grad_x, const at::Tensor& grad_weight,
-                                        const at::Tensor& grad_bias,
-                                        const at::Tensor& grad_states,
+                                        const at::Tensor& grad_bias, const at::Tensor& grad_states,
                                         const at::Tensor& grad_output, const at::Tensor& x,
                                         const at::Tensor& weight, const at::Tensor& bias,
                                         const at::Tensor& states, const at::Tensor& grad_final,
@@ -607,8 +606,8 @@ void causal_conv1d_backward_kernel_impl(const at::Tensor& grad_x, const at::Tens
           } else {
             const ChannelParams<acc_t> params(weight, bias, dim, W);
             const std::vector<scalar_t> zeros(dim + Block::kSize, scalar_t(0));
-            const ChannelLastRows<scalar_t> rows{xp, x.stride(0), x.stride(2), dim, W, sp,
-                                                 zeros.data()};
+            const ChannelLastRows<scalar_t> rows{xp, x.stride(0), x.stride(2), dim,
+                                                 W,  sp,          zeros.data()};
             const int64_t parts = batch * time_chunks(seqlen);
             std::vector<acc_t> partials(parts * (W + 1) * dim);
             backward_channel_last<scalar_t, W, kSilu>(dxp, dsp, partials.data(), dyp, rows, fp,

@@ -19,8 +19,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::CrossEntropyRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) { detail::CrossEntropyRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cpu

@@ -291,14 +291,14 @@ void rows_impl(const detail::CrossEntropyRowsArgs& args) {
 }
 
 void cross_entropy_rows_kernel_impl(const detail::CrossEntropyRowsArgs& args) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, args.logits.scalar_type(), "fuseops::cross_entropy", [&] {
-        if (args.options.softcap > 0) {
-          rows_impl<scalar_t, true>(args);
-        } else {
-          rows_impl<scalar_t, false>(args);
-        }
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, args.logits.scalar_type(),
+                                  "fuseops::cross_entropy", [&] {
+                                    if (args.options.softcap > 0) {
+                                      rows_impl<scalar_t, true>(args);
+                                    } else {
+                                      rows_impl<scalar_t, false>(args);
+                                    }
+                                  });
 }
 
 }  // namespace

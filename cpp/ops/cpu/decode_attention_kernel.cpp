@@ -116,8 +116,7 @@ acc_t max_of_row(const acc_t* s, int64_t n) {
     for (j = V; j + V <= n; j += V) {
       mv = at::vec::maximum(mv, Vec::loadu(s + j));
     }
-    m = at::vec::vec_reduce_all<acc_t>(
-        [](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, mv);
+    m = at::vec::vec_reduce_all<acc_t>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, mv);
   }
   for (; j < n; ++j) {
     m = max_nan(m, s[j]);
@@ -164,8 +163,8 @@ Vectorized<acc_t> load_part(const acc_t* p, int64_t count) {
 // of `dim`) and `n_keys` key rows: two keys at a time, so each query vector
 // loaded serves two products and 2 * NR sums run side by side.
 template <typename acc_t, int NR>
-void dot_block(const acc_t* q, int64_t dim, const acc_t* const* k_rows, int64_t n_keys,
-               acc_t* out, int64_t out_stride) {
+void dot_block(const acc_t* q, int64_t dim, const acc_t* const* k_rows, int64_t n_keys, acc_t* out,
+               int64_t out_stride) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
   int64_t j = 0;
@@ -317,10 +316,9 @@ const acc_t* widened(const scalar_t* row, int64_t n, acc_t* buffer, bool copy = 
 }
 
 template <typename scalar_t>
-void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
-                            const at::Tensor& key, const at::Tensor& value,
-                            const at::Tensor& mask, bool is_causal, double scale,
-                            double softcap) {
+void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key,
+                            const at::Tensor& value, const at::Tensor& mask, bool is_causal,
+                            double scale, double softcap) {
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   const int64_t batch = query.size(0);
@@ -341,8 +339,8 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
   // gives the same bits (python/README.md, "Threads and determinism").
   int64_t splits = 1;
   if (blocks < kParallelTasks) {
-    splits = std::max<int64_t>(
-        1, std::min(ceil_div(keys, kMinChunk), ceil_div(kParallelTasks, blocks)));
+    splits =
+        std::max<int64_t>(1, std::min(ceil_div(keys, kMinChunk), ceil_div(kParallelTasks, blocks)));
   }
   const int64_t chunk = ceil_div(keys, splits);
   splits = ceil_div(keys, chunk);
@@ -407,7 +405,8 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query,
       for (int64_t r = 0; r < n_rows; ++r) {
         const int64_t i = (r0 + r) / group;
         const int64_t h = kv * group + (r0 + r) % group;
-        const scalar_t* q = q_data + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
+        const scalar_t* q =
+            q_data + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
         for (int64_t d = 0; d < dim; ++d) {
           q_rows[r * dim + d] = static_cast<acc_t>(q[d]) * scale_acc;
         }
@@ -586,8 +585,7 @@ void decode_attention_kernel_impl(const at::Tensor& out, const at::Tensor& query
                                   double softcap) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, query.scalar_type(), "fuseops::decode_attention", [&] {
-        decode_attention_typed<scalar_t>(out, query, key, value, mask, is_causal, scale,
-                                         softcap);
+        decode_attention_typed<scalar_t>(out, query, key, value, mask, is_causal, scale, softcap);
       });
 }
 

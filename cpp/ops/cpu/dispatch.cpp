@@ -12,9 +12,7 @@ std::atomic<int> capability_override{-1};
 
 std::array<std::atomic<uint64_t>, kNumCpuCapabilities> kernel_call_counts{};
 
-CpuCapability best_compiled() {
-  return compiled_capabilities().back();
-}
+CpuCapability best_compiled() { return compiled_capabilities().back(); }
 
 // What this CPU can execute, independent of ATen's preference.
 CpuCapability hardware_capability() {
@@ -96,8 +94,8 @@ std::array<uint64_t, kNumCpuCapabilities> kernel_calls() {
 }
 
 CpuCapability selected_capability() {
-  static const CpuCapability normal_choice = lowest(
-      lowest(aten_capability(), hardware_capability()), best_compiled());
+  static const CpuCapability normal_choice =
+      lowest(lowest(aten_capability(), hardware_capability()), best_compiled());
   const int forced = capability_override.load(std::memory_order_relaxed);
   if (forced >= 0) {
     return static_cast<CpuCapability>(forced);

@@ -68,9 +68,7 @@ class CpuKernelTable {
  public:
   explicit constexpr CpuKernelTable(const char* name) : name_(name) {}
 
-  void set(CpuCapability capability, Fn fn) {
-    kernels_[static_cast<int>(capability)] = fn;
-  }
+  void set(CpuCapability capability, Fn fn) { kernels_[static_cast<int>(capability)] = fn; }
 
   // The build for the selected capability, falling back to the best lower
   // one that was registered.
@@ -105,6 +103,6 @@ class CpuKernelTable {
 // scope of a file compiled by fuseops_add_cpu_kernel.
 #define FUSEOPS_CPU_KERNEL_CONCAT_(a, b) a##b
 #define FUSEOPS_CPU_KERNEL_CONCAT(a, b) FUSEOPS_CPU_KERNEL_CONCAT_(a, b)
-#define FUSEOPS_REGISTER_CPU_KERNEL(table, fn)                              \
+#define FUSEOPS_REGISTER_CPU_KERNEL(table, fn)                                 \
   static const bool FUSEOPS_CPU_KERNEL_CONCAT(table##_registered_, __LINE__) = \
       (table.set(::fuseops::cpu::CpuCapability::CPU_CAPABILITY, fn), true)

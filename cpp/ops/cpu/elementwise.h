@@ -72,8 +72,8 @@ C10_ALWAYS_INLINE at::vec::Vectorized<scalar_t> canonical_nan(
   constexpr int16_t kNaN = kBf16 ? 0x7fc0 : 0x7e00;
 #if defined(CPU_CAPABILITY_AVX512)
   const __m512i bits = v;
-  const __mmask32 nan = _mm512_cmpgt_epi16_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi16(0x7fff)), _mm512_set1_epi16(kInf));
+  const __mmask32 nan = _mm512_cmpgt_epi16_mask(_mm512_and_si512(bits, _mm512_set1_epi16(0x7fff)),
+                                                _mm512_set1_epi16(kInf));
   return _mm512_mask_mov_epi16(bits, nan, _mm512_set1_epi16(kNaN));
 #elif defined(CPU_CAPABILITY_AVX2)
   const __m256i bits = v;

@@ -72,30 +72,29 @@ void gated_backward_kernel_impl(const at::Tensor& grad_gate, const at::Tensor& g
         const auto gate_rows = rows_of<scalar_t>(gate);
         const auto up_rows = rows_of<scalar_t>(up);
         dispatch_activation(activation, [&](auto act) {
-          parallel_rows(
-              gate.size(0), gate.size(1), kElementwiseGrain,
-              [&](int64_t row, int64_t begin, int64_t end) {
-                const scalar_t* go = grad_rows.at(row, begin);
-                const scalar_t* g = gate_rows.at(row, begin);
-                const scalar_t* u = up_rows.at(row, begin);
-                scalar_t* gg = grad_gate_rows.at(row, begin);
-                scalar_t* gu = grad_up_rows.at(row, begin);
-                for_each_block<Block::kSize>(end - begin, [&](int64_t i, int64_t n) {
-                  const auto grad = Block::load(go + i, n);
-                  const auto a = Block::load(g + i, n);
-                  const auto b = Block::load(u + i, n);
-                  typename Block::Registers d_gate;
-                  typename Block::Registers d_up;
-                  for (int r = 0; r < Block::kRegisters; ++r) {
-                    const auto derivative =
-                        activation_derivative<decltype(act)::value, true>(a[r], &d_up[r]);
-                    d_gate[r] = grad[r] * b[r] * derivative;
-                    d_up[r] = grad[r] * d_up[r];
-                  }
-                  Block::store(gg + i, d_gate, n);
-                  Block::store(gu + i, d_up, n);
-                });
-              });
+          parallel_rows(gate.size(0), gate.size(1), kElementwiseGrain,
+                        [&](int64_t row, int64_t begin, int64_t end) {
+                          const scalar_t* go = grad_rows.at(row, begin);
+                          const scalar_t* g = gate_rows.at(row, begin);
+                          const scalar_t* u = up_rows.at(row, begin);
+                          scalar_t* gg = grad_gate_rows.at(row, begin);
+                          scalar_t* gu = grad_up_rows.at(row, begin);
+                          for_each_block<Block::kSize>(end - begin, [&](int64_t i, int64_t n) {
+                            const auto grad = Block::load(go + i, n);
+                            const auto a = Block::load(g + i, n);
+                            const auto b = Block::load(u + i, n);
+                            typename Block::Registers d_gate;
+                            typename Block::Registers d_up;
+                            for (int r = 0; r < Block::kRegisters; ++r) {
+                              const auto derivative =
+                                  activation_derivative<decltype(act)::value, true>(a[r], &d_up[r]);
+                              d_gate[r] = grad[r] * b[r] * derivative;
+                              d_up[r] = grad[r] * d_up[r];
+                            }
+                            Block::store(gg + i, d_gate, n);
+                            Block::store(gu + i, d_up, n);
+                          });
+                        });
         });
       });
 }

@@ -89,35 +89,35 @@ template <int R>
 C10_ALWAYS_INLINE void group_sums_vnni(const GroupDot& d, int32_t (*sums)[kBlockN]) {
   // dword j of the result takes dword (j % 4) * 4 + j / 4: 128-bit lane L
   // then holds channels 4L..4L+3 of each of the four rows.
-  const __m512i dwords =
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i dwords = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   // Within a lane: the 4 x 4 bytes [row][channel] to [channel][row].
-  const __m512i bytes = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+  const __m512i bytes =
+      _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512i even[R];
   __m512i odd[R];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     even[r] = _mm512_setzero_si512();
     odd[r] = _mm512_setzero_si512();
   }
   for (int64_t p = 0; p < d.pairs; p += 4) {
     const int64_t rows = std::min<int64_t>(4, d.pairs - p);
-    const __m512i raw = rows == 4 ? _mm512_loadu_si512(d.w + p * kBlockN)
-                                  : _mm512_maskz_loadu_epi8(
-                                        (__mmask64)((~0ULL) >> (64 - 16 * rows)), d.w + p * kBlockN);
+    const __m512i raw =
+        rows == 4
+            ? _mm512_loadu_si512(d.w + p * kBlockN)
+            : _mm512_maskz_loadu_epi8((__mmask64)((~0ULL) >> (64 - 16 * rows)), d.w + p * kBlockN);
     const __m512i lanes = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(dwords, raw), bytes);
     const __m512i lo = _mm512_and_si512(lanes, nibble);
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(lanes, 4), nibble);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const int8_t* x = d.x + r * d.x_stride + 2 * p;
       even[r] = dot_u8_s8(even[r], lo, _mm512_set1_epi32(load_four(x)));
       odd[r] = dot_u8_s8(odd[r], hi, _mm512_set1_epi32(load_four(x + 4)));
     }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_si512(sums[r], _mm512_add_epi32(even[r], odd[r]));
   }
@@ -134,7 +134,7 @@ C10_ALWAYS_INLINE void group_sums_pairs(const GroupDot& d, int32_t (*sums)[kBloc
   const __m256i nibble = _mm256_set1_epi16(0x0F);
   __m256i low[R];
   __m256i high[R];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     low[r] = _mm256_setzero_si256();
     high[r] = _mm256_setzero_si256();
@@ -148,17 +148,18 @@ C10_ALWAYS_INLINE void group_sums_pairs(const GroupDot& d, int32_t (*sums)[kBloc
     const __m256i pairs_high = _mm256_unpackhi_epi16(lo, hi);
     // Position 2p' of the group's arranged 8 (p' = p % 4) is at p', 2p'+1 at 4 + p'.
     const int64_t base = (p / 4) * 8 + (p % 4);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const int8_t* x = d.x + r * d.x_stride;
-      const int32_t two = static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(x[base]))) |
-                          static_cast<int32_t>(static_cast<uint32_t>(static_cast<int16_t>(x[base + 4])) << 16);
+      const int32_t two =
+          static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(x[base]))) |
+          static_cast<int32_t>(static_cast<uint32_t>(static_cast<int16_t>(x[base + 4])) << 16);
       const __m256i xv = _mm256_set1_epi32(two);
       low[r] = _mm256_add_epi32(low[r], _mm256_madd_epi16(pairs_low, xv));
       high[r] = _mm256_add_epi32(high[r], _mm256_madd_epi16(pairs_high, xv));
     }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     alignas(32) int32_t a[8];
     alignas(32) int32_t b[8];
@@ -182,8 +183,8 @@ C10_ALWAYS_INLINE void group_sums_pairs(const GroupDot& d, int32_t (*sums)[kBloc
       const int32_t x_even = d.x[r * d.x_stride + base];
       const int32_t x_odd = d.x[r * d.x_stride + base + 4];
       for (int64_t c = 0; c < kBlockN; ++c) {
-        sums[r][c] += static_cast<int32_t>(row[c] & 0xF) * x_even +
-                      static_cast<int32_t>(row[c] >> 4) * x_odd;
+        sums[r][c] +=
+            static_cast<int32_t>(row[c] & 0xF) * x_even + static_cast<int32_t>(row[c] >> 4) * x_odd;
       }
     }
   }
@@ -268,8 +269,7 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
   std::vector<int8_t>& xq_buffer = xq_bytes <= (size_t{1} << 20) ? reused_xq : fresh_xq;
   xq_buffer.resize(std::max(xq_buffer.size(), xq_bytes));
   reused_scales.resize(std::max<size_t>(reused_scales.size(), static_cast<size_t>(m_total)));
-  reused_sums.resize(
-      std::max<size_t>(reused_sums.size(), static_cast<size_t>(m_total * groups)));
+  reused_sums.resize(std::max<size_t>(reused_sums.size(), static_cast<size_t>(m_total * groups)));
   int8_t* xq = xq_buffer.data();
   float* x_scale = reused_scales.data();
   int32_t* x_sums = reused_sums.data();
@@ -332,8 +332,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
             const FloatVec x_sum(static_cast<float>(x_sums[(m + r) * groups + g]));
             float* acc = result[m - m_begin + r];
             for (int v = 0; v < V; ++v) {
-              const FloatVec dot = fused_multiply_add(neg_zero[v], x_sum,
-                                                      load_int32_as_float(sums[r] + v * W));
+              const FloatVec dot =
+                  fused_multiply_add(neg_zero[v], x_sum, load_int32_as_float(sums[r] + v * W));
               const FloatVec before = g == 0 ? FloatVec(0.0f) : FloatVec::loadu(acc + v * W);
               fused_multiply_add(scale[v], dot, before).store(acc + v * W);
             }
@@ -360,11 +360,9 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
 void int4_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
                                      const at::Tensor& packed, const at::Tensor& scale_zero,
                                      int64_t group_size, const at::Tensor& bias) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(),
-                                  "fuseops::int4_dynamic_linear", [&] {
-                                    dynamic_linear<scalar_t>(out, input, packed, scale_zero,
-                                                             group_size, bias);
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_dynamic_linear",
+      [&] { dynamic_linear<scalar_t>(out, input, packed, scale_zero, group_size, bias); });
 }
 
 }  // namespace

@@ -20,8 +20,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::Int4LinearRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) { detail::Int4LinearRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cpu

@@ -129,13 +129,14 @@ struct Group {
 template <int R>
 C10_ALWAYS_INLINE void finish_group(const Group& group, FloatVec (&even)[R][V],
                                     FloatVec (&odd)[R][V], float* result, bool first) {
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const FloatVec x_sum(group.sums[r * group.sums_stride]);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
       const FloatVec dot = fused_multiply_add(group.neg_zero[v], x_sum, even[r][v] + odd[r][v]);
-      const FloatVec before = first ? FloatVec(0.0f) : FloatVec::loadu(result + r * kBlockN + v * W);
+      const FloatVec before =
+          first ? FloatVec(0.0f) : FloatVec::loadu(result + r * kBlockN + v * W);
       fused_multiply_add(group.scale[v], dot, before).store(result + r * kBlockN + v * W);
     }
   }
@@ -148,9 +149,9 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
                                    const Group& group, float* result, bool first) {
   FloatVec even[R][V];
   FloatVec odd[R][V];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
       even[r][v] = FloatVec(0.0f);
       odd[r][v] = FloatVec(0.0f);
@@ -160,11 +161,11 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
     FloatVec we[V];
     FloatVec wo[V];
     decode_pair(w + p * kBlockN, we, wo);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const FloatVec xe(x[r * x_stride + 2 * p]);
       const FloatVec xo(x[r * x_stride + 2 * p + 1]);
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int v = 0; v < V; ++v) {
         even[r][v] = fused_multiply_add(we[v], xe, even[r][v]);
         odd[r][v] = fused_multiply_add(wo[v], xo, odd[r][v]);
@@ -181,9 +182,9 @@ C10_ALWAYS_INLINE void buffered_tile(const float* x, int64_t x_stride, const flo
                                      const Group& group, float* result, bool first) {
   FloatVec even[R][V];
   FloatVec odd[R][V];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
       even[r][v] = FloatVec(0.0f);
       odd[r][v] = FloatVec(0.0f);
@@ -192,11 +193,11 @@ C10_ALWAYS_INLINE void buffered_tile(const float* x, int64_t x_stride, const flo
   for (int64_t p = 0; p < group.pairs; ++p) {
     const float* we = decoded + 2 * p * kBlockN;
     const float* wo = we + kBlockN;
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const FloatVec xe(x[r * x_stride + 2 * p]);
       const FloatVec xo(x[r * x_stride + 2 * p + 1]);
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int v = 0; v < V; ++v) {
         even[r][v] = fused_multiply_add(FloatVec::loadu(we + v * W), xe, even[r][v]);
         odd[r][v] = fused_multiply_add(FloatVec::loadu(wo + v * W), xo, odd[r][v]);
@@ -256,9 +257,9 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
   thread_local std::vector<float> reused_sums;
   std::vector<float> fresh_rows;
   std::vector<float> fresh_sums;
-  float* widened = x == nullptr ? scratch(reused_rows, fresh_rows,
-                                          static_cast<size_t>(m_total * k_padded))
-                                : nullptr;
+  float* widened = x == nullptr
+                       ? scratch(reused_rows, fresh_rows, static_cast<size_t>(m_total * k_padded))
+                       : nullptr;
   // sums[m * groups + g]: row m's activations summed over group g, in
   // order, from 0 (the zero points' share; every build sums alike).
   float* sums = scratch(reused_sums, fresh_sums, static_cast<size_t>(m_total * groups));
@@ -356,11 +357,9 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
 void int4_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
                                          const at::Tensor& packed, const at::Tensor& scale_zero,
                                          int64_t group_size, const at::Tensor& bias) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(),
-                                  "fuseops::int4_weight_only_linear", [&] {
-                                    weight_only_linear<scalar_t>(out, input, packed, scale_zero,
-                                                                 group_size, bias);
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_weight_only_linear",
+      [&] { weight_only_linear<scalar_t>(out, input, packed, scale_zero, group_size, bias); });
 }
 
 }  // namespace

@@ -147,9 +147,8 @@ C10_ALWAYS_INLINE __m512 dot_bf16_pairs(__m512 acc, __m512i a, __m512i b) {
 }
 
 template <int R>
-C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride,
-                                 const c10::BFloat16* wb, int64_t groups, float* partial,
-                                 bool first) {
+C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride, const c10::BFloat16* wb,
+                                 int64_t groups, float* partial, bool first) {
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) {
     for (int h = 0; h < 2; ++h) {
@@ -192,8 +191,7 @@ void widen_to_pairs(const int8_t* wi, int64_t count, c10::BFloat16* wb) {
     const int8_t* q = wi + g * kGroupBytes;
     narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q), load_int8_as_float(q + 16))
         .store(wb + g * kGroupBytes);
-    narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q + 32),
-                                           load_int8_as_float(q + 48))
+    narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q + 32), load_int8_as_float(q + 48))
         .store(wb + g * kGroupBytes + 32);
   }
 }
@@ -272,15 +270,15 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
           widen_to_pairs(wi + g0 * kGroupBytes, count, pair_weights.data());
           for (int64_t m = m_begin; m < m_end; m += kPairTileRows) {
             pair_tile_rows(static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m)),
-                           xb + m * k_padded + g0 * kGroupK, k_padded, pair_weights.data(),
-                           count, partial.data() + (m - m_begin) * kGroupBytes, g0 == 0);
+                           xb + m * k_padded + g0 * kGroupK, k_padded, pair_weights.data(), count,
+                           partial.data() + (m - m_begin) * kGroupBytes, g0 == 0);
           }
         }
 #endif
       } else if (m_end - m_begin <= kTileRows) {
         // One tile: the weights go from memory through registers once.
-        tile_rows<false>(static_cast<int>(m_end - m_begin), x + m_begin * k_padded, k_padded,
-                         wi, nullptr, groups, partial.data(), true);
+        tile_rows<false>(static_cast<int>(m_end - m_begin), x + m_begin * k_padded, k_padded, wi,
+                         nullptr, groups, partial.data(), true);
       } else {
         // Several tiles share each widened slice of the weights from L1.
         for (int64_t g0 = 0; g0 < groups; g0 += kWidenGroups) {
@@ -322,10 +320,9 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
 void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
                                          const at::Tensor& packed, const at::Tensor& scale,
                                          const at::Tensor& bias) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(),
-                                  "fuseops::int8_weight_only_linear", [&] {
-                                    weight_only_linear<scalar_t>(out, input, packed, scale, bias);
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_weight_only_linear",
+      [&] { weight_only_linear<scalar_t>(out, input, packed, scale, bias); });
 }
 
 // ---------------------------------------------------------------------------
@@ -419,8 +416,8 @@ C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const in
     for (int r = 0; r < R; ++r) {
       const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + g * kGroupK));
       for (int j = 0; j < B; ++j) {
-        acc[r][j][0] = dot_u8_s8(acc[r][j][0], xv,
-                                 _mm512_loadu_si512(w + j * w_stride + g * kGroupBytes));
+        acc[r][j][0] =
+            dot_u8_s8(acc[r][j][0], xv, _mm512_loadu_si512(w + j * w_stride + g * kGroupBytes));
       }
     }
   }
@@ -445,13 +442,14 @@ C10_ALWAYS_INLINE void dot_tile_signed(const int8_t* x, int64_t x_stride, const 
   __m512i acc[R][2];
   for (int r = 0; r < R; ++r) {
     for (int h = 0; h < 2; ++h) {
-      acc[r][h] = first ? _mm512_setzero_si512()
-                        : _mm512_loadu_si512(partial + r * kDotLanes + 16 * h);
+      acc[r][h] =
+          first ? _mm512_setzero_si512() : _mm512_loadu_si512(partial + r * kDotLanes + 16 * h);
     }
   }
   for (int64_t g = 0; g < groups; ++g) {
     const int8_t* wg = w + g * kGroupBytes;
-    const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg)));
+    const __m512i w0 =
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg)));
     const __m512i w1 =
         _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32)));
     for (int r = 0; r < R; ++r) {
@@ -526,8 +524,7 @@ void dot_tile_rows(int rows, int blocks, const int8_t* x, int64_t x_stride, cons
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (kVnni) {
     if (blocks == kDotBlocks && R > 1) {
-      dot_tile_vnni<R, kDotBlocks>(x, x_stride, w, w_stride, groups, partial, block_stride,
-                                   first);
+      dot_tile_vnni<R, kDotBlocks>(x, x_stride, w, w_stride, groups, partial, block_stride, first);
     } else {
       for (int j = 0; j < blocks; ++j) {
         dot_tile_vnni<R, 1>(x, x_stride, w + j * w_stride, w_stride, groups,
@@ -604,8 +601,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
           const int8_t* xm = xq.data() + m * x_stride + g0 * kGroupK;
           int32_t* pm = partial.data() + (m - m_begin) * kDotLanes;
           if (vnni) {
-            dot_tile_rows<true>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes,
-                                block_bytes, count, pm, block_stride, g0 == 0);
+            dot_tile_rows<true>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes, block_bytes,
+                                count, pm, block_stride, g0 == 0);
           } else {
             dot_tile_rows<false>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes,
                                  block_bytes, count, pm, block_stride, g0 == 0);
@@ -641,8 +638,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
             const FloatVec xs(x_scale[m]);
             for (int64_t c = 0; c < channels; c += W) {
               const int64_t count = std::min(W, channels - c);
-              FloatVec value = (FloatVec::loadu(sums + c, count) * xs) *
-                               FloatVec::loadu(s + ch0 + c, count);
+              FloatVec value =
+                  (FloatVec::loadu(sums + c, count) * xs) * FloatVec::loadu(s + ch0 + c, count);
               if (b != nullptr) {
                 float bias_lanes[W];
                 for (int64_t l = 0; l < count; ++l) {
@@ -675,11 +672,9 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
 void int8_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
                                      const at::Tensor& packed, const at::Tensor& scale,
                                      const at::Tensor& colsum, const at::Tensor& bias) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(),
-                                  "fuseops::int8_dynamic_linear", [&] {
-                                    dynamic_linear<scalar_t>(out, input, packed, scale, colsum,
-                                                             bias);
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_dynamic_linear",
+      [&] { dynamic_linear<scalar_t>(out, input, packed, scale, colsum, bias); });
 }
 
 }  // namespace

@@ -39,8 +39,7 @@ C10_ALWAYS_INLINE FloatVec fused_multiply_add(const FloatVec& a, const FloatVec&
 
 // `count` (at most FloatVec::size()) int8 values widened to float32; lanes
 // past `count` are 0.
-C10_ALWAYS_INLINE FloatVec load_int8_as_float(const int8_t* p,
-                                              int64_t count = FloatVec::size()) {
+C10_ALWAYS_INLINE FloatVec load_int8_as_float(const int8_t* p, int64_t count = FloatVec::size()) {
 #if defined(CPU_CAPABILITY_AVX512)
   const __m128i bytes = count == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
                                     : _mm_maskz_loadu_epi8((__mmask16)((1u << count) - 1), p);

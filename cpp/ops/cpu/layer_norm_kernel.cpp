@@ -33,8 +33,7 @@ namespace {
 using at::vec::Vectorized;
 
 template <typename T>
-inline constexpr bool kIsReduced =
-    std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+inline constexpr bool kIsReduced = std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
 
 // dst[0:n] = src[0:n], widened to float.
 template <typename T>
@@ -210,8 +209,8 @@ std::pair<acc_t, acc_t> row_statistics(const acc_t* x, int64_t n, double eps,
   const acc_t variance = std::max(acc_t(0), (sum_sq - sum * sum / count) / count);
   // 1 / (scale * sqrt(variance + eps / scale^2)) is 1 / sqrt(scale^2 *
   // variance + eps) without forming scale^2 * variance.
-  const acc_t rstd = acc_t(1) / (scale * std::sqrt(variance + static_cast<acc_t>(eps) /
-                                                                   (scale * scale)));
+  const acc_t rstd =
+      acc_t(1) / (scale * std::sqrt(variance + static_cast<acc_t>(eps) / (scale * scale)));
   return {mean, rstd};
 }
 
@@ -244,9 +243,9 @@ class AffineRow {
 };
 
 template <typename T>
-void layer_norm_forward_impl(const at::Tensor& out, const at::Tensor& mean,
-                             const at::Tensor& rstd, const at::Tensor& input,
-                             const at::Tensor& weight, const at::Tensor& bias, double eps) {
+void layer_norm_forward_impl(const at::Tensor& out, const at::Tensor& mean, const at::Tensor& rstd,
+                             const at::Tensor& input, const at::Tensor& weight,
+                             const at::Tensor& bias, double eps) {
   using acc_t = at::opmath_type<T>;
   using Vec = Vectorized<acc_t>;
   const int64_t hidden = input.size(-1);
@@ -293,13 +292,12 @@ void layer_norm_forward_impl(const at::Tensor& out, const at::Tensor& mean,
   });
 }
 
-void layer_norm_kernel_impl(const at::Tensor& out, const at::Tensor& mean,
-                            const at::Tensor& rstd, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& bias, double eps) {
+void layer_norm_kernel_impl(const at::Tensor& out, const at::Tensor& mean, const at::Tensor& rstd,
+                            const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::layer_norm", [&] {
-        layer_norm_forward_impl<scalar_t>(out, mean, rstd, input, weight, bias, eps);
-      });
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::layer_norm",
+      [&] { layer_norm_forward_impl<scalar_t>(out, mean, rstd, input, weight, bias, eps); });
 }
 
 // With x_hat = (x - mean) * rstd and g = grad_output * w:
@@ -422,16 +420,14 @@ void layer_norm_backward_impl(const at::Tensor& grad_input, const at::Tensor& gr
   });
 }
 
-void layer_norm_backward_kernel_impl(const at::Tensor& grad_input,
-                                     const at::Tensor& grad_weight,
-                                     const at::Tensor& grad_bias,
-                                     const at::Tensor& grad_output, const at::Tensor& input,
-                                     const at::Tensor& weight, const at::Tensor& mean,
-                                     const at::Tensor& rstd) {
+void layer_norm_backward_kernel_impl(const at::Tensor& grad_input, const at::Tensor& grad_weight,
+                                     const at::Tensor& grad_bias, const at::Tensor& grad_output,
+                                     const at::Tensor& input, const at::Tensor& weight,
+                                     const at::Tensor& mean, const at::Tensor& rstd) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::layer_norm_backward", [&] {
-        layer_norm_backward_impl<scalar_t>(grad_input, grad_weight, grad_bias, grad_output,
-                                           input, weight, mean, rstd);
+        layer_norm_backward_impl<scalar_t>(grad_input, grad_weight, grad_bias, grad_output, input,
+                                           weight, mean, rstd);
       });
 }
 

@@ -18,8 +18,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::QuantizeRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) { detail::QuantizeRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cpu

@@ -37,7 +37,7 @@ int64_t quantize_rows_kernel_impl(const at::Tensor& q, const at::Tensor& scale,
           std::vector<float> buffer;
           for (int64_t r = begin; r < end; ++r) {
             if (!quantize_row_int8<NonFiniteRow::kRefuse>(in + r * k, k, q_data + r * k,
-                                                           scale_data + r, buffer)) {
+                                                          scale_data + r, buffer)) {
               int64_t seen = first_bad.load();
               while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {
               }
@@ -64,8 +64,8 @@ void dequantize_span(scalar_t* out, const int8_t* q, const float* scale, int64_t
       typename Block::Registers regs;
       for (int r = 0; r < Block::kRegisters; ++r) {
         const int64_t lanes = std::max<int64_t>(0, std::min(W, count - r * W));
-        const FloatVec s = kBroadcast ? FloatVec(scale[0])
-                                      : FloatVec::loadu(scale + c + r * W, lanes);
+        const FloatVec s =
+            kBroadcast ? FloatVec(scale[0]) : FloatVec::loadu(scale + c + r * W, lanes);
         regs[r] = load_int8_as_float(q + c + r * W, lanes) * s;
       }
       Block::store(out + c, regs, count);

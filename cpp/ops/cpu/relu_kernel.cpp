@@ -19,13 +19,11 @@ void relu_kernel_impl(const at::Tensor& out, const at::Tensor& input) {
               // at::vec::maximum of float propagates NaN, like torch.relu.
               return at::vec::maximum(x, decltype(x)(0));
             },
-            out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-            input.numel());
+            out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(), input.numel());
       });
 }
 
-void relu_backward_kernel_impl(const at::Tensor& grad_input,
-                               const at::Tensor& grad_output,
+void relu_backward_kernel_impl(const at::Tensor& grad_input, const at::Tensor& grad_output,
                                const at::Tensor& result) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, result.scalar_type(), "fuseops::relu_backward", [&] {
@@ -36,9 +34,8 @@ void relu_backward_kernel_impl(const at::Tensor& grad_input,
               // (ATen's threshold_backward does the same).
               return Vec::blendv(grad, Vec(0), res <= Vec(0));
             },
-            grad_input.mutable_data_ptr<scalar_t>(),
-            grad_output.const_data_ptr<scalar_t>(), result.const_data_ptr<scalar_t>(),
-            result.numel());
+            grad_input.mutable_data_ptr<scalar_t>(), grad_output.const_data_ptr<scalar_t>(),
+            result.const_data_ptr<scalar_t>(), result.numel());
       });
 }
 

@@ -209,8 +209,7 @@ void forward_impl(const detail::RmsNormForwardArgs& args) {
   scalar_t* residual_out =
       args.residual_out.defined() ? args.residual_out.mutable_data_ptr<scalar_t>() : nullptr;
   scalar_t* out = args.out.mutable_data_ptr<scalar_t>();
-  const opmath_t* weight =
-      args.weight.defined() ? args.weight.const_data_ptr<opmath_t>() : nullptr;
+  const opmath_t* weight = args.weight.defined() ? args.weight.const_data_ptr<opmath_t>() : nullptr;
   opmath_t* rstd_out = args.rstd.defined() ? args.rstd.mutable_data_ptr<opmath_t>() : nullptr;
   const opmath_t eps = static_cast<opmath_t>(args.eps);
 
@@ -220,14 +219,13 @@ void forward_impl(const detail::RmsNormForwardArgs& args) {
       const scalar_t* normalized = x + offset;
       opmath_t sum_sq;
       if (residual != nullptr) {
-        sum_sq = add_and_sum_of_squares(residual_out + offset, x + offset, residual + offset,
-                                        hidden);
+        sum_sq =
+            add_and_sum_of_squares(residual_out + offset, x + offset, residual + offset, hidden);
         normalized = residual_out + offset;
       } else {
         sum_sq = sum_of_squares(x + offset, hidden);
       }
-      const opmath_t rstd =
-          opmath_t(1) / std::sqrt(sum_sq / static_cast<opmath_t>(hidden) + eps);
+      const opmath_t rstd = opmath_t(1) / std::sqrt(sum_sq / static_cast<opmath_t>(hidden) + eps);
       if (rstd_out != nullptr) {
         rstd_out[row] = rstd;
       }
@@ -240,8 +238,8 @@ void forward_impl(const detail::RmsNormForwardArgs& args) {
 //   grad_x = rstd * (gw - x * rstd^2 * mean(gw * x))  [+ grad_residual]
 //   grad_w += grad * x * rstd   (into this task's partial sum)
 template <typename scalar_t>
-void backward_row(scalar_t* grad_x, at::opmath_type<scalar_t>* grad_w_partial,
-                  const scalar_t* grad, const scalar_t* grad_residual, const scalar_t* x,
+void backward_row(scalar_t* grad_x, at::opmath_type<scalar_t>* grad_w_partial, const scalar_t* grad,
+                  const scalar_t* grad_residual, const scalar_t* x,
                   const at::opmath_type<scalar_t>* weight, at::opmath_type<scalar_t> rstd,
                   int64_t n) {
   using L = Lanes<scalar_t>;
@@ -305,8 +303,7 @@ void backward_impl(const detail::RmsNormBackwardArgs& args) {
   const scalar_t* grad_residual =
       args.grad_residual.defined() ? args.grad_residual.const_data_ptr<scalar_t>() : nullptr;
   const scalar_t* x = args.input.const_data_ptr<scalar_t>();
-  const opmath_t* weight =
-      args.weight.defined() ? args.weight.const_data_ptr<opmath_t>() : nullptr;
+  const opmath_t* weight = args.weight.defined() ? args.weight.const_data_ptr<opmath_t>() : nullptr;
   const opmath_t* rstd = args.rstd.const_data_ptr<opmath_t>();
   scalar_t* grad_x = args.grad_input.mutable_data_ptr<scalar_t>();
 

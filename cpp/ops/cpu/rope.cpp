@@ -16,8 +16,6 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CPU, m) {
-  detail::RopeRegistrations<Kernels>::register_all(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, CPU, m) { detail::RopeRegistrations<Kernels>::register_all(m); }
 
 }  // namespace fuseops::cpu

@@ -139,7 +139,8 @@ void rope_impl(const detail::RopeKernelArgs& a) {
   const int64_t rotary_dim = a.cos.size(1);
   const opmath_t* cos = a.cos.const_data_ptr<opmath_t>();
   const opmath_t* sin = a.sin.const_data_ptr<opmath_t>();
-  const int64_t* positions = a.positions.defined() ? a.positions.const_data_ptr<int64_t>() : nullptr;
+  const int64_t* positions =
+      a.positions.defined() ? a.positions.const_data_ptr<int64_t>() : nullptr;
 
   struct View {
     scalar_t* out;
@@ -147,8 +148,12 @@ void rope_impl(const detail::RopeKernelArgs& a) {
     int64_t out_token, out_head, in_token, in_head;
   };
   auto view = [](const at::Tensor& out, const at::Tensor& in) {
-    return View{out.mutable_data_ptr<scalar_t>(), in.const_data_ptr<scalar_t>(), out.stride(0),
-                out.stride(1), in.stride(0), in.stride(1)};
+    return View{out.mutable_data_ptr<scalar_t>(),
+                in.const_data_ptr<scalar_t>(),
+                out.stride(0),
+                out.stride(1),
+                in.stride(0),
+                in.stride(1)};
   };
   const View q = view(a.out, a.input);
   const View k = a.key.defined() ? view(a.key_out, a.key) : View{};
@@ -162,24 +167,24 @@ void rope_impl(const detail::RopeKernelArgs& a) {
       const opmath_t* s = sin + table_row * rotary_dim;
       const View& v = h < q_heads ? q : k;
       const int64_t head = h < q_heads ? h : h - q_heads;
-      rotate_row<scalar_t, kInterleaved, kTranspose>(
-          v.out + t * v.out_token + head * v.out_head, v.in + t * v.in_token + head * v.in_head,
-          c, s, rotary_dim, head_dim);
+      rotate_row<scalar_t, kInterleaved, kTranspose>(v.out + t * v.out_token + head * v.out_head,
+                                                     v.in + t * v.in_token + head * v.in_head, c, s,
+                                                     rotary_dim, head_dim);
     }
   });
 }
 
 void rope_kernel_impl(const detail::RopeKernelArgs& args) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, args.input.scalar_type(), "fuseops::rope", [&] {
-        if (args.interleaved) {
-          args.transpose ? rope_impl<scalar_t, true, true>(args)
-                         : rope_impl<scalar_t, true, false>(args);
-        } else {
-          args.transpose ? rope_impl<scalar_t, false, true>(args)
-                         : rope_impl<scalar_t, false, false>(args);
-        }
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, args.input.scalar_type(),
+                                  "fuseops::rope", [&] {
+                                    if (args.interleaved) {
+                                      args.transpose ? rope_impl<scalar_t, true, true>(args)
+                                                     : rope_impl<scalar_t, true, false>(args);
+                                    } else {
+                                      args.transpose ? rope_impl<scalar_t, false, true>(args)
+                                                     : rope_impl<scalar_t, false, false>(args);
+                                    }
+                                  });
 }
 
 }  // namespace

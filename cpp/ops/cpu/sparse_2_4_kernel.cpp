@@ -151,8 +151,8 @@ C10_ALWAYS_INLINE FloatVec expand(const value_t* v, const uint8_t* mb) {
 #elif defined(CPU_CAPABILITY_AVX2)
   const ExpandTable& table = expand_table();
   const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(table.idx[*mb]));
-  const __m256 lanes = _mm256_castsi256_ps(
-      _mm256_load_si256(reinterpret_cast<const __m256i*>(table.mask[*mb])));
+  const __m256 lanes =
+      _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(table.mask[*mb])));
   const __m256 wide = _mm256_castps128_ps256(widen_kept(v));
   return _mm256_and_ps(_mm256_permutevar8x32_ps(wide, idx), lanes);
 #else
@@ -237,7 +237,7 @@ C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const value_t* con
       acc[c][r] = FloatVec(0.0f);
     }
   }
-  const auto step = [&](const FloatVec (&w)[kTileCh], int64_t offset) {
+  const auto step = [&](const FloatVec(&w)[kTileCh], int64_t offset) {
     for (int r = 0; r < R; ++r) {
       const FloatVec xv = FloatVec::loadu(x + r * x_stride + offset);
       for (int c = 0; c < kTileCh; ++c) {
@@ -311,8 +311,7 @@ C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const value_t* con
 // tile<rows> for a run-time rows in [1, kTileRows].
 template <typename value_t, int R = kTileRows>
 void tile_rows(int rows, const float* x, int64_t x_stride, const value_t* const* v,
-               const uint8_t* const* mb, int64_t k, float* sums, bool wide,
-               const NextTile& next) {
+               const uint8_t* const* mb, int64_t k, float* sums, bool wide, const NextTile& next) {
   if constexpr (R > 1) {
     if (rows < R) {
       tile_rows<value_t, R - 1>(rows, x, x_stride, v, mb, k, sums, wide, next);
@@ -329,9 +328,8 @@ void tile_rows(int rows, const float* x, int64_t x_stride, const value_t* const*
 // over the weights may prefetch the next tile's). A partial tile repeats its
 // last channel; the caller drops those sums (c >= channels).
 template <typename value_t, typename Tile>
-void for_each_tile(const value_t* vals, int64_t v_stride, const uint8_t* masks,
-                   int64_t meta_stride, int64_t n, int64_t m_total, int64_t tile_rows,
-                   const Tile& tile) {
+void for_each_tile(const value_t* vals, int64_t v_stride, const uint8_t* masks, int64_t meta_stride,
+                   int64_t n, int64_t m_total, int64_t tile_rows, const Tile& tile) {
   const int64_t blocks = (n + kBlockN - 1) / kBlockN;
   const int64_t chunks = (m_total + kChunkRows - 1) / kChunkRows;
   at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
@@ -404,38 +402,39 @@ void sparse_linear(const at::Tensor& out, const at::Tensor& input, const at::Ten
 #endif
 
   for_each_tile(vals, v_stride, masks, meta_stride, n, m_total, kTileRows,
-                [&](const value_t* const* v, const uint8_t* const* mb, int64_t c0,
-                    int channels, int64_t m, int rows, bool first) {
-    float sums[kTileCh * kTileRows];
-    // The next tile's bytes, on the first row tile's pass only.
-    NextTile next;
-    if constexpr (std::is_same_v<value_t, int8_t>) {
-      if (wide && first && c0 + kTileCh < n) {
-        const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
-        next = {vals + (c0 + kTileCh) * v_stride, masks + (c0 + kTileCh) * meta_stride,
-                next_channels * v_stride, next_channels * meta_stride};
-      }
-    }
-    tile_rows<value_t>(rows, x + m * x_stride, x_stride, v, mb, k, sums, wide, next);
-    for (int c = 0; c < channels; ++c) {
-      const int64_t ch = c0 + c;
-      for (int r = 0; r < rows; ++r) {
-        opmath_t value = static_cast<opmath_t>(sums[c * rows + r]) * static_cast<opmath_t>(s[ch]);
-        if (b != nullptr) {
-          value += static_cast<opmath_t>(b[ch]);
-        }
-        o[(m + r) * n + ch] = static_cast<scalar_t>(value);
-      }
-    }
-  });
+                [&](const value_t* const* v, const uint8_t* const* mb, int64_t c0, int channels,
+                    int64_t m, int rows, bool first) {
+                  float sums[kTileCh * kTileRows];
+                  // The next tile's bytes, on the first row tile's pass only.
+                  NextTile next;
+                  if constexpr (std::is_same_v<value_t, int8_t>) {
+                    if (wide && first && c0 + kTileCh < n) {
+                      const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
+                      next = {vals + (c0 + kTileCh) * v_stride,
+                              masks + (c0 + kTileCh) * meta_stride, next_channels * v_stride,
+                              next_channels * meta_stride};
+                    }
+                  }
+                  tile_rows<value_t>(rows, x + m * x_stride, x_stride, v, mb, k, sums, wide, next);
+                  for (int c = 0; c < channels; ++c) {
+                    const int64_t ch = c0 + c;
+                    for (int r = 0; r < rows; ++r) {
+                      opmath_t value =
+                          static_cast<opmath_t>(sums[c * rows + r]) * static_cast<opmath_t>(s[ch]);
+                      if (b != nullptr) {
+                        value += static_cast<opmath_t>(b[ch]);
+                      }
+                      o[(m + r) * n + ch] = static_cast<scalar_t>(value);
+                    }
+                  }
+                });
 }
 
 // float64 activations (float64 or int8 values): float64 sums, one output
 // at a time, the same in every build.
 template <typename value_t>
-void sparse_linear_double(const at::Tensor& out, const at::Tensor& input,
-                          const at::Tensor& values, const at::Tensor& meta,
-                          const at::Tensor& scale, const at::Tensor& bias) {
+void sparse_linear_double(const at::Tensor& out, const at::Tensor& input, const at::Tensor& values,
+                          const at::Tensor& meta, const at::Tensor& scale, const at::Tensor& bias) {
   const int64_t m_total = input.size(0);
   const int64_t k = input.size(1);
   const int64_t n = values.size(0);
@@ -449,26 +448,26 @@ void sparse_linear_double(const at::Tensor& out, const at::Tensor& input,
   double* o = out.mutable_data_ptr<double>();
   at::parallel_for(0, n, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, m_total * k / 8)),
                    [&](int64_t begin, int64_t end) {
-    for (int64_t ch = begin; ch < end; ++ch) {
-      const value_t* v = vals + ch * v_stride;
-      const uint8_t* mb = masks + ch * meta_stride;
-      for (int64_t m = 0; m < m_total; ++m) {
-        const double* xm = x + m * k;
-        double sum = 0.0;
-        int64_t next = 0;
-        for (int64_t i = 0; i < k && next < v_stride; ++i) {
-          if ((mb[i / 8] >> (i % 8)) & 1) {
-            sum += xm[i] * static_cast<double>(v[next++]);
-          }
-        }
-        double value = sum * static_cast<double>(s[ch]);
-        if (b != nullptr) {
-          value += b[ch];
-        }
-        o[m * n + ch] = value;
-      }
-    }
-  });
+                     for (int64_t ch = begin; ch < end; ++ch) {
+                       const value_t* v = vals + ch * v_stride;
+                       const uint8_t* mb = masks + ch * meta_stride;
+                       for (int64_t m = 0; m < m_total; ++m) {
+                         const double* xm = x + m * k;
+                         double sum = 0.0;
+                         int64_t next = 0;
+                         for (int64_t i = 0; i < k && next < v_stride; ++i) {
+                           if ((mb[i / 8] >> (i % 8)) & 1) {
+                             sum += xm[i] * static_cast<double>(v[next++]);
+                           }
+                         }
+                         double value = sum * static_cast<double>(s[ch]);
+                         if (b != nullptr) {
+                           value += b[ch];
+                         }
+                         o[m * n + ch] = value;
+                       }
+                     }
+                   });
 }
 
 void sparse_2_4_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
@@ -697,16 +696,15 @@ C10_ALWAYS_INLINE int32_t sum_words(IntVec v) {
 // as int32 words (`x_stride` words apart, whole vectors, zeros past K) and
 // kTileCh channels over k input features.
 template <int R>
-C10_ALWAYS_INLINE void dot_tile_words(const int32_t* x, int64_t x_stride,
-                                      const int8_t* const* v, const uint8_t* const* mb,
-                                      int64_t k, int32_t* sums) {
+C10_ALWAYS_INLINE void dot_tile_words(const int32_t* x, int64_t x_stride, const int8_t* const* v,
+                                      const uint8_t* const* mb, int64_t k, int32_t* sums) {
   IntVec acc[kTileCh][R];
   for (int c = 0; c < kTileCh; ++c) {
     for (int r = 0; r < R; ++r) {
       acc[c][r] = IntVec{};
     }
   }
-  const auto step = [&](const IntVec (&w)[kTileCh], int64_t offset) {
+  const auto step = [&](const IntVec(&w)[kTileCh], int64_t offset) {
     for (int r = 0; r < R; ++r) {
       const IntVec xv = load_words(x + r * x_stride + offset);
       for (int c = 0; c < kTileCh; ++c) {
@@ -763,18 +761,16 @@ void dot_tile_scalar(const int8_t* x, int64_t x_stride, const int8_t* const* v,
 }
 
 template <typename scalar_t>
-void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input,
-                           const at::Tensor& values, const at::Tensor& meta,
-                           const at::Tensor& scale, const at::Tensor& colsum,
-                           const at::Tensor& bias) {
+void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& values,
+                           const at::Tensor& meta, const at::Tensor& scale,
+                           const at::Tensor& colsum, const at::Tensor& bias) {
   const int64_t m_total = input.size(0);
   const int64_t k = input.size(1);
   const int64_t n = values.size(0);
   const int64_t v_stride = values.size(1);
   const int64_t meta_stride = meta.size(1);
 #if defined(CPU_CAPABILITY_AVX512)
-  const DotPath path =
-      kUseAvx512Vnni && kCpuHasAvx512Vbmi2 ? DotPath::kVnni : DotPath::kWords;
+  const DotPath path = kUseAvx512Vnni && kCpuHasAvx512Vbmi2 ? DotPath::kVnni : DotPath::kWords;
 #elif defined(CPU_CAPABILITY_AVX2)
   const DotPath path = DotPath::kWords;
 #else
@@ -818,8 +814,8 @@ void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input,
       // Modulo 2^32, as the lanes wrapped; the true sum fits.
       acc = static_cast<int32_t>(static_cast<uint32_t>(acc) - 128u * static_cast<uint32_t>(cs[ch]));
     }
-    opmath_t value =
-        (static_cast<opmath_t>(acc) * static_cast<opmath_t>(x_scale[m])) * static_cast<opmath_t>(s[ch]);
+    opmath_t value = (static_cast<opmath_t>(acc) * static_cast<opmath_t>(x_scale[m])) *
+                     static_cast<opmath_t>(s[ch]);
     if (b != nullptr) {
       value += static_cast<opmath_t>(b[ch]);
     }
@@ -828,42 +824,43 @@ void sparse_dynamic_linear(const at::Tensor& out, const at::Tensor& input,
 
   const int64_t tile_rows = path == DotPath::kVnni ? kVnniTileRows : kTileRows;
   for_each_tile(vals, v_stride, masks, meta_stride, n, m_total, tile_rows,
-                [&](const int8_t* const* v, const uint8_t* const* mb, int64_t c0,
-                    int channels, int64_t m, int rows, bool first) {
-    int32_t sums[kTileCh * std::max(kTileRows, kVnniTileRows)];
+                [&](const int8_t* const* v, const uint8_t* const* mb, int64_t c0, int channels,
+                    int64_t m, int rows, bool first) {
+                  int32_t sums[kTileCh * std::max(kTileRows, kVnniTileRows)];
 #if defined(CPU_CAPABILITY_AVX512)
-    if (path == DotPath::kVnni) {
-      // The next tile's bytes, on the first row tile's pass only.
-      NextTile next;
-      if (first && c0 + kTileCh < n) {
-        const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
-        next = {vals + (c0 + kTileCh) * v_stride, masks + (c0 + kTileCh) * meta_stride,
-                next_channels * v_stride, next_channels * meta_stride};
-      }
-      for_rows<kVnniTileRows>(rows, [&](auto r) {
-        dot_tile_vnni<kTileCh, decltype(r)::value>(xq + m * q_stride, q_stride, v, mb, k, next,
-                                                   sums);
-      });
-    }
+                  if (path == DotPath::kVnni) {
+                    // The next tile's bytes, on the first row tile's pass only.
+                    NextTile next;
+                    if (first && c0 + kTileCh < n) {
+                      const int64_t next_channels = std::min<int64_t>(kTileCh, n - c0 - kTileCh);
+                      next = {vals + (c0 + kTileCh) * v_stride,
+                              masks + (c0 + kTileCh) * meta_stride, next_channels * v_stride,
+                              next_channels * meta_stride};
+                    }
+                    for_rows<kVnniTileRows>(rows, [&](auto r) {
+                      dot_tile_vnni<kTileCh, decltype(r)::value>(xq + m * q_stride, q_stride, v, mb,
+                                                                 k, next, sums);
+                    });
+                  }
 #else
     (void)first;
 #endif
-    if (path != DotPath::kVnni) {
-      for_rows(rows, [&](auto r) {
-        constexpr int R = decltype(r)::value;
+                  if (path != DotPath::kVnni) {
+                    for_rows(rows, [&](auto r) {
+                      constexpr int R = decltype(r)::value;
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-        dot_tile_words<R>(xw.data() + m * q_stride, q_stride, v, mb, k, sums);
+                      dot_tile_words<R>(xw.data() + m * q_stride, q_stride, v, mb, k, sums);
 #else
         dot_tile_scalar<R>(xq + m * q_stride, q_stride, v, mb, k, v_stride, sums);
 #endif
-      });
-    }
-    for (int c = 0; c < channels; ++c) {
-      for (int r = 0; r < rows; ++r) {
-        emit(m + r, c0 + c, sums[c * rows + r]);
-      }
-    }
-  });
+                    });
+                  }
+                  for (int c = 0; c < channels; ++c) {
+                    for (int r = 0; r < rows; ++r) {
+                      emit(m + r, c0 + c, sums[c * rows + r]);
+                    }
+                  }
+                });
 }
 
 void sparse_2_4_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tensor& input,
@@ -871,9 +868,8 @@ void sparse_2_4_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tens
                                            const at::Tensor& scale, const at::Tensor& colsum,
                                            const at::Tensor& bias) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_dynamic_linear", [&] {
-        sparse_dynamic_linear<scalar_t>(out, input, values, meta, scale, colsum, bias);
-      });
+      at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_dynamic_linear",
+      [&] { sparse_dynamic_linear<scalar_t>(out, input, values, meta, scale, colsum, bias); });
 }
 
 }  // namespace

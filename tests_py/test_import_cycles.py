@@ -135,3 +135,19 @@ def test_a_lazy_cycle_is_found(tmp_path):
     (root / "ops" / "__init__.py").write_text("import pkgutil\npkgutil.iter_modules(__path__)\n")
     (root / "ops" / "op.py").write_text("def f():\n    from .. import ops\n")
     assert cycles(import_graph(root)) == [["pkg.ops", "pkg.ops.op"]]
+
+
+def test_import_fuseops_leaves_the_export_backends_alone():
+    """The op modules declare their ONNX functions and ExecuTorch
+    decompositions lazily: ``import fuseops`` (every op module with it)
+    imports neither onnxscript, onnx nor executorch."""
+    from support.processes import run_python
+
+    backends = ("onnxscript", "onnx", "executorch")
+    result = run_python(
+        "import sys, fuseops, fuseops.ops\n"
+        "assert len(fuseops.ops.MODULES) > 10\n"
+        f"print(sorted(m for m in {backends!r} if m in sys.modules))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

@@ -8,7 +8,11 @@ imports them as ``<op>``; both import lists are written by
 ``tools/generate_exports.py``), ``bench_cases()`` (its rows of ``python -m fuseops
 bench``) and ``samples(device)`` (the calls the conformance suite puts
 through opcheck, the compilers, the Meta kernels, the pybind module, ``out=``
-and every CPU build). A new op is a new module plus a run of ``tools/generate_exports.py``.
+and every CPU build), and its export forms: ``onnx_translations()`` and
+``executorch_decompositions()`` (collected by ``fuseops.onnx`` and
+``fuseops.executorch``), ``export_cases()`` (the calls their tests export)
+or ``NOT_EXPORTED`` (why an op has none), described in ``_export.py``. A new
+op is a new module plus a run of ``tools/generate_exports.py``.
 
 Every ``out=`` may share memory with the inputs (the result is that of the
 inputs before the call); an ``out=`` whose elements overlap each other, two

@@ -341,4 +341,95 @@ def fuzz(d) -> Sample:
     ][kind]()
 
 
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """gelu (both forms) and bias_gelu as ONNX ``Gelu`` (opset 20), silu as
+    ``x * Sigmoid(x)``, computed in float32 (float64 for float64)."""
+    from ._onnx import cast, dtype_of, gelu_math, op, opmath, silu_math
+
+    def gelu_onnx(input, approximate: str = "none"):
+        """``fuseops::gelu``: ONNX ``Gelu`` (erf or tanh form) in float32."""
+        dtype = dtype_of(input)
+        return cast(gelu_math(cast(input, opmath(dtype)), approximate), dtype)
+
+    def silu_onnx(input):
+        """``fuseops::silu``: ``x * Sigmoid(x)`` in float32."""
+        dtype = dtype_of(input)
+        return cast(silu_math(cast(input, opmath(dtype))), dtype)
+
+    def bias_gelu_onnx(input, bias, approximate: str = "none"):
+        """``fuseops::bias_gelu``: ``Gelu(x + bias)``, the sum kept in float32
+        as the op keeps it."""
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        return cast(gelu_math(op.Add(cast(input, ct), cast(bias, ct)), approximate), dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.gelu.default: gelu_onnx,
+        ops.silu.default: silu_onnx,
+        ops.bias_gelu.default: bias_gelu_onnx,
+    }
+
+
+def executorch_decompositions() -> dict:
+    """gelu and bias_gelu: ``aten.gelu`` (the erf form) or the tanh form
+    written out; silu: ``x * sigmoid(x)``; in float32 (float64 for float64)."""
+    from ._executorch import gelu_math, opmath, silu_math
+
+    def gelu_decomposition(input, approximate: str = "none"):
+        """``fuseops::gelu``: the erf or tanh form in float32."""
+        return gelu_math(input.to(opmath(input.dtype)), approximate, "gelu").to(input.dtype)
+
+    def silu_decomposition(input):
+        """``fuseops::silu``: ``x * sigmoid(x)`` in float32."""
+        return silu_math(input.to(opmath(input.dtype))).to(input.dtype)
+
+    def bias_gelu_decomposition(input, bias, approximate: str = "none"):
+        """``fuseops::bias_gelu``: ``gelu(x + bias)``, the sum kept in float32
+        as the op keeps it."""
+        ct = opmath(input.dtype)
+        y = gelu_math(input.to(ct) + bias.to(ct), approximate, "bias_gelu")
+        return y.to(input.dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.gelu.default: gelu_decomposition,
+        ops.silu.default: silu_decomposition,
+        ops.bias_gelu.default: bias_gelu_decomposition,
+    }
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py)."""
+    from ._export import EXPORT_DTYPES, ExportCase, elementwise_cases, gelu_limits
+    from ._export import randn as t
+
+    ops = torch.ops.fuseops
+    cases = []
+    for approximate in ("none", "tanh"):
+        cases += elementwise_cases(
+            ops.gelu.default,
+            lambda x, a=approximate: ops.gelu(x, a),
+            SPECIAL_VALUES,
+            approximate,
+        )
+    cases += elementwise_cases(ops.silu.default, None, SPECIAL_VALUES)
+    cases += [
+        ExportCase(
+            ops.bias_gelu.default,
+            f"{dtype} {approximate} {shape}",
+            (t(*shape, dtype=dtype, scale=3.0), t(shape[-1], dtype=dtype)),
+            lambda x, b, a=approximate: ops.bias_gelu(x, b, a),
+            not_run_by=gelu_limits(dtype, approximate),
+        )
+        for approximate in ("none", "tanh")
+        for dtype in EXPORT_DTYPES
+        for shape in ((5, 24), (2, 3, 17))
+    ]
+    return cases
+
+
 __all__ = ["bias_gelu", "bias_gelu_backward", "gelu", "gelu_backward", "silu", "silu_backward"]

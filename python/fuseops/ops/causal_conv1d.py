@@ -403,6 +403,14 @@ def fuzz(d) -> Sample:
     return Sample(ops.causal_conv1d.default, (x, w, b, init, activation), causal_conv1d)
 
 
+# --- export (fuseops/ops/_export.py) ---
+
+NOT_EXPORTED = {
+    ("causal_conv1d", "causal_conv1d_update"): "still to come (a grouped convolution with "
+    "left padding, and the decode step's state update)",
+}
+
+
 __all__ = [
     "causal_conv1d",
     "causal_conv1d_backward",

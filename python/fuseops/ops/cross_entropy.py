@@ -768,6 +768,18 @@ def fuzz(d) -> Sample:
     return Sample(ops.cross_entropy_inplace.default, inputs, cross_entropy_inplace)
 
 
+# --- export (fuseops/ops/_export.py) ---
+
+NOT_EXPORTED = {
+    (
+        "cross_entropy",
+        "cross_entropy_inplace",
+        "linear_cross_entropy",
+        "linear_cross_entropy_stats",
+    ): "losses (training); an inference graph returns logits",
+}
+
+
 __all__ = [
     "CrossEntropyOutput",
     "cross_entropy",

@@ -194,4 +194,170 @@ def fuzz(d) -> Sample:
     )
 
 
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """decode_attention, decomposed: ONNX's ``Attention`` (opset 23) returns
+    NaN, not zeros, for a row that sees no key."""
+    from ._onnx import cast, dtype_of, ints, ir, op, opmath, scalar, static_dim
+
+    def decode_attention_onnx(
+        query, key, value, attn_mask=None, is_causal: bool = False, scale=None, softcap: float = 0.0
+    ):
+        """``fuseops::decode_attention``: a decomposition in float32 (float64
+        for float64): each key/value head expanded to its query heads,
+        ``MatMul``, the softcap (``Tanh``), the mask and causal limit
+        (``Where``), ``Softmax``, rows that see no key set to zero, ``MatMul``
+        with the values. Unlike the op, the graph multiplies the hidden keys'
+        values by zero rather than skipping them (a NaN or Inf there would
+        spread)."""
+        dtype = dtype_of(query)
+        ct = opmath(dtype)
+        batch = static_dim(query, 0, "the batch")
+        q_heads = static_dim(query, 1, "the query heads")
+        q_len = static_dim(query, 2, "the query length")
+        dim = static_dim(query, 3, "the head size")
+        kv_heads = static_dim(key, 1, "the key/value heads")
+        keys = static_dim(key, 2, "the key length")
+        v_dim = static_dim(value, 3, "the value head size")
+        group = q_heads // kv_heads
+
+        def per_query_head(t, last: int):
+            t = cast(t, ct)
+            if group == 1:
+                return t
+            t = op.Expand(op.Unsqueeze(t, ints(2)), ints(batch, kv_heads, group, keys, last))
+            return op.Reshape(t, ints(batch, q_heads, keys, last))
+
+        k = per_query_head(key, dim)
+        v = per_query_head(value, v_dim)
+        if scale is None:
+            scale = dim**-0.5 if dim > 0 else 1.0
+        scores = op.MatMul(
+            op.Mul(cast(query, ct), scalar(scale, ct)), op.Transpose(k, perm=[0, 1, 3, 2])
+        )
+        if softcap > 0:
+            cap = scalar(softcap, ct)
+            scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap)
+        visible = None
+        if is_causal:
+            rows = torch.arange(q_len).unsqueeze(1) + (keys - q_len)
+            allowed = (torch.arange(keys).unsqueeze(0) <= rows).tolist()
+            visible = op.Constant(value=ir.tensor(allowed, dtype=ir.DataType.BOOL))
+        if attn_mask is not None:
+            if attn_mask.dtype == ir.DataType.BOOL:
+                seen = attn_mask
+            else:
+                bias = cast(attn_mask, ct)
+                seen = op.Not(op.Equal(bias, scalar(float("-inf"), ct)))
+                scores = op.Add(scores, bias)
+            visible = seen if visible is None else op.And(visible, seen)
+        if visible is not None:
+            scores = op.Where(visible, scores, scalar(float("-inf"), ct))
+        weights = op.Softmax(scores, axis=-1)
+        if visible is not None:
+            weights = op.Where(visible, weights, scalar(0.0, ct))
+        return cast(op.MatMul(weights, v), dtype)
+
+    return {torch.ops.fuseops.decode_attention.default: decode_attention_onnx}
+
+
+def executorch_decompositions() -> dict:
+    """decode_attention: key/value heads expanded to their query heads,
+    ``matmul``, ``tanh`` for the softcap, ``where`` for the mask and the
+    causal limit, ``softmax``; a row that sees no key gives zeros (the op's
+    result, where ``scaled_dot_product_attention`` gives NaN)."""
+    from ._executorch import opmath
+
+    def decode_attention_decomposition(
+        query, key, value, attn_mask=None, is_causal: bool = False, scale=None, softcap: float = 0.0
+    ):
+        """``fuseops::decode_attention`` in float32 (float64 for float64):
+        each key/value head expanded to its query heads, ``matmul``, the
+        softcap (``tanh``), the mask and causal limit (``where``),
+        ``softmax``, rows that see no key set to zero, ``matmul`` with the
+        values. Unlike the op, the graph multiplies the hidden keys' values by
+        zero rather than skipping them (a NaN or Inf there would spread)."""
+        dtype = query.dtype
+        ct = opmath(dtype)
+        batch, q_heads, q_len, dim = query.shape
+        kv_heads, keys = key.shape[1], key.shape[2]
+        group = q_heads // kv_heads
+
+        def per_query_head(t):
+            t = t.to(ct)
+            if group == 1:
+                return t
+            last = t.shape[-1]
+            t = t.unsqueeze(2).expand(batch, kv_heads, group, keys, last)
+            return t.reshape(batch, q_heads, keys, last)
+
+        k = per_query_head(key)
+        v = per_query_head(value)
+        if scale is None:
+            scale = 1.0 / math.sqrt(dim) if dim > 0 else 1.0
+        scores = (query.to(ct) * scale) @ k.transpose(-1, -2)
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        visible = None
+        if is_causal:
+            rows = torch.arange(q_len, device=query.device).unsqueeze(1) + (keys - q_len)
+            visible = torch.arange(keys, device=query.device).unsqueeze(0) <= rows
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                seen = attn_mask
+            else:
+                bias = attn_mask.to(ct)
+                seen = bias != -math.inf
+                scores = scores + bias
+            visible = seen if visible is None else visible & seen
+        if visible is not None:
+            scores = torch.where(visible, scores, torch.full_like(scores, -math.inf))
+        weights = torch.softmax(scores, dim=-1)
+        if visible is not None:
+            weights = torch.where(visible, weights, torch.zeros_like(weights))
+        return (weights @ v).to(dtype)
+
+    return {torch.ops.fuseops.decode_attention.default: decode_attention_decomposition}
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py)."""
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+
+    op = torch.ops.fuseops.decode_attention
+    cases = [
+        ExportCase(
+            op.default,
+            f"{dtype} 8/2 heads, one new token",
+            (
+                t(2, 8, 1, 16, dtype=dtype),
+                t(2, 2, 20, 16, dtype=dtype),
+                t(2, 2, 20, 16, dtype=dtype),
+            ),
+        )
+        for dtype in EXPORT_DTYPES
+    ]
+    mask = torch.rand(1, 1, 3, 9) > 0.3
+    mask[..., 0, :] = False  # a row that sees no key: zeros
+    bias = torch.randn(1, 4, 3, 9).masked_fill(~mask, float("-inf"))
+    cases += [
+        ExportCase(
+            op.default,
+            "bool mask, softcap, scale",
+            (t(1, 4, 3, 8), t(1, 2, 9, 8), t(1, 2, 9, 6), mask),
+            lambda q, k, v, m: op(q, k, v, m, False, 0.4, 2.0),
+        ),
+        ExportCase(
+            op.default,
+            "additive mask and causal",
+            (t(1, 4, 3, 8), t(1, 1, 9, 8), t(1, 1, 9, 8), bias),
+            lambda q, k, v, m: op(q, k, v, m, True),
+        ),
+    ]
+    return cases
+
+
 __all__ = ["decode_attention"]

@@ -276,4 +276,126 @@ def fuzz(d) -> Sample:
     ][d.int(0, 3)]()
 
 
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """swiglu (``silu(gate) * up``) and geglu (``gelu(gate) * up``, ONNX
+    ``Gelu``) in float32, the packed forms splitting the input in two halves."""
+    from ._onnx import cast, dtype_of, gelu_math, op, opmath, silu_math
+
+    def gated(gate, up, activation, dtype):
+        ct = opmath(dtype)
+        return cast(op.Mul(activation(cast(gate, ct)), cast(up, ct)), dtype)
+
+    def halves(input):
+        """``(gate, up)``: the two halves of a packed input's last dimension."""
+        gate, up = op.Split(input, num_outputs=2, axis=-1)
+        return gate, up
+
+    def swiglu_onnx(gate, up):
+        """``fuseops::swiglu``: ``silu(gate) * up`` in float32."""
+        return gated(gate, up, silu_math, dtype_of(gate))
+
+    def swiglu_packed_onnx(input):
+        """``fuseops::swiglu.packed``: the gate is the first half of the last
+        dimension, up the second."""
+        gate, up = halves(input)
+        return gated(gate, up, silu_math, dtype_of(input))
+
+    def geglu_onnx(gate, up, approximate: str = "none"):
+        """``fuseops::geglu``: ``gelu(gate) * up`` in float32."""
+        return gated(gate, up, lambda x: gelu_math(x, approximate), dtype_of(gate))
+
+    def geglu_packed_onnx(input, approximate: str = "none"):
+        """``fuseops::geglu.packed``."""
+        gate, up = halves(input)
+        return gated(gate, up, lambda x: gelu_math(x, approximate), dtype_of(input))
+
+    ops = torch.ops.fuseops
+    return {
+        ops.swiglu.default: swiglu_onnx,
+        ops.swiglu.packed: swiglu_packed_onnx,
+        ops.geglu.default: geglu_onnx,
+        ops.geglu.packed: geglu_packed_onnx,
+    }
+
+
+def executorch_decompositions() -> dict:
+    """swiglu (``silu(gate) * up``) and geglu (``gelu(gate) * up``) in
+    float32, the packed forms splitting the input in two halves."""
+    from ._executorch import gelu_math, opmath, silu_math
+
+    def gated(gate, up, activation, dtype):
+        ct = opmath(dtype)
+        return (activation(gate.to(ct)) * up.to(ct)).to(dtype)
+
+    def halves(input):
+        """``(gate, up)``: the two halves of a packed input's last dimension."""
+        half = input.shape[-1] // 2
+        return input[..., :half], input[..., half:]
+
+    def swiglu_decomposition(gate, up):
+        """``fuseops::swiglu``: ``silu(gate) * up`` in float32."""
+        return gated(gate, up, silu_math, gate.dtype)
+
+    def swiglu_packed_decomposition(input):
+        """``fuseops::swiglu.packed``: the gate is the first half of the last
+        dimension, up the second."""
+        gate, up = halves(input)
+        return gated(gate, up, silu_math, input.dtype)
+
+    def geglu_decomposition(gate, up, approximate: str = "none"):
+        """``fuseops::geglu``: ``gelu(gate) * up`` in float32."""
+        return gated(gate, up, lambda x: gelu_math(x, approximate, "geglu"), gate.dtype)
+
+    def geglu_packed_decomposition(input, approximate: str = "none"):
+        """``fuseops::geglu.packed``."""
+        gate, up = halves(input)
+        return gated(gate, up, lambda x: gelu_math(x, approximate, "geglu"), input.dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.swiglu.default: swiglu_decomposition,
+        ops.swiglu.packed: swiglu_packed_decomposition,
+        ops.geglu.default: geglu_decomposition,
+        ops.geglu.packed: geglu_packed_decomposition,
+    }
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py): each op in
+    both forms, in every dtype, with each GELU form."""
+    import itertools
+
+    from ._export import EXPORT_DTYPES, ExportCase, gelu_limits
+    from ._export import randn as t
+
+    ops = torch.ops.fuseops
+    cases = []
+    for op, approximates in ((ops.swiglu, (None,)), (ops.geglu, ("none", "tanh"))):
+        for dtype, a, shape in itertools.product(
+            EXPORT_DTYPES, approximates, ((5, 24), (2, 3, 17))
+        ):
+            extra = () if a is None else (a,)
+            limits = gelu_limits(dtype, a)
+            cases += [
+                ExportCase(
+                    op.default,
+                    f"{dtype} {a} {shape}",
+                    (t(*shape, dtype=dtype, scale=3.0), t(*shape, dtype=dtype)),
+                    lambda g, u, op=op, extra=extra: op(g, u, *extra),
+                    not_run_by=limits,
+                ),
+                ExportCase(
+                    op.packed,
+                    f"{dtype} {a} packed {shape}",
+                    (t(*shape[:-1], 2 * shape[-1], dtype=dtype, scale=3.0),),
+                    lambda x, op=op, extra=extra: op.packed(x, *extra),
+                    not_run_by=limits,
+                ),
+            ]
+    return cases
+
+
 __all__ = ["geglu", "geglu_backward", "swiglu", "swiglu_backward"]

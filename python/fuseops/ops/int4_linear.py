@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from ._export import PREPARES_WEIGHTS
 from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
@@ -458,6 +459,240 @@ def fuzz(d) -> Sample:
         (x, packed, scale_zero, group_size, bias),
         int4_weight_only_linear,
     )
+
+
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+NOT_EXPORTED = {("quantize_per_group_int4", "pack_int4_weight"): PREPARES_WEIGHTS}
+
+
+def onnx_translations() -> dict:
+    """The int4 linears: the packed weight unpacked with ONNX operators
+    (``BitwiseAnd``, ``BitShift``, ``Transpose``, ``Reshape``, ``Slice``); the
+    weight-only one dequantizes it in float32 for ``MatMul`` (the group
+    scales applied to the weight instead of to each group's sum), the dynamic
+    one quantizes the activations per row as the op does and sums the int8
+    products per weight group exactly with ``MatMulInteger``, the zero points
+    taken off the weight."""
+    from ._onnx import (
+        FLOAT,
+        INT8,
+        INT32,
+        INT64,
+        UINT8,
+        add_bias,
+        cast,
+        dtype_of,
+        ints,
+        ir,
+        last_slice,
+        op,
+        opmath,
+        quantize_rows,
+        static_dim,
+    )
+
+    def unpack(packed, n: int):
+        """The ``[n, groups * group_size]`` uint8 values (0..15) of
+        ``pack_int4_weight``'s layout ``[ceil(N/16), groups * group_size / 2,
+        16]`` (zeros past K)."""
+        blocks = static_dim(packed, 0, "packed.shape[0]")
+        pairs = static_dim(packed, 1, "packed.shape[1]")
+        low = op.BitwiseAnd(packed, op.Constant(value=ir.tensor(15, dtype=UINT8)))
+        high = op.BitShift(packed, op.Constant(value=ir.tensor(4, dtype=UINT8)), direction="RIGHT")
+        both = op.Concat(op.Unsqueeze(low, ints(-1)), op.Unsqueeze(high, ints(-1)), axis=-1)
+        q = op.Reshape(op.Transpose(both, perm=[0, 2, 1, 3]), ints(blocks * 16, pairs * 2))
+        return op.Slice(q, ints(0), ints(n), ints(0))
+
+    def scale_and_zero(scale_zero):
+        """``(scale, zero)``, each float32 ``[groups, N]``."""
+        sz = cast(scale_zero, FLOAT)
+        scale = op.Gather(sz, op.Constant(value=ir.tensor(0, dtype=INT64)), axis=1)
+        zero = op.Gather(sz, op.Constant(value=ir.tensor(1, dtype=INT64)), axis=1)
+        return scale, zero
+
+    def int4_weight_only_linear_onnx(input, packed, scale_zero, group_size: int, bias=None):
+        """``fuseops::int4_weight_only_linear``: the weight ``(q - zero) *
+        scale`` dequantized in float32 with ONNX operators, then ``MatMul`` in
+        float32 (the op applies each group's scale to the group's sum
+        instead)."""
+        n = static_dim(scale_zero, -1, "the output features (scale_zero.shape[-1])")
+        k = static_dim(input, -1, "the input features")
+        q = last_slice(op.Cast(unpack(packed, n), to=FLOAT), 0, k)
+        scale, zero = scale_and_zero(scale_zero)
+        group_of = ints(*[j // group_size for j in range(k)])
+        # [groups, N] -> [N, k]: each input feature's group.
+        scale_k = op.Gather(op.Transpose(scale, perm=[1, 0]), group_of, axis=1)
+        zero_k = op.Gather(op.Transpose(zero, perm=[1, 0]), group_of, axis=1)
+        w = op.Mul(op.Sub(q, zero_k), scale_k)
+        y = op.MatMul(cast(input, FLOAT), op.Transpose(w, perm=[1, 0]))
+        return cast(add_bias(y, bias, FLOAT), dtype_of(input))
+
+    def int4_dynamic_linear_onnx(input, packed, scale_zero, group_size: int, bias=None):
+        """``fuseops::int4_dynamic_linear``: the rows quantized to int8 as the
+        op does; per weight group one ``MatMulInteger`` of the int8
+        activations and ``q - zero`` (exact int32 sums, the zero point's share
+        included), each times its group's scale in float32, summed over the
+        groups, then times the row's scale, plus bias."""
+        n = static_dim(scale_zero, -1, "the output features (scale_zero.shape[-1])")
+        groups = static_dim(scale_zero, 0, "the weight groups (scale_zero.shape[0])")
+        k = static_dim(input, -1, "the input features")
+        padded = groups * group_size
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        xq, x_scale, bad = quantize_rows(input)
+        # Activations [rows, K] -> [groups, rows, group_size], zeros past K.
+        rows = op.Reshape(xq, ints(-1, k))
+        if padded != k:
+            rows = op.Pad(rows, ints(0, 0, 0, padded - k))
+        rows = op.Transpose(op.Reshape(rows, ints(-1, groups, group_size)), perm=[1, 0, 2])
+        # Weight [N, groups * group_size] -> q - zero, int8 [groups, group_size, N].
+        scale, zero = scale_and_zero(scale_zero)
+        q = op.Reshape(op.Cast(unpack(packed, n), to=INT32), ints(n, groups, group_size))
+        zero_ng = op.Unsqueeze(op.Cast(op.Transpose(zero, perm=[1, 0]), to=INT32), ints(-1))
+        w = op.Transpose(op.Cast(op.Sub(q, zero_ng), to=INT8), perm=[1, 2, 0])
+        acc = op.MatMulInteger(rows, w)  # [groups, rows, N]
+        sums = op.ReduceSum(
+            op.Mul(op.Cast(acc, to=FLOAT), op.Unsqueeze(scale, ints(1))), ints(0), keepdims=0
+        )
+        out_shape = op.Concat(op.Shape(input, end=-1), ints(n), axis=0)
+        y = op.Mul(cast(op.Reshape(sums, out_shape), ct), cast(x_scale, ct))
+        y = op.Add(add_bias(y, bias, ct), cast(bad, ct))
+        return cast(y, dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.int4_weight_only_linear.default: int4_weight_only_linear_onnx,
+        ops.int4_dynamic_linear.default: int4_dynamic_linear_onnx,
+    }
+
+
+def executorch_decompositions() -> dict:
+    """The int4 linears: the packed weight unpacked (the two nibbles of each
+    byte by integer division, permute, reshape, slice); the weight-only one
+    dequantizes it in float32 for the product (the group scales applied to
+    the weight instead of to each group's sum), the dynamic one quantizes the
+    activations per row as the op does and sums the integer products per
+    weight group exactly (float64). The ``.pte`` keeps the packed int4
+    bytes."""
+    from ._executorch import add_bias, opmath, quantize_rows, rows_times
+
+    def unpack(packed, n: int):
+        """The ``[n, groups * group_size]`` values (0..15, int32) of
+        ``pack_int4_weight``'s layout ``[ceil(N/16), groups * group_size / 2,
+        16]`` (zeros past K)."""
+        blocks, pairs = packed.shape[0], packed.shape[1]
+        p = packed.to(torch.int32)
+        high = torch.div(p, 16, rounding_mode="floor")
+        low = p - high * 16
+        both = torch.stack((low, high), dim=-1)  # [blocks, pairs, 16, 2]
+        return both.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)[:n]
+
+    def scale_and_zero(scale_zero):
+        """``(scale, zero)``, each float32 ``[groups, N]``."""
+        sz = scale_zero.to(torch.float32)
+        return sz[:, 0, :], sz[:, 1, :]
+
+    def int4_weight_only_linear_decomposition(
+        input, packed, scale_zero, group_size: int, bias=None
+    ):
+        """``fuseops::int4_weight_only_linear``: the weight ``(q - zero) *
+        scale`` dequantized in float32, then the product in float32 (the op
+        applies each group's scale to the group's sum instead)."""
+        groups, n = scale_zero.shape[0], scale_zero.shape[-1]
+        k = input.shape[-1]
+        q = unpack(packed, n).to(torch.float32).reshape(n, groups, group_size)
+        scale, zero = scale_and_zero(scale_zero)
+        w = (q - zero.t().unsqueeze(-1)) * scale.t().unsqueeze(-1)
+        x2d = input.to(torch.float32).reshape(-1, k)
+        y = rows_times(x2d, w.reshape(n, groups * group_size)[:, :k], input.shape[:-1] + (n,))
+        return add_bias(y, bias, torch.float32).to(input.dtype)
+
+    def int4_dynamic_linear_decomposition(input, packed, scale_zero, group_size: int, bias=None):
+        """``fuseops::int4_dynamic_linear``: the rows quantized to int8 as the
+        op does; per weight group the products of the int8 activations and
+        ``q - zero`` summed exactly (float64), each group's sum times its
+        scale in float32, summed over the groups, then times the row's
+        scale, plus bias."""
+        groups, n = scale_zero.shape[0], scale_zero.shape[-1]
+        k = input.shape[-1]
+        padded = groups * group_size
+        dtype = input.dtype
+        ct = opmath(dtype)
+        xq, x_scale = quantize_rows(input)
+        # Activations [rows, K] -> [groups, rows, group_size], zeros past K.
+        rows = xq.to(torch.float64).reshape(-1, k)
+        if padded != k:
+            rows = torch.nn.functional.pad(rows, (0, padded - k))
+        rows = rows.reshape(-1, groups, group_size).permute(1, 0, 2)
+        # Weight q - zero as [groups, group_size, N].
+        scale, zero = scale_and_zero(scale_zero)
+        q = unpack(packed, n).to(torch.float64).reshape(n, groups, group_size)
+        w = (q - zero.t().to(torch.float64).unsqueeze(-1)).permute(1, 2, 0)
+        acc = torch.bmm(rows, w)  # [groups, rows, N], exact integers
+        sums = (acc.to(torch.float32) * scale.unsqueeze(1)).sum(dim=0)
+        y = sums.reshape(input.shape[:-1] + (n,)).to(ct) * x_scale.to(ct)
+        return add_bias(y, bias, ct).to(dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.int4_weight_only_linear.default: int4_weight_only_linear_decomposition,
+        ops.int4_dynamic_linear.default: int4_dynamic_linear_decomposition,
+    }
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py): every dtype
+    with each shape (K a multiple of the group size or not, N a multiple of
+    16 or not), symmetric and asymmetric weights, with and without bias, in
+    turn; the weight-only linear within 1e-5 (its float sums over K run in
+    another order, the group scales applied to the weight)."""
+    import itertools
+
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+
+    ops = torch.ops.fuseops
+
+    def weight(n, k, group_size, symmetric):
+        wq, scale, zero = quantize_per_group_int4(torch.randn(n, k) * 0.05, group_size, symmetric)
+        return pack_int4_weight(wq, scale, zero, group_size)
+
+    def linear_cases(op, **tolerance):
+        cases = []
+        shapes = ((3, 20, 64, 32), (1, 17, 72, 32), (2, 16, 128, 128))
+        for i, (dtype, (m, n, k, group_size)) in enumerate(
+            itertools.product(EXPORT_DTYPES, shapes)
+        ):
+            symmetric, bias = i % 2 == 0, i % 4 < 2
+            args = (t(2, m, k, dtype=dtype), *weight(n, k, group_size, symmetric))
+            if bias:
+                args += (t(n, dtype=dtype),)
+            call = (
+                (lambda x, p, sz, b, g=group_size: op(x, p, sz, g, b))
+                if bias
+                else (lambda x, p, sz, g=group_size: op(x, p, sz, g, None))
+            )
+            label = f"{dtype} {m}x{k} @ {n} group {group_size} symmetric={symmetric} bias={bias}"
+            cases.append(ExportCase(op, label, args, call, **tolerance))
+        return cases
+
+    cases = linear_cases(ops.int4_weight_only_linear.default, rtol=1e-5, atol=1e-5)
+    cases += linear_cases(ops.int4_dynamic_linear.default)
+    # A row of zeros, a row holding Inf and one holding NaN (NaN rows).
+    x = t(4, 64)
+    x[1] = 0
+    x[2, 5] = float("-inf")
+    x[3, 0] = float("nan")
+    cases.append(
+        ExportCase(
+            ops.int4_dynamic_linear.default,
+            "zero, Inf and NaN rows",
+            (x, *weight(8, 64, 32, True)),
+            lambda x, p, sz: ops.int4_dynamic_linear(x, p, sz, 32, None),
+        )
+    )
+    return cases
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from ._export import PREPARES_WEIGHTS
 from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
@@ -423,6 +424,152 @@ def fuzz(d) -> Sample:
     return Sample(
         ops.int8_dynamic_linear.default, (x, packed, scale, colsum, bias), int8_dynamic_linear
     )
+
+
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+NOT_EXPORTED = {("pack_int8_weight",): PREPARES_WEIGHTS}
+
+
+def onnx_translations() -> dict:
+    """The int8 linears: the packed weight unpacked with ONNX operators
+    (``Transpose``, ``Reshape``, ``Slice``); the weight-only one dequantizes
+    it in float32 for ``MatMul``, the dynamic one quantizes the activations
+    per row as the op does (``absmax / 127``, ``Round`` half to even) and sums
+    the int8 products exactly in int32 with ``MatMulInteger``
+    (``DynamicQuantizeLinear`` does not apply: it quantizes a whole tensor
+    asymmetrically to uint8)."""
+    from ._onnx import FLOAT, add_bias, cast, dtype_of, ints, op, opmath, quantize_rows, static_dim
+
+    def unpack(packed, n: int, k: int):
+        """The ``[n, k]`` int8 weight of ``pack_int8_weight``'s layout
+        ``[ceil(N/16), ceil(K/4), 16, 4]``."""
+        blocks = static_dim(packed, 0, "packed.shape[0]")
+        groups = static_dim(packed, 1, "packed.shape[1]")
+        w = op.Reshape(op.Transpose(packed, perm=[0, 2, 1, 3]), ints(blocks * 16, groups * 4))
+        return op.Slice(w, ints(0, 0), ints(n, k), ints(0, 1))
+
+    def int8_weight_only_linear_onnx(input, packed, scale, bias=None):
+        """``fuseops::int8_weight_only_linear``: ``x @ wq.T * scale + bias`` in
+        float32, the int8 weight unpacked and cast to float32 (exact), the
+        channel's scale applied to each sum as the op does."""
+        n = static_dim(scale, 0, "the output features (scale.shape[0])")
+        k = static_dim(input, -1, "the input features")
+        w = op.Cast(unpack(packed, n, k), to=FLOAT)
+        y = op.Mul(op.MatMul(cast(input, FLOAT), op.Transpose(w, perm=[1, 0])), cast(scale, FLOAT))
+        return cast(add_bias(y, bias, FLOAT), dtype_of(input))
+
+    def int8_dynamic_linear_onnx(input, packed, scale, colsum, bias=None):
+        """``fuseops::int8_dynamic_linear``: the rows quantized as the op does,
+        ``MatMulInteger`` (exact int32 sums), then ``(acc * x_scale) * scale +
+        bias`` in float32 (float64 for float64 input). ``colsum`` is the op's
+        correction for its unsigned activations: unused here."""
+        del colsum
+        n = static_dim(scale, 0, "the output features (scale.shape[0])")
+        k = static_dim(input, -1, "the input features")
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        xq, x_scale, bad = quantize_rows(input)
+        acc = op.MatMulInteger(xq, op.Transpose(unpack(packed, n, k), perm=[1, 0]))
+        y = op.Mul(op.Mul(op.Cast(acc, to=ct), cast(x_scale, ct)), cast(scale, ct))
+        y = op.Add(add_bias(y, bias, ct), cast(bad, ct))
+        return cast(y, dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.int8_weight_only_linear.default: int8_weight_only_linear_onnx,
+        ops.int8_dynamic_linear.default: int8_dynamic_linear_onnx,
+    }
+
+
+def executorch_decompositions() -> dict:
+    """The int8 linears: the packed weight unpacked (permute, reshape,
+    slice); the weight-only one dequantizes it in float32 for the product,
+    the dynamic one quantizes the activations per row as the op does
+    (``absmax / 127``, round half to even, clamp to [-127, 127]) and sums
+    the integer products exactly (in float64, exact for the int8 ranges). The
+    ``.pte`` keeps the packed int8 bytes."""
+    from ._executorch import add_bias, opmath, quantize_rows, rows_times
+
+    def unpack(packed, n: int, k: int):
+        """The ``[n, k]`` int8 weight of ``pack_int8_weight``'s layout
+        ``[ceil(N/16), ceil(K/4), 16, 4]``."""
+        blocks, groups = packed.shape[0], packed.shape[1]
+        return packed.permute(0, 2, 1, 3).reshape(blocks * 16, groups * 4)[:n, :k]
+
+    def int8_weight_only_linear_decomposition(input, packed, scale, bias=None):
+        """``fuseops::int8_weight_only_linear``: ``x @ wq.T * scale + bias`` in
+        float32, the int8 weight unpacked and cast to float32 (exact), the
+        channel's scale applied to each sum as the op does."""
+        n, k = scale.shape[0], input.shape[-1]
+        w = unpack(packed, n, k).to(torch.float32)
+        x2d = input.to(torch.float32).reshape(-1, k)
+        y = rows_times(x2d, w, input.shape[:-1] + (n,)) * scale.to(torch.float32)
+        return add_bias(y, bias, torch.float32).to(input.dtype)
+
+    def int8_dynamic_linear_decomposition(input, packed, scale, colsum, bias=None):
+        """``fuseops::int8_dynamic_linear``: the rows quantized as the op does,
+        the int8 products summed exactly (float64), then ``(acc * x_scale) *
+        scale + bias`` in float32 (float64 for float64 input). ``colsum`` is
+        the op's correction for its unsigned activations: unused here."""
+        del colsum
+        n, k = scale.shape[0], input.shape[-1]
+        dtype = input.dtype
+        ct = opmath(dtype)
+        xq, x_scale = quantize_rows(input)
+        w = unpack(packed, n, k).to(torch.float64)
+        acc = rows_times(xq.to(torch.float64).reshape(-1, k), w, input.shape[:-1] + (n,))
+        y = (acc.to(ct) * x_scale.to(ct)) * scale.to(ct)
+        return add_bias(y, bias, ct).to(dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.int8_weight_only_linear.default: int8_weight_only_linear_decomposition,
+        ops.int8_dynamic_linear.default: int8_dynamic_linear_decomposition,
+    }
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py): the
+    weight-only linear within 1e-5 (its float sums over K run in another
+    order), the dynamic one as float32 (equal int32 sums, the epilogue's
+    float32 order apart)."""
+    import itertools
+
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+    from .quantize import quantize_per_channel_int8
+
+    ops = torch.ops.fuseops
+
+    def weight(n, k):
+        return pack_int8_weight(*quantize_per_channel_int8(torch.randn(n, k) * 0.05))
+
+    cases = []
+    for dtype, (m, n, k), bias in itertools.product(
+        EXPORT_DTYPES, ((3, 20, 37), (1, 16, 64)), (False, True)
+    ):
+        packed, scale, _ = weight(n, k)
+        args = (t(2, m, k, dtype=dtype), packed, scale) + ((t(n, dtype=dtype),) if bias else ())
+        label = f"{dtype} {m}x{k} @ {n} bias={bias}"
+        cases.append(
+            ExportCase(ops.int8_weight_only_linear.default, label, args, rtol=1e-5, atol=1e-5)
+        )
+    for dtype, (m, n, k), bias in itertools.product(
+        EXPORT_DTYPES, ((3, 20, 37), (1, 16, 64)), (False, True)
+    ):
+        args = (t(2, m, k, dtype=dtype), *weight(n, k)) + ((t(n, dtype=dtype),) if bias else ())
+        label = f"{dtype} {m}x{k} @ {n} bias={bias}"
+        cases.append(ExportCase(ops.int8_dynamic_linear.default, label, args))
+    # A row of zeros (scale 1), a row holding Inf and one holding NaN (NaN rows).
+    x = t(4, 32)
+    x[1] = 0
+    x[2, 5] = float("inf")
+    x[3, 0] = float("nan")
+    cases.append(
+        ExportCase(ops.int8_dynamic_linear.default, "zero, Inf and NaN rows", (x, *weight(8, 32)))
+    )
+    return cases
 
 
 __all__ = [

@@ -261,4 +261,90 @@ def fuzz(d) -> Sample:
     )
 
 
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """layer_norm as ONNX ``LayerNormalization``; float64 inputs decomposed,
+    since the operator keeps its statistics in float32."""
+    from ._onnx import FLOAT, cast, dtype_of, ints, ones_like_last, op, opmath, scalar
+
+    def layer_norm_onnx(input, weight=None, bias=None, eps: float = 1e-5):
+        """``fuseops::layer_norm``: ``LayerNormalization`` over the last dimension."""
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        xc = cast(input, ct)
+        if ct == FLOAT:
+            scale = ones_like_last(xc) if weight is None else cast(weight, FLOAT)
+            b = None if bias is None else cast(bias, FLOAT)
+            y = op.LayerNormalization(xc, scale, b, axis=-1, epsilon=eps, stash_type=1)
+            if isinstance(y, (tuple, list)):
+                y = y[0]
+        else:
+            # LayerNormalization keeps its statistics in float32: float64 by hand.
+            centered = op.Sub(xc, op.ReduceMean(xc, ints(-1), keepdims=1))
+            var = op.ReduceMean(op.Mul(centered, centered), ints(-1), keepdims=1)
+            y = op.Div(centered, op.Sqrt(op.Add(var, scalar(eps, ct))))
+            if weight is not None:
+                y = op.Mul(y, cast(weight, ct))
+            if bias is not None:
+                y = op.Add(y, cast(bias, ct))
+        return cast(y, dtype)
+
+    return {torch.ops.fuseops.layer_norm.default: layer_norm_onnx}
+
+
+def executorch_decompositions() -> dict:
+    """layer_norm: the mean and (biased) variance over the last dimension,
+    ``rsqrt``, the weight and bias."""
+    from ._executorch import opmath
+
+    def layer_norm_decomposition(input, weight=None, bias=None, eps: float = 1e-5):
+        """``fuseops::layer_norm`` in float32 (float64 for float64)."""
+        dtype = input.dtype
+        ct = opmath(dtype)
+        xc = input.to(ct)
+        centered = xc - xc.mean(dim=-1, keepdim=True)
+        var = (centered * centered).mean(dim=-1, keepdim=True)
+        y = centered * torch.rsqrt(var + eps)
+        if weight is not None:
+            y = y * weight.to(ct)
+        if bias is not None:
+            y = y + bias.to(ct)
+        return y.to(dtype)
+
+    return {torch.ops.fuseops.layer_norm.default: layer_norm_decomposition}
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py)."""
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+
+    layer_norm = torch.ops.fuseops.layer_norm
+    cases = []
+    for dtype in EXPORT_DTYPES:
+        cases += [
+            ExportCase(
+                layer_norm.default,
+                f"{dtype} weight and bias",
+                (t(5, 24, dtype=dtype, scale=3.0), t(24, dtype=dtype), t(24, dtype=dtype)),
+                lambda x, w, b: layer_norm(x, w, b, 1e-5),
+            ),
+            ExportCase(
+                layer_norm.default,
+                f"{dtype} 3-d, neither, eps=0.5",
+                (t(2, 3, 40, dtype=dtype),),
+                lambda x: layer_norm(x, None, None, 0.5),
+            ),
+            ExportCase(
+                layer_norm.default,
+                f"{dtype} bias only",
+                (t(3, 9, dtype=dtype) + 5, t(9, dtype=dtype)),
+                lambda x, b: layer_norm(x, None, b, 1e-6),
+            ),
+        ]
+    return cases
+
+
 __all__ = ["layer_norm", "layer_norm_backward", "layer_norm_forward"]

@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from ._export import PREPARES_WEIGHTS
 from ._sample import DTYPES, Sample, tensor
 
 
@@ -199,6 +200,13 @@ def fuzz(d) -> Sample:
     scale = d.tensor(q.shape[: dim % q.dim()] + q.shape[dim % q.dim() + 1 :], torch.float32)
     dtype = d.choice((None,) + DTYPES)
     return Sample(ops.dequantize_int8.default, (q, scale, dim, dtype), dequantize_int8)
+
+
+# --- export (fuseops/ops/_export.py) ---
+
+NOT_EXPORTED = {
+    ("quantize_per_channel_int8", "quantize_per_token_int8", "dequantize_int8"): PREPARES_WEIGHTS,
+}
 
 
 __all__ = ["dequantize_int8", "quantize_per_channel_int8", "quantize_per_token_int8"]

@@ -118,4 +118,40 @@ def fuzz(d) -> Sample:
     )
 
 
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """relu as ONNX ``Relu``."""
+    from ._onnx import cast, dtype_of, op, opmath
+
+    def relu_onnx(input):
+        """``fuseops::relu``: ``Relu`` (exact in every dtype; computed in
+        float32 for bfloat16/float16, which ONNX Runtime's Relu does not
+        take)."""
+        dtype = dtype_of(input)
+        return cast(op.Relu(cast(input, opmath(dtype))), dtype)
+
+    return {torch.ops.fuseops.relu.default: relu_onnx}
+
+
+def executorch_decompositions() -> dict:
+    """relu as ``where(x < 0, 0, x)``."""
+
+    def relu_decomposition(input):
+        """``fuseops::relu``: ``where(x < 0, 0, x)`` (exact in every dtype;
+        NaN stays NaN, as the op's, where XNNPACK's float16 clamp returns 0)."""
+        return torch.where(input < 0, torch.zeros_like(input), input)
+
+    return {torch.ops.fuseops.relu.default: relu_decomposition}
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py)."""
+    from ._export import elementwise_cases
+    from .activation import SPECIAL_VALUES
+
+    return elementwise_cases(torch.ops.fuseops.relu.default, None, SPECIAL_VALUES)
+
+
 __all__ = ["relu", "relu_backward"]

@@ -441,6 +441,135 @@ def fuzz(d) -> Sample:
     )
 
 
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """rms_norm and fused_add_rms_norm as ONNX ``RMSNormalization`` (the
+    residual add in the input's dtype, as the op rounds it); float64 inputs
+    decomposed, since the operator keeps its statistics in float32."""
+    from ._onnx import DOUBLE, FLOAT, cast, dtype_of, ints, ones_like_last, op, opmath, scalar
+
+    def normalized(x, weight, eps: Optional[float], dtype):
+        ct = opmath(dtype)
+        if eps is None:  # F.rms_norm's default, as the op's
+            eps = torch.finfo(torch.float64 if ct == DOUBLE else torch.float32).eps
+        xc = cast(x, ct)
+        if ct == FLOAT:
+            scale = ones_like_last(xc) if weight is None else cast(weight, FLOAT)
+            y = op.RMSNormalization(xc, scale, axis=-1, epsilon=eps, stash_type=1)
+        else:
+            # RMSNormalization keeps its statistics in float32: float64 by hand.
+            mean_square = op.ReduceMean(op.Mul(xc, xc), ints(-1), keepdims=1)
+            y = op.Mul(xc, op.Reciprocal(op.Sqrt(op.Add(mean_square, scalar(eps, ct)))))
+            if weight is not None:
+                y = op.Mul(y, cast(weight, ct))
+        return cast(y, dtype)
+
+    def rms_norm_onnx(input, weight=None, eps: Optional[float] = None):
+        """``fuseops::rms_norm``: ``RMSNormalization`` over the last dimension."""
+        return normalized(input, weight, eps, dtype_of(input))
+
+    def fused_add_rms_norm_onnx(input, residual, weight=None, eps: Optional[float] = None):
+        """``fuseops::fused_add_rms_norm``: ``(rms_norm(x + residual), x +
+        residual)`` with the sum rounded to the input's dtype (a float32 sum
+        of two bfloat16/float16 values rounds to the same value as their sum
+        does)."""
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        new_residual = cast(op.Add(cast(input, ct), cast(residual, ct)), dtype)
+        return normalized(new_residual, weight, eps, dtype), new_residual
+
+    ops = torch.ops.fuseops
+    return {
+        ops.rms_norm.default: rms_norm_onnx,
+        ops.fused_add_rms_norm.default: fused_add_rms_norm_onnx,
+    }
+
+
+def executorch_decompositions() -> dict:
+    """rms_norm and fused_add_rms_norm: the mean of squares over the last
+    dimension, ``rsqrt``, the weight; the residual add rounded to the input's
+    dtype, as the op rounds it."""
+    from ._executorch import opmath
+
+    def normalized(x, weight, eps: Optional[float], dtype):
+        ct = opmath(dtype)
+        if eps is None:  # F.rms_norm's default, as the op's
+            eps = torch.finfo(ct).eps
+        xc = x.to(ct)
+        y = xc * torch.rsqrt((xc * xc).mean(dim=-1, keepdim=True) + eps)
+        if weight is not None:
+            y = y * weight.to(ct)
+        return y.to(dtype)
+
+    def rms_norm_decomposition(input, weight=None, eps: Optional[float] = None):
+        """``fuseops::rms_norm``: ``x * rsqrt(mean(x^2) + eps) * weight``."""
+        return normalized(input, weight, eps, input.dtype)
+
+    def fused_add_rms_norm_decomposition(input, residual, weight=None, eps=None):
+        """``fuseops::fused_add_rms_norm``: ``(rms_norm(x + residual), x +
+        residual)`` with the sum rounded to the input's dtype."""
+        dtype = input.dtype
+        ct = opmath(dtype)
+        new_residual = (input.to(ct) + residual.to(ct)).to(dtype)
+        return normalized(new_residual, weight, eps, dtype), new_residual
+
+    ops = torch.ops.fuseops
+    return {
+        ops.rms_norm.default: rms_norm_decomposition,
+        ops.fused_add_rms_norm.default: fused_add_rms_norm_decomposition,
+    }
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py)."""
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+
+    ops = torch.ops.fuseops
+    cases = []
+    for dtype in EXPORT_DTYPES:
+        cases += [
+            ExportCase(
+                ops.rms_norm.default, f"{dtype} weight", (t(5, 24, dtype=dtype), t(24, dtype=dtype))
+            ),
+            # eps=None: the machine epsilon of float32 (of float64 for float64).
+            ExportCase(
+                ops.rms_norm.default,
+                f"{dtype} 3-d, no weight, eps=None",
+                (t(2, 3, 40, dtype=dtype, scale=1e-4),),
+                lambda x: ops.rms_norm(x, None, None),
+            ),
+            # A float32 weight on any x; eps large enough to matter.
+            ExportCase(
+                ops.rms_norm.default,
+                f"{dtype} float32 weight, eps=0.5",
+                (t(3, 7, dtype=dtype, scale=0.3), t(7)),
+                lambda x, w: ops.rms_norm(x, w, 0.5),
+            ),
+        ]
+    cases += [
+        ExportCase(
+            ops.fused_add_rms_norm.default,
+            f"{dtype} {shape}",
+            (t(*shape, dtype=dtype), t(*shape, dtype=dtype), t(shape[-1], dtype=dtype)),
+            lambda x, r, w: ops.fused_add_rms_norm(x, r, w, 1e-6),
+        )
+        for dtype in EXPORT_DTYPES
+        for shape in ((5, 24), (2, 3, 33))
+    ]
+    cases.append(
+        ExportCase(
+            ops.fused_add_rms_norm.default,
+            "no weight, eps=None",
+            (t(4, 16), t(4, 16)),
+            lambda x, r: ops.fused_add_rms_norm(x, r, None, None),
+        )
+    )
+    return cases
+
+
 __all__ = [
     "fused_add_rms_norm",
     "fused_add_rms_norm_backward",

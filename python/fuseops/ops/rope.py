@@ -501,4 +501,168 @@ def samples(device) -> list[Sample]:
     return result
 
 
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """rope and rope.single, decomposed (``Gather`` of the cache rows by
+    position, ``Slice``, ``Neg``, ``Concat``, ``Mul``, ``Add``): the op takes
+    full-width ``cos``/``sin`` rows of any values, which ONNX
+    ``RotaryEmbedding``'s half-width caches cannot express. Partial rotary and
+    GPT-J's interleaved pairs included; a negative position ``p >= -max_pos``
+    is gathered as ``max_pos + p`` where the op raises."""
+    from ._onnx import cast, dtype_of, ints, last_slice, op, opmath, static_dim
+
+    def rotate(x, rotary_dim: int, interleaved: bool):
+        """``rotate_half`` (pairs (j, j + rd/2)) or GPT-J's (pairs (2j, 2j+1))."""
+        if interleaved:
+            even = op.Unsqueeze(last_slice(x, 0, rotary_dim, 2), ints(-1))
+            odd = op.Unsqueeze(last_slice(x, 1, rotary_dim, 2), ints(-1))
+            return op.Reshape(op.Concat(op.Neg(odd), even, axis=-1), op.Shape(x))
+        half = rotary_dim // 2
+        return op.Concat(op.Neg(last_slice(x, half, rotary_dim)), last_slice(x, 0, half), axis=-1)
+
+    def rope_one(x, cos, sin, positions, interleaved: bool):
+        # As the kernel: the cache rows (gathered by position) in float32
+        # whatever the cache's dtype, x[..., :rd] * cos + rotate(x[..., :rd])
+        # * sin in float32, the rest of head_dim unchanged, rounded once.
+        rotary_dim = static_dim(cos, -1, "the rotary dim (cos.shape[-1])")
+        head_dim = static_dim(x, -1, "head_dim")
+        dtype = dtype_of(x)
+        ct = opmath(dtype)
+        c, s = cos, sin
+        if positions is not None:
+            c, s = op.Gather(cos, positions, axis=0), op.Gather(sin, positions, axis=0)
+        c = op.Unsqueeze(cast(c, ct), ints(-2))  # one row for all heads
+        s = op.Unsqueeze(cast(s, ct), ints(-2))
+        xc = cast(x, ct)
+        rot = xc if rotary_dim == head_dim else last_slice(xc, 0, rotary_dim)
+        rotated = op.Add(op.Mul(rot, c), op.Mul(rotate(rot, rotary_dim, interleaved), s))
+        if rotary_dim != head_dim:
+            rotated = op.Concat(rotated, last_slice(xc, rotary_dim, head_dim), axis=-1)
+        return cast(rotated, dtype)
+
+    def rope_onnx(query, key, cos, sin, positions=None, interleaved: bool = False):
+        """``fuseops::rope``: query and key rotated."""
+        return (
+            rope_one(query, cos, sin, positions, interleaved),
+            rope_one(key, cos, sin, positions, interleaved),
+        )
+
+    def rope_single_onnx(input, cos, sin, positions=None, interleaved: bool = False):
+        """``fuseops::rope.single``: rope without a key."""
+        return rope_one(input, cos, sin, positions, interleaved)
+
+    ops = torch.ops.fuseops
+    return {ops.rope.default: rope_onnx, ops.rope.single: rope_single_onnx}
+
+
+def executorch_decompositions() -> dict:
+    """rope and rope.single: the cache rows gathered by position (``index``,
+    which takes a negative position ``p >= -max_pos`` as ``max_pos + p`` where
+    the op raises), ``x * cos + rotate(x) * sin`` in float32, the rest of
+    ``head_dim`` past the rotary dim unchanged; partial rotary and GPT-J's
+    interleaved pairs included."""
+    from ._executorch import opmath
+
+    def rotate(x, interleaved: bool):
+        """``rotate_half`` (pairs (j, j + rd/2)) or GPT-J's (pairs (2j, 2j+1))."""
+        if interleaved:
+            even, odd = x[..., 0::2], x[..., 1::2]
+            return torch.stack((-odd, even), dim=-1).reshape(x.shape)
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def rope_one(x, cos, sin, positions, interleaved: bool):
+        # As the kernel: the cache rows (gathered by position) in float32
+        # whatever the cache's dtype, x[..., :rd] * cos + rotate(x[..., :rd])
+        # * sin in float32, the rest of head_dim unchanged, rounded once.
+        rotary_dim = cos.shape[-1]
+        head_dim = x.shape[-1]
+        dtype = x.dtype
+        ct = opmath(dtype)
+        c, s = cos, sin
+        if positions is not None:
+            index = positions.to(torch.int64)
+            c, s = cos[index], sin[index]
+        c = c.to(ct).unsqueeze(-2)  # one row for all heads
+        s = s.to(ct).unsqueeze(-2)
+        xc = x.to(ct)
+        rot = xc if rotary_dim == head_dim else xc[..., :rotary_dim]
+        rotated = rot * c + rotate(rot, interleaved) * s
+        if rotary_dim != head_dim:
+            rotated = torch.cat((rotated, xc[..., rotary_dim:]), dim=-1)
+        return rotated.to(dtype)
+
+    def rope_decomposition(query, key, cos, sin, positions=None, interleaved: bool = False):
+        """``fuseops::rope``: query and key rotated."""
+        return (
+            rope_one(query, cos, sin, positions, interleaved),
+            rope_one(key, cos, sin, positions, interleaved),
+        )
+
+    def rope_single_decomposition(input, cos, sin, positions=None, interleaved: bool = False):
+        """``fuseops::rope.single``: rope without a key."""
+        return rope_one(input, cos, sin, positions, interleaved)
+
+    ops = torch.ops.fuseops
+    return {ops.rope.default: rope_decomposition, ops.rope.single: rope_single_decomposition}
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py)."""
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+
+    rope = torch.ops.fuseops.rope
+    cos, sin = rope_cache(16, 32)
+    cos_i, sin_i = rope_cache(8, 32, interleaved=True)
+    positions = torch.tensor([3, 0, 31, 7, 7])
+    batch_positions = torch.tensor([[0, 1, 2], [5, 9, 30]], dtype=torch.int32)
+    cases = []
+    for dtype in EXPORT_DTYPES:
+        cases += [
+            # NeoX/Llama pairs, full rotary, a cache and positions, GQA.
+            ExportCase(
+                rope.default,
+                f"{dtype} neox positions",
+                (t(5, 4, 16, dtype=dtype), t(5, 2, 16, dtype=dtype), cos, sin, positions),
+                lambda q, k, c, s, p: rope(q, k, c, s, p, False),
+            ),
+            # GPT-J pairs on the first 8 of 16 dims, positions [batch, seq] int32.
+            ExportCase(
+                rope.default,
+                f"{dtype} gptj partial, int32 positions [batch, seq]",
+                (
+                    t(2, 3, 4, 16, dtype=dtype),
+                    t(2, 3, 1, 16, dtype=dtype),
+                    cos_i,
+                    sin_i,
+                    batch_positions,
+                ),
+                lambda q, k, c, s, p: rope(q, k, c, s, p, True),
+            ),
+            # One row per token (Hugging Face's position_embeddings), a
+            # cache in x's dtype, no key.
+            ExportCase(
+                rope.single,
+                f"{dtype} per-token rows, single",
+                (
+                    t(2, 3, 4, 16, dtype=dtype),
+                    cos[batch_positions.long()].to(dtype),
+                    sin[batch_positions.long()].to(dtype),
+                ),
+                lambda x, c, s: rope.single(x, c, s, None, False),
+            ),
+            # cos/sin rows of any values (not a rotation), partial rotary.
+            ExportCase(
+                rope.single,
+                f"{dtype} arbitrary rows, partial, single",
+                (t(5, 2, 24, dtype=dtype), t(9, 12), t(9, 12), torch.tensor([8, 0, 1, 4, 4])),
+                lambda x, c, s, p: rope.single(x, c, s, p, False),
+            ),
+        ]
+    return cases
+
+
 __all__ = ["apply_rotary_pos_emb", "rope", "rope_", "rope_backward", "rope_cache"]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from ._export import PREPARES_WEIGHTS
 from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
@@ -535,6 +536,15 @@ def fuzz(d) -> Sample:
     return Sample(
         ops.sparse_2_4_linear.default, (x, *pack_2_4(weight, scale), bias), sparse_2_4_linear
     )
+
+
+# --- export (fuseops/ops/_export.py) ---
+
+NOT_EXPORTED = {
+    ("sparse_2_4_linear", "sparse_2_4_dynamic_linear"): "still to come (the 2:4 metadata "
+    "unpacked with the runtime's operators)",
+    ("prune_2_4", "pack_2_4"): PREPARES_WEIGHTS,
+}
 
 
 __all__ = [

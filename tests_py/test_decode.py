@@ -24,6 +24,17 @@ the largest logit, bound 1e-5); the w8a8 layers, each on the inputs it got,
 against their float64 reference (tests_py/support/int8_math.py), since a
 float32 difference of 1e-7 upstream can move an activation across an int8
 rounding boundary and one such step moves the logits by about 1e-3.
+
+llama.cpp's anchor (bench --decode's llama.cpp rows, tests skipped where the
+optional extra bench-llama is not installed): the tiny model's bfloat16
+weights written as GGUF and run by llama.cpp give logits within 0.37% (in
+norm) of the float32 model of the same weights (llama.cpp rounds the
+activations of its BF16 products to bfloat16 too; bound 1%); written
+without llama.cpp's q/k row order they are 50-60% off past the first
+position (RoPE pairs other channels). Q8_0 (weights and activations in
+blocks of 32, int8) measured 1.6% (bound 3%, that of fuseops' int8 modes),
+Q4_0 (4-bit weights in blocks of 32, about 9% error per weight) 22%
+(bound 40%); each must be above the one before.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ transformers = pytest.importorskip(
 import fuseops.transformers as fot  # noqa: E402
 from fuseops import quantization  # noqa: E402
 from fuseops.bench import decode  # noqa: E402
+from fuseops.bench import llama_cpp_anchor as anchor  # noqa: E402
 from fuseops.ops.quantize import quantize_per_channel_int8  # noqa: E402
 from support.int8_math import assert_dynamic_matches, dynamic_reference  # noqa: E402
 from support.tiny_llama import CONFIG, VOCAB  # noqa: E402
@@ -56,6 +68,19 @@ QUANTIZED_LOGITS_BOUND = 3e-2
 #: The w8a16 model against the float model of its dequantized weights, of
 #: the largest logit: float32 accumulation in another order.
 DEQUANTIZED_BOUND = 1e-5
+
+#: llama.cpp's logits of the GGUF files against the float32 model of the
+#: same bfloat16 weights, relative in norm (module docstring).
+BF16_LOGITS_BOUND = 1e-2
+Q4_0_LOGITS_BOUND = 0.4
+
+#: The llama.cpp anchor's tests need the optional extra bench-llama, which
+#: CI does not install.
+LLAMA_CPP_MISSING = anchor.missing_modules()
+needs_llama_cpp = pytest.mark.skipif(
+    bool(LLAMA_CPP_MISSING),
+    reason=f"{' and '.join(LLAMA_CPP_MISSING)} not installed (pip install 'fuseops[bench-llama]')",
+)
 
 
 def tiny_model(seed: int = 0):
@@ -358,6 +383,8 @@ def test_bench_decode_command(tmp_path):
     expected.append("fuseops w8a16, projections separate")
     expected.append("fuseops w8a16, SDPA attention")
     expected.append("torch.ao dynamic int8 (float32 activations)")
+    if not LLAMA_CPP_MISSING:
+        expected += ["llama.cpp BF16", "llama.cpp Q8_0", "llama.cpp Q4_0"]
     lines = result.stdout.splitlines()
     assert any(line.startswith("OMP_WAIT_POLICY ") for line in lines)
     [columns] = [line for line in lines if line.startswith("| variant |")]
@@ -378,7 +405,11 @@ def test_bench_decode_command(tmp_path):
         if line.startswith("| ") and not line.startswith(("| variant", "| ---"))
     ]
     assert [(r[0], r[1]) for r in rows] == [(v, b) for v in expected for b in ("1", "8")]
-    assert any(line.startswith("llama.cpp anchor") for line in lines)
+    [anchor_line] = [line for line in lines if line.startswith("llama.cpp anchor")]
+    if LLAMA_CPP_MISSING:
+        assert anchor_line.startswith("llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: ")
+    else:
+        assert anchor_line.startswith("llama.cpp anchor (BF16/Q8_0/Q4_0): rows ")
 
     report = json.loads(json_path.read_text())
     assert report["copy_gb_per_s"] > 0 and report["new_tokens"] == 4
@@ -386,6 +417,7 @@ def test_bench_decode_command(tmp_path):
     [size] = report["results"]
     assert size["size"] == "tiny" and size["parameters"] > 0
     assert [row["variant"] for row in size["rows"]] == expected
+    assert report["llama_cpp"] == anchor_line
     for row in size["rows"]:
         assert "error" not in row and row["weights_bytes"] > 0
         assert [b["batch"] for b in row["batches"]] == [1, 8]
@@ -396,3 +428,251 @@ def test_bench_decode_command(tmp_path):
             for key in ("tokens_per_s", "gb_per_s", "percent_of_copy"):
                 assert b[key] is None or isinstance(b[key], float), (key, b)
     assert (tmp_path / "decode.txt").read_text().strip() == result.stdout.split("\nwrote ")[0]
+
+
+# --- the llama.cpp anchor: the model as GGUF, decoded by llama.cpp ---
+
+
+def _hf_rope(q, positions, base):
+    """Hugging Face's rotary embedding (rotate_half) of q (..., d), float64."""
+    d = q.shape[-1]
+    freqs = positions[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    rotated = torch.cat([-q[..., d // 2 :], q[..., : d // 2]], -1)
+    return q * cos + rotated * sin
+
+
+def _ggml_rope(q, positions, base):
+    """llama.cpp's rotary embedding of the llama architecture (channels 2i
+    and 2i + 1 rotated together by position * base^(-2i/d)), float64."""
+    d = q.shape[-1]
+    theta = positions[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    even, odd = q[..., 0::2], q[..., 1::2]
+    out = torch.empty_like(q)
+    out[..., 0::2] = even * theta.cos() - odd * theta.sin()
+    out[..., 1::2] = even * theta.sin() + odd * theta.cos()
+    return out
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_rope_rows_carry_hf_rotary_embedding_to_llama_cpps(heads):
+    # q = W x rotated by HF's RoPE must be q' = rope_rows(W) x rotated by
+    # llama.cpp's, up to the same row order (which q.k does not see).
+    d, hidden, positions, base = 16, 32, torch.arange(7, dtype=torch.float64), 10000.0
+    gen = torch.Generator().manual_seed(heads)
+    w = torch.randn(heads * d, hidden, generator=gen, dtype=torch.float64)
+    x = torch.randn(len(positions), hidden, generator=gen, dtype=torch.float64)
+    permuted = anchor.rope_rows(w, heads)
+    hf = _hf_rope((x @ w.T).view(-1, heads, d), positions[:, None], base)
+    ggml = _ggml_rope((x @ permuted.T).view(-1, heads, d), positions[:, None], base)
+    # The row order maps HF's rotated rows onto llama.cpp's.
+    order = anchor.rope_rows(torch.arange(heads * d)[:, None], heads)[:, 0]
+    torch.testing.assert_close(
+        ggml.reshape(len(positions), -1), hf.reshape(len(positions), -1)[:, order]
+    )
+    # Unpermuted weights under llama.cpp's RoPE give other numbers past position 0.
+    wrong = _ggml_rope((x @ w.T).view(-1, heads, d), positions[:, None], base)
+    assert (wrong - hf)[1:].abs().max() > 0.1
+    with pytest.raises(anchor.NotConvertible, match="not 4 heads of an even size"):
+        anchor.rope_rows(torch.zeros(12, 2), 4)
+
+
+def test_gguf_tensors_of_the_model():
+    model = tiny_model()
+    tensors = dict(anchor.gguf_tensors(model))
+    layer = [
+        "attn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ]
+    want = {"token_embd.weight", "output_norm.weight", "output.weight"}
+    want |= {f"blk.{i}.{n}.weight" for i in range(CONFIG["num_hidden_layers"]) for n in layer}
+    assert set(tensors) == want
+    layers = model.model.layers
+    heads, kv_heads = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
+    assert torch.equal(
+        tensors["blk.1.attn_q.weight"], anchor.rope_rows(layers[1].self_attn.q_proj.weight, heads)
+    )
+    assert torch.equal(
+        tensors["blk.1.attn_k.weight"],
+        anchor.rope_rows(layers[1].self_attn.k_proj.weight, kv_heads),
+    )
+    assert not torch.equal(tensors["blk.1.attn_k.weight"], layers[1].self_attn.k_proj.weight)
+    assert torch.equal(tensors["blk.1.attn_v.weight"], layers[1].self_attn.v_proj.weight)
+    assert torch.equal(tensors["blk.0.ffn_down.weight"], layers[0].mlp.down_proj.weight)
+    assert torch.equal(tensors["output.weight"], model.lm_head.weight)
+    # A head tied to the embedding is the embedding: llama.cpp reads token_embd.
+    torch.manual_seed(0)
+    tied = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**dict(CONFIG, tie_word_embeddings=True))
+    )
+    assert "output.weight" not in dict(anchor.gguf_tensors(tied))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(attention_bias=True), "attention_bias=True"),
+        (dict(mlp_bias=True), "mlp_bias=True"),
+        (
+            dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+            "RoPE type 'linear'",
+        ),
+        (dict(head_dim=8), "head size 8 x 4 heads != hidden 64"),
+    ],
+)
+def test_what_cannot_be_converted(change, message):
+    config = transformers.LlamaConfig(**dict(CONFIG, **change))
+    with pytest.raises(anchor.NotConvertible, match=message):
+        anchor.hyperparameters(config)
+    other = transformers.MistralConfig(**CONFIG)
+    with pytest.raises(anchor.NotConvertible, match="model type 'mistral', not 'llama'"):
+        anchor.hyperparameters(other)
+    hyper = anchor.hyperparameters(transformers.LlamaConfig(**CONFIG))
+    assert (hyper.head_dim, hyper.kv_heads, hyper.rope_theta) == (16, 2, 10000.0)
+
+
+def test_gguf_bytes_read_per_step():
+    info = anchor.TensorInfo
+    # GGUF shapes: the innermost dimension first, so token_embd is (hidden, vocab).
+    tensors = [
+        info("token_embd.weight", "Q4_0", (64, 256), 256 * 36),
+        info("blk.0.attn_q.weight", "Q4_0", (64, 64), 64 * 36),
+        info("output_norm.weight", "F32", (64,), 256),
+        info("output.weight", "Q8_0", (64, 256), 256 * 68),
+    ]
+    assert anchor.stored_bytes(tensors) == 256 * 36 + 64 * 36 + 256 + 256 * 68
+    for batch in (1, 8):
+        want = batch * 36 + 64 * 36 + 256 + 256 * 68
+        assert anchor.bytes_read_per_step(tensors, batch) == want
+    # Tied: the head reads the whole embedding besides the rows looked up.
+    tied = tensors[:-1]
+    assert anchor.bytes_read_per_step(tied, 8) == 8 * 36 + 256 * 36 + 64 * 36 + 256
+
+
+def test_llama_cpp_anchor_line(monkeypatch):
+    monkeypatch.setattr(anchor, "missing_modules", lambda: ["llama_cpp", "gguf"])
+    assert decode.llama_cpp_anchor() == (
+        "llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: llama_cpp and gguf not importable; "
+        "pip install llama-cpp-python gguf, or pip install 'fuseops[bench-llama]'"
+    )
+    monkeypatch.setattr(anchor, "missing_modules", lambda: [])
+    line = decode.llama_cpp_anchor([], {"tiny": "RoPE type 'llama3'"})
+    assert line == "llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: size tiny: RoPE type 'llama3'"
+    line = decode.llama_cpp_anchor(["small"], {"tiny": "why"})
+    assert line.startswith(
+        "llama.cpp anchor (BF16/Q8_0/Q4_0): rows 'llama.cpp BF16', 'llama.cpp Q8_0', "
+        "'llama.cpp Q4_0' ("
+    )
+    assert anchor.METHOD in line and line.endswith("; skipped for size tiny: why")
+
+
+def test_llama_cpp_process_failures_are_the_rows_errors(tmp_path, monkeypatch):
+    timing = dict(
+        batches=[1], vocab=VOCAB, prompt=4, new_tokens=2, repeats=1, threads=1, copy_gb_per_s=1.0
+    )
+    # A real child that fails: no such file (or no llama_cpp to read it with).
+    with pytest.raises(RuntimeError, match=r"^the llama.cpp process exited with status 1: .*Error"):
+        decode._llama_cpp_timed(str(tmp_path / "none.gguf"), **timing)
+
+    # A crash: the signal named, and the AMX hint where llama.cpp was built with AMX.
+    def crashed(stderr):
+        def run(*args, **kwargs):
+            return subprocess.CompletedProcess(args, -11, "", stderr)
+
+        return run
+
+    monkeypatch.setattr(subprocess, "run", crashed("CPU : AVX2 = 1 | AMX_INT8 = 1 |\n"))
+    with pytest.raises(RuntimeError, match=r"died of SIGSEGV \(llama.cpp's AMX kernels crash"):
+        decode._llama_cpp_timed(str(tmp_path / "none.gguf"), **timing)
+    monkeypatch.setattr(subprocess, "run", crashed("CPU : AVX2 = 1 |\n"))
+    with pytest.raises(RuntimeError, match=r"died of SIGSEGV: CPU : AVX2 = 1 \|$"):
+        decode._llama_cpp_timed(str(tmp_path / "none.gguf"), **timing)
+
+
+@needs_llama_cpp
+def test_gguf_names_are_gguf_packages():
+    import gguf
+
+    model = tiny_model()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, CONFIG["num_hidden_layers"])
+    for name in model.state_dict():
+        if not name.endswith("inv_freq"):
+            assert names.get_name(name, try_suffixes=(".weight",)) == anchor.gguf_name(name), name
+
+
+def _relative(got, want):
+    return ((got - want).norm() / want.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    """The float32 model of the tiny model's weights rounded to bfloat16, its
+    GGUF files and their folder. q and k are scaled up so that attention
+    scores are of order 1 (about 0.03 as initialized, where attention is
+    near uniform and the rotary embedding barely moves the logits)."""
+    model = tiny_model()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight *= 10
+            layer.self_attn.k_proj.weight *= 10
+    model = model.to(torch.bfloat16)
+    folder = tmp_path_factory.mktemp("gguf")
+    paths = anchor.convert(model, str(folder), threads=1)
+    return model.float(), paths, folder
+
+
+@needs_llama_cpp
+def test_llama_cpp_logits_match_the_hf_model(gguf_model, monkeypatch):
+    reference, paths, folder = gguf_model
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = reference(input_ids=ids).logits
+    errors = {}
+    for quant, path in paths.items():
+        with anchor.Decoder(path, batch=2, positions=16, threads=1) as decoder:
+            got = decoder.logits(ids.numpy())
+        assert got.shape == want.shape
+        errors[quant] = _relative(got, want)
+        types = {t.name: t.type for t in anchor.tensor_infos(path)}
+        assert types["blk.0.attn_q.weight"] == quant
+        assert types["blk.1.ffn_down.weight"] == quant
+        assert types["output_norm.weight"] == "F32"
+    assert errors["BF16"] < BF16_LOGITS_BOUND, errors
+    assert 1e-3 < errors["Q8_0"] < QUANTIZED_LOGITS_BOUND, errors
+    assert errors["BF16"] < errors["Q8_0"] < errors["Q4_0"] < Q4_0_LOGITS_BOUND, errors
+
+    # Without llama.cpp's q/k row order the attention of later positions is wrong.
+    monkeypatch.setattr(anchor, "rope_rows", lambda weight, heads: weight)
+    anchor.write_gguf(reference.to(torch.bfloat16), str(folder / "unpermuted.gguf"))
+    with anchor.Decoder(
+        str(folder / "unpermuted.gguf"), batch=2, positions=16, threads=1
+    ) as decoder:
+        got = decoder.logits(ids.numpy())
+    assert _relative(got[:, 0], want[:, 0]) < BF16_LOGITS_BOUND  # position 0: no rotation
+    assert _relative(got, want) > 20 * BF16_LOGITS_BOUND
+
+
+@needs_llama_cpp
+def test_decoder_makes_llama_cpp_pythons_greedy_tokens(gguf_model):
+    import llama_cpp
+
+    _, paths, _ = gguf_model
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(6))
+    for quant in ("BF16", "Q4_0"):
+        with anchor.Decoder(paths[quant], batch=2, positions=6 + 10, threads=1) as decoder:
+            got = decoder.generate(ids, 10)
+            assert torch.equal(decoder.generate(ids, 3), got[:, :3])  # from an empty cache again
+        assert got.shape == (2, 10) and len(set(got.flatten().tolist())) > 2
+        llm = llama_cpp.Llama(paths[quant], n_ctx=64, n_threads=1, verbose=False)
+        for row in range(2):
+            stream = llm.generate(ids[row].tolist(), temp=0.0, reset=True)
+            want = [next(stream) for _ in range(10)]
+            assert got[row].tolist() == want, (quant, row)
+        llm.close()

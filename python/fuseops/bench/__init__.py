@@ -13,7 +13,8 @@ machine and method recorded with the results; ``results`` and ``report``, the
 rows and their table, JSON, CSV and chart; ``hf_models``, the
 ``--transformers`` run (a Hugging Face model with and without fuseops);
 ``decode``, the ``--decode`` run (``generate`` token by token, fuseops
-patched and quantized against HF and torch.ao); ``markdown``, ``--markdown``
+patched and quantized against HF and torch.ao); ``llama_cpp_anchor``, its
+llama.cpp rows (the same model as GGUF, decoded by llama.cpp); ``markdown``, ``--markdown``
 (an earlier run's JSON as GitHub Markdown tables, nothing run).
 """
 

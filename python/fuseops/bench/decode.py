@@ -5,8 +5,10 @@ shipped (and, with ``--decode-compile``, it and fuseops' w8a16 model under
 ``torch.compile`` with a static cache), the same model after ``fuseops.transformers.apply``, with
 ``quantize="w8a16"``, ``"w8a8"`` and, where the installation has it,
 ``"w4a16"`` (q/k/v and gate/up merged, apply's default when quantizing;
-w8a16 once more with them separate, to show what the merge gains), and
-torch.ao's dynamic int8 ``Linear`` on a float32 copy.
+w8a16 once more with them separate, to show what the merge gains),
+torch.ao's dynamic int8 ``Linear`` on a float32 copy and, where
+llama-cpp-python and gguf are installed, llama.cpp on the same weights in
+GGUF BF16, Q8_0 and Q4_0 (``llama_cpp_anchor.py``).
 
 Each variant builds the model afresh from the same seed and runs greedy
 ``generate`` with ``min_new_tokens == max_new_tokens``, so every variant
@@ -34,18 +36,22 @@ import contextlib
 import ctypes
 import datetime
 import gc
-import importlib.util
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
+from . import llama_cpp_anchor as llama_cpp_anchor_module
+from .llama_cpp_anchor import QUANTS
 from .environment import cpu_model
 
 
@@ -411,18 +417,28 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / best / 1e9
 
 
-def llama_cpp_anchor() -> str:
-    """Why the llama.cpp rows (BF16, Q8_0, Q4_0 of the same model) are not
-    in this run."""
-    missing = [name for name in ("llama_cpp", "gguf") if importlib.util.find_spec(name) is None]
+LLAMA_CPP_ANCHOR = "llama.cpp anchor (BF16/Q8_0/Q4_0)"
+
+
+def llama_cpp_anchor(measured: Sequence[str] = (), skipped: Optional[dict[str, str]] = None) -> str:
+    """The line on the llama.cpp rows (BF16, Q8_0, Q4_0 of the same model):
+    how the sizes `measured` got theirs, or why the run has none: llama_cpp
+    or gguf not importable, or each size's model not convertible
+    (`skipped`: size -> reason)."""
+    missing = llama_cpp_anchor_module.missing_modules()
     if missing:
         return (
-            f"llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: {' and '.join(missing)} not "
-            f"importable; {LLAMA_CPP_INSTALL}"
+            f"{LLAMA_CPP_ANCHOR} skipped: {' and '.join(missing)} not importable; "
+            f"{LLAMA_CPP_INSTALL}"
         )
+    reasons = "; ".join(f"size {size}: {reason}" for size, reason in (skipped or {}).items())
+    if not measured:
+        return f"{LLAMA_CPP_ANCHOR} skipped: " + (reasons or "no model size run")
+    rows = ", ".join(f"'{llama_cpp_anchor_module.ROW_PREFIX}{q}'" for q, _ in QUANTS)
     return (
-        "llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: llama_cpp and gguf are installed, but this "
-        "version of the bench does not convert the model to GGUF yet"
+        f"{LLAMA_CPP_ANCHOR}: rows {rows} ({llama_cpp_anchor_module.versions()}, "
+        f"{torch.get_num_threads()} threads): {llama_cpp_anchor_module.METHOD}"
+        + (f"; skipped for {reasons}" if reasons else "")
     )
 
 
@@ -468,11 +484,24 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _bench_batch(model, variant: Variant, size: Size, batch: int, args, copy_gb_s) -> dict:
+def prompt_ids(vocab: int, batch: int, prompt: int) -> torch.Tensor:
+    """The prompts of a batch size, the same for every variant."""
     gen = torch.Generator().manual_seed(batch)
-    ids = torch.randint(0, size.vocab, (batch, args.decode_prompt), generator=gen)
+    return torch.randint(0, vocab, (batch, prompt), generator=gen)
+
+
+def _bench_batch(model, variant: Variant, size: Size, batch: int, args, copy_gb_s) -> dict:
+    ids = prompt_ids(size.vocab, batch, args.decode_prompt)
+    generate = _generator(model, ids, args.decode_new_tokens, variant.static_cache)
+    return _measured(generate, batch, bytes_read_per_step(model, batch), args, copy_gb_s)
+
+
+def _measured(
+    generate: Callable[[int], object], batch: int, read: int, args, copy_gb_s: float
+) -> dict:
+    """One batch size's figures (TIMING_METHOD) of `generate(n)`, a greedy
+    decode of exactly n new tokens, each step reading `read` bytes."""
     new_tokens = args.decode_new_tokens
-    generate = _generator(model, ids, new_tokens, variant.static_cache)
     # Both lengths once: the compiled variant compiles its prefill and its
     # step here, not in the timed calls.
     generate(1)
@@ -484,7 +513,6 @@ def _bench_batch(model, variant: Variant, size: Size, batch: int, args, copy_gb_
             total.append(_timed(lambda: generate(new_tokens)))
     prefill_s, total_s = statistics.median(prefill), statistics.median(total)
     step_s = (total_s - prefill_s) / (new_tokens - 1)
-    read = bytes_read_per_step(model, batch)
     gb_s = read / step_s / 1e9 if step_s > 0 else None
     return {
         "batch": batch,
@@ -523,7 +551,142 @@ def _bench_size(name: str, args, copy_gb_s: float) -> dict:
         if variant.static_cache:
             torch._dynamo.reset()
         _release_free_memory()
-    return {"size": name, "config": asdict(size), "parameters": parameters, "rows": rows}
+    llama_rows, skipped = _llama_cpp_rows(name, args, copy_gb_s)
+    result = {"size": name, "config": asdict(size), "parameters": parameters}
+    result["rows"] = rows + llama_rows
+    if skipped is not None:
+        result["llama_cpp_skipped"] = skipped
+    return result
+
+
+def _llama_cpp_rows(name: str, args, copy_gb_s: float) -> tuple[list[dict], Optional[str]]:
+    """The rows "llama.cpp BF16", "llama.cpp Q8_0", "llama.cpp Q4_0" of a
+    size (llama_cpp_anchor.py), and why there are none: None where they
+    were made or llama_cpp/gguf are missing (the anchor line says so)."""
+    anchor = llama_cpp_anchor_module
+    if anchor.missing_modules():
+        return [], None
+    size = SIZES[name]
+    positions = args.decode_prompt + args.decode_new_tokens
+    threads = torch.get_num_threads()
+    names = [anchor.ROW_PREFIX + q for q, _ in QUANTS]
+    with tempfile.TemporaryDirectory(prefix="fuseops-gguf-") as folder:
+        print(f"{name}: llama.cpp, the model to GGUF", file=sys.stderr, flush=True)
+        try:
+            paths = anchor.convert(_model(size, torch.bfloat16, positions), folder, threads)
+        except anchor.NotConvertible as error:
+            return [], str(error)
+        except Exception as error:
+            failed = f"GGUF conversion: {type(error).__name__}: {error}"
+            return [{"variant": n, "error": failed} for n in names], None
+        _release_free_memory()
+        rows = []
+        for (quant, _), variant in zip(QUANTS, names):
+            print(f"{name}: {variant}", file=sys.stderr, flush=True)
+            row: dict = {"variant": variant}
+            try:
+                tensors = anchor.tensor_infos(paths[quant])
+                row["weights_bytes"] = anchor.stored_bytes(tensors)
+                types = [t.type for t in tensors]
+                row["gguf_tensor_types"] = {t: types.count(t) for t in sorted(set(types))}
+                row["batches"] = _llama_cpp_timed(
+                    paths[quant],
+                    batches=args.decode_batch,
+                    vocab=size.vocab,
+                    prompt=args.decode_prompt,
+                    new_tokens=args.decode_new_tokens,
+                    repeats=args.decode_repeats,
+                    threads=threads,
+                    copy_gb_per_s=copy_gb_s,
+                )
+            except Exception as error:  # as a variant's: the row's, the run goes on
+                row["error"] = f"{type(error).__name__}: {error}"
+            rows.append(row)
+    return rows, None
+
+
+# ---------------------------------------------------------------------------
+# The timing, in a process of its own
+
+
+def _llama_cpp_timed(
+    path: str,
+    *,
+    batches: Sequence[int],
+    vocab: int,
+    prompt: int,
+    new_tokens: int,
+    repeats: int,
+    threads: int,
+    copy_gb_per_s: float,
+) -> list[dict]:
+    """The figures of the GGUF file at `path` at each batch size, as a
+    variant's (the same prompts, TIMING_METHOD), measured by a child Python
+    process: llama.cpp, a C++ library of its own, may crash (its AMX kernels
+    do on some CPUs), and a crash there is this RuntimeError, the row's
+    error, not the end of the run."""
+    spec: dict[str, Any] = dict(
+        path=path,
+        batches=list(batches),
+        vocab=vocab,
+        prompt=prompt,
+        new_tokens=new_tokens,
+        repeats=repeats,
+        threads=threads,
+        copy_gb_per_s=copy_gb_per_s,
+        out=path + ".json",
+    )
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from fuseops.bench.decode import _llama_cpp_child; _llama_cpp_child()",
+        ],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+    )
+    if child.returncode != 0:
+        code = child.returncode
+        ended = (
+            f"died of {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        )
+        tail = " | ".join(line for line in child.stderr.strip().splitlines()[-3:])
+        hint = ""
+        if code < 0 and "AMX_INT8 = 1" in child.stderr:
+            hint = (
+                " (llama.cpp's AMX kernels crash on some CPUs: build llama-cpp-python "
+                "without them, see PERFORMANCE.md)"
+            )
+        raise RuntimeError(f"the llama.cpp process {ended}{hint}: {tail}")
+    with open(spec["out"]) as f:
+        return json.load(f)
+
+
+def _llama_cpp_child() -> None:
+    """The child of _llama_cpp_timed: reads its spec from stdin, writes the
+    figures as JSON to spec["out"]."""
+    import llama_cpp
+
+    anchor = llama_cpp_anchor_module
+    spec = json.loads(sys.stdin.read())
+    # What llama.cpp was built for, for the parent's message if it crashes.
+    print(llama_cpp.llama_print_system_info().decode(), file=sys.stderr, flush=True)
+    args = argparse.Namespace(decode_new_tokens=spec["new_tokens"], decode_repeats=spec["repeats"])
+    tensors = anchor.tensor_infos(spec["path"])
+    positions = spec["prompt"] + spec["new_tokens"]
+    figures = []
+    for batch in spec["batches"]:
+        ids = prompt_ids(spec["vocab"], batch, spec["prompt"])
+        read = anchor.bytes_read_per_step(tensors, batch)
+        with anchor.Decoder(spec["path"], batch, positions, spec["threads"]) as decoder:
+            figures.append(
+                _measured(
+                    lambda n: decoder.generate(ids, n), batch, read, args, spec["copy_gb_per_s"]
+                )
+            )
+    with open(spec["out"], "w") as f:
+        json.dump(figures, f)
 
 
 def _number(value, digits: int) -> str:
@@ -650,7 +813,15 @@ def run(args: argparse.Namespace) -> int:
     env = _environment()
     copy_gb_s = copy_bandwidth()
     results = [_bench_size(name, args, copy_gb_s) for name in args.decode_size]
-    anchor = llama_cpp_anchor()
+    skipped = {r["size"]: r["llama_cpp_skipped"] for r in results if "llama_cpp_skipped" in r}
+    measured = [
+        r["size"]
+        for r in results
+        if any(
+            str(row["variant"]).startswith(llama_cpp_anchor_module.ROW_PREFIX) for row in r["rows"]
+        )
+    ]
+    anchor = llama_cpp_anchor(measured, skipped)
     text = "\n\n".join([header(env, copy_gb_s)] + [table(r, args) for r in results] + [anchor])
     print(text)
     os.makedirs(args.out, exist_ok=True)

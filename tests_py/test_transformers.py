@@ -886,18 +886,21 @@ def test_optimizer_steps_match():
 
 def test_patching_twice_is_a_no_op_and_flags_select():
     model = make_model("llama")
-    first = fot.apply(model, rope=False, cross_entropy=False, attention=False)
+    first = fot.apply(model, rope=False, cross_entropy=False, attention=False, linear=False)
     assert {r.new for r in first} == {"fuseops.rms_norm", "fuseops.swiglu"}
     assert model.config._attn_implementation == "sdpa"
     assert not fot.is_patched(model) and not fot.is_patched(model.model.layers[0].self_attn)
     forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
-    assert fot.apply(model, rope=False, cross_entropy=False, attention=False) == []
+    assert fot.apply(model, rope=False, cross_entropy=False, attention=False, linear=False) == []
     assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
     # The rest later; then nothing is left.
     rest = fot.apply(model)
-    assert {r.name for r in rest} == {"<model>", "<attention>"} | {
+    linears = {name for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+    assert "lm_head" in linears and "model.layers.0.mlp.down_proj" in linears
+    assert {r.name for r in rest} == {"<model>", "<attention>"} | linears | {
         f"model.layers.{i}.self_attn" for i in range(COMMON["num_hidden_layers"])
     }
+    assert {r.new for r in rest if r.name in linears} == {"fuseops.linear"}
     assert fot.apply(model) == []
 
 

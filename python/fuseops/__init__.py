@@ -73,6 +73,9 @@ from .ops.layer_norm import (
     layer_norm_backward,
     layer_norm_forward,
 )
+from .ops.linear import (
+    linear,
+)
 from .ops.quantize import (
     dequantize_int8,
     quantize_per_channel_int8,
@@ -143,6 +146,7 @@ __all__ = [
     "layer_norm_backward",
     "layer_norm_forward",
     "library_path",
+    "linear",
     "linear_cross_entropy",
     "linear_cross_entropy_backward",
     "linear_cross_entropy_forward",

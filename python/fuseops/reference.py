@@ -51,6 +51,9 @@ from .ops.layer_norm import (
     layer_norm_backward_reference as layer_norm_backward,
     layer_norm_reference as layer_norm,
 )
+from .ops.linear import (
+    linear_reference as linear,
+)
 from .ops.quantize import (
     dequantize_int8_reference as dequantize_int8,
     quantize_per_channel_int8_reference as quantize_per_channel_int8,
@@ -99,6 +102,7 @@ __all__ = [
     "int8_weight_only_linear",
     "layer_norm",
     "layer_norm_backward",
+    "linear",
     "linear_cross_entropy",
     "pack_2_4",
     "pack_int4_weight",

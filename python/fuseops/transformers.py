@@ -63,6 +63,7 @@ from .ops.cross_entropy import linear_cross_entropy
 from .ops.decode_attention import decode_attention
 from .ops.gated_activation import geglu, swiglu
 from .ops.layer_norm import layer_norm
+from .ops.linear import linear as _fuseops_linear
 from .ops.rms_norm import rms_norm
 from .ops.rope import apply_rotary_pos_emb as _fuseops_apply_rotary_pos_emb
 from .ops.rope import rope as _fuseops_rope
@@ -233,6 +234,11 @@ def quantize_modes() -> list[str]:
 
 # ---------------------------------------------------------------------------
 # Patched forwards (bound to one module instance each)
+
+
+def _linear_forward(self, input: torch.Tensor) -> torch.Tensor:
+    # nn.Linear's parameters as they are: only the product changes.
+    return _fuseops_linear(input, self.weight, self.bias)
 
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -891,6 +897,7 @@ def apply(
     group_size: int = 128,
     fuse_projections: Optional[bool] = None,
     attention: bool = True,
+    linear: bool = True,
 ) -> list[Replacement]:
     """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
     family, see :func:`supported_model_types`) in place to run on fuseops
@@ -957,6 +964,12 @@ def apply(
     keep HF's separate layers: ``fuse_projections=True`` without `quantize`
     raises ``ValueError`` (merged float weights would change the parameter
     names that state_dicts, optimizers and PEFT adapters use).
+
+    `linear` (decoder families, float models: without `quantize`) runs
+    every ``torch.nn.Linear`` (exact type: the projections and the LM head)
+    through :func:`fuseops.linear`, whose CPU kernel reads the weight once
+    for the few rows of a decode step; larger products and the gradients
+    are ATen's, as before. The layers and their parameters stay as they are.
     """
     if not isinstance(logits, str) or logits not in LOGITS:
         raise ValueError(
@@ -997,6 +1010,8 @@ def apply(
         "mlp": mlp,
         "layer_norm": layer_norm,
         "cross_entropy": cross_entropy,
+        # Quantized models replace their linear layers.
+        "linear": linear and family.decoder and quantize is None,
     }
     replaced: list[Replacement] = []
 
@@ -1068,6 +1083,8 @@ def apply(
             record(name, module, forward, "mlp", new)
         elif wanted["layer_norm"] and type(module) is torch.nn.LayerNorm:
             record(name, module, _layer_norm_forward, "layer_norm", "fuseops.layer_norm")
+        elif wanted["linear"] and type(module) is torch.nn.Linear:
+            record(name, module, _linear_forward, "linear", "fuseops.linear")
 
     if wanted["cross_entropy"] and MARKER not in model.__dict__ and _reproduced_head(model, family):
         setattr(model, _LOGITS_ATTRIBUTE, logits)

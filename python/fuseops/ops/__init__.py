@@ -11,7 +11,9 @@ through opcheck, the compilers, the Meta kernels, the pybind module, ``out=``
 and every CPU build), and its export forms: ``onnx_translations()`` and
 ``executorch_decompositions()`` (collected by ``fuseops.onnx`` and
 ``fuseops.executorch``), ``export_cases()`` (the calls their tests export)
-or ``NOT_EXPORTED`` (why an op has none), described in ``_export.py``. A new
+or ``NOT_EXPORTED`` (why an op has none), described in ``_export.py``; and
+``BACKWARD_OPS`` where an op's gradients are not computed by
+``<op>_backward`` (:func:`backward_op`). A new
 op is a new module plus a run of ``tools/generate_exports.py``.
 
 Every ``out=`` may share memory with the inputs (the result is that of the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
+from typing import Optional
 
 from ._sample import Sample
 
@@ -47,4 +50,19 @@ def samples(device) -> list[Sample]:
     return [sample for module in MODULES for sample in module.samples(device)]
 
 
-__all__ = ["MODULES", "Sample", "samples"]
+def backward_op(forward: str) -> Optional[str]:
+    """The op that computes the gradients of op `forward`
+    (``"fuseops::<name>"``), as the profiler records it:
+    ``fuseops::<name>_backward`` (``_forward`` taken off the name), unless
+    the op's module declares another in ``BACKWARD_OPS`` (``{name: backward
+    name}``), or None there when ATen's ops compute the gradients."""
+    name = forward.split("::", 1)[1]
+    for module in MODULES:
+        declared = getattr(module, "BACKWARD_OPS", {})
+        if name in declared:
+            backward = declared[name]
+            return None if backward is None else f"fuseops::{backward}"
+    return f"fuseops::{name.removesuffix('_forward')}_backward"
+
+
+__all__ = ["MODULES", "Sample", "backward_op", "samples"]

@@ -292,6 +292,13 @@ def linear_cross_entropy(
     )
 
 
+#: linear_cross_entropy_stats is linear_cross_entropy with more outputs: its
+#: gradients are that op's backward.
+BACKWARD_OPS: dict[str, Optional[str]] = {
+    "linear_cross_entropy_stats": "linear_cross_entropy_backward"
+}
+
+
 def linear_cross_entropy_stats(
     input: torch.Tensor,
     linear_weight: torch.Tensor,

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+namespace fuseops {
+
+// torch.nn.functional.linear with a kernel for the few-row products of
+// decoding: y = input @ weight^T + bias.
+//   input [..., K], weight [N, K], bias optional [N], one floating dtype
+//   (float32, bfloat16, float16 or float64), any strides.
+// Returns [..., N] (contiguous, input's dtype). On CPU, 2 to
+// kLinearStreamRows rows (the product of input's leading dimensions: the
+// tokens of a decode step), and one row in bfloat16/float16, run a kernel
+// that reads the weight from memory once, all threads on disjoint output
+// channels, summing each output in float32 on its own (its bits do not
+// depend on the other rows or the thread count). Other calls run ATen's
+// matrix product (torch's own linear): more rows, whose weights are reused
+// enough for a blocked GEMM to win, one float32 row (MKL's GEMV streams as
+// fast), float64, and other devices. Gradients: input, weight and bias,
+// with ATen's matrix products (double backward too).
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
+                  const std::optional<at::Tensor>& bias = std::nullopt);
+
+// Rows up to which the CPU kernel streams the weight (more take ATen's
+// matrix product, faster once each weight serves more rows: measured on
+// AVX-512 with AMX, bfloat16 8 rows: ATen 12-19 GB/s, the stream 7-12).
+inline constexpr int64_t kLinearStreamRows = 4;
+
+}  // namespace fuseops

@@ -1,0 +1,277 @@
+// linear CPU kernel; compiled once per CPU capability
+// (FuseopsCpuKernels.cmake).
+//
+// Decode shapes (at most kLinearStreamRows rows) are bound by reading the
+// weight: each weight is used by a handful of rows only, so the time is the
+// weight's bytes over the memory bandwidth. The kernel reads each weight
+// row once: a task owns a block of kTaskChannels output channels and walks
+// it in stripes of J weight rows, each stripe multiplied by every input row
+// with J x rows float32 vector accumulators (one per row and channel, over
+// vectors along K), the weight prefetched ahead of the loads. bfloat16 and
+// float16 weights are widened to float32 in registers; the input rows are
+// widened once per call and, when they exceed L1, walked in chunks of K that
+// every stripe of the task reuses.
+//
+// Each output is one accumulator's lanes summed over K in the same order,
+// then reduced, whatever the number of rows or the thread count; builds
+// differ only in the vector width (how K is split into lanes).
+//
+// ATen's matrix product (addmm/mm, what torch's linear calls) takes the rest:
+// more rows, whose weights are reused enough for a blocked GEMM (or AMX) to
+// win; float32 with one row, where MKL's GEMV streams as fast; and float64,
+// which is for exactness.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+
+#include <fuseops/linear.h>
+
+#include "ops/cpu/linear.h"
+
+namespace fuseops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace {
+
+using FloatVec = at::vec::Vectorized<float>;
+constexpr int64_t kFloats = FloatVec::size();
+
+// Output channels per parallel task: small enough that a projection of a
+// few hundred channels still feeds many threads, a multiple of every J.
+constexpr int64_t kTaskChannels = 16;
+
+// Weight rows per stripe: J x kLinearStreamRows accumulators within the
+// vector registers (32 with AVX-512, 16 otherwise) beside J widened weight
+// vectors and one input vector.
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int kStripeRows = 4;
+#else
+constexpr int kStripeRows = 2;
+#endif
+constexpr int kMaxRows = static_cast<int>(kLinearStreamRows);
+
+// The widened rows of a task's K chunk stay in L1 while every stripe of its
+// channels runs over them: at most this many bytes of them.
+constexpr int64_t kChunkBytes = 16 * 1024;
+// Software prefetch distance along each weight row. Decode streams the
+// weight from DRAM; the hardware prefetcher alone keeps too few lines in
+// flight on one core once the loop carries conversion work (measured on a
+// 2-core Xeon: bfloat16 weights read at 13 GB/s without, where float32
+// rows reached 20).
+constexpr int64_t kPrefetchBytes = 1024;
+
+// The weight's elements as float32 vectors, kSteps elements a step:
+//  - float32: one vector;
+//  - bfloat16 with AVX2/AVX-512: two vectors from one vector of bfloat16
+//    pairs without any shuffle: the even elements shifted into place, the
+//    odd ones masked, so the input rows are stored de-interleaved to match
+//    (kPaired: each step's even elements, then its odd ones);
+//  - float16 and the DEFAULT build: ATen's conversion, two vectors in order.
+template <typename scalar_t>
+struct Widen {
+  static constexpr int kVectors = std::is_same_v<scalar_t, float> ? 1 : 2;
+  static constexpr int64_t kSteps = kVectors * kFloats;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  static constexpr bool kPaired = std::is_same_v<scalar_t, c10::BFloat16>;
+#else
+  static constexpr bool kPaired = false;
+#endif
+
+  static C10_ALWAYS_INLINE void load(const scalar_t* p, FloatVec* out) {
+    if constexpr (kVectors == 1) {
+      out[0] = FloatVec::loadu(p);
+    } else if constexpr (kPaired) {
+#if defined(CPU_CAPABILITY_AVX512)
+      const __m512i pairs = _mm512_loadu_si512(p);
+      out[0] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+      out[1] = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(0xffff0000)));
+#elif defined(CPU_CAPABILITY_AVX2)
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+      out[1] = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(0xffff0000)));
+#endif
+    } else {
+      std::tie(out[0], out[1]) =
+          at::vec::convert_to_float<scalar_t>(at::vec::Vectorized<scalar_t>::loadu(p));
+    }
+  }
+
+  // Input row element i's place in the widened row (the layout load reads).
+  static int64_t place(int64_t i, int64_t vectorized) {
+    if (!kPaired || i >= vectorized) {
+      return i;
+    }
+    const int64_t step = i - i % kSteps;
+    const int64_t lane = i % kSteps;
+    return step + (lane % 2) * kFloats + lane / 2;
+  }
+};
+
+C10_ALWAYS_INLINE float sum_lanes(const FloatVec& v) {
+  return at::vec::vec_reduce_all<float>([](FloatVec& a, FloatVec& b) { return a + b; }, v);
+}
+
+// acc[r * kTaskChannels + j] += sum over the steps of [begin, end) of
+// x[r * k + i] * w[j * k + i], lane by lane, for R rows of the widened input
+// and J rows of the weight.
+template <int R, int J, typename scalar_t>
+C10_ALWAYS_INLINE void dot_tile(const float* x, const scalar_t* w, int64_t k, int64_t begin,
+                                int64_t end, FloatVec* acc_rows) {
+  using Wv = Widen<scalar_t>;
+  FloatVec acc[R][J];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < J; ++j) {
+      acc[r][j] = acc_rows[r * kTaskChannels + j];
+    }
+  }
+  for (int64_t i = begin; i < end; i += Wv::kSteps) {
+    FloatVec wv[J][Wv::kVectors];
+    for (int j = 0; j < J; ++j) {
+      const scalar_t* row = w + j * k + i;
+      __builtin_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes, 0, 3);
+      Wv::load(row, wv[j]);
+    }
+    for (int h = 0; h < Wv::kVectors; ++h) {
+      for (int r = 0; r < R; ++r) {
+        const FloatVec xv = FloatVec::loadu(x + r * k + i + h * kFloats);
+        for (int j = 0; j < J; ++j) {
+          acc[r][j] = at::vec::fmadd(wv[j][h], xv, acc[r][j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < J; ++j) {
+      acc_rows[r * kTaskChannels + j] = acc[r][j];
+    }
+  }
+}
+
+// dot_tile for a run-time row count in [1, R].
+template <int J, typename scalar_t, int R = kMaxRows>
+void dot_rows(int rows, const float* x, const scalar_t* w, int64_t k, int64_t begin, int64_t end,
+              FloatVec* acc_rows) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      dot_rows<J, scalar_t, R - 1>(rows, x, w, k, begin, end, acc_rows);
+      return;
+    }
+  }
+  dot_tile<R, J>(x, w, k, begin, end, acc_rows);
+}
+
+// One task's channels [c_begin, c_end) over the steps [begin, end) of the
+// m rows: stripes of J weight rows, each read once.
+template <typename scalar_t>
+void task_chunk(int m, int64_t k, int64_t c_begin, int64_t c_end, int64_t begin, int64_t end,
+                const float* x, const scalar_t* w, FloatVec* acc) {
+  int64_t c = c_begin;
+  for (; c + kStripeRows <= c_end; c += kStripeRows) {
+    dot_rows<kStripeRows>(m, x, w + c * k, k, begin, end, acc + (c - c_begin));
+  }
+  for (; c < c_end; ++c) {
+    dot_rows<1>(m, x, w + c * k, k, begin, end, acc + (c - c_begin));
+  }
+}
+
+template <typename scalar_t>
+void stream_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                   const at::Tensor& bias) {
+  using Wv = Widen<scalar_t>;
+  const int64_t m = input.size(0);
+  const int64_t k = input.size(1);
+  const int64_t n = weight.size(0);
+  // The whole steps of K (the tail is summed in scalars, last).
+  const int64_t vectorized = k - k % Wv::kSteps;
+  const float* x = nullptr;
+  // The rows widened to float32 (in Widen's layout) once per call; the
+  // buffer is kept by the calling thread, so decoding allocates nothing.
+  thread_local std::vector<float> widened;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    x = input.const_data_ptr<float>();
+  } else {
+    const scalar_t* in = input.const_data_ptr<scalar_t>();
+    widened.resize(static_cast<size_t>(m * k));
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t i = 0; i < k; ++i) {
+        widened[r * k + Wv::place(i, vectorized)] = static_cast<float>(in[r * k + i]);
+      }
+    }
+    x = widened.data();
+  }
+  const scalar_t* w = weight.const_data_ptr<scalar_t>();
+  const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
+  scalar_t* o = out.mutable_data_ptr<scalar_t>();
+  // Steps per K chunk: the rows' chunk within kChunkBytes (whole K when it
+  // fits). The chunks change where the accumulators are kept, not the order
+  // of any lane's sum.
+  const int64_t chunk_steps =
+      std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(sizeof(float) * m * Wv::kSteps));
+  const int64_t chunk = chunk_steps * Wv::kSteps;
+  const int64_t tasks = (n + kTaskChannels - 1) / kTaskChannels;
+  at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
+    // One vector accumulator per row and channel of the task.
+    std::array<FloatVec, kLinearStreamRows * kTaskChannels> acc;
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t c_begin = task * kTaskChannels;
+      const int64_t c_end = std::min(n, c_begin + kTaskChannels);
+      acc.fill(FloatVec(0.0f));
+      for (int64_t begin = 0; begin < vectorized; begin += chunk) {
+        const int64_t end = std::min(vectorized, begin + chunk);
+        task_chunk(static_cast<int>(m), k, c_begin, c_end, begin, end, x, w, acc.data());
+      }
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = c_begin; c < c_end; ++c) {
+          float sum = sum_lanes(acc[r * kTaskChannels + (c - c_begin)]);
+          for (int64_t i = vectorized; i < k; ++i) {
+            sum = std::fma(x[r * k + i], static_cast<float>(w[c * k + i]), sum);
+          }
+          if (b != nullptr) {
+            sum += static_cast<float>(b[c]);
+          }
+          o[r * n + c] = static_cast<scalar_t>(sum);
+        }
+      }
+    }
+  });
+}
+
+void linear_kernel_impl(const at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
+                        const at::Tensor& bias) {
+  const int64_t rows = input.size(0);
+  const at::ScalarType dtype = input.scalar_type();
+  if (rows > kLinearStreamRows || dtype == at::kDouble || (dtype == at::kFloat && rows == 1)) {
+    at::Tensor result = out;
+    if (bias.defined()) {
+      at::addmm_out(result, bias, input, weight.t());
+    } else {
+      at::mm_out(result, input, weight.t());
+    }
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::linear",
+                                  [&] {
+                                    if constexpr (!std::is_same_v<scalar_t, double>) {
+                                      stream_linear<scalar_t>(out, input, weight, bias);
+                                    }
+                                  });
+}
+
+}  // namespace
+
+FUSEOPS_REGISTER_CPU_KERNEL(linear_kernel, &linear_kernel_impl);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace fuseops::cpu

@@ -1,0 +1,33 @@
+#pragma once
+// linear's contract between its shared entry point and its kernels (CPU,
+// CUDA, Meta). Semantics: cpp/include/fuseops/linear.h.
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/CompileTimeFunctionPointer.h>
+
+namespace fuseops::detail {
+
+// out [M, N], input [M, K], weight [N, K], bias undefined or [N]: one
+// dtype, all contiguous; M, N, K > 0.
+using LinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
+                              const at::Tensor& weight, const at::Tensor& bias);
+
+at::Tensor linear_with(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, LinearKernel kernel);
+
+template <typename Kernels>
+struct LinearRegistrations {
+  static at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias) {
+    return linear_with(input, weight, bias, Kernels::forward());
+  }
+
+  template <typename Library>
+  static void register_all(Library& m) {
+    m.impl("linear", TORCH_FN(linear));
+  }
+};
+
+}  // namespace fuseops::detail

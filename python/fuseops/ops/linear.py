@@ -1,0 +1,186 @@
+"""linear: ``torch.nn.functional.linear`` with a CPU kernel for the few-row
+products of decoding, which read each weight once at memory bandwidth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ._sample import DTYPES, Sample, tensor
+
+
+def linear(
+    input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``input @ weight.T + bias``, as ``torch.nn.functional.linear``:
+    ``input [..., K]``, ``weight [N, K]``, ``bias [N]`` or None, one floating
+    dtype; returns ``[..., N]``, differentiable in all three.
+
+    On CPU, 2 to 4 rows (the product of ``input``'s leading dimensions: the
+    tokens of a decode step), and one row in bfloat16/float16, run fuseops'
+    kernel, which reads the weight once, all threads on disjoint output
+    channels, and sums each output in float32 on its own: its bits depend
+    neither on the other rows nor on the thread count. Other calls run
+    ATen's matrix product, as torch's linear does: more rows (a blocked
+    GEMM wins once each weight serves more rows), one float32 row (MKL's
+    GEMV streams as fast), float64, and other devices. The gradients are
+    ATen's matrix products.
+    """
+    return torch.ops.fuseops.linear(input, weight, bias)
+
+
+#: Its gradients are ATen's matrix products, not a fuseops op.
+BACKWARD_OPS: dict[str, Optional[str]] = {"linear": None}
+
+
+def linear_reference(input, weight, bias=None):
+    y = input.to(torch.float64) @ weight.to(torch.float64).T
+    if bias is not None:
+        y = y + bias.to(torch.float64)
+    return y.to(input.dtype)
+
+
+def _x_and_weight(rows, hidden, dtype, device, gen):
+    def t(*shape):
+        return torch.randn(*shape, dtype=torch.float32, device=device, generator=gen).to(dtype)
+
+    return t(rows, hidden), t(hidden, hidden) / hidden**0.5, t(hidden)
+
+
+@dataclass(frozen=True)
+class _LinearTraffic:
+    """x read and y written, the [hidden, hidden] weight and the bias read
+    once, all in the dtype."""
+
+    def bytes(self, rows: int, hidden: int, element_size: int) -> int:
+        return element_size * (2 * rows * hidden + hidden * hidden + hidden)
+
+
+def bench_cases():
+    from ._bench_case import Case, Traffic
+
+    # rows = tokens (M), hidden = in = out features (K = N): decode (M = 1,
+    # 2, 4: the streaming kernel) and 8 (ATen's product). The weight read
+    # once dominates the traffic.
+    return [
+        Case(
+            "linear",
+            "linear",
+            "linear",
+            _x_and_weight,
+            forward_traffic=_LinearTraffic(),
+            backward_traffic=Traffic(rows=0),
+            native=torch.nn.functional.linear,
+            native_label="F.linear",
+            has_out=False,
+            differentiable=(),
+            shapes={
+                "quick": [(1, 2048)],
+                "standard": [(m, 2048) for m in (1, 2, 4, 8)],
+                "full": [(m, 4096) for m in (1, 2, 4, 8)],
+            },
+            description="decode-sized x @ W.T + b, the weight read once",
+        )
+    ]
+
+
+def samples(device) -> list[Sample]:
+    op = torch.ops.fuseops.linear.default
+
+    def call(
+        rows, k, n, dtype=torch.float32, bias=True, layout="contiguous", grad=False, large=False
+    ):
+        args = (
+            tensor(rows, dtype, device, layout, grad),
+            tensor((n, k), dtype, device, layout, grad),
+            tensor((n,), dtype, device, "contiguous", grad) if bias else None,
+        )
+        return Sample(op, args, linear, large=large)
+
+    result = [
+        call((1, 8), 8, 5),
+        call((3, 16), 16, 7, torch.bfloat16, bias=False, grad=True),
+        call((2, 3, 12), 12, 6, torch.float16, grad=True),
+        call((4, 10), 10, 9, torch.float64, grad=True),
+        call((5, 24), 24, 8, layout="transposed", grad=True),
+        call((20, 16), 16, 4, grad=True),  # past the streaming rows: ATen's product
+        call((1, 16), 16, 4, grad=True),  # one float32 row: ATen's GEMV
+        call((0, 8), 8, 3, grad=True),
+        call((2, 0), 0, 3),  # an empty sum: the bias
+    ]
+    # Every CPU build: vector tails (K = 67), every row count of the
+    # streaming kernel and enough channels for several tasks per thread.
+    for dtype in DTYPES:
+        for rows in (1, 2, 3, 4):
+            result.append(call((rows, 67), 67, 130, dtype, grad=True, large=True))
+    return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    k, n = d.size(40), d.size(40)
+    x = d.tensor((*d.shape(max_dims=2), k), grad=True)
+    weight = d.tensor((n, k), x.dtype, grad=True)
+    bias = d.maybe(lambda: d.tensor((n,), x.dtype, grad=True))
+    return Sample(torch.ops.fuseops.linear.default, (x, weight, bias), linear)
+
+
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+
+
+def onnx_translations() -> dict:
+    """linear as ``MatMul`` with the weight transposed, plus the bias, in
+    float32 for bfloat16/float16 inputs (as the op sums), rounded once."""
+    from ._onnx import add_bias, cast, dtype_of, op, opmath
+
+    def linear_onnx(input, weight, bias=None):
+        """``fuseops::linear``: ``input @ weight.T + bias`` in float32
+        (float64 for float64), rounded once to the input's dtype."""
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        y = op.MatMul(cast(input, ct), op.Transpose(cast(weight, ct), perm=[1, 0]))
+        return cast(add_bias(y, bias, ct), dtype)
+
+    return {torch.ops.fuseops.linear.default: linear_onnx}
+
+
+def executorch_decompositions() -> dict:
+    """linear as ATen's ``linear`` in float32 for bfloat16/float16 inputs
+    (as the op sums), rounded once."""
+    from ._executorch import opmath
+
+    def linear_decomposition(input, weight, bias=None):
+        """``fuseops::linear``: ``torch.nn.functional.linear`` in float32
+        (float64 for float64), rounded once to the input's dtype."""
+        ct = opmath(input.dtype)
+        b = None if bias is None else bias.to(ct)
+        return torch.nn.functional.linear(input.to(ct), weight.to(ct), b).to(input.dtype)
+
+    return {torch.ops.fuseops.linear.default: linear_decomposition}
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py): decode rows
+    and a prefill, with and without bias; the runtimes sum K products in
+    another order (within 1e-5 of the largest output)."""
+    import itertools
+
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+
+    op = torch.ops.fuseops.linear.default
+    cases = []
+    for dtype, (m, n, k), bias in itertools.product(
+        EXPORT_DTYPES, ((1, 20, 37), (24, 16, 64)), (False, True)
+    ):
+        args = (t(2, m, k, dtype=dtype), t(n, k, dtype=dtype)) + (
+            (t(n, dtype=dtype),) if bias else ()
+        )
+        label = f"{dtype} {m}x{k} @ {n} bias={bias}"
+        cases.append(ExportCase(op, label, args, rtol=1e-5, atol=1e-5))
+    return cases
+
+
+__all__ = ["linear"]

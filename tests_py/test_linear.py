@@ -1,0 +1,121 @@
+"""fuseops.linear (opcheck, compilers, Meta, pybind, thread-count bits and
+every CPU build are in test_conformance.py and test_threads.py, fed by
+fuseops/ops/linear.py's samples).
+
+Compared with fuseops.reference.linear, the product in float64. Up to 4
+rows run fuseops' streaming kernel, more run ATen's product; both sum K
+products in float32: an output of magnitude ~sqrt(K) (inputs of
+magnitude ~1) carries float32 rounding of order K * 2^-24 * sqrt(K) at
+worst, well inside 1e-5 * sqrt(K) absolute for K <= 4096; a bfloat16 or
+float16 result adds one rounding of the output (2^-8, 2^-11 relative), which
+1e-2 and 2e-3 relative cover with margin for the inputs' own rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fuseops
+from fuseops import reference
+
+from support.errors import expect_error_mentions
+from support.params import DTYPES
+
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def inputs(rows, k, n, dtype, device, bias=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def t(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype).to(device)
+
+    return t(*rows, k), t(n, k), t(n) if bias else None
+
+
+def assert_close(got, want, dtype, k):
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol * math.sqrt(k))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [(1,), (2,), (3,), (4,), (5,), (16,), (2, 2), (1, 3), (64,)])
+@pytest.mark.parametrize("k,n", [(1024, 256), (67, 130), (7, 3)])
+def test_matches_the_float64_product(device, dtype, rows, k, n):
+    x, w, b = inputs(rows, k, n, dtype, device, bias=n != 3)
+    y = fuseops.linear(x, w, b)
+    assert y.dtype == dtype and y.shape == (*rows, n)
+    assert_close(y, reference.linear(x, w, b), dtype, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rows_do_not_change_each_others_bits(device, dtype):
+    # The streaming kernel sums each output on its own: a row's result is the
+    # same bits alone or among the 4 rows of a decode step.
+    x, w, b = inputs((4,), 300, 70, dtype, device)
+    together = fuseops.linear(x, w, b)
+    for r in range(4):
+        assert torch.equal(fuseops.linear(x[r : r + 1], w, b), together[r : r + 1])
+        assert torch.equal(fuseops.linear(x[: r + 1], w, b), together[: r + 1])
+
+
+def test_non_contiguous_inputs(device):
+    x, w, b = inputs((6,), 40, 24, torch.float32, device)
+    xt = x.t().contiguous().t()
+    wt = w.t().contiguous().t()
+    assert_close(fuseops.linear(xt, wt, b[::1]), reference.linear(x, w, b), torch.float32, 40)
+    assert_close(
+        fuseops.linear(x[:, ::2], w[:, ::2]),
+        reference.linear(x[:, ::2], w[:, ::2]),
+        torch.float32,
+        20,
+    )
+
+
+def test_special_values_propagate(device):
+    x, w, b = inputs((2,), 32, 4, torch.float32, device)
+    x[0, 3] = float("nan")
+    w[2, 5] = float("inf")
+    y = fuseops.linear(x, w, b)
+    want = reference.linear(x, w, b)
+    assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y.isinf(), want.isinf())
+
+
+@pytest.mark.parametrize("rows", [(3,), (2, 20)])
+def test_gradcheck(device, rows):
+    x, w, b = inputs(rows, 6, 5, torch.float64, device)
+    args = [t.requires_grad_() for t in (x, w, b)]
+    assert torch.autograd.gradcheck(fuseops.linear, args)
+    assert torch.autograd.gradgradcheck(fuseops.linear, args)
+
+
+def test_gradients_match_torch_in_bfloat16(device):
+    x, w, b = inputs((3, 4), 64, 32, torch.bfloat16, device)
+    leaves = [t.requires_grad_() for t in (x, w, b)]
+    g = torch.randn(3, 4, 32, dtype=torch.bfloat16, device=device)
+    got = torch.autograd.grad(fuseops.linear(*leaves), leaves, g)
+    want = torch.autograd.grad(torch.nn.functional.linear(*leaves), leaves, g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.double(), e.double(), rtol=1e-2, atol=1e-2 * 8)
+
+
+def test_autocast_casts_like_torch_linear():
+    x, w, b = inputs((2,), 16, 8, torch.float32, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fuseops.linear(x, w, b)
+        want = torch.nn.functional.linear(x, w, b)
+    assert y.dtype == want.dtype == torch.bfloat16
+
+
+def test_bad_inputs_name_the_op_and_argument():
+    x, w, _ = inputs((2,), 8, 4, torch.float32, "cpu")
+    op = "fuseops::linear"
+    expect_error_mentions(lambda: fuseops.linear(x, torch.randn(4, 7)), [op, "'weight'"])
+    expect_error_mentions(lambda: fuseops.linear(x, torch.randn(8)), [op, "'weight'", "2-D"])
+    expect_error_mentions(lambda: fuseops.linear(x, w.double()), [op, "'weight'", "dtype"])
+    expect_error_mentions(lambda: fuseops.linear(x, w, torch.randn(5)), [op, "'bias'"])
+    expect_error_mentions(lambda: fuseops.linear(torch.tensor(1.0), w), [op, "'input'"])
+    expect_error_mentions(lambda: fuseops.linear(x.int(), w), [op, "'input'"])

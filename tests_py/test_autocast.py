@@ -96,6 +96,17 @@ CASES = {
         lambda g, u: F.gelu(g) * u,
         [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
     ),
+    # A decode step's product (the streaming kernel in bfloat16) and a
+    # prefill's, float32 weights cast as torch casts linear's.
+    "linear": (
+        fuseops.linear,
+        F.linear,
+        [
+            (rand(2, D), rand(3 * D, D), rand(3 * D)),
+            (rand(2, D, dtype=LOW), rand(3 * D, D), None),
+            (rand(40, D, dtype=LOW), rand(3 * D, D), rand(3 * D)),
+        ],
+    ),
     "causal_conv1d": (
         lambda x, w, b: fuseops.causal_conv1d(x, w, b, activation="silu"),
         lambda x, w, b: causal_conv1d_torch(x, w, b, "silu"),
@@ -286,6 +297,7 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
             "swiglu",
             "geglu",
             "causal_conv1d",
+            "linear",
             "cross_entropy",
             "linear_cross_entropy",
             "linear_cross_entropy_stats",

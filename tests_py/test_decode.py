@@ -636,7 +636,7 @@ def test_llama_cpp_logits_match_the_hf_model(gguf_model, monkeypatch):
         want = reference(input_ids=ids).logits
     errors = {}
     for quant, path in paths.items():
-        with anchor.Decoder(path, batch=2, positions=16, threads=1) as decoder:
+        with anchor.Model(path) as model, anchor.Decoder(model, 2, 16, threads=1) as decoder:
             got = decoder.logits(ids.numpy())
         assert got.shape == want.shape
         errors[quant] = _relative(got, want)
@@ -651,10 +651,9 @@ def test_llama_cpp_logits_match_the_hf_model(gguf_model, monkeypatch):
     # Without llama.cpp's q/k row order the attention of later positions is wrong.
     monkeypatch.setattr(anchor, "rope_rows", lambda weight, heads: weight)
     anchor.write_gguf(reference.to(torch.bfloat16), str(folder / "unpermuted.gguf"))
-    with anchor.Decoder(
-        str(folder / "unpermuted.gguf"), batch=2, positions=16, threads=1
-    ) as decoder:
-        got = decoder.logits(ids.numpy())
+    with anchor.Model(str(folder / "unpermuted.gguf")) as model:
+        with anchor.Decoder(model, 2, 16, threads=1) as decoder:
+            got = decoder.logits(ids.numpy())
     assert _relative(got[:, 0], want[:, 0]) < BF16_LOGITS_BOUND  # position 0: no rotation
     assert _relative(got, want) > 20 * BF16_LOGITS_BOUND
 
@@ -666,9 +665,14 @@ def test_decoder_makes_llama_cpp_pythons_greedy_tokens(gguf_model):
     _, paths, _ = gguf_model
     ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(6))
     for quant in ("BF16", "Q4_0"):
-        with anchor.Decoder(paths[quant], batch=2, positions=6 + 10, threads=1) as decoder:
-            got = decoder.generate(ids, 10)
-            assert torch.equal(decoder.generate(ids, 3), got[:, :3])  # from an empty cache again
+        with anchor.Model(paths[quant]) as model:
+            with anchor.Decoder(model, 2, 6 + 10, threads=1) as decoder:
+                got = decoder.generate(ids, 10)
+                assert torch.equal(decoder.generate(ids, 3), got[:, :3])  # an empty cache again
+            # One sequence at a time: the same tokens.
+            for row in range(2):
+                with anchor.Decoder(model, 1, 6 + 10, threads=1) as decoder:
+                    assert torch.equal(decoder.generate(ids[row : row + 1], 10)[0], got[row])
         assert got.shape == (2, 10) and len(set(got.flatten().tolist())) > 2
         llm = llama_cpp.Llama(paths[quant], n_ctx=64, n_threads=1, verbose=False)
         for row in range(2):

@@ -676,15 +676,24 @@ def _llama_cpp_child() -> None:
     tensors = anchor.tensor_infos(spec["path"])
     positions = spec["prompt"] + spec["new_tokens"]
     figures = []
-    for batch in spec["batches"]:
-        ids = prompt_ids(spec["vocab"], batch, spec["prompt"])
-        read = anchor.bytes_read_per_step(tensors, batch)
-        with anchor.Decoder(spec["path"], batch, positions, spec["threads"]) as decoder:
-            figures.append(
-                _measured(
-                    lambda n: decoder.generate(ids, n), batch, read, args, spec["copy_gb_per_s"]
-                )
-            )
+    with anchor.Model(spec["path"]) as model:
+        for batch in spec["batches"]:
+            ids = prompt_ids(spec["vocab"], batch, spec["prompt"])
+            read = anchor.bytes_read_per_step(tensors, batch)
+            # llama.cpp allocates its KV cache and buffers with the context,
+            # before the timed calls: the peak counts from there.
+            with resident_peak() as peak:
+                with anchor.Decoder(model, batch, positions, spec["threads"]) as decoder:
+                    figures.append(
+                        _measured(
+                            lambda n: decoder.generate(ids, n),
+                            batch,
+                            read,
+                            args,
+                            spec["copy_gb_per_s"],
+                        )
+                    )
+            figures[-1]["peak_bytes"] = peak["bytes"]
     with open(spec["out"], "w") as f:
         json.dump(figures, f)
 

@@ -290,51 +290,64 @@ def stored_bytes(tensors: Sequence[TensorInfo]) -> int:
 # Decoding through llama.cpp's C API
 
 
-class Decoder:
-    """A llama.cpp context for `batch` sequences of up to `positions`
-    tokens each on `threads` threads; ``generate(ids, n)`` decodes greedily."""
+class Model:
+    """A GGUF file loaded by llama.cpp, with its default model parameters."""
 
-    def __init__(self, path: str, batch: int, positions: int, threads: int) -> None:
+    def __init__(self, path: str) -> None:
         import llama_cpp
 
         llama_cpp.llama_backend_init()
         self._api = llama_cpp
-        # ctypes handles of llama.cpp's model, context and batch.
-        self._model: Any = None
+        # The ctypes handle of llama.cpp's model.
+        self.handle: Any = llama_cpp.llama_model_load_from_file(
+            path.encode(), llama_cpp.llama_model_default_params()
+        )
+        if not self.handle:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.handle))
+
+    def close(self) -> None:
+        if self.handle:
+            self._api.llama_model_free(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Decoder:
+    """A llama.cpp context of `model` for `batch` sequences of up to
+    `positions` tokens each on `threads` threads (llama.cpp allocates its KV
+    cache here); ``generate(ids, n)`` decodes greedily."""
+
+    def __init__(self, model: Model, batch: int, positions: int, threads: int) -> None:
+        api = self._api = model._api
+        # The ctypes handles of llama.cpp's context and batch.
         self._context: Any = None
         self._batch: Any = None
         self.batch = batch
+        self.vocab = model.vocab
         self._capacity = batch * positions
-        model = llama_cpp.llama_model_load_from_file(
-            path.encode(), llama_cpp.llama_model_default_params()
-        )
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
-        self._model = model
-        params = llama_cpp.llama_context_default_params()
+        params = api.llama_context_default_params()
         params.n_ctx = self._capacity
         params.n_batch = self._capacity
         params.n_seq_max = batch
         params.n_threads = params.n_threads_batch = threads
-        context = llama_cpp.llama_init_from_model(model, params)
-        if not context:
-            self.close()
+        self._context = api.llama_init_from_model(model.handle, params)
+        if not self._context:
             raise RuntimeError(f"llama.cpp could not make a context of {batch} sequences")
-        self._context = context
-        self._batch = llama_cpp.llama_batch_init(self._capacity, 0, 1)
-        self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        self._batch = api.llama_batch_init(self._capacity, 0, 1)
 
     def close(self) -> None:
-        api = self._api
         if self._batch is not None:
-            api.llama_batch_free(self._batch)
+            self._api.llama_batch_free(self._batch)
             self._batch = None
-        if self._context is not None:
-            api.llama_free(self._context)
+        if self._context:
+            self._api.llama_free(self._context)
             self._context = None
-        if self._model is not None:
-            api.llama_model_free(self._model)
-            self._model = None
 
     def __enter__(self) -> "Decoder":
         return self

@@ -378,7 +378,13 @@ def test_bench_decode_command(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    expected = ["HF bf16", "fuseops bf16", "fuseops w8a16", "fuseops w8a8"]
+    expected = [
+        "HF bf16",
+        "fuseops bf16",
+        "fuseops bf16, ATen linear",
+        "fuseops w8a16",
+        "fuseops w8a8",
+    ]
     expected += [f"fuseops {m}" for m in ("w4a16", "w4a8") if m in quantization.QUANTIZE_MODES]
     expected.append("fuseops w8a16, projections separate")
     expected.append("fuseops w8a16, SDPA attention")

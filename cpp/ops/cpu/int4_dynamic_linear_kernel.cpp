@@ -45,6 +45,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int4_linear.h"
 #include "ops/cpu/int8_vec.h"
+#include "ops/cpu/prefetch.h"
 #include "ops/cpu/quantize_row.h"
 
 namespace fuseops::cpu {
@@ -102,6 +103,7 @@ C10_ALWAYS_INLINE void group_sums_vnni(const GroupDot& d, int32_t (*sums)[kBlock
     odd[r] = _mm512_setzero_si512();
   }
   for (int64_t p = 0; p < d.pairs; p += 4) {
+    prefetch_ahead(d.w + p * kBlockN);  // one 64-byte line per 4 pairs
     const int64_t rows = std::min<int64_t>(4, d.pairs - p);
     const __m512i raw =
         rows == 4
@@ -140,6 +142,9 @@ C10_ALWAYS_INLINE void group_sums_pairs(const GroupDot& d, int32_t (*sums)[kBloc
     high[r] = _mm256_setzero_si256();
   }
   for (int64_t p = 0; p < d.pairs; ++p) {
+    if (p % 4 == 0) {
+      prefetch_ahead(d.w + p * kBlockN);  // one 64-byte line per 4 pairs
+    }
     const __m256i w16 =
         _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d.w + p * kBlockN)));
     const __m256i lo = _mm256_and_si256(w16, nibble);

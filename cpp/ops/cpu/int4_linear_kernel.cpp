@@ -41,6 +41,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int4_linear.h"
 #include "ops/cpu/int8_vec.h"
+#include "ops/cpu/prefetch.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -158,6 +159,9 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
     }
   }
   for (int64_t p = 0; p < group.pairs; ++p) {
+    if (p % 4 == 0) {
+      prefetch_ahead(w + p * kBlockN);  // one 64-byte line per 4 pairs
+    }
     FloatVec we[V];
     FloatVec wo[V];
     decode_pair(w + p * kBlockN, we, wo);

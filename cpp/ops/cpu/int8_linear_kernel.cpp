@@ -40,6 +40,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int8_linear.h"
 #include "ops/cpu/int8_vec.h"
+#include "ops/cpu/prefetch.h"
 #include "ops/cpu/quantize_row.h"
 
 namespace fuseops::cpu {
@@ -95,6 +96,9 @@ C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const int8_t* wi, 
     }
   }
   for (int64_t g = 0; g < groups; ++g) {
+    if constexpr (!kWidened) {
+      prefetch_ahead(wi + g * kGroupBytes);  // from memory: one line a group
+    }
     FloatVec w[kChunks];
     for (int c = 0; c < kChunks; ++c) {
       w[c] = kWidened ? FloatVec::loadu(wf + g * kGroupBytes + c * W)
@@ -402,6 +406,7 @@ C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const in
     for (int u = 0; u < U; ++u) {
       __m512i wv[B];
       for (int j = 0; j < B; ++j) {
+        prefetch_ahead(w + j * w_stride + (g + u) * kGroupBytes);
         wv[j] = _mm512_loadu_si512(w + j * w_stride + (g + u) * kGroupBytes);
       }
       for (int r = 0; r < R; ++r) {
@@ -448,6 +453,7 @@ C10_ALWAYS_INLINE void dot_tile_signed(const int8_t* x, int64_t x_stride, const 
   }
   for (int64_t g = 0; g < groups; ++g) {
     const int8_t* wg = w + g * kGroupBytes;
+    prefetch_ahead(wg);
     const __m512i w0 =
         _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg)));
     const __m512i w1 =
@@ -474,6 +480,7 @@ C10_ALWAYS_INLINE void dot_tile_signed(const int8_t* x, int64_t x_stride, const 
     }
   }
   for (int64_t g = 0; g < groups; ++g) {
+    prefetch_ahead(w + g * kGroupBytes);
     __m256i wv[4];
     for (int q = 0; q < 4; ++q) {
       wv[q] = _mm256_cvtepi8_epi16(

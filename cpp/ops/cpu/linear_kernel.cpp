@@ -40,6 +40,7 @@
 #include <fuseops/linear.h>
 
 #include "ops/cpu/linear.h"
+#include "ops/cpu/prefetch.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -65,12 +66,6 @@ constexpr int kMaxRows = static_cast<int>(kLinearStreamRows);
 // The widened rows of a task's K chunk stay in L1 while every stripe of its
 // channels runs over them: at most this many bytes of them.
 constexpr int64_t kChunkBytes = 16 * 1024;
-// Software prefetch distance along each weight row. Decode streams the
-// weight from DRAM; the hardware prefetcher alone keeps too few lines in
-// flight on one core once the loop carries conversion work (measured on a
-// 2-core Xeon: bfloat16 weights read at 13 GB/s without, where float32
-// rows reached 20).
-constexpr int64_t kPrefetchBytes = 1024;
 
 // The weight's elements as float32 vectors, kSteps elements a step:
 //  - float32: one vector;
@@ -140,7 +135,7 @@ C10_ALWAYS_INLINE void dot_tile(const float* x, const scalar_t* w, int64_t k, in
     FloatVec wv[J][Wv::kVectors];
     for (int j = 0; j < J; ++j) {
       const scalar_t* row = w + j * k + i;
-      __builtin_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes, 0, 3);
+      prefetch_ahead(row);
       Wv::load(row, wv[j]);
     }
     for (int h = 0; h < Wv::kVectors; ++h) {

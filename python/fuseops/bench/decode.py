@@ -223,13 +223,20 @@ def _compiled(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _fuseops(
-    quantize: Optional[str], fuse_projections: Optional[bool] = None, attention: bool = True
+    quantize: Optional[str],
+    fuse_projections: Optional[bool] = None,
+    attention: bool = True,
+    linear: bool = True,
 ) -> Callable[[torch.nn.Module], torch.nn.Module]:
     def prepare(model: torch.nn.Module) -> torch.nn.Module:
         import fuseops.transformers
 
         fuseops.transformers.apply(
-            model, quantize=quantize, fuse_projections=fuse_projections, attention=attention
+            model,
+            quantize=quantize,
+            fuse_projections=fuse_projections,
+            attention=attention,
+            linear=linear,
         )
         return model
 
@@ -257,6 +264,8 @@ def variants(compile_peer: bool) -> list[Variant]:
             Variant("HF bf16 + torch.compile (static cache)", bf16, _compiled, static_cache=True)
         )
     chosen.append(Variant("fuseops bf16", bf16, _fuseops(None)))
+    # What fuseops.linear (apply's default for float models) gains over ATen's.
+    chosen.append(Variant("fuseops bf16, ATen linear", bf16, _fuseops(None, linear=False)))
     chosen += [
         Variant(f"fuseops {mode}", bf16, _fuseops(mode))
         for mode in fuseops.transformers.quantize_modes()

@@ -148,12 +148,13 @@ def test_backward_op_with_derivative_is_differentiable(op):
 # -1e-20 for tanh) the product is -inf, the exact limit; torch's vectorized
 # CPU path (64 elements here) distributes the product over terms one of
 # which has underflowed to 0, and inf * 0 gives NaN. In float16 at x = -13.5
-# (erf form) it is the other way round: fuseops' float32 derivative is
-# already 0 (NaN), torch's is not (-inf).
+# (erf form) fuseops' float32 derivative is already 0 (NaN); torch's float16
+# result depends on the CPU (-inf on AMD Zen 4, NaN on an Intel Xeon with
+# AVX512_FP16), so either is accepted for torch there.
 EXTREME_GELU = [
-    ("none", torch.float32, -8.0, float("-inf"), "nan"),
-    ("tanh", torch.float32, -8.0, float("-inf"), "nan"),
-    ("none", torch.float16, -13.5, "nan", float("-inf")),
+    ("none", torch.float32, -8.0, float("-inf"), ("nan",)),
+    ("tanh", torch.float32, -8.0, float("-inf"), ("nan",)),
+    ("none", torch.float16, -13.5, "nan", (float("-inf"), "nan")),
 ]
 
 
@@ -177,14 +178,12 @@ def test_gelu_backward_of_infinite_gradient_where_the_derivative_is_tiny(
     upstream = torch.full((64,), float("inf"), dtype=dtype)
     xr = xt.clone().requires_grad_()
     torch.nn.functional.gelu(xr, approximate=approximate).backward(upstream)
-    for got, pinned in (
-        (fuseops.gelu_backward(upstream, xt, approximate), ours),
-        (xr.grad, torchs),
-    ):
-        if pinned == "nan":
-            assert got.isnan().all()
-        else:
-            assert (got == pinned).all()
+
+    def is_pinned(got, pinned):
+        return got.isnan().all() if pinned == "nan" else (got == pinned).all()
+
+    assert is_pinned(fuseops.gelu_backward(upstream, xt, approximate), ours)
+    assert any(is_pinned(xr.grad, pinned) for pinned in torchs), xr.grad
     # A finite upstream gradient agrees with torch.
     torch.testing.assert_close(
         fuseops.gelu_backward(torch.ones_like(xt), xt, approximate),

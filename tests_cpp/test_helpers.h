@@ -99,6 +99,10 @@ class DeviceTest : public ::testing::TestWithParam<at::DeviceType> {
         GTEST_SKIP() << "CUDA run skipped: " << reason;
       }
     }
+    // Each test draws the inputs it draws under ctest (one process per
+    // test, the generator at its default seed) also when one process runs
+    // them all (the sanitizer step), whatever ran before it.
+    at::manual_seed(c10::default_rng_seed_val);
   }
 
   at::Device device() const { return at::Device(GetParam()); }

@@ -155,6 +155,40 @@ def test_decode_steps_run_decode_attention(cache):
     torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("quantize", [None, "w4a8"])
+def test_compile_decoding_runs_compiled_steps_with_the_eager_results(quantize):
+    # The eager model with the same static cache is the reference: the
+    # compiled step calls the same fuseops ops, and inductor computes the
+    # few float32 element-wise ops between them (residual adds, the rotary
+    # table) in the same order, so the tokens are equal and the scores
+    # agree to float32 rounding (bound 1e-4 of the largest score; measured
+    # 0 to 1e-6).
+    if quantize is not None and quantize not in fot.quantize_modes():
+        pytest.skip(f"{quantize} is not in this installation's quantize modes")
+    eager = tiny_model()
+    fot.apply(eager, quantize=quantize)
+    compiled = copy.deepcopy(eager)
+    fot.compile_decoding(compiled)
+    assert compiled.generation_config.cache_implementation == "static"
+    ids, mask = prompts(2)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = greedy(compiled, ids, mask, new_tokens=6)
+    regions = sum(e.name.startswith("Torch-Compiled Region") for e in prof.events())
+    # The prefill eager, each of the 5 later steps one compiled graph.
+    assert regions == 5, regions
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    want = greedy(eager, ids, mask, new_tokens=6, cache_implementation="static")
+    torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
+    for got_scores, want_scores in zip(got.scores, want.scores):
+        # min_new_tokens sets the end-of-sequence score to -inf in both.
+        finite = torch.isfinite(want_scores)
+        assert torch.equal(finite, torch.isfinite(got_scores))
+        scale = want_scores[finite].abs().max().item()
+        assert (got_scores - want_scores)[finite].abs().max().item() <= 1e-4 * scale
+
+
 def test_attention_false_keeps_sdpa():
     model = tiny_model()
     assert "<attention>" not in {r.name for r in fot.apply(model, attention=False)}

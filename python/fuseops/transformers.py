@@ -1140,6 +1140,57 @@ def _quantize(model: torch.nn.Module, mode: str, group_size: int) -> list[Replac
     return replaced
 
 
+def compile_decoding(
+    model: torch.nn.Module, *, cpp_wrapper: bool = True, module_guards: bool = False
+) -> None:
+    """Makes ``model.generate`` decode with a ``torch.compile``'d step on a
+    static KV cache, on any device, CPUs included. This is transformers'
+    own mechanism, configured: the model's generation config gets
+    ``cache_implementation="static"`` and a ``compile_config`` (full graph,
+    static shapes, ``_compile_all_devices``), so ``generate`` runs the
+    prefill eagerly and each decode step through one compiled graph. Call
+    it after :func:`apply` (patched, quantized or not; an unpatched model
+    works too); nothing is compiled until the first ``generate``.
+
+    A decode step of a small model on a CPU is bound by the Python of its
+    ~100 module calls and ~300 op calls as much as by its weights; the
+    compiled step replaces them with one graph. Two options trim what is
+    left of the per-step cost (``python -m fuseops bench --decode`` measures
+    both; PERFORMANCE.md has the figures):
+
+    - `cpp_wrapper` (default True): inductor's C++ wrapper calls the graph's
+      kernels and ops from C++ instead of one Python call each (a longer
+      first compile).
+    - `module_guards` (default False): False skips the guards on the
+      model's modules (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``):
+      hundreds of checks per step on a model's attributes that decoding
+      never changes. The graph then assumes the modules it traced: after
+      changing the model's structure (another :func:`apply`, a replaced
+      layer, training mode) call ``torch._dynamo.reset()``. Weights changed
+      in place are seen either way.
+
+    Each shape a step can have (batch size; the cache's length, which is
+    the prompt's plus ``max_new_tokens``) compiles its own graph once, and
+    torch.compile's recompile limit (8 by default) applies.
+    """
+    from transformers import CompileConfig
+
+    options: dict[str, Any] = {}
+    if cpp_wrapper:
+        options["cpp_wrapper"] = True
+    if not module_guards:
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    # torch.compile takes a mode or options, not both; "default" is inductor's
+    # defaults ("reduce-overhead", transformers' default, is CUDA graphs).
+    config = CompileConfig(
+        fullgraph=True, dynamic=False, mode=None if options else "default", options=options or None
+    )
+    config._compile_all_devices = True
+    generation = model.generation_config
+    generation.cache_implementation = "static"
+    generation.compile_config = config
+
+
 def is_patched(module: torch.nn.Module) -> bool:
     """Whether :func:`apply` patched `module` itself."""
     return MARKER in module.__dict__
@@ -1153,6 +1204,7 @@ __all__ = [
     "ProjectionSlice",
     "QUANTIZE",
     "apply",
+    "compile_decoding",
     "is_patched",
     "quantize_modes",
     "supported_model_types",

@@ -1,8 +1,9 @@
 """``python -m fuseops bench --decode``: token-by-token decoding as a CPU
 user of ``model.generate()`` meets it, for a Hugging Face Llama model built
 from a config (random weights, nothing downloaded): HF's bfloat16 model as
-shipped (and, with ``--decode-compile``, it and fuseops' w8a16 model under
-``torch.compile`` with a static cache), the same model after ``fuseops.transformers.apply``, with
+shipped (and, with ``--decode-compile``, it under ``torch.compile`` with a
+static cache, and it and fuseops' models with a compiled decode step,
+``fuseops.transformers.compile_decoding``), the same model after ``fuseops.transformers.apply``, with
 ``quantize="w8a16"``, ``"w8a8"`` and, where the installation has it,
 ``"w4a16"`` (q/k/v and gate/up merged, apply's default when quantizing;
 w8a16 once more with them separate, to show what the merge gains),
@@ -11,13 +12,19 @@ llama-cpp-python and gguf are installed, llama.cpp on the same weights in
 GGUF BF16, Q8_0 and Q4_0 (``llama_cpp_anchor.py``).
 
 Each variant builds the model afresh from the same seed and runs greedy
-``generate`` with ``min_new_tokens == max_new_tokens``, so every variant
-makes the same number of tokens. The decode time per token is ``(t_N -
+``generate``. The model has no end-of-sequence token (its weights are
+random: no token means "stop"), so every generate makes exactly
+``max_new_tokens`` tokens with no stopping check, as the llama.cpp rows
+decode; forcing the length with ``min_new_tokens`` instead would add
+transformers' ``MinNewTokensLogitsProcessor`` (a ``torch.isin`` over the
+whole vocabulary and a ``torch.where`` over the logits, about 0.5 ms a
+step on a 2-core CPU), which a user's generate does not run. The decode time per token is ``(t_N -
 t_1) / (N - 1)``: ``t_N`` is a generate of N new tokens (the prefill of the
 prompt, which gives the first token, then N - 1 decode steps), ``t_1`` a
 generate of one token (the prefill alone), each the median of
-``--decode-repeats`` runs after a warm-up generate of each of 1 and 2
-tokens. One step
+``--decode-repeats`` runs after a warm-up generate of each of the two
+lengths (a static cache, whose length is the prompt's plus the new
+tokens', compiles a graph for each). One step
 makes one token for every sequence of the batch: tokens/s is batch * 1000
 / (ms per token). The bytes a step reads are those of every parameter and
 buffer the forward reads (quantized layers: their packed weights and
@@ -79,7 +86,6 @@ DEFAULT_BATCHES = (1, 8)
 DEFAULT_PROMPT = 128
 DEFAULT_NEW_TOKENS = 128
 DEFAULT_REPEATS = 3
-WARMUP_TOKENS = 2
 
 #: Each of the copy's two tensors: far larger than any last-level cache.
 COPY_BYTES = 512 << 20
@@ -87,9 +93,9 @@ COPY_REPEATS = 5
 
 TIMING_METHOD = (
     "ms per token: (t_N - t_1) / (N - 1), where t_N is the median time of a greedy generate of "
-    "N new tokens with min_new_tokens = max_new_tokens = N (the prefill, which makes the first "
+    "N new tokens (a model without an end-of-sequence token, so generate makes exactly N; the prefill, which makes the first "
     "token, and N - 1 decode steps) and t_1 that of a generate of 1 token (the prefill alone), "
-    "after a warm-up generate of 1 and one of 2 tokens; one step makes a token for every sequence of the "
+    "after a warm-up generate of each length; one step makes a token for every sequence of the "
     "batch, so tokens/s = batch * 1000 / ms per token."
 )
 BYTES_METHOD = (
@@ -192,8 +198,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decode-compile",
         action="store_true",
-        help="also HF's bfloat16 model and fuseops' w8a16 one under torch.compile with a "
-        "static KV cache (compilation takes minutes on a few cores)",
+        help="also the compiled variants: HF's bfloat16 model under torch.compile with a "
+        "static KV cache, and HF's and fuseops' models with "
+        "fuseops.transformers.compile_decoding (compilation takes minutes on a few cores)",
     )
 
 
@@ -243,6 +250,19 @@ def _fuseops(
     return prepare
 
 
+def _compiled_decoding(
+    prepare: Callable[[torch.nn.Module], torch.nn.Module],
+) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    def compiled(model: torch.nn.Module) -> torch.nn.Module:
+        import fuseops.transformers
+
+        model = prepare(model)
+        fuseops.transformers.compile_decoding(model)
+        return model
+
+    return compiled
+
+
 def _torch_ao_dynamic(model: torch.nn.Module) -> torch.nn.Module:
     with warnings.catch_warnings():
         # torch.ao.quantization announces its deprecation on every call.
@@ -270,15 +290,18 @@ def variants(compile_peer: bool) -> list[Variant]:
         Variant(f"fuseops {mode}", bf16, _fuseops(mode))
         for mode in fuseops.transformers.quantize_modes()
     ]
-    if compile_peer and "w8a16" in fuseops.transformers.quantize_modes():
-        chosen.append(
-            Variant(
-                "fuseops w8a16 + torch.compile (static cache)",
-                bf16,
-                lambda model: _compiled(_fuseops("w8a16")(model)),
-                static_cache=True,
+    if compile_peer:
+        # The decode step compiled, the prefill eager (transformers' own
+        # generate mechanism; static cache, C++ wrapper, no module guards).
+        chosen.append(Variant("HF bf16, compile_decoding", bf16, _compiled_decoding(_unchanged)))
+        for mode in [None, *fuseops.transformers.quantize_modes()]:
+            chosen.append(
+                Variant(
+                    f"fuseops {mode or 'bf16'}, compile_decoding",
+                    bf16,
+                    _compiled_decoding(_fuseops(mode)),
+                )
             )
-        )
     # What merging q/k/v and gate/up (apply's default when quantizing) gains.
     chosen.append(Variant("fuseops w8a16, projections separate", bf16, _fuseops("w8a16", False)))
     # What fuseops.decode_attention (apply's default) gains over HF's SDPA path.
@@ -303,9 +326,16 @@ def _model(size: Size, dtype: torch.dtype, positions: int):
         num_key_value_heads=size.kv_heads,
         max_position_embeddings=max(2048, positions),
         tie_word_embeddings=False,
+        # Random weights: no token ends a sequence, every generate makes
+        # exactly max_new_tokens tokens (see the module's docstring).
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    model.generation_config.eos_token_id = None
+    return model
 
 
 # ---------------------------------------------------------------------------
@@ -475,7 +505,6 @@ def _generator(model, ids: torch.Tensor, new_tokens: int, static_cache: bool):
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=n,
-            min_new_tokens=n,
             do_sample=False,
             pad_token_id=0,
             **options,
@@ -511,10 +540,10 @@ def _measured(
     """One batch size's figures (TIMING_METHOD) of `generate(n)`, a greedy
     decode of exactly n new tokens, each step reading `read` bytes."""
     new_tokens = args.decode_new_tokens
-    # Both lengths once: the compiled variant compiles its prefill and its
-    # step here, not in the timed calls.
+    # Both lengths once: the compiled variants compile their graphs (one per
+    # static cache length) here, not in the timed calls.
     generate(1)
-    generate(WARMUP_TOKENS)
+    generate(new_tokens)
     prefill, total = [], []
     with resident_peak() as peak:
         for _ in range(args.decode_repeats):

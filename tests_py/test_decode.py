@@ -189,6 +189,27 @@ def test_compile_decoding_runs_compiled_steps_with_the_eager_results(quantize):
         assert (got_scores - want_scores)[finite].abs().max().item() <= 1e-4 * scale
 
 
+def test_compile_decoding_keeps_two_models_apart():
+    # Without guards on the modules, two models of one class compiled in one
+    # process would share the first one's graph (here: the float model's
+    # graph reading a quantized layer's missing weight).
+    float_model, quantized = tiny_model(0), tiny_model(1)
+    fot.apply(float_model)
+    fot.apply(quantized, quantize="w8a8")
+    ids, mask = prompts(1)
+    want = [
+        greedy(m, ids, mask, new_tokens=4, cache_implementation="static").sequences
+        for m in (float_model, quantized)
+    ]
+    torch._dynamo.reset()
+    for model in (float_model, quantized):
+        fot.compile_decoding(model)
+    got = [greedy(m, ids, mask, new_tokens=4).sequences for m in (float_model, quantized)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert not torch.equal(want[0], want[1])
+
+
 def test_attention_false_keeps_sdpa():
     model = tiny_model()
     assert "<attention>" not in {r.name for r in fot.apply(model, attention=False)}

@@ -1140,6 +1140,25 @@ def _quantize(model: torch.nn.Module, mode: str, group_size: int) -> list[Replac
     return replaced
 
 
+def _call_module(self, *args, **kwargs):
+    # The template of _own_compiled_frame's per-model functions.
+    return type(self).__call__(self, *args, **kwargs)
+
+
+def _own_compiled_frame(model: torch.nn.Module) -> None:
+    """Gives `model` a ``__call__`` attribute (what transformers compiles:
+    ``torch.compile(self.__call__)``) whose code object is the model's own.
+    torch.compile keeps its graphs per code object and tells two models of
+    one class apart only by the guards on their modules, which
+    compile_decoding skips: without a code object of its own, a second model
+    compiled in the same process would run the first one's graph. Calling
+    the model (``model(...)``) is unchanged: Python looks ``__call__`` up on
+    the class."""
+    code = _call_module.__code__.replace(co_name=f"_call_module_{id(model):x}")
+    function = types.FunctionType(code, _call_module.__globals__, code.co_name)
+    model.__dict__["__call__"] = types.MethodType(function, model)
+
+
 def compile_decoding(
     model: torch.nn.Module, *, cpp_wrapper: bool = True, module_guards: bool = False
 ) -> None:
@@ -1167,7 +1186,9 @@ def compile_decoding(
       never changes. The graph then assumes the modules it traced: after
       changing the model's structure (another :func:`apply`, a replaced
       layer, training mode) call ``torch._dynamo.reset()``. Weights changed
-      in place are seen either way.
+      in place are seen either way. Each model compiled so gets a frame of
+      its own (a ``__call__`` attribute with its own code object), so two
+      models in one process never share a graph.
 
     Each shape a step can have (batch size; the cache's length, which is
     the prompt's plus ``max_new_tokens``) compiles its own graph once, and
@@ -1186,6 +1207,8 @@ def compile_decoding(
         fullgraph=True, dynamic=False, mode=None if options else "default", options=options or None
     )
     config._compile_all_devices = True
+    if not module_guards:
+        _own_compiled_frame(model)
     generation = model.generation_config
     generation.cache_implementation = "static"
     generation.compile_config = config

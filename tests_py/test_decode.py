@@ -515,6 +515,31 @@ def _ggml_rope(q, positions, base):
     return out
 
 
+def test_bench_decode_variants_selects_rows_and_compile_decoding_runs(tmp_path):
+    chosen = ["HF bf16", "fuseops w8a8, compile_decoding"]
+    base = [sys.executable, "-m", "fuseops", "bench", "--decode", "--decode-size", "tiny"]
+    base += ["--decode-new-tokens", "3", "--decode-prompt", "8", "--decode-repeats", "1"]
+    base += ["--decode-batch", "1", "--threads", "1", "--out", str(tmp_path)]
+    result = subprocess.run(
+        base + ["--decode-compile", "--decode-variants", *chosen],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "decode.json").read_text())
+    [size] = report["results"]
+    assert [row["variant"] for row in size["rows"]] == chosen
+    for row in size["rows"]:
+        assert "error" not in row, row
+    # A compiled row's name without --decode-compile is not a row.
+    refused = subprocess.run(
+        base + ["--decode-variants", chosen[1]], capture_output=True, text=True, timeout=300
+    )
+    assert refused.returncode == 2
+    assert "unknown --decode-variants ['fuseops w8a8, compile_decoding']" in refused.stderr
+
+
 @pytest.mark.parametrize("heads", [1, 4])
 def test_rope_rows_carry_hf_rotary_embedding_to_llama_cpps(heads):
     # q = W x rotated by HF's RoPE must be q' = rope_rows(W) x rotated by

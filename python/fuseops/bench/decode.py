@@ -196,6 +196,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"timed generate calls of each length, median taken (default {DEFAULT_REPEATS})",
     )
     parser.add_argument(
+        "--decode-variants",
+        nargs="+",
+        metavar="NAME",
+        default=None,
+        help="only these rows, by their names in the table (quote each: "
+        "--decode-variants 'HF bf16' 'fuseops w4a8' 'llama.cpp Q4_0'; default: every row)",
+    )
+    parser.add_argument(
         "--decode-compile",
         action="store_true",
         help="also the compiled variants: HF's bfloat16 model under torch.compile with a "
@@ -216,6 +224,8 @@ class Variant:
     #: that generates.
     prepare: Callable[[torch.nn.Module], torch.nn.Module]
     static_cache: bool = False
+    #: Compiles graphs, released (torch._dynamo.reset) after its row.
+    compiled: bool = False
 
 
 def _unchanged(model: torch.nn.Module) -> torch.nn.Module:
@@ -281,7 +291,13 @@ def variants(compile_peer: bool) -> list[Variant]:
     chosen = [Variant("HF bf16", bf16, _unchanged)]
     if compile_peer:
         chosen.append(
-            Variant("HF bf16 + torch.compile (static cache)", bf16, _compiled, static_cache=True)
+            Variant(
+                "HF bf16 + torch.compile (static cache)",
+                bf16,
+                _compiled,
+                static_cache=True,
+                compiled=True,
+            )
         )
     chosen.append(Variant("fuseops bf16", bf16, _fuseops(None)))
     # What fuseops.linear (apply's default for float models) gains over ATen's.
@@ -293,13 +309,18 @@ def variants(compile_peer: bool) -> list[Variant]:
     if compile_peer:
         # The decode step compiled, the prefill eager (transformers' own
         # generate mechanism; static cache, C++ wrapper, no module guards).
-        chosen.append(Variant("HF bf16, compile_decoding", bf16, _compiled_decoding(_unchanged)))
+        chosen.append(
+            Variant(
+                "HF bf16, compile_decoding", bf16, _compiled_decoding(_unchanged), compiled=True
+            )
+        )
         for mode in [None, *fuseops.transformers.quantize_modes()]:
             chosen.append(
                 Variant(
                     f"fuseops {mode or 'bf16'}, compile_decoding",
                     bf16,
                     _compiled_decoding(_fuseops(mode)),
+                    compiled=True,
                 )
             )
     # What merging q/k/v and gate/up (apply's default when quantizing) gains.
@@ -565,12 +586,24 @@ def _measured(
     }
 
 
+def _selected(args, name: str) -> bool:
+    return args.decode_variants is None or name in args.decode_variants
+
+
+def row_names(compile_peer: bool) -> list[str]:
+    """Every row --decode-variants can name: the variants, then llama.cpp's."""
+    anchor = llama_cpp_anchor_module
+    return [v.name for v in variants(compile_peer)] + [anchor.ROW_PREFIX + q for q, _ in QUANTS]
+
+
 def _bench_size(name: str, args, copy_gb_s: float) -> dict:
     size = SIZES[name]
     positions = args.decode_prompt + args.decode_new_tokens
     rows = []
     parameters = None
     for variant in variants(args.decode_compile):
+        if not _selected(args, variant.name):
+            continue
         print(f"{name}: {variant.name}", file=sys.stderr, flush=True)
         row: dict = {"variant": variant.name}
         try:
@@ -586,7 +619,7 @@ def _bench_size(name: str, args, copy_gb_s: float) -> dict:
             row["error"] = f"{type(error).__name__}: {error}"
         rows.append(row)
         model = None
-        if variant.static_cache:
+        if variant.compiled:
             torch._dynamo.reset()
         _release_free_memory()
     llama_rows, skipped = _llama_cpp_rows(name, args, copy_gb_s)
@@ -608,6 +641,8 @@ def _llama_cpp_rows(name: str, args, copy_gb_s: float) -> tuple[list[dict], Opti
     positions = args.decode_prompt + args.decode_new_tokens
     threads = torch.get_num_threads()
     names = [anchor.ROW_PREFIX + q for q, _ in QUANTS]
+    if not any(_selected(args, n) for n in names):
+        return [], None
     with tempfile.TemporaryDirectory(prefix="fuseops-gguf-") as folder:
         print(f"{name}: llama.cpp, the model to GGUF", file=sys.stderr, flush=True)
         try:
@@ -620,6 +655,8 @@ def _llama_cpp_rows(name: str, args, copy_gb_s: float) -> tuple[list[dict], Opti
         _release_free_memory()
         rows = []
         for (quant, _), variant in zip(QUANTS, names):
+            if not _selected(args, variant):
+                continue
             print(f"{name}: {variant}", file=sys.stderr, flush=True)
             row: dict = {"variant": variant}
             try:
@@ -855,6 +892,16 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.decode_variants is not None:
+        known = row_names(args.decode_compile)
+        unknown = [n for n in args.decode_variants if n not in known]
+        if unknown:
+            print(
+                f"fuseops bench --decode: unknown --decode-variants {unknown}; the rows "
+                f"(--decode-compile adds the compiled ones): {known}",
+                file=sys.stderr,
+            )
+            return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     env = _environment()

@@ -57,6 +57,30 @@ def export_cases(name: str, backend: str) -> list:
     ]
 
 
+def dtype_of(case) -> torch.dtype:
+    """The dtype a case computes in: its first argument's (the op's input)."""
+    return case.args[0].dtype
+
+
+def select_cases(cases, all_of: tuple[torch.dtype, ...]) -> list:
+    """Every case of ``cases`` whose input is in one of the dtypes ``all_of``
+    and, of the others, only the last of each overload for each combination
+    of floating dtypes among its tensors (a float32 weight or cache beside a
+    bfloat16 input is a combination of its own). The op modules declare
+    each dtype's plain case first and its edge cases (special values,
+    partial rotary, bias) after it. Every overload still runs in every dtype
+    (and mix of dtypes) it has cases in; the tensors are those ``cases``
+    drew, so a kept case is the very call the full list makes."""
+
+    def key(case):
+        floats = {a.dtype for a in case.args if a.is_floating_point()}
+        return case.op, dtype_of(case), frozenset(floats)
+
+    last = {key(case): index for index, case in enumerate(cases) if dtype_of(case) not in all_of}
+    kept = set(last.values())
+    return [case for index, case in enumerate(cases) if dtype_of(case) in all_of or index in kept]
+
+
 class Calls(torch.nn.Module):
     """Calls each case on its tensors (the module's inputs, in order) and
     returns every result, flattened."""

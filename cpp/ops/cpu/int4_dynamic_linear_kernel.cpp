@@ -323,6 +323,7 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
       for (int64_t g = 0; g < groups; ++g) {
         FloatVec scale[V];
         FloatVec neg_zero[V];
+        prefetch_next_block_channels(sz, n, g, channel0 + kBlockN);
         load_channels(sz + (2 * g) * n + channel0, channels, scale);
         load_channels(sz + (2 * g + 1) * n + channel0, channels, neg_zero);
         for (int v = 0; v < V; ++v) {

@@ -313,6 +313,7 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
         Group group;
         group.pairs = pairs;
         group.sums_stride = groups;
+        prefetch_next_block_channels(sz, n, g, channel0 + kBlockN);
         load_channels(sz + (2 * g) * n + channel0, channels, group.scale);
         load_channels(sz + (2 * g + 1) * n + channel0, channels, group.neg_zero);
         for (int v = 0; v < V; ++v) {

@@ -24,4 +24,18 @@ C10_ALWAYS_INLINE void prefetch_ahead(const void* p) {
   __builtin_prefetch(static_cast<const char*>(p) + kStreamPrefetchBytes, 0, 3);
 }
 
+// The int4 kernels' scales and zero points ([groups, 2, N] float32) are
+// read 16 channels (one 64-byte line) at a time from 2 * groups rows N * 4
+// bytes apart: a block of 16 channels touches one line in each of those rows,
+// a pattern the hardware prefetcher does not follow. While a task works on
+// one block, this asks for the same lines of the next block (the 64 bytes
+// after the current ones), a whole block of weight bytes ahead.
+C10_ALWAYS_INLINE void prefetch_next_block_channels(const float* scale_zero, int64_t n,
+                                                    int64_t group, int64_t next_channel0) {
+  if (next_channel0 < n) {
+    __builtin_prefetch(scale_zero + (2 * group) * n + next_channel0, 0, 3);
+    __builtin_prefetch(scale_zero + (2 * group + 1) * n + next_channel0, 0, 3);
+  }
+}
+
 }  // namespace fuseops::cpu

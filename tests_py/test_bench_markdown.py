@@ -321,6 +321,21 @@ def test_decode_json_as_markdown(capsys, tmp_path):
     assert rows[3][3:7] == ["-", "12.35", "-", "-"]  # no tokens/s, GB/s, % of copy
     assert text.rstrip().endswith(document["llama_cpp"])
 
+    # Under the table, one tokens/s chart per batch size, of the variants
+    # with a figure there (w8a16 has none at batch 1, w4a16 failed).
+    charts = re.findall(r"```mermaid\n(.*?)```", text, re.S)
+    assert [chart.split("\n")[0] for chart in charts] == ["xychart-beta horizontal"] * 2
+    one, eight = (
+        dict(line.strip().split(" ", 1) for line in c.strip().split("\n")[1:]) for c in charts
+    )
+    assert one["title"] == '"size tiny, batch 1: tokens/s"'
+    assert one["x-axis"] == '["HF bf16"]'
+    assert one["bar"] == f"[{1 / 1.234e-3:.1f}]"
+    assert eight["x-axis"] == '["HF bf16", "fuseops w8a16"]'
+    assert eight["bar"] == f"[{8 / 4.5e-3:.1f}, {8 / 0.75e-3:.1f}]"
+    assert eight["y-axis"] == f'"tokens/s" 0 --> {int(8 / 0.75e-3 * 1.1 + 1)}'
+    assert text.index("```mermaid") > text.index("| fuseops w4a16 |")
+
 
 def test_unreadable_or_foreign_json_is_refused(capsys, tmp_path):
     missing = tmp_path / "none.json"

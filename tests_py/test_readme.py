@@ -53,6 +53,8 @@ EXECUTED = {
 NOT_EXECUTED = {
     "text": "not a program: what a program prints, what a person types at the gdb "
     "prompt, or a diagram; the gdb printers' output is checked by tests_py/test_gdb.py",
+    "mermaid": "a chart GitHub draws from the numbers in it: the tokens/s bars that "
+    "`bench --markdown` writes under a decode table (test_bench_markdown.py checks them)",
     "bash": "shell commands that install packages, build for minutes, need a GPU or "
     "write into the user's home (~/.gdbinit); CI runs the main ones itself (.ci/run: "
     "tools/run_tests.sh, tools/sanitize.sh, tools/cuda_compile_check.sh), and "

@@ -7,7 +7,9 @@ formats it, and a field the JSON lacks prints "-".
 The ops: a line naming the machine, the versions, the date and the load
 average, then one table per op family with the text table's columns (and the
 text report's allocation table, notes and summary under them). Decode: the
-same line, then one table per model size with the decode table's columns.
+same line, then one table per model size with the decode table's columns,
+and under it one bar chart of tokens/s per batch size (a ```mermaid
+``xychart-beta``, which GitHub draws), the variants in the table's order.
 """
 
 from __future__ import annotations
@@ -310,6 +312,39 @@ def decode_size_line(result: dict, document: dict) -> str:
     )
 
 
+def _label(value: Any) -> str:
+    # A quoted label of mermaid's: no double quote inside.
+    return '"' + _text(value).replace('"', "'") + '"'
+
+
+def decode_charts(result: dict) -> list[str]:
+    """Under a size's table: for each batch size, a horizontal bar chart of
+    the tokens/s of every variant that has one at that batch size."""
+    bars: dict[int, list[tuple[str, float]]] = {}
+    for row in result.get("rows") or []:
+        if not isinstance(row, dict) or "error" in row:
+            continue
+        for b in row.get("batches") or []:
+            batch = _int(b.get("batch")) if isinstance(b, dict) else None
+            tokens = _num(b.get("tokens_per_s")) if isinstance(b, dict) else None
+            if batch is not None and tokens is not None:
+                bars.setdefault(batch, []).append((_text(row.get("variant")), tokens))
+    out = []
+    for batch, series in sorted(bars.items()):
+        top = max(tokens for _, tokens in series)
+        out += [
+            "",
+            "```mermaid",
+            "xychart-beta horizontal",
+            f'    title "size {_text(result.get("size"))}, batch {batch}: tokens/s"',
+            "    x-axis [" + ", ".join(_label(name) for name, _ in series) + "]",
+            f'    y-axis "tokens/s" 0 --> {max(1, int(top * 1.1 + 1))}',
+            "    bar [" + ", ".join(f"{tokens:.1f}" for _, tokens in series) + "]",
+            "```",
+        ]
+    return out
+
+
 def decode_markdown(document: dict) -> str:
     out = [decode_header(document)]
     for result in document.get("results") or []:
@@ -329,6 +364,7 @@ def decode_markdown(document: dict) -> str:
             body += [decode.batch_cells(row, b) for b in batches]
         out += ["", decode_size_line(result, document), ""]
         out += markdown_table(decode.TABLE_COLUMNS, body, numeric=range(1, 9))
+        out += decode_charts(result)
     if document.get("llama_cpp"):
         out += ["", str(document["llama_cpp"])]
     return "\n".join(out)

@@ -28,6 +28,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install 'fuseops[transformers]')"
 )
 
+import fuseops  # noqa: E402
 import fuseops.transformers as fot  # noqa: E402
 from support import tiny_llama  # noqa: E402
 
@@ -444,6 +445,48 @@ def test_generate_greedy_with_cache(family):
         assert patched.config._attn_implementation == fot.ATTENTION
         assert "decode_attention" in ran
     torch.testing.assert_close(patched.generate(ids, **kwargs), expected, rtol=0, atol=0)
+
+
+def _is_router(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in {"gate", "wg", "router", "shared_expert_gate"}
+
+
+def int8_dequantized(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose nn.Linear weights (routers aside) are their
+    int8 per-channel quantization, dequantized (q * scale) in float32; each
+    a parameter of its own, so a tied head leaves the embedding as it is."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if type(module) is torch.nn.Linear and not _is_router(name):
+                q, scale = fuseops.quantize_per_channel_int8(module.weight)
+                module.weight = torch.nn.Parameter(q.float() * scale[:, None])
+    return model
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_quantized_model_of_every_family(family):
+    """apply(quantize=...) in every family: every nn.Linear but the
+    mixture-of-experts routers quantized; in w8a16 the logits those of the
+    float model of the dequantized weights, to float32 accumulation (the
+    same bound as tests_py/test_decode.py's for Llama); greedy generate runs
+    in w8a16 and in w4a8 (int4 weights, int8 activations)."""
+    ref = make_model(family).eval()
+    ids, _ = batch(batch_size=1, seq=8)
+    kwargs = dict(max_new_tokens=3, do_sample=False, use_cache=True, pad_token_id=0)
+    for mode in ("w8a16", "w4a8"):
+        model = copy.deepcopy(ref)
+        fot.apply(model, quantize=mode)
+        left = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+        assert all(_is_router(n) for n in left), left
+        assert model.generate(ids, **kwargs).shape == (1, ids.shape[1] + 3)
+        if mode == "w8a16":
+            reference = int8_dequantized(ref)
+            fot.apply(reference)  # the same fused ops around the linear layers
+            with torch.no_grad():
+                want = reference(ids).logits
+                got = model(ids).logits
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
 
 
 # Special tokens of the multimodal families inside the tiny vocabulary.

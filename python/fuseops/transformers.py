@@ -57,7 +57,7 @@ import torch.nn.functional as F
 
 from . import quantization
 from .nn import Replacement
-from .ops.activation import bias_gelu
+from .ops.activation import bias_gelu, gelu
 from .ops.cross_entropy import cross_entropy as _cross_entropy
 from .ops.cross_entropy import linear_cross_entropy
 from .ops.decode_attention import decode_attention
@@ -311,19 +311,26 @@ def _conv1d_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.dropout(self.c_proj(bias_gelu(hidden, fc.bias, self._fuseops_act)))
 
 
+def _linear_bias_gelu(fc: torch.nn.Module, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    # GELU(fc(x)) for an nn.Linear fc: the bias add fused into the GELU after
+    # the bias-free product. A layer apply(quantize=...) has replaced adds its
+    # bias in its own kernel, so only the GELU is left.
+    if isinstance(fc, torch.nn.Linear):
+        return bias_gelu(F.linear(x, fc.weight), fc.bias, approximate)
+    return gelu(fc(x), approximate)
+
+
 def _linear_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     # StarCoder2: c_fc and c_proj are nn.Linear; the bias add and the GELU
     # are fused after c_fc's bias-free product, then c_proj and the residual
     # dropout as HF's.
-    fc = self.c_fc
-    hidden = bias_gelu(F.linear(hidden_states, fc.weight), fc.bias, self._fuseops_act)
+    hidden = _linear_bias_gelu(self.c_fc, hidden_states, self._fuseops_act)
     return F.dropout(self.c_proj(hidden), p=self.residual_dropout, training=self.training)
 
 
 def _dense_gelu_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     # BERT's intermediate layer: dense then GELU, the bias add fused.
-    dense = self.dense
-    return bias_gelu(F.linear(hidden_states, dense.weight), dense.bias, self._fuseops_act)
+    return _linear_bias_gelu(self.dense, hidden_states, self._fuseops_act)
 
 
 def _falcon_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -933,7 +940,10 @@ def apply(
     patched model an inference model with quantized weights: after the
     patches, ``fuseops.quantize_(model, quantize)`` replaces every
     ``torch.nn.Linear`` (exact type; attention and MLP projections and the
-    LM head) by a quantized layer, each listed in the returned list as
+    LM head; not the mixture-of-experts routers that are ``nn.Linear``
+    layers named ``gate``, ``wg``, ``router`` or ``shared_expert_gate``,
+    which stay in the model's dtype) by a quantized layer, each listed in
+    the returned list as
     ``Replacement(name, "Linear", "fuseops.quantization.Int8Linear('w8a16')")``.
     ``"w8a16"``: int8 weights, one scale per output channel, activations
     in the model's dtype; ``"w8a8"``: the same weights, activations
@@ -946,7 +956,10 @@ def apply(
     then runs under ``torch.no_grad()`` or ``torch.inference_mode()``
     (``generate`` does): quantized layers have no gradients, and a training
     step with labels raises ``RuntimeError``. The embedding stays in the
-    model's dtype (a tied LM head gets its own quantized copy). Layers
+    model's dtype (a tied LM head gets its own quantized copy), and so do
+    the layers that are not ``nn.Linear``: transformers' mixture-of-experts
+    experts (3-D weight tensors of all experts; their quantized form is
+    still to come) and GPT-2's ``Conv1D`` projections. Layers
     already quantized are left alone, so a second call with the same
     `quantize` returns ``[]``; with another mode it raises ``ValueError``.
 
@@ -1126,10 +1139,23 @@ def apply(
     return replaced
 
 
+#: The names of mixture-of-experts routers that are plain ``nn.Linear``
+#: layers (HunYuan's ``wg``, Qwen2-MoE's ``shared_expert_gate``, older
+#: families' ``gate``/``router``): apply(quantize=...) keeps them in the
+#: model's dtype, as llama.cpp keeps its ``ffn_gate_inp``. They are a few
+#: KiB, their rounding would change which experts a token goes to, and
+#: families' code reads their ``weight`` (HunYuan checks its dtype).
+_ROUTER_NAMES = frozenset({"gate", "wg", "router", "shared_expert_gate"})
+
+
+def _is_router(name: str, module: torch.nn.Module) -> bool:
+    return name.rsplit(".", 1)[-1] in _ROUTER_NAMES
+
+
 def _quantize(model: torch.nn.Module, mode: str, group_size: int) -> list[Replacement]:
     # Only the int4 modes group their scales; the int8 modes take one per channel.
     options: dict[str, Any] = {"group_size": group_size} if mode.startswith("w4") else {}
-    quantized = quantization.quantize_(model, mode, **options)
+    quantized = quantization.quantize_(model, mode, skip=_is_router, **options)
     setattr(model, _QUANTIZE_ATTRIBUTE, mode)
     replaced = []
     for q in quantized:

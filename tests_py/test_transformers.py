@@ -451,23 +451,38 @@ def _is_router(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in {"gate", "wg", "router", "shared_expert_gate"}
 
 
+def _dequantized_int8(weight: torch.Tensor) -> torch.Tensor:
+    q, scale = fuseops.quantize_per_channel_int8(weight)
+    return q.float() * scale[:, None]
+
+
+def _stacked_experts(module: torch.nn.Module) -> bool:
+    # transformers' experts: every expert's weights in one 3-D parameter.
+    weight = getattr(module, "gate_up_proj", None)
+    return isinstance(weight, torch.nn.Parameter) and weight.dim() == 3
+
+
 def int8_dequantized(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `model` whose nn.Linear weights (routers aside) are their
-    int8 per-channel quantization, dequantized (q * scale) in float32; each
-    a parameter of its own, so a tied head leaves the embedding as it is."""
+    """A copy of `model` whose nn.Linear weights (routers aside) and
+    experts' weights (expert by expert) are their int8 per-channel
+    quantization, dequantized (q * scale) in float32; each a parameter of
+    its own, so a tied head leaves the embedding as it is."""
     model = copy.deepcopy(model)
     with torch.no_grad():
         for name, module in model.named_modules():
             if type(module) is torch.nn.Linear and not _is_router(name):
-                q, scale = fuseops.quantize_per_channel_int8(module.weight)
-                module.weight = torch.nn.Parameter(q.float() * scale[:, None])
+                module.weight = torch.nn.Parameter(_dequantized_int8(module.weight))
+            if _stacked_experts(module):
+                for weight in (module.gate_up_proj, module.down_proj):
+                    weight.copy_(torch.stack([_dequantized_int8(w) for w in weight]))
     return model
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_quantized_model_of_every_family(family):
     """apply(quantize=...) in every family: every nn.Linear but the
-    mixture-of-experts routers quantized; in w8a16 the logits those of the
+    mixture-of-experts routers quantized, and the experts' 3-D weights
+    expert by expert; in w8a16 the logits those of the
     float model of the dequantized weights, to float32 accumulation (the
     same bound as tests_py/test_decode.py's for Llama); greedy generate runs
     in w8a16 and in w4a8 (int4 weights, int8 activations)."""
@@ -479,6 +494,7 @@ def test_quantized_model_of_every_family(family):
         fot.apply(model, quantize=mode)
         left = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
         assert all(_is_router(n) for n in left), left
+        assert not any(_stacked_experts(m) for m in model.modules())
         assert model.generate(ids, **kwargs).shape == (1, ids.shape[1] + 3)
         if mode == "w8a16":
             reference = int8_dequantized(ref)

@@ -385,6 +385,18 @@ class Sparse24Linear(_QuantizedLinear):
         return sparse_2_4_linear(x, values, self.meta, self.scale, self._bias(x))
 
 
+def _quantized_layer(weight: torch.Tensor, mode: str, group_size: int = 128) -> torch.nn.Module:
+    """The quantized layer (no bias) of a 2-D `weight` [out, in] in `mode`
+    (an int8 or int4 mode of :func:`quantize_`), as ``quantize_`` would make
+    it from an ``nn.Linear`` holding that weight: for weights that are not
+    a Linear's own (a slice of transformers' 3-D experts' weights)."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
+    if mode in ("w4a16", "w4a8"):
+        return Int4Linear.from_float(linear, group_size=group_size, mode=mode)
+    return Int8Linear.from_float(linear, mode=mode)
+
+
 @dataclass(frozen=True)
 class Quantized:
     name: str  # qualified module name in the model

@@ -957,9 +957,15 @@ def apply(
     (``generate`` does): quantized layers have no gradients, and a training
     step with labels raises ``RuntimeError``. The embedding stays in the
     model's dtype (a tied LM head gets its own quantized copy), and so do
-    the layers that are not ``nn.Linear``: transformers' mixture-of-experts
-    experts (3-D weight tensors of all experts; their quantized form is
-    still to come) and GPT-2's ``Conv1D`` projections. Layers
+    GPT-2's ``Conv1D`` projections, which are not ``nn.Linear``.
+    transformers' mixture-of-experts experts, whose weights are one 3-D
+    tensor for all experts (``gate_up_proj``, ``down_proj``), are quantized
+    expert by expert in the int8 and int4 modes (listed as
+    ``Replacement("....experts.gate_up_proj", "Parameter", "8 x
+    fuseops.quantization.Int8Linear('w8a16')")``) and run by HF's experts
+    loop with the quantized products; the experts' forward then has a
+    data-dependent loop, so ``compile_decoding`` does not take such a model
+    in one graph. Layers
     already quantized are left alone, so a second call with the same
     `quantize` returns ``[]``; with another mode it raises ``ValueError``.
 
@@ -1152,12 +1158,79 @@ def _is_router(name: str, module: torch.nn.Module) -> bool:
     return name.rsplit(".", 1)[-1] in _ROUTER_NAMES
 
 
+def _stacked_experts(module: torch.nn.Module) -> bool:
+    """Whether `module` holds transformers' experts in the layout of its
+    ``use_experts_implementation`` classes that fuseops quantizes: every
+    expert's gate and up rows in one 3-D ``gate_up_proj`` [experts, 2 x
+    intermediate, hidden] (gate rows first), ``down_proj`` [experts, hidden,
+    intermediate], no biases, no norm after the experts."""
+    gate_up = getattr(module, "gate_up_proj", None)
+    down = getattr(module, "down_proj", None)
+    return (
+        isinstance(gate_up, torch.nn.Parameter)
+        and isinstance(down, torch.nn.Parameter)
+        and gate_up.dim() == 3
+        and down.dim() == 3
+        and getattr(module, "has_gate", False) is True
+        and getattr(module, "has_bias", True) is False
+        and getattr(module, "is_concatenated", False) is True
+        and getattr(module, "is_transposed", True) is False
+        and getattr(module, "has_post_expert_norm", True) is False
+        and callable(getattr(module, "_apply_gate", None))
+    )
+
+
+def _quantized_experts_forward(
+    self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    # transformers' eager experts loop with each expert's two products
+    # quantized: the experts hit in increasing order, each on its tokens,
+    # weighted and added into the output in the same order as HF's.
+    out = torch.zeros_like(hidden_states)
+    for expert in torch.unique(top_k_index).tolist():
+        if expert >= len(self.gate_up_proj):  # a masked slot (expert parallelism)
+            continue
+        token, slot = torch.where(top_k_index == expert)
+        hidden = self._apply_gate(self.gate_up_proj[expert](hidden_states[token]))
+        routed = self.down_proj[expert](hidden) * top_k_weights[token, slot, None]
+        out.index_add_(0, token, routed.to(out.dtype))
+    return out
+
+
+def _quantize_experts(model: torch.nn.Module, mode: str, group_size: int) -> list[Replacement]:
+    """Quantizes, expert by expert, the 3-D weights of every
+    :func:`_stacked_experts` module (int8 and int4 modes): ``gate_up_proj``
+    and ``down_proj`` become ``nn.ModuleList``s of quantized layers, one per
+    expert, and the module's forward runs them."""
+    if mode not in ("w8a16", "w8a8", "w4a16", "w4a8"):
+        return []
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if not _stacked_experts(module):
+            continue
+        for weight_name in ("gate_up_proj", "down_proj"):
+            weights = getattr(module, weight_name).detach()
+            delattr(module, weight_name)
+            layers = [quantization._quantized_layer(w, mode, group_size) for w in weights]
+            setattr(module, weight_name, torch.nn.ModuleList(layers))
+            layer = type(layers[0])
+            replaced.append(
+                Replacement(
+                    f"{name}.{weight_name}",
+                    "Parameter",
+                    f"{len(layers)} x {layer.__module__}.{layer.__qualname__}({mode!r})",
+                )
+            )
+        module.forward = types.MethodType(_quantized_experts_forward, module)
+    return replaced
+
+
 def _quantize(model: torch.nn.Module, mode: str, group_size: int) -> list[Replacement]:
     # Only the int4 modes group their scales; the int8 modes take one per channel.
     options: dict[str, Any] = {"group_size": group_size} if mode.startswith("w4") else {}
+    replaced = _quantize_experts(model, mode, group_size)
     quantized = quantization.quantize_(model, mode, skip=_is_router, **options)
     setattr(model, _QUANTIZE_ATTRIBUTE, mode)
-    replaced = []
     for q in quantized:
         layer = type(model.get_submodule(q.name))
         replaced.append(

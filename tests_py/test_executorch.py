@@ -122,12 +122,18 @@ def test_a_wrong_decomposition_fails():
 
 
 def test_an_op_without_a_decomposition_is_named():
-    class Conv(torch.nn.Module):
-        def forward(self, x, w):
-            return fuseops.causal_conv1d(x, w)
+    class ConvStep(torch.nn.Module):
+        def forward(self, x, state, w):
+            return fuseops.causal_conv1d_update(x, state, w)
 
-    with pytest.raises(NotImplementedError, match=r"torch\.ops\.fuseops\.causal_conv1d\.default"):
-        fet.export(Conv(), (torch.randn(1, 4, 8), torch.randn(4, 3)))
+    args = (torch.randn(1, 4), torch.randn(1, 4, 2), torch.randn(4, 3))
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            NotImplementedError, match=r"torch\.ops\.fuseops\.causal_conv1d_update\.default"
+        ),
+    ):
+        fet.export(ConvStep(), args)
 
 
 def test_plain_lowering_fails_without_the_decompositions():

@@ -126,12 +126,18 @@ def test_a_wrong_translation_fails():
 
 
 def test_an_op_without_a_translation_is_named():
-    class Conv(torch.nn.Module):
-        def forward(self, x, w):
-            return fuseops.causal_conv1d(x, w)
+    class ConvStep(torch.nn.Module):
+        def forward(self, x, state, w):
+            return fuseops.causal_conv1d_update(x, state, w)
 
-    with pytest.raises(NotImplementedError, match=r"torch\.ops\.fuseops\.causal_conv1d\.default"):
-        fonnx.export(Conv(), (torch.randn(1, 4, 8), torch.randn(4, 3)), verbose=False)
+    args = (torch.randn(1, 4), torch.randn(1, 4, 2), torch.randn(4, 3))
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            NotImplementedError, match=r"torch\.ops\.fuseops\.causal_conv1d_update\.default"
+        ),
+    ):
+        fonnx.export(ConvStep(), args, verbose=False)
 
 
 # float32 logits: the graphs differ only in float32 rounding order (1e-5 of

@@ -406,9 +406,117 @@ def fuzz(d) -> Sample:
 # --- export (fuseops/ops/_export.py) ---
 
 NOT_EXPORTED = {
-    ("causal_conv1d", "causal_conv1d_update"): "still to come (a grouped convolution with "
-    "left padding, and the decode step's state update)",
+    ("causal_conv1d_update",): "still to come (the decode step's state update: it shifts its "
+    "conv_state argument in place, which the exported graph would have to return as a new "
+    "state instead)",
 }
+
+
+def onnx_translations() -> dict:
+    """causal_conv1d as its sum of width shifted products."""
+    from ._onnx import cast, dtype_of, ints, last_slice, op, opmath, scalar, silu_math, static_dim
+
+    def causal_conv1d_onnx(x, weight, bias=None, initial_states=None, activation=None):
+        """``fuseops::causal_conv1d``: the inputs preceded by the initial
+        states (or zeros), then ``bias + sum_k weight[:, k] * x[t - (width -
+        1) + k]`` in the op's precision, SiLU if asked, rounded to x's dtype."""
+        dtype = dtype_of(x)
+        ct = opmath(dtype)
+        width = static_dim(weight, 1, "causal_conv1d's weight width")
+        seqlen = static_dim(x, 2, "causal_conv1d's sequence length")
+        xc = cast(x, ct)
+        if initial_states is None:
+            # Zeros of x's first two dimensions and width - 1 steps.
+            shape = op.Concat(op.Shape(x, start=0, end=2), ints(width - 1), axis=0)
+            head = op.Expand(scalar(0.0, ct), shape) if width > 1 else None
+        else:
+            head = cast(initial_states, ct)
+        joined = xc if head is None else op.Concat(head, xc, axis=-1)
+        w = cast(weight, ct)
+        acc = None
+        for k in range(width):
+            term = op.Mul(
+                op.Unsqueeze(last_slice(w, k, k + 1), op.Constant(value_ints=[0])),
+                last_slice(joined, k, k + seqlen),
+            )
+            acc = term if acc is None else op.Add(acc, term)
+        if bias is not None:
+            acc = op.Add(op.Unsqueeze(cast(bias, ct), op.Constant(value_ints=[0, 2])), acc)
+        if activation in ("silu", "swish"):
+            acc = silu_math(acc)
+        elif activation is not None:
+            raise ValueError(f"fuseops.onnx: causal_conv1d's activation {activation!r}")
+        return cast(acc, dtype)
+
+    return {torch.ops.fuseops.causal_conv1d.default: causal_conv1d_onnx}
+
+
+def executorch_decompositions() -> dict:
+    """causal_conv1d as its sum of width shifted products."""
+    from ._executorch import opmath, silu_math
+
+    def causal_conv1d_decomposition(x, weight, bias=None, initial_states=None, activation=None):
+        """``fuseops::causal_conv1d``: the inputs preceded by the initial
+        states (or zeros), then ``bias + sum_k weight[:, k] * x[t - (width -
+        1) + k]`` in the op's precision, SiLU if asked, rounded to x's dtype."""
+        if activation not in (None, "silu", "swish"):
+            raise ValueError(f"fuseops.executorch: causal_conv1d's activation {activation!r}")
+        ct = opmath(x.dtype)
+        width, seqlen = weight.shape[1], x.shape[-1]
+        xc = x.to(ct)
+        if initial_states is None:
+            head = xc.new_zeros(xc.shape[0], xc.shape[1], width - 1)
+        else:
+            head = initial_states.to(ct)
+        joined = torch.cat([head, xc], dim=-1)
+        w = weight.to(ct)
+        acc = torch.zeros_like(xc) if bias is None else bias.to(ct)[None, :, None].expand_as(xc)
+        for k in range(width):
+            acc = acc + w[None, :, k : k + 1] * joined[..., k : k + seqlen]
+        if activation is not None:
+            acc = silu_math(acc)
+        return acc.to(x.dtype)
+
+    return {torch.ops.fuseops.causal_conv1d.default: causal_conv1d_decomposition}
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py)."""
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+
+    op = torch.ops.fuseops.causal_conv1d.default
+    cases = []
+    for dtype in EXPORT_DTYPES:
+        # Parameters in x's dtype, or float32 for bfloat16/float16 x.
+        param = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+        cases += [
+            ExportCase(
+                op,
+                f"{dtype} width 4, bias, silu",
+                (t(2, 6, 9, dtype=dtype), t(6, 4, dtype=param, scale=0.5), t(6, dtype=param)),
+                lambda x, w, b: torch.ops.fuseops.causal_conv1d(x, w, b, None, "silu"),
+            ),
+            ExportCase(
+                op,
+                f"{dtype} width 3, initial states, no bias",
+                (t(1, 5, 7, dtype=dtype), t(5, 3, dtype=param, scale=0.5), t(1, 5, 2, dtype=dtype)),
+                lambda x, w, s: torch.ops.fuseops.causal_conv1d(x, w, None, s, None),
+            ),
+            # Shorter than the kernel: every output reads the initial states.
+            ExportCase(
+                op,
+                f"{dtype} width 4, 2 steps, initial states, bias, swish",
+                (
+                    t(3, 4, 2, dtype=dtype),
+                    t(4, 4, dtype=param, scale=0.5),
+                    t(4, dtype=param),
+                    t(3, 4, 3, dtype=dtype),
+                ),
+                lambda x, w, b, s: torch.ops.fuseops.causal_conv1d(x, w, b, s, "swish"),
+            ),
+        ]
+    return cases
 
 
 __all__ = [

@@ -541,10 +541,180 @@ def fuzz(d) -> Sample:
 # --- export (fuseops/ops/_export.py) ---
 
 NOT_EXPORTED = {
-    ("sparse_2_4_linear", "sparse_2_4_dynamic_linear"): "still to come (the 2:4 metadata "
-    "unpacked with the runtime's operators)",
     ("prune_2_4", "pack_2_4"): PREPARES_WEIGHTS,
 }
+
+
+def onnx_translations() -> dict:
+    """The 2:4 linears: the dense weight rebuilt from ``meta``'s bits
+    (``BitShift``, ``BitwiseAnd``, ``CumSum`` of the kept positions in each
+    group of 4, ``GatherElements`` of the values, ``Where``), then the math of
+    ``int8_weight_only_linear``/``int8_dynamic_linear``'s translations: float
+    sums for the weight-only op, ``MatMulInteger`` for the dynamic one."""
+    from onnxscript import ir
+
+    from ._onnx import (
+        FLOAT,
+        INT8,
+        INT32,
+        INT64,
+        UINT8,
+        add_bias,
+        cast,
+        dtype_of,
+        ints,
+        op,
+        opmath,
+        quantize_rows,
+        scalar,
+        static_dim,
+    )
+
+    def dense(values, meta, k: int, to: ir.DataType):
+        """The ``[N, k]`` weight the packed one holds, in ``to`` (exact:
+        ONNX Runtime has no int8 ``Where``)."""
+        n = static_dim(values, 0, "the output features (values.shape[0])")
+        kb = static_dim(meta, 1, "meta.shape[1]")
+        shifts = op.Constant(value=ir.tensor(list(range(8)), dtype=UINT8))
+        one = op.Constant(value=ir.tensor(1, dtype=UINT8))
+        bits = op.BitwiseAnd(
+            op.BitShift(op.Unsqueeze(meta, ints(-1)), shifts, direction="RIGHT"), one
+        )
+        bits = op.Slice(op.Reshape(bits, ints(n, kb * 8)), ints(0), ints(k), ints(1))
+        kept = op.Cast(bits, to=INT64)
+        # The kept positions' rank in their group of 4 (0 or 1), and where
+        # that value sits in the group's pair of values.
+        rank = op.Sub(op.CumSum(op.Reshape(kept, ints(n, k // 4, 4)), ints(-1)), ints(1))
+        base = op.Constant(value=ir.tensor([[[2 * g] for g in range(k // 4)]], dtype=INT64))
+        index = op.Reshape(op.Add(op.Max(rank, ints(0)), base), ints(n, k))
+        gathered = cast(op.GatherElements(values, index, axis=1), to)
+        return op.Where(op.Equal(kept, ints(1)), gathered, cast(scalar(0.0, FLOAT), to))
+
+    def sparse_2_4_linear_onnx(input, values, meta, scale, bias=None):
+        """``fuseops::sparse_2_4_linear``: ``(x @ W.T) * scale + bias`` in
+        float32 (float64 for float64 x), W the dense weight cast exactly."""
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        k = static_dim(input, -1, "the input features")
+        w = dense(values, meta, k, ct)
+        y = op.Mul(op.MatMul(cast(input, ct), op.Transpose(w, perm=[1, 0])), cast(scale, ct))
+        return cast(add_bias(y, bias, ct), dtype)
+
+    def sparse_2_4_dynamic_linear_onnx(input, values, meta, scale, colsum, bias=None):
+        """``fuseops::sparse_2_4_dynamic_linear``: the rows quantized as the op
+        does, ``MatMulInteger`` with the dense int8 weight (exact int32 sums),
+        then ``(acc * x_scale) * scale + bias`` in float32 (float64 for float64
+        x). ``colsum`` is the op's correction for unsigned activations: unused."""
+        del colsum
+        dtype = dtype_of(input)
+        ct = opmath(dtype)
+        k = static_dim(input, -1, "the input features")
+        xq, x_scale, bad = quantize_rows(input)
+        w = op.Cast(dense(values, meta, k, INT32), to=INT8)
+        acc = op.MatMulInteger(xq, op.Transpose(w, perm=[1, 0]))
+        y = op.Mul(op.Mul(op.Cast(acc, to=ct), cast(x_scale, ct)), cast(scale, ct))
+        y = op.Add(add_bias(y, bias, ct), cast(bad, ct))
+        return cast(y, dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.sparse_2_4_linear.default: sparse_2_4_linear_onnx,
+        ops.sparse_2_4_dynamic_linear.default: sparse_2_4_dynamic_linear_onnx,
+    }
+
+
+def executorch_decompositions() -> dict:
+    """The 2:4 linears: the dense weight rebuilt from ``meta``'s bits
+    (floor divisions by powers of 2, a ``cumsum`` of the kept positions in
+    each group of 4, a ``gather`` of the values, ``where``), then the math of
+    the int8 linears' decompositions: float sums for the weight-only op,
+    exact integer sums (float64) for the dynamic one. The ``.pte`` keeps the
+    packed values and bits."""
+    from ._executorch import add_bias, opmath, quantize_rows, rows_times
+
+    def dense(values, meta, k: int):
+        """The ``[N, k]`` weight (values' dtype) the packed one holds."""
+        n = values.shape[0]
+        m = meta.to(torch.int32)
+        shifted = [torch.div(m, 1 << j, rounding_mode="floor") for j in range(8)]
+        bits = torch.stack([b - torch.div(b, 2, rounding_mode="floor") * 2 for b in shifted], -1)
+        bits = bits.reshape(n, -1)[:, :k]
+        rank = bits.reshape(n, k // 4, 4).cumsum(-1) - 1
+        base = (torch.arange(k // 4, dtype=torch.int64) * 2).reshape(1, -1, 1)
+        index = (rank.clamp(min=0).to(torch.int64) + base).reshape(n, k)
+        gathered = torch.gather(values, 1, index)
+        return torch.where(bits == 1, gathered, torch.zeros_like(gathered))
+
+    def sparse_2_4_linear_decomposition(input, values, meta, scale, bias=None):
+        """``fuseops::sparse_2_4_linear``: ``(x @ W.T) * scale + bias`` in
+        float32 (float64 for float64 x), W the dense weight cast exactly."""
+        dtype = input.dtype
+        ct = opmath(dtype)
+        n, k = values.shape[0], input.shape[-1]
+        w = dense(values, meta, k).to(ct)
+        y = rows_times(input.to(ct).reshape(-1, k), w, input.shape[:-1] + (n,)) * scale.to(ct)
+        return add_bias(y, bias, ct).to(dtype)
+
+    def sparse_2_4_dynamic_linear_decomposition(input, values, meta, scale, colsum, bias=None):
+        """``fuseops::sparse_2_4_dynamic_linear``: the rows quantized as the op
+        does, the int8 products summed exactly (float64), then ``(acc *
+        x_scale) * scale + bias`` in float32 (float64 for float64 x)."""
+        del colsum
+        dtype = input.dtype
+        ct = opmath(dtype)
+        n, k = values.shape[0], input.shape[-1]
+        xq, x_scale = quantize_rows(input)
+        w = dense(values, meta, k).to(torch.float64)
+        acc = rows_times(xq.to(torch.float64).reshape(-1, k), w, input.shape[:-1] + (n,))
+        y = (acc.to(ct) * x_scale.to(ct)) * scale.to(ct)
+        return add_bias(y, bias, ct).to(dtype)
+
+    ops = torch.ops.fuseops
+    return {
+        ops.sparse_2_4_linear.default: sparse_2_4_linear_decomposition,
+        ops.sparse_2_4_dynamic_linear.default: sparse_2_4_dynamic_linear_decomposition,
+    }
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py): the
+    weight-only linear within 1e-5 (its float sums over K run in another
+    order), float and int8 values; the dynamic one as float32 (equal int32
+    sums, the epilogue's float32 order apart)."""
+    import itertools
+
+    from ._export import EXPORT_DTYPES, ExportCase
+    from ._export import randn as t
+    from .quantize import quantize_per_channel_int8
+
+    ops = torch.ops.fuseops
+
+    def pruned(n, k):
+        return prune_2_4(torch.randn(n, k) * 0.05)
+
+    def int8_packed(n, k):
+        return pack_2_4(*quantize_per_channel_int8(pruned(n, k)))
+
+    cases = []
+    for dtype, (m, n, k), bias in itertools.product(
+        EXPORT_DTYPES, ((3, 20, 36), (1, 16, 64)), (False, True)
+    ):
+        float_packed = pack_2_4(pruned(n, k).to(dtype))
+        for kind, packed in (("float", float_packed), ("int8", int8_packed(n, k))):
+            args = (t(2, m, k, dtype=dtype), *packed) + ((t(n, dtype=dtype),) if bias else ())
+            label = f"{dtype} {kind} values {m}x{k} @ {n} bias={bias}"
+            cases.append(
+                ExportCase(ops.sparse_2_4_linear.default, label, args, rtol=1e-5, atol=1e-5)
+            )
+        values, meta, scale = int8_packed(n, k)
+        args = (t(2, m, k, dtype=dtype), values, meta, scale, colsum_2_4(values))
+        args += (t(n, dtype=dtype),) if bias else ()
+        cases.append(
+            ExportCase(
+                ops.sparse_2_4_dynamic_linear.default, f"{dtype} {m}x{k} @ {n} bias={bias}", args
+            )
+        )
+    return cases
 
 
 __all__ = [

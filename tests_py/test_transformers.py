@@ -505,6 +505,31 @@ def test_quantized_model_of_every_family(family):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
 
 
+def test_compile_decoding_of_quantized_experts():
+    """A quantized mixture-of-experts model under compile_decoding: the
+    compiled step (every expert on every token, the routed results added)
+    makes the eager model's tokens, and its scores agree to float32
+    rounding (1e-4 of the largest, the bound of test_decode.py's compiled
+    steps; the quantized products give the same bits on every row)."""
+    # No router logits: generate would compute their load-balancing loss
+    # against the static cache's attention mask (another length).
+    eager = make_model("mixtral", output_router_logits=False).eval()
+    fot.apply(eager, quantize="w8a16")
+    compiled = copy.deepcopy(eager)
+    fot.compile_decoding(compiled)
+    ids, _ = batch(batch_size=2, seq=6)
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    kwargs.update(output_scores=True, return_dict_in_generate=True)
+    torch._dynamo.reset()
+    got = compiled.generate(ids, **kwargs)
+    want = eager.generate(ids, cache_implementation="static", **kwargs)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
+    for got_scores, want_scores in zip(got.scores, want.scores):
+        scale = want_scores.abs().max().item()
+        assert (got_scores - want_scores).abs().max().item() <= 1e-4 * scale
+
+
 # Special tokens of the multimodal families inside the tiny vocabulary.
 IMAGE_TOKEN, IMAGE_START, IMAGE_END = 3, 4, 5
 IMAGE_TOKENS = {

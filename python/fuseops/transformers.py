@@ -963,9 +963,10 @@ def apply(
     expert by expert in the int8 and int4 modes (listed as
     ``Replacement("....experts.gate_up_proj", "Parameter", "8 x
     fuseops.quantization.Int8Linear('w8a16')")``) and run by HF's experts
-    loop with the quantized products; the experts' forward then has a
-    data-dependent loop, so ``compile_decoding`` does not take such a model
-    in one graph. Layers
+    loop with the quantized products (under ``torch.compile``, where a graph
+    cannot loop over the experts a step routes to, every expert runs on
+    every token and only the routed results are added: the same bits, more
+    weight bytes per step). Layers
     already quantized are left alone, so a second call with the same
     `quantize` returns ``[]``; with another mode it raises ``ValueError``.
 
@@ -1187,6 +1188,18 @@ def _quantized_experts_forward(
     # quantized: the experts hit in increasing order, each on its tokens,
     # weighted and added into the output in the same order as HF's.
     out = torch.zeros_like(hidden_states)
+    if torch.compiler.is_compiling():
+        # A graph cannot loop over the set of experts a step routes to (it
+        # depends on the data): every expert runs on every token, and only
+        # the routed tokens' results are added, in the same order and with
+        # the same bits (a row's result does not depend on the other rows).
+        for expert in range(len(self.gate_up_proj)):
+            routed = top_k_index == expert
+            weight = torch.where(routed, top_k_weights, 0).sum(-1, keepdim=True)
+            hidden = self._apply_gate(self.gate_up_proj[expert](hidden_states))
+            result = (self.down_proj[expert](hidden) * weight).to(out.dtype)
+            out = out + torch.where(routed.any(-1, keepdim=True), result, 0)
+        return out
     for expert in torch.unique(top_k_index).tolist():
         if expert >= len(self.gate_up_proj):  # a masked slot (expert parallelism)
             continue

@@ -6,7 +6,8 @@ The analogues, and torch 2.13's CPU policy for them: layer_norm and rms_norm
 fall through (a bfloat16 input with float32 parameters returns bfloat16);
 gelu, silu and relu fall through; the add of bias_gelu / fused_add_rms_norm
 and the multiply of swiglu / geglu promote mixed inputs to float32; conv1d
-runs in the autocast dtype. The cases below feed each op what it meets in an
+runs in the autocast dtype; cross_entropy and kl_div (jsd's analogue) run
+in float32. The cases below feed each op what it meets in an
 autocast model: float32 activations, bfloat16 activations (after a Linear)
 with float32 parameters, and mixed pairs."""
 

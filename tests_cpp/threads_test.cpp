@@ -24,7 +24,8 @@ std::vector<at::Tensor> calls(const at::Tensor& x, const at::Tensor& w, const at
                                  fuseops::swiglu(x, g),
                                  fuseops::rms_norm(x, w, 1e-6),
                                  fuseops::layer_norm(x, w, w, 1e-5),
-                                 fuseops::cross_entropy(x, target)};
+                                 fuseops::cross_entropy(x, target),
+                                 fuseops::jsd(x, g, target)};
   auto [y, rstd] = fuseops::rms_norm_forward(x, w, 1e-6);
   auto [grad_x, grad_w] = fuseops::rms_norm_backward(g, x, w, rstd);
   out.insert(out.end(), {y, rstd, grad_x, grad_w});

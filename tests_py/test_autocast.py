@@ -6,12 +6,14 @@ The analogues, and torch 2.13's CPU policy for them: layer_norm and rms_norm
 fall through (a bfloat16 input with float32 parameters returns bfloat16);
 gelu, silu and relu fall through; the add of bias_gelu / fused_add_rms_norm
 and the multiply of swiglu / geglu promote mixed inputs to float32; conv1d
-runs in the autocast dtype. The cases below feed each op what it meets in an
+runs in the autocast dtype; cross_entropy and kl_div (jsd's analogue) run
+in float32. The cases below feed each op what it meets in an
 autocast model: float32 activations, bfloat16 activations (after a Linear)
 with float32 parameters, and mixed pairs."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -137,6 +139,14 @@ CASES = {
             (rand(8, D), rand(2 * D, D), rand(2 * D), torch.randint(0, 2 * D, (8,))),
         ],
     ),
+    # TRL's generalized JSD (GKDTrainer.generalized_jsd_loss, beta 0.5)
+    # spelled with torch's kl_div, which autocast runs in float32; a bfloat16
+    # student with a float32 teacher included.
+    "jsd": (
+        lambda s, t: fuseops.jsd(s, t),
+        lambda s, t: jsd_torch(s, t),
+        [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
+    ),
     "cross_entropy": (
         lambda x, t: fuseops.cross_entropy(x, t, label_smoothing=0.1),
         lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
@@ -146,6 +156,14 @@ CASES = {
         ],
     ),
 }
+
+
+def jsd_torch(student, teacher, beta=0.5):
+    s, t = F.log_softmax(student, -1), F.log_softmax(teacher, -1)
+    m = torch.logsumexp(torch.stack([s + math.log1p(-beta), t + math.log(beta)]), 0)
+    kl_teacher = F.kl_div(m, t, reduction="sum", log_target=True)
+    kl_student = F.kl_div(m, s, reduction="sum", log_target=True)
+    return (beta * kl_teacher + (1 - beta) * kl_student) / student.shape[0]
 
 
 def linear_loss_outputs_torch(x, w, b, t, z_loss):
@@ -301,6 +319,7 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
             "cross_entropy",
             "linear_cross_entropy",
             "linear_cross_entropy_stats",
+            "jsd",
         )
     }, cast
     for sample in samples:

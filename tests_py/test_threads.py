@@ -103,6 +103,8 @@ def row_reductions():
     )
     logits, target = r(4096, 1000), torch.randint(0, 1000, (4096,), generator=g)
     yield "cross_entropy", lambda: fuseops.cross_entropy(logits, target), (logits,)
+    teacher = torch.randn(4096, 1000, generator=g)
+    yield "jsd", lambda: fuseops.jsd(logits, teacher, target), (logits,)
     li, lw = r(4096, 256), r(1000, 256)
     yield "linear_cross_entropy", lambda: fuseops.linear_cross_entropy(li, lw, target), (li, lw)
     nx, nw, nb = r(4096, 1024), r(1024), r(1024)

@@ -68,6 +68,12 @@ from .ops.int8_linear import (
     pack_int8_weight,
     unpack_int8_weight,
 )
+from .ops.jsd import (
+    jsd,
+    jsd_backward,
+    jsd_forward,
+    kl_div,
+)
 from .ops.layer_norm import (
     layer_norm,
     layer_norm_backward,
@@ -142,6 +148,10 @@ __all__ = [
     "int4_weight_only_linear",
     "int8_dynamic_linear",
     "int8_weight_only_linear",
+    "jsd",
+    "jsd_backward",
+    "jsd_forward",
+    "kl_div",
     "layer_norm",
     "layer_norm_backward",
     "layer_norm_forward",

@@ -47,6 +47,9 @@ from .ops.int8_linear import (
     int8_weight_only_linear_reference as int8_weight_only_linear,
     pack_int8_weight_reference as pack_int8_weight,
 )
+from .ops.jsd import (
+    jsd_reference as jsd,
+)
 from .ops.layer_norm import (
     layer_norm_backward_reference as layer_norm_backward,
     layer_norm_reference as layer_norm,
@@ -100,6 +103,7 @@ __all__ = [
     "int4_weight_only_linear",
     "int8_dynamic_linear",
     "int8_weight_only_linear",
+    "jsd",
     "layer_norm",
     "layer_norm_backward",
     "linear",

@@ -18,8 +18,10 @@
 //
 // ATen's matrix product (addmm/mm, what torch's linear calls) takes the rest:
 // more rows, whose weights are reused enough for a blocked GEMM (or AMX) to
-// win; float32 with one row, where MKL's GEMV streams as fast; and float64,
-// which is for exactness.
+// win, and float64, which is for exactness. One float32 row stays here
+// although MKL's GEMV streams as fast: MKL splits its sums by the thread
+// count (one unit in the last place apart between 1 and 2 threads), and a
+// row's bits would differ between one row and two.
 
 #include <algorithm>
 #include <array>
@@ -247,7 +249,7 @@ void linear_kernel_impl(const at::Tensor& out, const at::Tensor& input, const at
                         const at::Tensor& bias) {
   const int64_t rows = input.size(0);
   const at::ScalarType dtype = input.scalar_type();
-  if (rows > kLinearStreamRows || dtype == at::kDouble || (dtype == at::kFloat && rows == 1)) {
+  if (rows > kLinearStreamRows || dtype == at::kDouble) {
     at::Tensor result = out;
     if (bias.defined()) {
       at::addmm_out(result, bias, input, weight.t());

@@ -18,15 +18,13 @@ def linear(
     ``input [..., K]``, ``weight [N, K]``, ``bias [N]`` or None, one floating
     dtype; returns ``[..., N]``, differentiable in all three.
 
-    On CPU, 2 to 4 rows (the product of ``input``'s leading dimensions: the
-    tokens of a decode step), and one row in bfloat16/float16, run fuseops'
-    kernel, which reads the weight once, all threads on disjoint output
+    On CPU, 1 to 4 rows (the product of ``input``'s leading dimensions: the
+    tokens of a decode step) run fuseops' kernel, which reads the weight once, all threads on disjoint output
     channels, and sums each output in float32 on its own: its bits depend
     neither on the other rows nor on the thread count. Other calls run
     ATen's matrix product, as torch's linear does: more rows (a blocked
-    GEMM wins once each weight serves more rows), one float32 row (MKL's
-    GEMV streams as fast), float64, and other devices. The gradients are
-    ATen's matrix products.
+    GEMM wins once each weight serves more rows), float64, and other
+    devices. The gradients are ATen's matrix products.
     """
     return torch.ops.fuseops.linear(input, weight, bias)
 
@@ -106,7 +104,7 @@ def samples(device) -> list[Sample]:
         call((4, 10), 10, 9, torch.float64, grad=True),
         call((5, 24), 24, 8, layout="transposed", grad=True),
         call((20, 16), 16, 4, grad=True),  # past the streaming rows: ATen's product
-        call((1, 16), 16, 4, grad=True),  # one float32 row: ATen's GEMV
+        call((1, 16), 16, 4, grad=True),  # one float32 row: the streaming kernel
         call((0, 8), 8, 3, grad=True),
         call((2, 0), 0, 3),  # an empty sum: the bias
     ]

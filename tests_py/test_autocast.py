@@ -7,13 +7,13 @@ fall through (a bfloat16 input with float32 parameters returns bfloat16);
 gelu, silu and relu fall through; the add of bias_gelu / fused_add_rms_norm
 and the multiply of swiglu / geglu promote mixed inputs to float32; conv1d
 runs in the autocast dtype; cross_entropy and kl_div (jsd's analogue) run
-in float32. The cases below feed each op what it meets in an
-autocast model: float32 activations, bfloat16 activations (after a Linear)
-with float32 parameters, and mixed pairs."""
+in float32. The parity cases, each beside its op (``autocast_cases()`` in
+``fuseops/ops/<op>.py``, ``fuseops/ops/_autocast.py``), feed each op what it
+meets in an autocast model: float32 activations, bfloat16 activations
+(after a Linear) with float32 parameters, and mixed pairs."""
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -21,160 +21,14 @@ import torch
 import torch.nn.functional as F
 
 import fuseops
+from fuseops.ops import MODULES
+from fuseops.ops._autocast import D, LOW, rand, weight
 
-LOW = torch.bfloat16
-D = 16
-
-
-def causal_conv1d_torch(x, weight, bias, activation=None):
-    out = F.conv1d(
-        x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=weight.shape[0]
-    )[..., : x.shape[-1]]
-    return F.silu(out) if activation == "silu" else out
-
-
-def fused_add_rms_norm_torch(x, residual, weight):
-    new_residual = x + residual
-    return F.rms_norm(new_residual, (D,), weight, 1e-6), new_residual
-
-
-def rand(*shape, dtype=torch.float32):
-    return torch.randn(*shape).to(dtype)
-
-
-def weight(dtype=torch.float32):
-    return (torch.rand(D) + 0.5).to(dtype)
-
-
-# name -> (fuseops call, torch call, inputs): inputs is a list of argument
-# tuples (the same arguments go to both calls).
-CASES = {
-    "layer_norm": (
-        lambda x, w, b: fuseops.layer_norm(x, w, b, 1e-5),
-        lambda x, w, b: F.layer_norm(x, (D,), w, b, 1e-5),
-        [(rand(4, D), weight(), rand(D)), (rand(4, D, dtype=LOW), weight(), rand(D))],
-    ),
-    "rms_norm": (
-        lambda x, w: fuseops.rms_norm(x, w, 1e-6),
-        lambda x, w: F.rms_norm(x, (D,), w, 1e-6),
-        [(rand(4, D), weight()), (rand(4, D, dtype=LOW), weight())],
-    ),
-    "fused_add_rms_norm": (
-        lambda x, r, w: fuseops.fused_add_rms_norm(x, r, w, 1e-6),
-        fused_add_rms_norm_torch,
-        [
-            (rand(4, D), rand(4, D), weight()),
-            (rand(4, D, dtype=LOW), rand(4, D), weight()),
-            (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW), weight()),
-        ],
-    ),
-    "gelu": (
-        lambda x: fuseops.gelu(x),
-        lambda x: F.gelu(x),
-        [(rand(4, D),), (rand(4, D, dtype=LOW),)],
-    ),
-    "silu": (fuseops.silu, F.silu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
-    "relu": (fuseops.relu, F.relu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
-    "bias_gelu": (
-        lambda x, b: fuseops.bias_gelu(x, b, "tanh"),
-        lambda x, b: F.gelu(x + b, approximate="tanh"),
-        [
-            (rand(4, D), rand(D)),
-            (rand(4, D, dtype=LOW), rand(D)),
-            (rand(4, D, dtype=LOW), rand(D, dtype=LOW)),
-        ],
-    ),
-    "swiglu": (
-        fuseops.swiglu,
-        lambda g, u: F.silu(g) * u,
-        [
-            (rand(4, D), rand(4, D)),
-            (rand(4, D, dtype=LOW), rand(4, D)),
-            (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW)),
-        ],
-    ),
-    "geglu": (
-        fuseops.geglu,
-        lambda g, u: F.gelu(g) * u,
-        [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
-    ),
-    # A decode step's product (the streaming kernel in bfloat16) and a
-    # prefill's, float32 weights cast as torch casts linear's.
-    "linear": (
-        fuseops.linear,
-        F.linear,
-        [
-            (rand(2, D), rand(3 * D, D), rand(3 * D)),
-            (rand(2, D, dtype=LOW), rand(3 * D, D), None),
-            (rand(40, D, dtype=LOW), rand(3 * D, D), rand(3 * D)),
-        ],
-    ),
-    "causal_conv1d": (
-        lambda x, w, b: fuseops.causal_conv1d(x, w, b, activation="silu"),
-        lambda x, w, b: causal_conv1d_torch(x, w, b, "silu"),
-        [(rand(2, D, 10), rand(D, 4), rand(D)), (rand(2, D, 10, dtype=LOW), rand(D, 4), rand(D))],
-    ),
-    # The composition it replaces, as Trainer(bf16=True) runs an LM head: a
-    # float32 head weight with bfloat16 or float32 hidden states.
-    "linear_cross_entropy": (
-        lambda x, w, b, t: fuseops.linear_cross_entropy(x, w, t, b, label_smoothing=0.1),
-        lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t, label_smoothing=0.1),
-        [
-            (rand(8, D, dtype=LOW), rand(2 * D, D), None, torch.randint(0, 2 * D, (8,))),
-            (rand(8, D), rand(2 * D, D), rand(2 * D), torch.randint(0, 2 * D, (8,))),
-            (rand(8, D, dtype=LOW), rand(2 * D, D, dtype=LOW), None, torch.randint(0, 2 * D, (8,))),
-        ],
-    ),
-    # With the loss outputs (linear_cross_entropy_stats): the loss and the
-    # z-loss term in float32, the accuracy of the bfloat16 logits.
-    "linear_cross_entropy_stats": (
-        lambda x, w, b, t: tuple(
-            fuseops.linear_cross_entropy(
-                x, w, t, b, z_loss=1e-3, return_z_loss=True, return_token_accuracy=True
-            )[:3]
-        ),
-        lambda x, w, b, t: linear_loss_outputs_torch(x, w, b, t, 1e-3),
-        [
-            (rand(8, D, dtype=LOW), rand(2 * D, D), None, torch.randint(0, 2 * D, (8,))),
-            (rand(8, D), rand(2 * D, D), rand(2 * D), torch.randint(0, 2 * D, (8,))),
-        ],
-    ),
-    # TRL's generalized JSD (GKDTrainer.generalized_jsd_loss, beta 0.5)
-    # spelled with torch's kl_div, which autocast runs in float32; a bfloat16
-    # student with a float32 teacher included.
-    "jsd": (
-        lambda s, t: fuseops.jsd(s, t),
-        lambda s, t: jsd_torch(s, t),
-        [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
-    ),
-    "cross_entropy": (
-        lambda x, t: fuseops.cross_entropy(x, t, label_smoothing=0.1),
-        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
-        [
-            (rand(4, D), torch.randint(0, D, (4,))),
-            (rand(4, D, dtype=LOW), torch.randint(0, D, (4,))),
-        ],
-    ),
-}
-
-
-def jsd_torch(student, teacher, beta=0.5):
-    s, t = F.log_softmax(student, -1), F.log_softmax(teacher, -1)
-    m = torch.logsumexp(torch.stack([s + math.log1p(-beta), t + math.log(beta)]), 0)
-    kl_teacher = F.kl_div(m, t, reduction="sum", log_target=True)
-    kl_student = F.kl_div(m, s, reduction="sum", log_target=True)
-    return (beta * kl_teacher + (1 - beta) * kl_student) / student.shape[0]
-
-
-def linear_loss_outputs_torch(x, w, b, t, z_loss):
-    """(loss, z-loss term, token accuracy) of F.cross_entropy on the logits
-    F.linear forms under autocast."""
-    logits = F.linear(x, w, b)
-    lse = torch.logsumexp(logits.float(), -1)
-    z = z_loss * lse.square().mean()
-    loss = F.cross_entropy(logits, t) + z
-    accuracy = (logits.argmax(-1) == t).float().mean()
-    return loss, z, accuracy
+# Each op module's parity cases (autocast_cases(), beside the op), by op.
+CASES: dict[str, list] = {}
+for _module in MODULES:
+    for _case in getattr(_module, "autocast_cases", list)():
+        CASES.setdefault(_case.name, []).append(_case)
 
 
 def outputs(result) -> tuple[torch.Tensor, ...]:
@@ -183,7 +37,11 @@ def outputs(result) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_autocast_cpu_matches_torch(name):
-    ours, theirs, inputs = CASES[name]
+    for case in CASES[name]:
+        check_case(name, case.ours, case.theirs, case.inputs)
+
+
+def check_case(name, ours, theirs, inputs):
     for args in inputs:
         with torch.autocast("cpu", dtype=LOW), warnings.catch_warnings():
             # torch's rms_norm warns that it cannot fuse mixed dtypes.
@@ -304,24 +162,12 @@ def test_every_op_runs_under_autocast_and_only_cast_ops_change():
     what it gives outside autocast."""
     samples = conformance_samples()
     cast = {s.op.name() for s in samples if has_autocast_kernel(s.op)}
-    # The CPU policy registers kernels for exactly these functional ops
-    # (rms_norm falls through on CPU, casting only on CUDA).
-    assert cast == {
-        f"fuseops::{name}"
-        for name in (
-            "layer_norm",
-            "fused_add_rms_norm",
-            "bias_gelu",
-            "swiglu",
-            "geglu",
-            "causal_conv1d",
-            "linear",
-            "cross_entropy",
-            "linear_cross_entropy",
-            "linear_cross_entropy_stats",
-            "jsd",
-        )
-    }, cast
+    # Every functional op with an autocast kernel has parity cases beside it
+    # (its module's autocast_cases()), which test_autocast_cpu_matches_torch
+    # runs; rms_norm falls through on CPU, casting only on CUDA.
+    assert cast, "no op has a CPU autocast kernel"
+    missing = {name.split("::", 1)[1] for name in cast} - set(CASES)
+    assert not missing, f"ops with an autocast kernel but no autocast_cases(): {missing}"
     for sample in samples:
 
         def call():

@@ -432,4 +432,31 @@ def export_cases() -> list:
     return cases
 
 
+def autocast_cases() -> list:
+    """gelu, silu and bias_gelu under CPU autocast against torch's (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    return [
+        AutocastCase(
+            "gelu",
+            lambda x: gelu(x),
+            lambda x: F.gelu(x),
+            [(rand(4, D),), (rand(4, D, dtype=LOW),)],
+        ),
+        AutocastCase("silu", silu, F.silu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
+        AutocastCase(
+            "bias_gelu",
+            lambda x, b: bias_gelu(x, b, "tanh"),
+            lambda x, b: F.gelu(x + b, approximate="tanh"),
+            [
+                (rand(4, D), rand(D)),
+                (rand(4, D, dtype=LOW), rand(D)),
+                (rand(4, D, dtype=LOW), rand(D, dtype=LOW)),
+            ],
+        ),
+    ]
+
+
 __all__ = ["bias_gelu", "bias_gelu_backward", "gelu", "gelu_backward", "silu", "silu_backward"]

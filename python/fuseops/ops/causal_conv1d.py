@@ -519,6 +519,29 @@ def export_cases() -> list:
     return cases
 
 
+def autocast_cases() -> list:
+    """causal_conv1d under CPU autocast against torch's depthwise conv1d (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    def causal_conv1d_torch(x, w, b):
+        out = F.conv1d(x, w.unsqueeze(1), b, padding=w.shape[-1] - 1, groups=w.shape[0])
+        return F.silu(out[..., : x.shape[-1]])
+
+    return [
+        AutocastCase(
+            "causal_conv1d",
+            lambda x, w, b: causal_conv1d(x, w, b, activation="silu"),
+            causal_conv1d_torch,
+            [
+                (rand(2, D, 10), rand(D, 4), rand(D)),
+                (rand(2, D, 10, dtype=LOW), rand(D, 4), rand(D)),
+            ],
+        )
+    ]
+
+
 __all__ = [
     "causal_conv1d",
     "causal_conv1d_backward",

@@ -787,6 +787,55 @@ NOT_EXPORTED = {
 }
 
 
+def autocast_cases() -> list:
+    """cross_entropy and the fused LM head under CPU autocast against the compositions they replace, as Trainer(bf16=True) runs an LM head: a float32 head weight with bfloat16 or float32 hidden states; with the loss outputs, the loss and the z-loss term in float32 and the accuracy of the bfloat16 logits (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    def target(classes: int, rows: int = 8) -> torch.Tensor:
+        return torch.randint(0, classes, (rows,))
+
+    def linear_loss_outputs_torch(x, w, b, t):
+        # (loss, z-loss term, token accuracy) of F.cross_entropy on the
+        # logits F.linear forms under autocast.
+        logits = F.linear(x, w, b)
+        z = 1e-3 * torch.logsumexp(logits.float(), -1).square().mean()
+        return F.cross_entropy(logits, t) + z, z, (logits.argmax(-1) == t).float().mean()
+
+    return [
+        AutocastCase(
+            "linear_cross_entropy",
+            lambda x, w, b, t: linear_cross_entropy(x, w, t, b, label_smoothing=0.1),
+            lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t, label_smoothing=0.1),
+            [
+                (rand(8, D, dtype=LOW), rand(2 * D, D), None, target(2 * D)),
+                (rand(8, D), rand(2 * D, D), rand(2 * D), target(2 * D)),
+                (rand(8, D, dtype=LOW), rand(2 * D, D, dtype=LOW), None, target(2 * D)),
+            ],
+        ),
+        AutocastCase(
+            "linear_cross_entropy_stats",
+            lambda x, w, b, t: tuple(
+                linear_cross_entropy(
+                    x, w, t, b, z_loss=1e-3, return_z_loss=True, return_token_accuracy=True
+                )[:3]
+            ),
+            linear_loss_outputs_torch,
+            [
+                (rand(8, D, dtype=LOW), rand(2 * D, D), None, target(2 * D)),
+                (rand(8, D), rand(2 * D, D), rand(2 * D), target(2 * D)),
+            ],
+        ),
+        AutocastCase(
+            "cross_entropy",
+            lambda x, t: cross_entropy(x, t, label_smoothing=0.1),
+            lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
+            [(rand(4, D), target(D, 4)), (rand(4, D, dtype=LOW), target(D, 4))],
+        ),
+    ]
+
+
 __all__ = [
     "CrossEntropyOutput",
     "cross_entropy",

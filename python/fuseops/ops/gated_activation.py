@@ -398,4 +398,30 @@ def export_cases() -> list:
     return cases
 
 
+def autocast_cases() -> list:
+    """swiglu and geglu under CPU autocast against torch's compositions (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    return [
+        AutocastCase(
+            "swiglu",
+            swiglu,
+            lambda g, u: F.silu(g) * u,
+            [
+                (rand(4, D), rand(4, D)),
+                (rand(4, D, dtype=LOW), rand(4, D)),
+                (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW)),
+            ],
+        ),
+        AutocastCase(
+            "geglu",
+            geglu,
+            lambda g, u: F.gelu(g) * u,
+            [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
+        ),
+    ]
+
+
 __all__ = ["geglu", "geglu_backward", "swiglu", "swiglu_backward"]

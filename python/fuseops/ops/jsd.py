@@ -321,4 +321,27 @@ def fuzz(d) -> Sample:
 NOT_EXPORTED = {("jsd",): "a loss (distillation training); an inference graph returns logits"}
 
 
+def autocast_cases() -> list:
+    """jsd under CPU autocast against TRL's generalized JSD (GKDTrainer.generalized_jsd_loss, beta 0.5) spelled with torch's kl_div, which autocast runs in float32; a bfloat16 student with a float32 teacher included (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    def jsd_torch(student, teacher, beta=0.5):
+        s, t = F.log_softmax(student, -1), F.log_softmax(teacher, -1)
+        m = torch.logsumexp(torch.stack([s + math.log1p(-beta), t + math.log(beta)]), 0)
+        kl_teacher = F.kl_div(m, t, reduction="sum", log_target=True)
+        kl_student = F.kl_div(m, s, reduction="sum", log_target=True)
+        return (beta * kl_teacher + (1 - beta) * kl_student) / student.shape[0]
+
+    return [
+        AutocastCase(
+            "jsd",
+            lambda s, t: jsd(s, t),
+            jsd_torch,
+            [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
+        )
+    ]
+
+
 __all__ = ["jsd", "jsd_backward", "jsd_forward", "kl_div"]

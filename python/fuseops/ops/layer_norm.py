@@ -347,4 +347,20 @@ def export_cases() -> list:
     return cases
 
 
+def autocast_cases() -> list:
+    """layer_norm under CPU autocast against torch's (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand, weight
+
+    return [
+        AutocastCase(
+            "layer_norm",
+            lambda x, w, b: layer_norm(x, w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (D,), w, b, 1e-5),
+            [(rand(4, D), weight(), rand(D)), (rand(4, D, dtype=LOW), weight(), rand(D))],
+        )
+    ]
+
+
 __all__ = ["layer_norm", "layer_norm_backward", "layer_norm_forward"]

@@ -181,4 +181,24 @@ def export_cases() -> list:
     return cases
 
 
+def autocast_cases() -> list:
+    """linear under CPU autocast against torch's: a decode step's product (the streaming kernel in bfloat16) and a prefill's, float32 weights cast as torch casts linear's (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    return [
+        AutocastCase(
+            "linear",
+            linear,
+            F.linear,
+            [
+                (rand(2, D), rand(3 * D, D), rand(3 * D)),
+                (rand(2, D, dtype=LOW), rand(3 * D, D), None),
+                (rand(40, D, dtype=LOW), rand(3 * D, D), rand(3 * D)),
+            ],
+        )
+    ]
+
+
 __all__ = ["linear"]

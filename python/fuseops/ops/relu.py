@@ -154,4 +154,13 @@ def export_cases() -> list:
     return elementwise_cases(torch.ops.fuseops.relu.default, None, SPECIAL_VALUES)
 
 
+def autocast_cases() -> list:
+    """relu under CPU autocast against torch's (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    return [AutocastCase("relu", relu, F.relu, [(rand(4, D),), (rand(4, D, dtype=LOW),)])]
+
+
 __all__ = ["relu", "relu_backward"]

@@ -570,6 +570,36 @@ def export_cases() -> list:
     return cases
 
 
+def autocast_cases() -> list:
+    """rms_norm and fused_add_rms_norm under CPU autocast against torch's (tests_py/test_autocast.py)."""
+    import torch.nn.functional as F
+
+    from ._autocast import D, LOW, AutocastCase, rand, weight
+
+    def fused_add_rms_norm_torch(x, residual, w):
+        new_residual = x + residual
+        return F.rms_norm(new_residual, (D,), w, 1e-6), new_residual
+
+    return [
+        AutocastCase(
+            "rms_norm",
+            lambda x, w: rms_norm(x, w, 1e-6),
+            lambda x, w: F.rms_norm(x, (D,), w, 1e-6),
+            [(rand(4, D), weight()), (rand(4, D, dtype=LOW), weight())],
+        ),
+        AutocastCase(
+            "fused_add_rms_norm",
+            lambda x, r, w: fused_add_rms_norm(x, r, w, 1e-6),
+            fused_add_rms_norm_torch,
+            [
+                (rand(4, D), rand(4, D), weight()),
+                (rand(4, D, dtype=LOW), rand(4, D), weight()),
+                (rand(4, D, dtype=LOW), rand(4, D, dtype=LOW), weight()),
+            ],
+        ),
+    ]
+
+
 __all__ = [
     "fused_add_rms_norm",
     "fused_add_rms_norm_backward",

@@ -1,19 +1,28 @@
 # Op families, added by name.
 #
-#   fuseops_add_op(<name> [KERNELS <file stem>...])
+#   fuseops_add_op(<name> [KERNELS <file stem>...] [COMPOSITE])
 #                                     once per op family, after add_library(fuseops);
 #                                     KERNELS names the family's CPU kernel files
 #                                     (cpp/ops/cpu/<stem>.cpp, each compiled once per
 #                                     capability) when there are several; default
-#                                     <name>_kernel
+#                                     <name>_kernel. COMPOSITE: a family with no
+#                                     kernels of its own (its ops call other ops, and
+#                                     their gradients are those ops'), so it has no
+#                                     contract header (cpp/ops/<name>.h) and no CPU,
+#                                     CUDA or Autograd files
 #   fuseops_write_umbrella_header()   once, after the last fuseops_add_op
 #
 # A family's files follow one naming convention (CONTRIBUTING.md, "Adding an op"),
 # and fuseops_add_op checks that each exists:
 #
 #   cpp/include/fuseops/<name>.h    public C++ API
+#   cpp/ops/<name>.h                the contract every backend includes: kernel
+#                                   types, <name>_with(...), <Name>Registrations
 #   cpp/ops/<name>.cpp              schemas, C++ API, shared checks, Meta kernels
-#   cpp/ops/cpu/<name>.cpp          CPU kernel tables and CPU registration
+#   cpp/ops/cpu/<name>.h            CPU kernel tables (<Name>CpuKernels) and
+#                                   <Name>CpuRegistrations, which fuseops_add_op
+#                                   registers with the dispatcher's CPU key from
+#                                   cmake/cpu_registration.cpp.in
 #   cpp/ops/cpu/<name>_kernel.cpp   CPU kernels, compiled once per capability
 #   cpp/ops/autograd/<name>.cpp     Autograd kernels
 #   cuda/<name>_kernel.cu           CUDA kernels and CUDA registration
@@ -24,19 +33,39 @@
 # python/CMakeLists.txt and tests_cpp/CMakeLists.txt take the bindings and the
 # tests, and fuseops_write_umbrella_header() the includes of fuseops/fuseops.h.
 
+# <name> in CamelCase, as the family's C++ types spell it: sparse_2_4 -> Sparse24.
+function(_fuseops_camel_case name out)
+  string(REPLACE "_" ";" parts "${name}")
+  set(camel "")
+  foreach(part IN LISTS parts)
+    string(SUBSTRING "${part}" 0 1 first)
+    string(SUBSTRING "${part}" 1 -1 rest)
+    string(TOUPPER "${first}" first)
+    string(APPEND camel "${first}${rest}")
+  endforeach()
+  set(${out} "${camel}" PARENT_SCOPE)
+endfunction()
+
 function(fuseops_add_op name)
-  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "" "KERNELS")
-  if(NOT ARG_KERNELS)
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "COMPOSITE" "" "KERNELS")
+  if(ARG_COMPOSITE AND ARG_KERNELS)
+    message(FATAL_ERROR "fuseops_add_op(${name}): a COMPOSITE family has no KERNELS")
+  endif()
+  if(NOT ARG_KERNELS AND NOT ARG_COMPOSITE)
     set(ARG_KERNELS ${name}_kernel)
   endif()
   set(files
     cpp/include/fuseops/${name}.h
     cpp/ops/${name}.cpp
-    cpp/ops/cpu/${name}.cpp
-    cpp/ops/autograd/${name}.cpp
-    cuda/${name}_kernel.cu
     python/csrc/${name}.cpp
     tests_cpp/${name}_test.cpp)
+  if(NOT ARG_COMPOSITE)
+    list(APPEND files
+      cpp/ops/${name}.h
+      cpp/ops/cpu/${name}.h
+      cpp/ops/autograd/${name}.cpp
+      cuda/${name}_kernel.cu)
+  endif()
   foreach(kernel IN LISTS ARG_KERNELS)
     list(APPEND files cpp/ops/cpu/${kernel}.cpp)
   endforeach()
@@ -46,14 +75,22 @@ function(fuseops_add_op name)
                           "(see \"Adding an op\" in CONTRIBUTING.md)")
     endif()
   endforeach()
-  target_sources(fuseops PRIVATE
-    "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.cpp"
-    "${PROJECT_SOURCE_DIR}/cpp/ops/cpu/${name}.cpp"
-    "${PROJECT_SOURCE_DIR}/cpp/ops/autograd/${name}.cpp")
+  target_sources(fuseops PRIVATE "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.cpp")
+  if(NOT ARG_COMPOSITE)
+    # Every family registers its CPU kernels the same way: one generated
+    # translation unit calls the header's <Name>CpuRegistrations.
+    set(FUSEOPS_OP_NAME ${name})
+    _fuseops_camel_case(${name} FUSEOPS_OP_CAMEL)
+    set(registration "${CMAKE_CURRENT_BINARY_DIR}/cpu_registration/${name}.cpp")
+    configure_file("${PROJECT_SOURCE_DIR}/cmake/cpu_registration.cpp.in" "${registration}" @ONLY)
+    target_sources(fuseops PRIVATE
+      "${registration}"
+      "${PROJECT_SOURCE_DIR}/cpp/ops/autograd/${name}.cpp")
+  endif()
   foreach(kernel IN LISTS ARG_KERNELS)
     fuseops_add_cpu_kernel(fuseops "${PROJECT_SOURCE_DIR}/cpp/ops/cpu/${kernel}.cpp")
   endforeach()
-  if(FUSEOPS_WITH_CUDA)
+  if(FUSEOPS_WITH_CUDA AND NOT ARG_COMPOSITE)
     target_sources(fuseops PRIVATE "${PROJECT_SOURCE_DIR}/cuda/${name}_kernel.cu")
   endif()
   set_property(GLOBAL APPEND PROPERTY FUSEOPS_OPS ${name})

@@ -91,8 +91,7 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
   const int64_t k = input.size(1);
   const int64_t n = scale_zero.size(2);
   const int64_t total = m_total * n;
-  const int64_t blocks =
-      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const int64_t blocks = blocks_for(total);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_weight_only_linear", [&] {
@@ -158,21 +157,16 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const int64_t n = scale_zero.size(2);
   const int64_t groups = scale_zero.size(0);
   const int64_t x_stride = groups * group_size;
-  // Zeros past K.
-  const at::Tensor xq = at::zeros({m_total, x_stride}, input.options().dtype(at::kChar));
-  const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
   const int64_t total = m_total * n;
-  const int64_t blocks =
-      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const int64_t blocks = blocks_for(total);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_dynamic_linear", [&] {
-        quantize_rows_int8<NonFiniteRow::kNanScale>(
-            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(), x_stride,
-            x_scale.mutable_data_ptr<float>(), nullptr, stream);
+        // Whole groups, zeros past K.
+        const QuantizedRows x = quantize_activation_rows<scalar_t>(input, x_stride, stream);
         int4_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
-            x_scale.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
+            out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
+            x.scales.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
             scale_zero.const_data_ptr<float>(),
             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k, x_stride,
             groups, group_size);

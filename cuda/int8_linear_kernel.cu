@@ -80,8 +80,7 @@ void weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const int64_t k = input.size(1);
   const int64_t n = scale.size(0);
   const int64_t total = m_total * n;
-  const int64_t blocks =
-      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const int64_t blocks = blocks_for(total);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_weight_only_linear", [&] {
@@ -133,22 +132,17 @@ void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input, const
   const int64_t k = input.size(1);
   const int64_t n = scale.size(0);
   const int64_t groups = packed.size(1);
-  // Zeros past K; whole groups keep every row's 4-byte words aligned.
-  const at::Tensor xq =
-      at::zeros({m_total, groups * detail::kInt8GroupK}, input.options().dtype(at::kChar));
-  const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
   const int64_t total = m_total * n;
-  const int64_t blocks =
-      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const int64_t blocks = blocks_for(total);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_dynamic_linear", [&] {
-        quantize_rows_int8<NonFiniteRow::kNanScale>(
-            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(),
-            groups * detail::kInt8GroupK, x_scale.mutable_data_ptr<float>(), nullptr, stream);
+        // Whole groups (zeros past K) keep every row's 4-byte words aligned.
+        const QuantizedRows x =
+            quantize_activation_rows<scalar_t>(input, groups * detail::kInt8GroupK, stream);
         dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
-            x_scale.const_data_ptr<float>(), packed.const_data_ptr<int8_t>(),
+            out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
+            x.scales.const_data_ptr<float>(), packed.const_data_ptr<int8_t>(),
             scale.const_data_ptr<float>(),
             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, groups);
         C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -64,7 +64,7 @@ void dequantize_kernel(const at::Tensor& out, const at::Tensor& q, const at::Ten
                        int64_t outer, int64_t size, int64_t inner) {
   c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t n = q.numel();
-  const int64_t blocks = std::min<int64_t>((n + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const int64_t blocks = blocks_for(n);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, out.scalar_type(), "fuseops::dequantize_int8", [&] {

@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <limits>
 
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
@@ -91,6 +94,29 @@ void quantize_rows_int8(const scalar_t* input, int64_t rows, int64_t k, int8_t* 
   quantize_rows_int8_cuda<kPolicy, scalar_t>
       <<<blocks, kThreadsPerBlock, 0, stream>>>(input, rows, k, q, q_stride, scale, first_bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The int8 rows and float32 scales of a W8A8 linear's activations `input`
+// [rows > 0, k], quantized per row as the CPU kernels do (a row with a
+// non-finite value gets a NaN scale); `stride` >= k is the int8 row length,
+// zero past k, for kernels that read whole groups.
+struct QuantizedRows {
+  at::Tensor values;  // int8 [rows, stride]
+  at::Tensor scales;  // float32 [rows]
+};
+
+template <typename scalar_t>
+QuantizedRows quantize_activation_rows(const at::Tensor& input, int64_t stride,
+                                       cudaStream_t stream) {
+  const int64_t rows = input.size(0);
+  const int64_t k = input.size(1);
+  const auto int8 = input.options().dtype(at::kChar);
+  QuantizedRows q{stride == k ? at::empty({rows, stride}, int8) : at::zeros({rows, stride}, int8),
+                  at::empty({rows}, input.options().dtype(at::kFloat))};
+  quantize_rows_int8<NonFiniteRow::kNanScale>(input.const_data_ptr<scalar_t>(), rows, k,
+                                              q.values.mutable_data_ptr<int8_t>(), stride,
+                                              q.scales.mutable_data_ptr<float>(), nullptr, stream);
+  return q;
 }
 
 }  // namespace fuseops::cuda

@@ -91,8 +91,7 @@ void launch(const at::Tensor& out, const at::Tensor& input, const at::Tensor& va
   const int64_t k = input.size(1);
   const int64_t n = values.size(0);
   const int64_t total = m_total * n;
-  const int64_t blocks =
-      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const int64_t blocks = blocks_for(total);
   sparse_linear_cuda<scalar_t, value_t>
       <<<blocks, kThreadsPerBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
           out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
@@ -149,20 +148,15 @@ void sparse_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input
   const int64_t m_total = input.size(0);
   const int64_t k = input.size(1);
   const int64_t n = values.size(0);
-  const at::Tensor xq = at::empty({m_total, k}, input.options().dtype(at::kChar));
-  const at::Tensor x_scale = at::empty({m_total}, input.options().dtype(at::kFloat));
   const int64_t total = m_total * n;
-  const int64_t blocks =
-      std::min<int64_t>((total + kThreadsPerBlock - 1) / kThreadsPerBlock, 65535);
+  const int64_t blocks = blocks_for(total);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_dynamic_linear", [&] {
-        quantize_rows_int8<NonFiniteRow::kNanScale>(
-            input.const_data_ptr<scalar_t>(), m_total, k, xq.mutable_data_ptr<int8_t>(), k,
-            x_scale.mutable_data_ptr<float>(), nullptr, stream);
+        const QuantizedRows x = quantize_activation_rows<scalar_t>(input, k, stream);
         sparse_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), xq.const_data_ptr<int8_t>(),
-            x_scale.const_data_ptr<float>(), values.const_data_ptr<int8_t>(),
+            out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
+            x.scales.const_data_ptr<float>(), values.const_data_ptr<int8_t>(),
             meta.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k);
         C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -343,4 +343,7 @@ TEST(Activation, MetaTensorsGiveShapesOnly) {
   EXPECT_EQ(gb.sizes(), at::IntArrayRef({5}));
 }
 
+// Called from many threads at once by threads_test.cpp.
+FUSEOPS_THREADS_CASE(activation) { return {fuseops::gelu(in.x, "tanh"), fuseops::silu(in.x)}; }
+
 }  // namespace

@@ -245,4 +245,7 @@ TEST_P(LinearCrossEntropy, PerRowLossesAndRecomputingBackward) {
   }
 }
 
+// Called from many threads at once by threads_test.cpp.
+FUSEOPS_THREADS_CASE(cross_entropy) { return {fuseops::cross_entropy(in.x, in.target)}; }
+
 }  // namespace

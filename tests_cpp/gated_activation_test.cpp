@@ -199,4 +199,7 @@ TEST(Gated, InternallyOverlappingOutIsRefused) {
                         {"fuseops::swiglu.out", "'out'", "share memory"});
 }
 
+// Called from many threads at once by threads_test.cpp.
+FUSEOPS_THREADS_CASE(gated_activation) { return {fuseops::swiglu(in.x, in.g)}; }
+
 }  // namespace

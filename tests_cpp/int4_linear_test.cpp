@@ -16,6 +16,7 @@
 namespace {
 
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::linear_tolerance;
 
 class Int4Linear : public fuseops::testing::DeviceTest {};
 FUSEOPS_TEST_ON_DEVICES(Int4Linear);
@@ -76,21 +77,6 @@ TEST_P(Int4Linear, PackedLayoutFollowsItsDefinition) {
   EXPECT_TRUE(at::equal(scale_zero.select(1, 1), zero.t().to(at::kFloat)));
 }
 
-// Each group's products summed in float32 over up to group_size terms, then
-// scaled and summed over the groups: about K * 2^-24 of the sum of |terms|
-// at worst; 1e-5 of max|y| covers K up to a few thousand. bfloat16/float16
-// outputs are rounded once more (one unit in their last place).
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16:
-      return 1.0 / 128;
-    case at::kHalf:
-      return 1.0 / 1024;
-    default:
-      return 1e-5;
-  }
-}
-
 TEST_P(Int4Linear, MatchesCompositeAndIsIdenticalInEveryBuild) {
   for (auto dtype : fuseops::testing::kDtypes) {
     for (const auto& [m, n, k, group_size] :
@@ -114,8 +100,8 @@ TEST_P(Int4Linear, MatchesCompositeAndIsIdenticalInEveryBuild) {
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
         const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
-        EXPECT_TRUE(
-            at::allclose(y.to(at::kDouble), want, tolerance(dtype), tolerance(dtype) * scale_of_y))
+        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, linear_tolerance(dtype),
+                                 linear_tolerance(dtype) * scale_of_y))
             << (y.to(at::kDouble) - want).abs().max().item<double>();
         if (first) {
           EXPECT_TRUE(at::equal(y, *first));
@@ -154,8 +140,8 @@ TEST_P(Int4Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
         ASSERT_EQ(y.scalar_type(), dtype);
         ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
         const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
-        EXPECT_TRUE(
-            at::allclose(y.to(at::kDouble), want, tolerance(dtype), tolerance(dtype) * scale_of_y))
+        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, linear_tolerance(dtype),
+                                 linear_tolerance(dtype) * scale_of_y))
             << (y.to(at::kDouble) - want).abs().max().item<double>();
         if (first) {
           EXPECT_TRUE(at::equal(y, *first));

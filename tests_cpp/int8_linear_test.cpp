@@ -16,6 +16,7 @@
 namespace {
 
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::linear_tolerance;
 
 class Int8Linear : public fuseops::testing::DeviceTest {};
 FUSEOPS_TEST_ON_DEVICES(Int8Linear);
@@ -37,21 +38,6 @@ TEST_P(Int8Linear, PackedLayoutFollowsItsDefinition) {
   }
   EXPECT_TRUE(at::equal(scale_copy, scale));
   EXPECT_TRUE(at::equal(colsum, wq.sum(1, false, at::kInt)));
-}
-
-// Products of int8 weights and activations summed in float32 over K terms:
-// a relative error of about K * 2^-24 of the sum of |terms| at worst,
-// 1e-5 of max|y| covers K up to a few thousand; bfloat16/float16 outputs
-// are rounded once more (one unit in their last place).
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16:
-      return 1.0 / 128;
-    case at::kHalf:
-      return 1.0 / 1024;
-    default:
-      return 1e-5;
-  }
 }
 
 TEST_P(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
@@ -78,8 +64,8 @@ TEST_P(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
           ASSERT_EQ(y.scalar_type(), dtype);
           ASSERT_EQ(y.sizes(), at::IntArrayRef({m, n}));
           const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
-          EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tolerance(dtype),
-                                   tolerance(dtype) * scale_of_y))
+          EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, linear_tolerance(dtype),
+                                   linear_tolerance(dtype) * scale_of_y))
               << (y.to(at::kDouble) - want).abs().max().item<double>();
         }
       }
@@ -115,7 +101,8 @@ TEST_P(Int8Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
       x[0].zero_();  // an all-zero row: scale 1, y = bias
       const at::Tensor bias = at::randn({n}, options()).to(dtype);
       const at::Tensor want = dynamic_composite(x, wq, scale, bias);
-      const double tol = dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : tolerance(dtype);
+      const double tol =
+          dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : linear_tolerance(dtype);
       std::optional<at::Tensor> first;
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);

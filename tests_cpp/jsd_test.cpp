@@ -1,5 +1,6 @@
-// fuseops::jsd (forward, backward, kl_div) through the dispatcher, against an
-// ATen composite computed in float64, in every compiled CPU build.
+// fuseops::jsd (forward, backward, kl_div) and fuseops::fused_linear_jsd
+// through the dispatcher, against an ATen composite computed in float64, in
+// every compiled CPU build.
 //
 // Tolerances: float32/float64 within 1e-5 relative + 1e-6 absolute of the
 // float64 composite (float32 sums over rows of up to a thousand classes err
@@ -145,5 +146,79 @@ TEST(Jsd, BadInputErrorsNameOpAndArgument) {
   expect_error_mentions([&] { fuseops::jsd(x, x.clone().requires_grad_()); },
                         {"fuseops::jsd", "teacher_logits", "requires grad"});
 }
+
+// fused_linear_jsd: the composite on the float64 logits of the same inputs.
+// float32/float64 within 1e-5 (the GEMMs' float32 sums over H = 16 add
+// ~1e-7); bfloat16 within 2e-2 of each result's largest value (the logits
+// and the gradients leave bfloat16 GEMMs, 2^-9 relative each, two or three
+// roundings on the way).
+TEST_P(Jsd, FusedLinearMatchesCompositeInEveryCpuBuild) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+      // 150 rows: chunks of 64, the last one partial.
+      const at::Tensor xs = at::randn({150, 16}, options()).to(dtype);
+      const at::Tensor ws = (at::randn({37, 16}, options()) * 0.75).to(dtype);
+      const at::Tensor xt = at::randn({150, 8}, options()).to(dtype);
+      const at::Tensor wt = at::randn({37, 8}, options()).to(dtype);
+      at::Tensor label = at::randint(37, {150}, options(at::kLong));
+      label.slice(0, 0, 150, 7).fill_(-100);
+      const double tol = dtype == at::kBFloat16 ? 2e-2 : 1e-5;
+      for (const Options& o : {Options{}, Options{0.0, 2.0, "sum"}, Options{1.0, 1.0, "mean"},
+                               Options{0.3, 0.5, "none"}}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " beta=" + std::to_string(o.beta) + " " +
+                     o.reduction);
+        const at::Tensor xi = xs.clone().requires_grad_();
+        const at::Tensor wi = ws.clone().requires_grad_();
+        const at::Tensor loss = fuseops::fused_linear_jsd(xi, wi, xt, wt, label, o.beta,
+                                                          o.temperature, -100, o.reduction);
+        const at::Tensor grad_out = at::rand(loss.sizes(), options()).to(dtype) + 0.5;
+        loss.backward(grad_out);
+        const at::Tensor xd = xs.detach().to(at::kDouble).clone().requires_grad_();
+        const at::Tensor wd = ws.detach().to(at::kDouble).clone().requires_grad_();
+        const at::Tensor want = composite(
+            at::linear(xd, wd), at::linear(xt.to(at::kDouble), wt.to(at::kDouble)), label, o);
+        const auto grads = torch::autograd::grad({want}, {xd, wd}, {grad_out.to(at::kDouble)});
+        for (const auto& [got, expected] :
+             {std::pair{loss, want.detach()}, {xi.grad(), grads[0]}, {wi.grad(), grads[1]}}) {
+          ASSERT_EQ(got.scalar_type(), dtype);
+          const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
+          EXPECT_TRUE(at::allclose(got.to(at::kDouble), expected, tol, tol * scale))
+              << "max abs diff " << (got.to(at::kDouble) - expected).abs().max().item<double>()
+              << " of " << scale;
+        }
+      }
+    }
+  }
+}
+
+TEST(Jsd, FusedLinearBadInputErrorsNameOpAndArgument) {
+  const at::Tensor xs = at::randn({4, 3});
+  const at::Tensor ws = at::randn({10, 3});
+  const at::Tensor xt = at::randn({4, 5});
+  const at::Tensor wt = at::randn({10, 5});
+  const char* op = "fuseops::fused_linear_jsd";
+  expect_error_mentions([&] { fuseops::fused_linear_jsd(xs, ws.slice(1, 0, 2), xt, wt); },
+                        {op, "student_weight", "[V, 3]"});
+  expect_error_mentions([&] { fuseops::fused_linear_jsd(xs, ws, xt.slice(0, 0, 3), wt); },
+                        {op, "teacher_input", "4 rows"});
+  expect_error_mentions([&] { fuseops::fused_linear_jsd(xs, ws, xt, wt.slice(0, 0, 9)); },
+                        {op, "teacher_weight", "10 rows"});
+  expect_error_mentions(
+      [&] { fuseops::fused_linear_jsd(xs, ws, xt.to(at::kDouble), wt.to(at::kDouble)); },
+      {op, "teacher_input", "dtype"});
+  expect_error_mentions(
+      [&] { fuseops::fused_linear_jsd(xs, ws, xt, wt, at::zeros({5}, at::kLong)); },
+      {op, "label", "[4]"});
+  expect_error_mentions(
+      [&] { fuseops::fused_linear_jsd(xs, ws, xt, wt, std::nullopt, 0.5, 1.0, -100, "avg"); },
+      {op, "reduction", "avg"});
+  expect_error_mentions(
+      [&] { fuseops::fused_linear_jsd(xs.requires_grad_(), ws, xt, wt.clone().requires_grad_()); },
+      {op, "teacher_weight", "requires grad"});
+}
+
+// Called from many threads at once by threads_test.cpp.
+FUSEOPS_THREADS_CASE(jsd) { return {fuseops::jsd(in.x, in.g, in.target)}; }
 
 }  // namespace

@@ -415,4 +415,7 @@ TEST_P(LayerNorm, NumericallyHardRowsOnEveryBuild) {
   }
 }
 
+// Called from many threads at once by threads_test.cpp.
+FUSEOPS_THREADS_CASE(layer_norm) { return {fuseops::layer_norm(in.x, in.w, in.w, 1e-5)}; }
+
 }  // namespace

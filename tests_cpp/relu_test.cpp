@@ -168,4 +168,7 @@ TEST(Relu, MetaTensorsGiveShapesOnly) {
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
 }
 
+// Called from many threads at once by threads_test.cpp.
+FUSEOPS_THREADS_CASE(relu) { return {fuseops::relu(in.x)}; }
+
 }  // namespace

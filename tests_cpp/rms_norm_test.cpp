@@ -509,4 +509,12 @@ TEST(RmsNorm, HiddenSizeZeroWithWeightUnderCreateGraph) {
   EXPECT_EQ(grads[1].sizes(), w.sizes());
 }
 
+// Called from many threads at once by threads_test.cpp.
+// The backward's weight gradient sums over rows.
+FUSEOPS_THREADS_CASE(rms_norm) {
+  auto [y, rstd] = fuseops::rms_norm_forward(in.x, in.w, 1e-6);
+  auto [grad_x, grad_w] = fuseops::rms_norm_backward(in.g, in.x, in.w, rstd);
+  return {fuseops::rms_norm(in.x, in.w, 1e-6), y, rstd, grad_x, grad_w};
+}
+
 }  // namespace

@@ -17,6 +17,7 @@
 namespace {
 
 using fuseops::testing::expect_error_mentions;
+using fuseops::testing::linear_tolerance;
 
 TEST(Sparse24, PruneKeepsTheTwoLargestMagnitudesLowerIndexOnTies) {
   const at::Tensor w =
@@ -59,23 +60,10 @@ TEST(Sparse24, PackedLayoutFollowsItsDefinition) {
   }
 }
 
-// Products summed in float32 over K/2 kept terms: 1e-5 of max|y| covers a
-// few thousand terms; bfloat16/float16 outputs are rounded once more.
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16:
-      return 1.0 / 128;
-    case at::kHalf:
-      return 1.0 / 1024;
-    default:
-      return 1e-5;
-  }
-}
-
 void expect_matches(const at::Tensor& y, const at::Tensor& want, at::ScalarType dtype) {
   const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
-  EXPECT_TRUE(
-      at::allclose(y.to(at::kDouble), want, tolerance(dtype), tolerance(dtype) * scale_of_y))
+  EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, linear_tolerance(dtype),
+                           linear_tolerance(dtype) * scale_of_y))
       << (y.to(at::kDouble) - want).abs().max().item<double>();
 }
 
@@ -138,7 +126,8 @@ TEST(Sparse24, DynamicMatchesCompositeAndTheDenseOpInEveryBuild) {
       x[0].zero_();  // an all-zero row: scale 1, y = bias
       const at::Tensor bias = at::randn({n}).to(dtype);
       const at::Tensor want = dynamic_composite(x, wq, wscale, bias);
-      const double tol = dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : tolerance(dtype);
+      const double tol =
+          dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : linear_tolerance(dtype);
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);
         SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -52,6 +53,13 @@ inline double reduction_tolerance(at::ScalarType dtype) {
       return 1e-5;
   }
 }
+
+// Relative tolerance of a linear layer's output, taken against max|y|:
+// products summed in float32 over K terms err by about K * 2^-24 of the sum
+// of |terms| at worst, which 1e-5 of max|y| covers for K up to a few
+// thousand; bfloat16/float16 outputs are rounded once more (two units in
+// their last place, as elementwise_tolerance).
+inline double linear_tolerance(at::ScalarType dtype) { return elementwise_tolerance(dtype); }
 
 // Largest magnitude in `t` (1 for an empty tensor): the scale of absolute floors.
 inline double absmax(const at::Tensor& t) {
@@ -116,8 +124,36 @@ inline std::string device_name(const ::testing::TestParamInfo<at::DeviceType>& i
   return info.param == at::kCUDA ? "cuda" : "cpu";
 }
 
+// The threads test's inputs (threads_test.cpp): x and g [257, 131], w [131],
+// target [257] of class indices below 131, in float32 or bfloat16.
+struct ThreadsInputs {
+  at::Tensor x;
+  at::Tensor w;
+  at::Tensor g;
+  at::Tensor target;
+};
+
+// An op family's calls on the threads test's inputs. Each family declares its
+// own beside its tests (FUSEOPS_THREADS_CASE); threads_test.cpp makes them from
+// many threads at once and requires the one-thread results bit for bit. A
+// case computes only from its inputs (it runs concurrently with itself).
+using ThreadsCase = std::vector<at::Tensor> (*)(const ThreadsInputs&);
+
+inline std::vector<std::pair<std::string, ThreadsCase>>& threads_cases() {
+  static std::vector<std::pair<std::string, ThreadsCase>> cases;
+  return cases;
+}
+
 }  // namespace fuseops::testing
 
 #define FUSEOPS_TEST_ON_DEVICES(Suite)                                              \
   INSTANTIATE_TEST_SUITE_P(OnDevice, Suite, ::testing::Values(at::kCPU, at::kCUDA), \
                            ::fuseops::testing::device_name)
+
+// Declares an op family's threads case (see ThreadsCase), followed by its body:
+//   FUSEOPS_THREADS_CASE(rms_norm) { return {fuseops::rms_norm(in.x, in.w, 1e-6)}; }
+#define FUSEOPS_THREADS_CASE(name)                                                           \
+  std::vector<at::Tensor> name##_threads_case(const ::fuseops::testing::ThreadsInputs& in);  \
+  static const bool name##_threads_case_registered =                                         \
+      (::fuseops::testing::threads_cases().emplace_back(#name, &name##_threads_case), true); \
+  std::vector<at::Tensor> name##_threads_case(const ::fuseops::testing::ThreadsInputs& in)

@@ -6,40 +6,39 @@
 
 #include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 
 #include <fuseops/fuseops.h>
 
+#include "test_helpers.h"
+
 namespace {
 
-// One call of each kind of op: elementwise, gated, row reductions with
-// their backward (weight gradients summed over rows), a loss over rows.
-std::vector<at::Tensor> calls(const at::Tensor& x, const at::Tensor& w, const at::Tensor& g,
-                              const at::Tensor& target) {
-  std::vector<at::Tensor> out = {fuseops::relu(x),
-                                 fuseops::gelu(x, "tanh"),
-                                 fuseops::silu(x),
-                                 fuseops::swiglu(x, g),
-                                 fuseops::rms_norm(x, w, 1e-6),
-                                 fuseops::layer_norm(x, w, w, 1e-5),
-                                 fuseops::cross_entropy(x, target),
-                                 fuseops::jsd(x, g, target)};
-  auto [y, rstd] = fuseops::rms_norm_forward(x, w, 1e-6);
-  auto [grad_x, grad_w] = fuseops::rms_norm_backward(g, x, w, rstd);
-  out.insert(out.end(), {y, rstd, grad_x, grad_w});
+using fuseops::testing::threads_cases;
+using fuseops::testing::ThreadsInputs;
+
+// Every family's threads case (FUSEOPS_THREADS_CASE, beside its tests), in
+// one list of results.
+std::vector<at::Tensor> calls(const ThreadsInputs& in) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, make] : threads_cases()) {
+    for (at::Tensor& t : make(in)) out.push_back(std::move(t));
+  }
   return out;
 }
 
 TEST(Threads, ConcurrentCallsGiveTheSingleThreadedResults) {
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     const auto options = at::TensorOptions().dtype(dtype);
-    const at::Tensor x = at::randn({257, 131}, options);
-    const at::Tensor w = at::randn({131}, options);
-    const at::Tensor g = at::randn({257, 131}, options);
-    const at::Tensor target = at::randint(0, 131, {257}, at::kLong);
-    const std::vector<at::Tensor> expected = calls(x, w, g, target);
+    // Elementwise ops, gated ones, row reductions with their backward
+    // (weight gradients summed over rows), losses over rows.
+    ASSERT_GE(threads_cases().size(), 5u);
+    const ThreadsInputs in{at::randn({257, 131}, options), at::randn({131}, options),
+                           at::randn({257, 131}, options), at::randint(0, 131, {257}, at::kLong)};
+    const std::vector<at::Tensor> expected = calls(in);
 
     constexpr int kThreads = 8;
     constexpr int kRepeats = 4;
@@ -47,7 +46,7 @@ TEST(Threads, ConcurrentCallsGiveTheSingleThreadedResults) {
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
-        for (int r = 0; r < kRepeats; ++r) results[t].push_back(calls(x, w, g, target));
+        for (int r = 0; r < kRepeats; ++r) results[t].push_back(calls(in));
       });
     }
     for (auto& thread : threads) thread.join();

@@ -55,8 +55,10 @@ def check_case(name, ours, theirs, inputs):
             # at different points (fuseops widens once; torch rounds its
             # intermediates, e.g. silu(gate) before the float32 multiply,
             # or the logits before the float32 loss): a few bfloat16 ulps.
-            # All-float32 calls agree to float32 accumulation.
-            reduced = name.startswith("linear_cross_entropy") or any(
+            # All-float32 calls agree to float32 accumulation, but for the
+            # losses fused with linear layers, whose GEMMs autocast runs in
+            # bfloat16 whatever their inputs.
+            reduced = name.startswith(("linear_cross_entropy", "fused_linear_jsd")) or any(
                 t.dtype == LOW for t in (*tensors, g, e)
             )
             tolerance = {"rtol": 3e-2, "atol": 3e-2} if reduced else {"rtol": 1e-5, "atol": 1e-5}

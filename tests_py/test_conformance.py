@@ -180,6 +180,54 @@ def pybind_name(sample) -> str:
     return sample.name + suffix
 
 
+def _backward_samples() -> list:
+    """One CPU sample of each backward op's functional overload, float64
+    where the op has one (for gradcheck)."""
+    chosen: dict = {}
+    for sample in SAMPLES["cpu"]:
+        if sample.large or sample.kwargs or not is_backward_op(sample):
+            continue
+        floats = [a for a in sample.args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        is_double = bool(floats) and all(a.dtype == torch.float64 for a in floats)
+        if sample.op not in chosen or (is_double and not chosen[sample.op][1]):
+            chosen[sample.op] = (sample, is_double)
+    return [pytest.param(s, d, id=str(op)) for op, (s, d) in chosen.items()]
+
+
+@pytest.mark.parametrize("sample, is_double", _backward_samples())
+def test_backward_op_follows_the_double_backward_policy(sample, is_double):
+    """cpp/ops/autograd/no_derivative.h: called on inputs that require grad
+    with grad mode on, every backward op either records a derivative (then
+    gradcheck holds in float64) or raises at once naming itself; it never
+    returns a result whose gradient would silently be None. Found from the
+    samples: no list of backward ops to keep."""
+    args, _, _ = fresh(sample)
+    args = [
+        a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in args
+    ]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    try:
+        result = sample.op(*args)
+    except RuntimeError:
+        expect_error_mentions(lambda: sample.op(*args), [sample.name, "not differentiable"])
+        with torch.no_grad():
+            sample.op(*args)
+        return
+    outputs = [t for t in sample_run.as_tuple(result) if t.is_floating_point() and t.numel()]
+    assert outputs and all(t.grad_fn is not None for t in outputs), (
+        f"{sample.op} returned outputs without a derivative on inputs that require grad"
+    )
+    if is_double:
+        assert torch.autograd.gradcheck(lambda *xs: sample.op(*_replaced(args, xs)), leaves)
+
+
+def _replaced(args, tensors):
+    """``args`` with its grad-requiring tensors replaced, in order, by ``tensors``."""
+    it = iter(tensors)
+    return [next(it) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+
+
 @pytest.mark.parametrize("sample", _params())
 def test_pybind_matches_torch_ops(sample):
     """Same results, and for samples that require grad the same gradients,

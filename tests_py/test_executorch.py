@@ -122,18 +122,7 @@ def test_a_wrong_decomposition_fails():
 
 
 def test_an_op_without_a_decomposition_is_named():
-    class ConvStep(torch.nn.Module):
-        def forward(self, x, state, w):
-            return fuseops.causal_conv1d_update(x, state, w)
-
-    args = (torch.randn(1, 4), torch.randn(1, 4, 2), torch.randn(4, 3))
-    with (
-        torch.no_grad(),
-        pytest.raises(
-            NotImplementedError, match=r"torch\.ops\.fuseops\.causal_conv1d_update\.default"
-        ),
-    ):
-        fet.export(ConvStep(), args)
+    export_check.check_an_op_without_a_table_entry_is_named(fet.export)
 
 
 def test_plain_lowering_fails_without_the_decompositions():

@@ -88,60 +88,6 @@ def test_hidden_size_zero_with_weight_and_create_graph(fused):
     assert grad_x.shape == (3, 0) and grad_w.shape == (0,)
 
 
-def rms_norm_backward_call(x, w, g):
-    _, rstd = fuseops.rms_norm_forward(x.detach(), w.detach())
-    return fuseops.rms_norm_backward(g, x, w, rstd)
-
-
-def fused_backward_call(x, w, g):
-    _, new_residual, rstd = fuseops.fused_add_rms_norm_forward(
-        x.detach(), torch.zeros_like(x).detach(), w.detach()
-    )
-    return fuseops.fused_add_rms_norm_backward(g, None, x, w, rstd)
-
-
-def layer_norm_backward_call(x, w, g):
-    mean = x.detach().mean(-1)
-    rstd = (x.detach().var(-1, unbiased=False) + 1e-5).rsqrt()
-    return fuseops.layer_norm_backward(g, x, w, mean, rstd)
-
-
-BACKWARD_CALLS = {
-    "fuseops::rms_norm_backward": rms_norm_backward_call,
-    "fuseops::fused_add_rms_norm_backward": fused_backward_call,
-    "fuseops::layer_norm_backward": layer_norm_backward_call,
-    "fuseops::bias_gelu_backward": lambda x, w, g: fuseops.bias_gelu_backward(g, x, w),
-    "fuseops::swiglu_backward": lambda x, w, g: fuseops.swiglu_backward(g, x, x * 2),
-    "fuseops::swiglu_backward.packed": lambda x, w, g: fuseops.swiglu_backward(g[:, :2], x),
-    "fuseops::geglu_backward": lambda x, w, g: fuseops.geglu_backward(g, x, x * 2),
-    "fuseops::geglu_backward.packed": lambda x, w, g: fuseops.geglu_backward(g[:, :2], x),
-}
-
-
-@pytest.mark.parametrize("op", sorted(BACKWARD_CALLS))
-def test_backward_op_without_derivative_refuses_recording(op):
-    # One policy for every backward op without a derivative of its own:
-    # refuse when a gradient would be recorded, instead of a None gradient.
-    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(4, dtype=torch.float64)
-    g = torch.randn(3, 4, dtype=torch.float64)
-    expect_error_mentions(lambda: BACKWARD_CALLS[op](x, w, g), [op, "not differentiable"])
-    with torch.no_grad():
-        BACKWARD_CALLS[op](x, w, g)
-    BACKWARD_CALLS[op](x.detach(), w, g)
-
-
-@pytest.mark.parametrize("op", ["relu", "gelu", "silu"])
-def test_backward_op_with_derivative_is_differentiable(op):
-    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    backward = getattr(fuseops, op + "_backward")
-    arg = fuseops.relu(x) if op == "relu" else x
-    assert torch.autograd.gradcheck(
-        lambda g, a: backward(g, a), (g, arg.detach().requires_grad_(op != "relu"))
-    )
-
-
 # python/README.md, "Where results differ from torch": with an infinite upstream
 # gradient, gelu_backward multiplies it by gelu'(x) computed whole. Where
 # gelu'(x) is tiny but not zero (x = -8: about -4e-14 for the erf form,

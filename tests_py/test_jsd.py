@@ -312,3 +312,314 @@ def test_matches_trl_generalized_jsd_loss(beta, temperature, reduction):
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+# --- fused_linear_jsd ----------------------------------------------------------
+#
+# Against the same float64 formula on the float64 logits of the same inputs
+# (formula(F.linear(xs, ws), F.linear(xt, wt))). Tolerances:
+# - float32/float64: 1e-5 relative (the loss: its largest value's; the
+#   gradients: each one's largest value), as jsd's: the GEMMs add a float32
+#   sum over H <= 24 products per logit (~1e-7) before the same row math.
+# - bfloat16: 2e-2 relative to each result's largest value. The GEMMs'
+#   results (the logits, then the gradients) are rounded to bfloat16 (2^-9
+#   relative each: a logit of ~3 moves by ~6e-3, which moves a row's loss by
+#   up to that much), the logits' gradient is rounded before its GEMMs too:
+#   two or three roundings of 2^-9 on the way, so ~1e-2 with a margin of 2.
+
+
+def layers(rows, hidden_s, hidden_t, vocab, dtype=torch.float32, device="cpu", seed=0):
+    """Student and teacher hidden states ([rows, H]) and heads ([V, H]) whose
+    logits are of order 3, as jsd's test logits."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(device)
+
+    return (
+        r(*rows, hidden_s),
+        r(vocab, hidden_s, scale=3.0 / hidden_s**0.5),
+        r(*rows, hidden_t),
+        r(vocab, hidden_t, scale=3.0 / hidden_t**0.5),
+    )
+
+
+def float64_fused(xs, ws, xt, wt, label, beta, temperature, reduction, grad_output):
+    """The float64 formula's loss and its gradients for student_input and
+    student_weight (grad_output times d loss)."""
+    xd, wd = xs.detach().double().requires_grad_(), ws.detach().double().requires_grad_()
+    loss = formula(
+        F.linear(xd, wd),
+        F.linear(xt.double(), wt.double()),
+        label,
+        beta,
+        temperature,
+        reduction=reduction,
+    )
+    gx, gw = torch.autograd.grad(loss, (xd, wd), grad_output.double())
+    return loss.detach(), gx, gw
+
+
+def assert_close_to_largest(got, want, tol):
+    scale = max(want.abs().max().item(), 1e-30) if want.numel() else 1.0
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("beta", BETAS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_fused_linear_jsd_matches_the_float64_formula(device, dtype, beta, reduction):
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    # 333 rows: several chunks of 64+ rows, the last one partial; [2, 5]:
+    # 3-D hidden states, flattened; the two heads of different widths.
+    for rows, hs, ht, vocab, temperature in [
+        ((333,), 24, 16, 100, 1.0),
+        ((2, 5), 8, 12, 1000, 2.0),
+    ]:
+        xs, ws, xt, wt = layers(rows, hs, ht, vocab, dtype, device, seed=30)
+        label = torch.randint(0, vocab, rows, generator=torch.Generator().manual_seed(31))
+        label.view(-1)[::7] = -100
+        label = label.to(device)
+        xi, wi = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+        loss = fuseops.fused_linear_jsd(xi, wi, xt, wt, label, beta, temperature, -100, reduction)
+        assert loss.dtype == dtype and loss.shape == (rows if reduction == "none" else ())
+        # A grad_output per row for "none" (the recomputing backward scales
+        # each row by its own), a scalar other than 1 otherwise.
+        g = torch.rand(rows, generator=torch.Generator().manual_seed(32)) + 0.5
+        g = (g if reduction == "none" else torch.tensor(0.75)).to(device)
+        loss.backward(g.to(dtype))
+        want_loss, want_gx, want_gw = float64_fused(
+            xs, ws, xt, wt, label, beta, temperature, reduction, g
+        )
+        assert xi.grad.dtype == dtype and wi.grad.dtype == dtype
+        scale = max(1.0, want_loss.abs().max().item())
+        torch.testing.assert_close(loss.double(), want_loss, rtol=tol, atol=tol * scale * 0.1)
+        assert_close_to_largest(xi.grad, want_gx, tol)
+        assert_close_to_largest(wi.grad, want_gw, tol)
+        # The ignored rows' inputs get no gradient.
+        assert (xi.grad.view(-1, hs)[::7] == 0).all()
+
+
+def numerical_gradient(fn, t, eps=1e-6):
+    """Central differences of the scalar fn() in every element of t
+    (float64), one at a time."""
+    grad = torch.zeros_like(t)
+    flat, gflat = t.detach().view(-1), grad.view(-1)
+    for i in range(flat.numel()):
+        old = flat[i].item()
+        flat[i] = old + eps
+        up = fn().item()
+        flat[i] = old - eps
+        down = fn().item()
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("beta", BETAS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_fused_linear_jsd_gradcheck_float64(beta, reduction):
+    """float64 gradients against finite differences: torch's gradcheck for
+    "none" (whose backward recomputes and may run again), central
+    differences of the loss otherwise (the gradients come from the forward
+    and the backward runs once per forward, which gradcheck's reentrancy
+    check would repeat)."""
+    xs, ws, xt, wt = layers((5,), 3, 4, 6, torch.float64, seed=33)
+    label = torch.tensor([1, -100, 0, 5, 2])
+    xs.requires_grad_()
+    ws.requires_grad_()
+
+    def fn(x, w):
+        return fuseops.fused_linear_jsd(x, w, xt, wt, label, beta, 1.5, -100, reduction)
+
+    if reduction == "none":
+        assert torch.autograd.gradcheck(fn, (xs, ws))
+        return
+    gx, gw = torch.autograd.grad(fn(xs, ws), (xs, ws))
+    with torch.no_grad():
+        for t, got in ((xs, gx), (ws, gw)):
+            want = numerical_gradient(lambda: fn(xs, ws), t)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-8)
+
+
+def test_fused_linear_jsd_forward_and_backward_ops_agree():
+    """The forward op's gradients (grad_output 1) are the backward op's for
+    a grad_output of 1; "none" recomputes and may run twice."""
+    xs, ws, xt, wt = layers((90,), 8, 6, 12, seed=34)
+    label = torch.randint(0, 12, (90,), generator=torch.Generator().manual_seed(35))
+    label[::5] = -100
+    with torch.no_grad():
+        loss, fx, fw = fuseops.fused_linear_jsd_forward(xs, ws, xt, wt, label, 0.3, 2.0)
+        bx, bw = fuseops.fused_linear_jsd_backward(
+            torch.tensor(1.0), xs, ws, xt, wt, label, 0.3, 2.0, -100, "batchmean"
+        )
+        torch.testing.assert_close(loss, fuseops.fused_linear_jsd(xs, ws, xt, wt, label, 0.3, 2.0))
+    torch.testing.assert_close(bx, fx)
+    torch.testing.assert_close(bw, fw)
+    xi, wi = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+    loss = fuseops.fused_linear_jsd(xi, wi, xt, wt, label, reduction="none")
+    token_weight = torch.rand(90)
+    loss.backward(token_weight, retain_graph=True)
+    first = (xi.grad.clone(), wi.grad.clone())
+    loss.backward(token_weight)
+    torch.testing.assert_close(xi.grad, 2 * first[0])
+    torch.testing.assert_close(wi.grad, 2 * first[1])
+    xi, wi = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+    loss = fuseops.fused_linear_jsd(xi, wi, xt, wt, label)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="only once"):
+        loss.backward()
+    expect_error_mentions(
+        lambda: torch.autograd.grad(
+            fuseops.fused_linear_jsd(xi, wi, xt, wt, label), xi, create_graph=True
+        ),
+        ["fuseops::fused_linear_jsd", "create_graph"],
+    )
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_fused_linear_jsd_no_counted_row(reduction):
+    xs, ws, xt, wt = layers((4,), 3, 3, 5, seed=36)
+    xs.requires_grad_()
+    label = torch.full((4,), -100)
+    loss = fuseops.fused_linear_jsd(xs, ws, xt, wt, label, reduction=reduction)
+    assert (loss == 0).all()
+    loss.sum().backward()
+    assert (xs.grad == 0).all()
+
+
+def test_fused_linear_jsd_teacher_that_requires_grad_is_refused():
+    xs, ws, xt, wt = layers((3,), 4, 4, 8, seed=37)
+    xs.requires_grad_()
+    for name, teacher in (
+        ("'teacher_input'", (xt.clone().requires_grad_(), wt)),
+        ("'teacher_weight'", (xt, wt.clone().requires_grad_())),
+    ):
+        expect_error_mentions(
+            lambda: fuseops.fused_linear_jsd(xs, ws, *teacher),
+            ["fuseops::fused_linear_jsd", name, "requires grad"],
+        )
+    fuseops.fused_linear_jsd(xs, ws, xt, wt).backward()
+    with torch.no_grad():
+        fuseops.fused_linear_jsd(xs, ws, xt.requires_grad_(), wt)
+
+
+def test_fused_linear_jsd_bad_inputs_name_the_op_and_the_argument():
+    xs, ws, xt, wt = layers((4,), 3, 5, 10, seed=38)
+    op = fuseops.fused_linear_jsd
+    cases = [
+        (lambda: op(xs, ws[:, :2], xt, wt), ["'student_weight'", "[V, 3]"]),
+        (lambda: op(xs, ws, xt, wt[:, :2]), ["'teacher_weight'", "[V, 5]"]),
+        (lambda: op(xs, ws, xt[:3], wt), ["'teacher_input'", "4 rows"]),
+        (lambda: op(xs, ws, xt, wt[:9]), ["'teacher_weight'", "10 rows"]),
+        (lambda: op(xs, ws, xt.double(), wt.double()), ["'teacher_input'", "dtype"]),
+        (lambda: op(xs, ws.double(), xt, wt), ["'student_weight'", "dtype"]),
+        (lambda: op(xs[0], ws, xt, wt), ["'student_input'", "[N, H]"]),
+        (lambda: op(xs.int(), ws, xt, wt), ["'student_input'", "dtype"]),
+        (lambda: op(xs, ws[:0], xt, wt[:0]), ["'student_weight'", "class"]),
+        (lambda: op(xs, ws, xt, wt, torch.zeros(4)), ["'label'", "int64"]),
+        (lambda: op(xs, ws, xt, wt, torch.zeros(5, dtype=torch.long)), ["'label'", "[4]"]),
+        (lambda: op(xs, ws, xt, wt, None, 1.5), ["'beta'", "1.5"]),
+        (lambda: op(xs, ws, xt, wt, None, 0.5, 0.0), ["'temperature'", "> 0"]),
+        (lambda: op(xs, ws, xt, wt, reduction="avg"), ["'reduction'", "'avg'", "batchmean"]),
+        (lambda: op(xs, ws, xt.to("meta"), wt.to("meta")), ["'teacher_input'", "device"]),
+    ]
+    for call, fragments in cases:
+        expect_error_mentions(call, ["fuseops::fused_linear_jsd", *fragments])
+    expect_error_mentions(
+        lambda: fuseops.fused_linear_jsd_backward(
+            torch.ones(4), xs, ws, xt, wt, None, 0.5, 1.0, -100, "sum"
+        ),
+        ["fuseops::fused_linear_jsd_backward", "'grad_output'", "shape"],
+    )
+
+
+def test_fused_linear_jsd_peak_memory_is_a_chunk_of_logits():
+    """Forward and backward allocate O(chunk x V), not [N, V]: under a
+    quarter of the two materialised logits' bytes, and of the peak of the
+    composition that materialises them."""
+    from fuseops.bench.timing import peak_memory
+
+    n, h, v = 2048, 64, 4000
+    xs, ws, xt, wt = layers((n,), h, h, v, seed=39)
+    logits_bytes = 2 * n * v * 4
+
+    def fused():
+        xi, wi = xs.detach().requires_grad_(), ws.detach().requires_grad_()
+        fuseops.fused_linear_jsd(xi, wi, xt, wt).backward()
+        return xi.grad, wi.grad
+
+    def unfused():
+        xi, wi = xs.detach().requires_grad_(), ws.detach().requires_grad_()
+        fuseops.jsd(F.linear(xi, wi), F.linear(xt, wt)).backward()
+        return xi.grad, wi.grad
+
+    fused_peak = peak_memory(fused, torch.device("cpu"))
+    assert fused_peak <= 0.25 * logits_bytes
+    assert fused_peak <= 0.25 * peak_memory(unfused, torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_fused_linear_jsd_compile_fullgraph():
+    xs, ws, xt, wt = layers((70,), 8, 6, 12, seed=40)
+    label = torch.randint(0, 12, (70,), generator=torch.Generator().manual_seed(41))
+
+    def fn(x, w):
+        return fuseops.fused_linear_jsd(x * 2.0, w, xt, wt, label, 0.5, 2.0)
+
+    compiled = torch.compile(fn, fullgraph=True)
+    x1, w1 = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+    x2, w2 = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+    torch.testing.assert_close(compiled(x1, w1), fn(x2, w2))
+    compiled(x1, w1).backward()
+    fn(x2, w2).backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
+    torch.testing.assert_close(w1.grad, w2.grad)
+
+
+def test_fused_linear_jsd_loss_module_matches_its_torch_counterpart():
+    """fuseops.nn.FusedLinearJSDLoss and TorchFusedLinearJSDLoss (which
+    replace_modules swaps for it) agree on [B, T, H] hidden states, per-token
+    losses in the labels' shape."""
+    xs, ws, xt, wt = layers((3, 7), 16, 12, 50, seed=42)
+    label = torch.randint(0, 50, (3, 7), generator=torch.Generator().manual_seed(43))
+    label[0, :2] = -100
+    for reduction in REDUCTIONS:
+        options = dict(beta=0.3, temperature=2.0, reduction=reduction)
+        fused = fuseops.nn.FusedLinearJSDLoss(**options)
+        plain = fuseops.nn.TorchFusedLinearJSDLoss(**options)
+        x1, x2 = xs.clone().requires_grad_(), xs.clone().requires_grad_()
+        got, want = fused(x1, ws, xt, wt, label), plain(x2, ws, xt, wt, label)
+        assert got.shape == (label.shape if reduction == "none" else ())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-7)
+    model = torch.nn.Sequential(fuseops.nn.TorchFusedLinearJSDLoss(beta=0.1))
+    fuseops.nn.replace_modules(model)
+    assert type(model[0]) is fuseops.nn.FusedLinearJSDLoss and model[0].beta == 0.1
+
+
+@pytest.mark.parametrize("beta", BETAS)
+@pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean"])
+def test_fused_linear_jsd_matches_trl_on_materialised_logits(beta, reduction):
+    """TRL's generalized_jsd_loss on the [B, T, V] logits the two heads make,
+    with labels, against the fused op on the hidden states: loss and the
+    student's gradients."""
+    trl_loss = _trl_loss()
+    xs, ws, xt, wt = layers((2, 5), 16, 12, 64, seed=44)
+    labels = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(45))
+    labels[0, :2] = -100
+    results = []
+    for fn in (
+        lambda x, w: trl_loss(F.linear(x, w), F.linear(xt, wt), labels, beta, 2.0, reduction),
+        lambda x, w: fuseops.fused_linear_jsd(x, w, xt, wt, labels, beta, 2.0, -100, reduction),
+    ):
+        x, w = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+        loss = fn(x, w)
+        loss.backward()
+        results.append((loss.detach(), x.grad, w.grad))
+    (want, want_gx, want_gw), (got, got_gx, got_gw) = results
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_gx, want_gx, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(got_gw, want_gw, rtol=1e-4, atol=1e-7)

@@ -1,5 +1,5 @@
 // fuseops::gelu, silu and bias_gelu: schemas, C++ API, shared checks and the
-// Meta registration. CPU: cpp/ops/cpu/activation.cpp; CUDA:
+// Meta registration. CPU: cpp/ops/cpu/activation.h; CUDA:
 // cuda/activation_kernel.cu; autograd: cpp/ops/autograd/activation.cpp.
 
 #include "ops/activation.h"

@@ -1,5 +1,5 @@
 // fuseops::causal_conv1d: schemas, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/causal_conv1d.cpp; CUDA:
+// registration. CPU: cpp/ops/cpu/causal_conv1d.h; CUDA:
 // cuda/causal_conv1d_kernel.cu; autograd: cpp/ops/autograd/causal_conv1d.cpp.
 
 #include "ops/causal_conv1d.h"

@@ -1,5 +1,5 @@
 // fuseops::cross_entropy and fuseops::linear_cross_entropy: schemas, C++ API,
-// shared checks and the Meta registration. CPU: cpp/ops/cpu/cross_entropy.cpp;
+// shared checks and the Meta registration. CPU: cpp/ops/cpu/cross_entropy.h;
 // CUDA: cuda/cross_entropy_kernel.cu; autograd:
 // cpp/ops/autograd/cross_entropy.cpp.
 
@@ -23,6 +23,7 @@
 #include "ops/common/autocast.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
+#include "ops/common/linear_loss.h"
 #include "ops/common/tensors.h"
 
 namespace fuseops {
@@ -377,31 +378,12 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     scale = scale / *normalizer;
   }
 
-  // A chunk's logits take about as much memory as `input` (at least 64 rows,
-  // to keep the GEMMs efficient). bfloat16/float16 chunks are 4 times that:
-  // each chunk adds its weight gradient to the float32 accumulator in a pass
-  // over [V, H], which fewer chunks make cheaper.
-  const bool reduced = opmath != input.scalar_type();
-  const int64_t chunk_scale = reduced ? 4 : 1;
-  const int64_t chunk = std::min(
-      rows, std::max<int64_t>(
-                64, chunk_scale * ((rows * hidden + vocab - 1) / std::max<int64_t>(vocab, 1))));
+  const int64_t chunk = linear_loss_chunk_rows(rows, hidden, vocab, opmath != input.scalar_type());
   at::Tensor buffer = empty_output({std::max<int64_t>(chunk, 0), vocab}, input.options());
   at::Tensor loss_rows = empty_output({rows}, opmath_options);
-  // grad_weight and grad_bias accumulate in float32 (float64 for float64).
-  at::Tensor grad_weight_acc;
-  at::Tensor grad_weight_block;
-  constexpr int64_t kVocabBlock = 4096;
-  at::Tensor grad_bias_acc;
+  std::optional<LinearGradAccumulator> grads;
   if (with_grad) {
-    grad_weight_acc =
-        reduced ? empty_output({vocab, hidden}, opmath_options).zero_() : r.grad_weight.zero_();
-    if (reduced) {
-      grad_weight_block = empty_output({std::min(kVocabBlock, vocab), hidden}, input.options());
-    }
-    if (bias.defined()) {
-      grad_bias_acc = reduced ? empty_output({vocab}, opmath_options).zero_() : r.grad_bias.zero_();
-    }
+    grads.emplace(r.grad_weight, bias.defined() ? r.grad_bias : at::Tensor());
   }
   const at::Tensor w_t = w.t();
   for (int64_t start = 0; start < rows; start += chunk) {
@@ -430,28 +412,10 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     }
     at::Tensor grad_input_rows = r.grad_input.narrow(0, start, n);
     at::mm_out(grad_input_rows, logits, w);
-    if (reduced) {
-      // bfloat16/float16 GEMMs (float32 sums inside, 2-3x the speed of
-      // float32 GEMMs on CPUs with bfloat16 instructions) into a small
-      // block, added to the float32 accumulator block by block.
-      for (int64_t v0 = 0; v0 < vocab; v0 += kVocabBlock) {
-        const int64_t vb = std::min(kVocabBlock, vocab - v0);
-        at::Tensor block = grad_weight_block.narrow(0, 0, vb);
-        at::mm_out(block, logits.narrow(1, v0, vb).t(), x_chunk);
-        grad_weight_acc.narrow(0, v0, vb).add_(block);
-      }
-    } else {
-      grad_weight_acc.addmm_(logits.t(), x_chunk);
-    }
-    if (bias.defined()) {
-      grad_bias_acc.add_(at::sum(logits, {0}, false, opmath));
-    }
+    grads->add(logits, x_chunk);
   }
-  if (with_grad && reduced) {
-    r.grad_weight.copy_(grad_weight_acc);
-    if (bias.defined()) {
-      r.grad_bias.copy_(grad_bias_acc);
-    }
+  if (grads) {
+    grads->finish();
   }
   switch (reduction) {
     case Reduction::None:

@@ -11,6 +11,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/CompileTimeFunctionPointer.h>
 
+#include "ops/common/linear_loss.h"
+
 namespace fuseops::detail {
 
 enum class Reduction { None, Sum, Mean };
@@ -103,11 +105,6 @@ struct LinearCrossEntropyResult {
   at::Tensor grad_weight;
   at::Tensor grad_bias;
 };
-
-// What the gradients of linear_cross_entropy_with are taken for: none, a
-// grad_output of 1 (ones per row for reduction "none"), or the given
-// grad_output of the loss's shape (the recomputing backward).
-enum class LinearLossGradient { None, OfOne, OfGradOutput };
 
 LinearCrossEntropyResult linear_cross_entropy_with(
     const char* op, const at::Tensor& input, const at::Tensor& weight,

@@ -1,5 +1,5 @@
 // fuseops::decode_attention: schema, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/decode_attention.cpp (kernel:
+// registration. CPU: cpp/ops/cpu/decode_attention.h (kernel:
 // decode_attention_kernel.cpp); CUDA: cuda/decode_attention_kernel.cu;
 // autograd (refusal): cpp/ops/autograd/decode_attention.cpp.
 

@@ -1,7 +1,7 @@
 // fuseops int4 linear layers: schemas, C++ API, shared checks, the
 // quantization and packing ops (ATen ops only, one registration for every
 // backend, with Meta kernels of their own since they check values) and the
-// Meta registration. CPU: cpp/ops/cpu/int4_linear.cpp (kernels:
+// Meta registration. CPU: cpp/ops/cpu/int4_linear.h (kernels:
 // int4_linear_kernel.cpp, int4_dynamic_linear_kernel.cpp); CUDA:
 // cuda/int4_linear_kernel.cu; autograd (refusal):
 // cpp/ops/autograd/int4_linear.cpp.

@@ -1,6 +1,6 @@
 // fuseops int8 linear layers: schemas, C++ API, shared checks, the packing
 // op (ATen ops only, one registration for every backend) and the Meta
-// registration. CPU: cpp/ops/cpu/int8_linear.cpp; CUDA:
+// registration. CPU: cpp/ops/cpu/int8_linear.h; CUDA:
 // cuda/int8_linear_kernel.cu; autograd (refusal):
 // cpp/ops/autograd/int8_linear.cpp.
 

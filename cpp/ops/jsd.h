@@ -10,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/CompileTimeFunctionPointer.h>
 
+#include "ops/common/linear_loss.h"
+
 namespace fuseops::detail {
 
 enum class JsdReduction { None, Sum, Mean, BatchMean };
@@ -70,6 +72,28 @@ at::Tensor jsd_backward_with(const at::Tensor& grad_output, const at::Tensor& st
                              double beta, double temperature, int64_t ignore_index,
                              std::string_view reduction, JsdRowsKernel kernel);
 
+// What fused_linear_jsd_with computes: the loss (a scalar, or [N] for
+// reduction "none") and the gradients of student_input and student_weight
+// (empty when not asked for).
+struct FusedLinearJsdResult {
+  at::Tensor loss;
+  at::Tensor grad_input;
+  at::Tensor grad_weight;
+};
+
+// jsd of student_input @ student_weight^T and teacher_input @
+// teacher_weight^T, rows in chunks: each chunk's logits are formed by GEMMs
+// (at::mm, any device), go through the row kernel (loss and statistics, then
+// the student's gradient), and its gradient through two more GEMMs.
+FusedLinearJsdResult fused_linear_jsd_with(const char* op, const at::Tensor& student_input,
+                                           const at::Tensor& student_weight,
+                                           const at::Tensor& teacher_input,
+                                           const at::Tensor& teacher_weight,
+                                           const std::optional<at::Tensor>& label, double beta,
+                                           double temperature, int64_t ignore_index,
+                                           std::string_view reduction, LinearLossGradient gradient,
+                                           const at::Tensor& grad_output, JsdRowsKernel kernel);
+
 // The dispatcher entry points of one backend, whose `Kernels::rows()`
 // returns its kernel.
 template <typename Kernels>
@@ -98,11 +122,50 @@ struct JsdRegistrations {
                              temperature, ignore_index, reduction, Kernels::rows());
   }
 
+  static at::Tensor fused_linear_jsd(const at::Tensor& student_input,
+                                     const at::Tensor& student_weight,
+                                     const at::Tensor& teacher_input,
+                                     const at::Tensor& teacher_weight,
+                                     const std::optional<at::Tensor>& label, double beta,
+                                     double temperature, int64_t ignore_index,
+                                     std::string_view reduction) {
+    return fused_linear_jsd_with("fuseops::fused_linear_jsd", student_input, student_weight,
+                                 teacher_input, teacher_weight, label, beta, temperature,
+                                 ignore_index, reduction, LinearLossGradient::None, at::Tensor(),
+                                 Kernels::rows())
+        .loss;
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_jsd_forward(
+      const at::Tensor& student_input, const at::Tensor& student_weight,
+      const at::Tensor& teacher_input, const at::Tensor& teacher_weight,
+      const std::optional<at::Tensor>& label, double beta, double temperature, int64_t ignore_index,
+      std::string_view reduction) {
+    auto r =
+        fused_linear_jsd_with("fuseops::fused_linear_jsd_forward", student_input, student_weight,
+                              teacher_input, teacher_weight, label, beta, temperature, ignore_index,
+                              reduction, LinearLossGradient::OfOne, at::Tensor(), Kernels::rows());
+    return {r.loss, r.grad_input, r.grad_weight};
+  }
+  static std::tuple<at::Tensor, at::Tensor> fused_linear_jsd_backward(
+      const at::Tensor& grad_output, const at::Tensor& student_input,
+      const at::Tensor& student_weight, const at::Tensor& teacher_input,
+      const at::Tensor& teacher_weight, const std::optional<at::Tensor>& label, double beta,
+      double temperature, int64_t ignore_index, std::string_view reduction) {
+    auto r = fused_linear_jsd_with("fuseops::fused_linear_jsd_backward", student_input,
+                                   student_weight, teacher_input, teacher_weight, label, beta,
+                                   temperature, ignore_index, reduction,
+                                   LinearLossGradient::OfGradOutput, grad_output, Kernels::rows());
+    return {r.grad_input, r.grad_weight};
+  }
+
   template <typename Library>
   static void register_all(Library& m) {
     m.impl("jsd", TORCH_FN(jsd));
     m.impl("jsd_forward", TORCH_FN(jsd_forward));
     m.impl("jsd_backward", TORCH_FN(jsd_backward));
+    m.impl("fused_linear_jsd", TORCH_FN(fused_linear_jsd));
+    m.impl("fused_linear_jsd_forward", TORCH_FN(fused_linear_jsd_forward));
+    m.impl("fused_linear_jsd_backward", TORCH_FN(fused_linear_jsd_backward));
   }
 };
 

@@ -1,5 +1,5 @@
 // fuseops::layer_norm: schemas, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/layer_norm.cpp; CUDA:
+// registration. CPU: cpp/ops/cpu/layer_norm.h; CUDA:
 // cuda/layer_norm_kernel.cu; autograd: cpp/ops/autograd/layer_norm.cpp.
 
 #include "ops/layer_norm.h"

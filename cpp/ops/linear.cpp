@@ -1,5 +1,5 @@
 // fuseops::linear: schema, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/linear.cpp (kernel: linear_kernel.cpp);
+// registration. CPU: cpp/ops/cpu/linear.h (kernel: linear_kernel.cpp);
 // CUDA: cuda/linear_kernel.cu; autograd: cpp/ops/autograd/linear.cpp.
 
 #include "ops/linear.h"

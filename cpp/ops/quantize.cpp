@@ -1,5 +1,5 @@
 // fuseops int8 quantization: schemas, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/quantize.cpp; CUDA: cuda/quantize_kernel.cu;
+// registration. CPU: cpp/ops/cpu/quantize.h; CUDA: cuda/quantize_kernel.cu;
 // autograd (refusal): cpp/ops/autograd/quantize.cpp.
 
 #include "ops/quantize.h"

@@ -1,5 +1,5 @@
 // fuseops::relu: schema, C++ API, shared checks and the Meta registration.
-// CPU: cpp/ops/cpu/relu.cpp; CUDA: cuda/relu_kernel.cu; autograd:
+// CPU: cpp/ops/cpu/relu.h; CUDA: cuda/relu_kernel.cu; autograd:
 // cpp/ops/autograd/relu.cpp.
 
 #include "ops/relu.h"

@@ -1,5 +1,5 @@
 // fuseops::rms_norm and fuseops::fused_add_rms_norm: schemas, C++ API, shared
-// checks and the Meta registration. CPU: cpp/ops/cpu/rms_norm.cpp; CUDA:
+// checks and the Meta registration. CPU: cpp/ops/cpu/rms_norm.h; CUDA:
 // cuda/rms_norm_kernel.cu; autograd: cpp/ops/autograd/rms_norm.cpp.
 
 #include "ops/rms_norm.h"

@@ -1,5 +1,5 @@
 // fuseops::rope: schemas, C++ API, shared checks and the Meta registration.
-// CPU: cpp/ops/cpu/rope.cpp; CUDA: cuda/rope_kernel.cu; autograd:
+// CPU: cpp/ops/cpu/rope.h; CUDA: cuda/rope_kernel.cu; autograd:
 // cpp/ops/autograd/rope.cpp.
 
 #include "ops/rope.h"

@@ -69,6 +69,9 @@ from .ops.int8_linear import (
     unpack_int8_weight,
 )
 from .ops.jsd import (
+    fused_linear_jsd,
+    fused_linear_jsd_backward,
+    fused_linear_jsd_forward,
     jsd,
     jsd_backward,
     jsd_forward,
@@ -139,6 +142,9 @@ __all__ = [
     "fused_add_rms_norm",
     "fused_add_rms_norm_backward",
     "fused_add_rms_norm_forward",
+    "fused_linear_jsd",
+    "fused_linear_jsd_backward",
+    "fused_linear_jsd_forward",
     "geglu",
     "geglu_backward",
     "gelu",

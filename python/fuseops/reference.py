@@ -48,6 +48,7 @@ from .ops.int8_linear import (
     pack_int8_weight_reference as pack_int8_weight,
 )
 from .ops.jsd import (
+    fused_linear_jsd_reference as fused_linear_jsd,
     jsd_reference as jsd,
 )
 from .ops.layer_norm import (
@@ -96,6 +97,7 @@ __all__ = [
     "dequantize_int8",
     "fused_add_rms_norm",
     "fused_add_rms_norm_backward",
+    "fused_linear_jsd",
     "geglu",
     "gelu",
     "gelu_backward",

@@ -156,6 +156,25 @@ def check_a_wrong_eps_fails(table, export_and_compare) -> None:
         export_and_compare(cases, table=wrong)
 
 
+def check_an_op_without_a_table_entry_is_named(export) -> None:
+    """``export(module, args)`` of a model calling an op the table lacks
+    (causal_conv1d_update, which updates its state in place) raises an error
+    naming the op's overload."""
+
+    class ConvStep(torch.nn.Module):
+        def forward(self, x, state, w):
+            return fuseops.causal_conv1d_update(x, state, w)
+
+    args = (torch.randn(1, 4), torch.randn(1, 4, 2), torch.randn(4, 3))
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            NotImplementedError, match=r"torch\.ops\.fuseops\.causal_conv1d_update\.default"
+        ),
+    ):
+        export(ConvStep(), args)
+
+
 def fuseops_overloads() -> list:
     """Every overload of every op registered in the fuseops namespace."""
     found = []

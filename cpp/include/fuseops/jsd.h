@@ -62,4 +62,42 @@ inline at::Tensor kl_div(const at::Tensor& student_logits, const at::Tensor& tea
              reduction);
 }
 
+// jsd of the logits of two linear layers (LM heads) without forming them:
+// student logits student_input @ student_weight^T (student_input [N, Hs],
+// student_weight [V, Hs]), teacher logits teacher_input @ teacher_weight^T
+// ([N, Ht], [V, Ht]), all four in one dtype; `label` [N] and the options as
+// in jsd. Rows go in chunks whose logits take about the memory of
+// student_input (four times that in bfloat16/float16), so the memory beyond
+// the inputs and gradients is O(chunk x V), never [N, V]. Differentiable in
+// student_input and student_weight (C++ autograd; student_weight's gradient
+// accumulated in float32 over the chunks). With reduction "batchmean",
+// "sum" or "mean" the gradients are computed in the forward and the
+// backward scales them by grad_output, once; with "none" the backward
+// recomputes the logits. The teacher is a constant: a teacher_input or
+// teacher_weight that requires grad is refused.
+at::Tensor fused_linear_jsd(const at::Tensor& student_input, const at::Tensor& student_weight,
+                            const at::Tensor& teacher_input, const at::Tensor& teacher_weight,
+                            const std::optional<at::Tensor>& label = std::nullopt,
+                            double beta = 0.5, double temperature = 1.0,
+                            int64_t ignore_index = -100, std::string_view reduction = "batchmean");
+
+// fused_linear_jsd and its gradients for a grad_output of 1 (ones per row
+// for reduction "none"): (loss, grad_student_input, grad_student_weight).
+// Not differentiable.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_jsd_forward(
+    const at::Tensor& student_input, const at::Tensor& student_weight,
+    const at::Tensor& teacher_input, const at::Tensor& teacher_weight,
+    const std::optional<at::Tensor>& label = std::nullopt, double beta = 0.5,
+    double temperature = 1.0, int64_t ignore_index = -100,
+    std::string_view reduction = "batchmean");
+
+// The gradients (grad_student_input, grad_student_weight) of
+// fused_linear_jsd for grad_output of the loss's shape, recomputing the
+// logits chunk by chunk. Not differentiable.
+std::tuple<at::Tensor, at::Tensor> fused_linear_jsd_backward(
+    const at::Tensor& grad_output, const at::Tensor& student_input,
+    const at::Tensor& student_weight, const at::Tensor& teacher_input,
+    const at::Tensor& teacher_weight, const std::optional<at::Tensor>& label, double beta,
+    double temperature, int64_t ignore_index, std::string_view reduction);
+
 }  // namespace fuseops

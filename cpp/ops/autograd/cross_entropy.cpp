@@ -37,14 +37,6 @@ void check_weight_no_grad(const char* op, const char* arg,
               "' requires grad, but the op is not differentiable with respect to it");
 }
 
-// The gradients computed in the forward carry no graph of their own: a
-// backward with create_graph=True would silently drop the second derivative.
-void check_not_recording(const char* op) {
-  TORCH_CHECK(!at::GradMode::is_enabled(), op,
-              " has no second derivative (its gradients are computed in the forward): "
-              "backward with create_graph=True is not supported");
-}
-
 struct Options {
   std::string reduction;
   int64_t ignore_index;
@@ -124,7 +116,7 @@ class CrossEntropyInplaceFunction : public torch::autograd::Function<CrossEntrop
     TORCH_CHECK(!ctx->saved_data["used"].toBool(),
                 "fuseops::cross_entropy_inplace: the backward can run only once (the "
                 "gradient lives in the logits buffer and is scaled there in place)");
-    check_not_recording("fuseops::cross_entropy_inplace");
+    autograd_detail::check_not_recording("fuseops::cross_entropy_inplace");
     ctx->saved_data["used"] = true;
     RECORD_FUNCTION("fuseops::cross_entropy_inplace_backward",
                     std::vector<c10::IValue>({grads[0]}));
@@ -210,7 +202,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     TORCH_CHECK(!ctx->saved_data["used"].toBool(),
                 "fuseops::linear_cross_entropy: the backward can run only once (its gradients "
                 "are computed in the forward and scaled by grad_output in place)");
-    check_not_recording("fuseops::linear_cross_entropy");
+    autograd_detail::check_not_recording("fuseops::linear_cross_entropy");
     ctx->saved_data["used"] = true;
     // Named like the backward ops of the other fuseops ops in profiles, with
     // grad_output's shape recorded as theirs is.

@@ -7,9 +7,19 @@
 // (autograd/no_derivative.h). The teacher is a constant of distillation: a
 // teacher_logits that requires grad is refused rather than given no
 // gradient silently.
+//
+// fused_linear_jsd with reduction "batchmean", "sum" or "mean" computes its
+// gradients in the forward (fused_linear_jsd_forward); its backward only
+// scales them by grad_output, in place, so it may run once. With "none" it
+// keeps its inputs and the backward recomputes the logits
+// (fused_linear_jsd_backward, which has no derivative of its own). The
+// teacher's layer is refused likewise when it requires grad.
 
 #include <string>
 #include <tuple>
+#include <vector>
+
+#include <ATen/record_function.h>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -25,11 +35,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-void check_teacher_no_grad(const char* op, const at::Tensor& teacher_logits) {
-  TORCH_CHECK(!autograd_detail::records_grad({teacher_logits}), op,
-              ": argument 'teacher_logits' requires grad, but the op is not differentiable with "
-              "respect to it (the teacher is a constant of the distillation loss: pass "
-              "teacher_logits.detach())");
+void check_teacher_no_grad(const char* op, const at::Tensor& teacher,
+                           const char* arg = "teacher_logits") {
+  TORCH_CHECK(!autograd_detail::records_grad({teacher}), op, ": argument '", arg,
+              "' requires grad, but the op is not differentiable with respect to it (the teacher "
+              "is a constant of the distillation loss: pass ",
+              arg, ".detach())");
 }
 
 struct Options {
@@ -114,12 +125,134 @@ at::Tensor jsd_backward_autograd(const at::Tensor& grad_output, const at::Tensor
                                temperature, ignore_index, reduction);
 }
 
+// Returns the loss. For reduction "none" the forward keeps its inputs and the
+// backward recomputes the logits; otherwise the forward computes the
+// gradients (for a grad_output of 1) and the backward scales them in place,
+// once.
+class FusedLinearJsdFunction : public torch::autograd::Function<FusedLinearJsdFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& student_input,
+                            const at::Tensor& student_weight, const at::Tensor& teacher_input,
+                            const at::Tensor& teacher_weight,
+                            const std::optional<at::Tensor>& label, const Options& o) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->set_materialize_grads(false);
+    const bool recompute = o.reduction == "none";
+    ctx->saved_data["recompute"] = recompute;
+    ctx->saved_data["used"] = false;
+    if (recompute) {
+      const at::Tensor l = detail::undefined_if_none(label);
+      ctx->save_for_backward({student_input, student_weight, teacher_input, teacher_weight, l});
+      ctx->saved_data["has_label"] = l.defined();
+      ctx->saved_data["beta"] = o.beta;
+      ctx->saved_data["temperature"] = o.temperature;
+      ctx->saved_data["ignore_index"] = o.ignore_index;
+      ctx->saved_data["reduction"] = o.reduction;
+      return fuseops::fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
+                                       label, o.beta, o.temperature, o.ignore_index, o.reduction);
+    }
+    auto [loss, grad_input, grad_weight] = fuseops::fused_linear_jsd_forward(
+        student_input, student_weight, teacher_input, teacher_weight, label, o.beta, o.temperature,
+        o.ignore_index, o.reduction);
+    ctx->saved_data["grad_input"] = grad_input;
+    ctx->saved_data["grad_weight"] = grad_weight;
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(6);
+    if (!grads[0].defined()) {
+      return result;
+    }
+    if (ctx->saved_data["recompute"].toBool()) {
+      const auto saved = ctx->get_saved_variables();
+      const std::optional<at::Tensor> label = ctx->saved_data["has_label"].toBool()
+                                                  ? std::optional<at::Tensor>(saved[4])
+                                                  : std::nullopt;
+      std::tie(result[0], result[1]) = fuseops::fused_linear_jsd_backward(
+          grads[0], saved[0], saved[1], saved[2], saved[3], label,
+          ctx->saved_data["beta"].toDouble(), ctx->saved_data["temperature"].toDouble(),
+          ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["reduction"].toStringRef());
+      return result;
+    }
+    TORCH_CHECK(!ctx->saved_data["used"].toBool(),
+                "fuseops::fused_linear_jsd: the backward can run only once (its gradients are "
+                "computed in the forward and scaled by grad_output in place)");
+    autograd_detail::check_not_recording("fuseops::fused_linear_jsd");
+    // Named like the backward ops of the other fuseops ops in profiles, with
+    // grad_output's shape recorded as theirs is.
+    RECORD_FUNCTION("fuseops::fused_linear_jsd_backward", std::vector<c10::IValue>({grads[0]}));
+    result[0] = ctx->saved_data["grad_input"].toTensor().mul_(grads[0]);
+    result[1] = ctx->saved_data["grad_weight"].toTensor().mul_(grads[0]);
+    // Drop the references: the gradients now belong to the caller.
+    ctx->saved_data.clear();
+    ctx->saved_data["used"] = true;
+    ctx->saved_data["recompute"] = false;
+    return result;
+  }
+};
+
+void check_teacher_layer_no_grad(const char* op, const at::Tensor& teacher_input,
+                                 const at::Tensor& teacher_weight) {
+  check_teacher_no_grad(op, teacher_input, "teacher_input");
+  check_teacher_no_grad(op, teacher_weight, "teacher_weight");
+}
+
+at::Tensor fused_linear_jsd_autograd(const at::Tensor& student_input,
+                                     const at::Tensor& student_weight,
+                                     const at::Tensor& teacher_input,
+                                     const at::Tensor& teacher_weight,
+                                     const std::optional<at::Tensor>& label, double beta,
+                                     double temperature, int64_t ignore_index,
+                                     std::string_view reduction) {
+  check_teacher_layer_no_grad("fuseops::fused_linear_jsd", teacher_input, teacher_weight);
+  if (!autograd_detail::records_grad({student_input, student_weight})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
+                                     label, beta, temperature, ignore_index, reduction);
+  }
+  return FusedLinearJsdFunction::apply(
+      student_input, student_weight, teacher_input, teacher_weight, label,
+      Options{beta, temperature, ignore_index, std::string(reduction)});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_jsd_forward_autograd(
+    const at::Tensor& student_input, const at::Tensor& student_weight,
+    const at::Tensor& teacher_input, const at::Tensor& teacher_weight,
+    const std::optional<at::Tensor>& label, double beta, double temperature, int64_t ignore_index,
+    std::string_view reduction) {
+  autograd_detail::check_no_derivative(
+      "fuseops::fused_linear_jsd_forward",
+      {student_input, student_weight, teacher_input, teacher_weight});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::fused_linear_jsd_forward(student_input, student_weight, teacher_input,
+                                           teacher_weight, label, beta, temperature, ignore_index,
+                                           reduction);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_linear_jsd_backward_autograd(
+    const at::Tensor& grad_output, const at::Tensor& student_input,
+    const at::Tensor& student_weight, const at::Tensor& teacher_input,
+    const at::Tensor& teacher_weight, const std::optional<at::Tensor>& label, double beta,
+    double temperature, int64_t ignore_index, std::string_view reduction) {
+  autograd_detail::check_no_derivative(
+      "fuseops::fused_linear_jsd_backward",
+      {grad_output, student_input, student_weight, teacher_input, teacher_weight});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::fused_linear_jsd_backward(grad_output, student_input, student_weight,
+                                            teacher_input, teacher_weight, label, beta, temperature,
+                                            ignore_index, reduction);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("jsd", TORCH_FN(jsd_autograd));
   m.impl("jsd_forward", TORCH_FN(jsd_forward_autograd));
   m.impl("jsd_backward", TORCH_FN(jsd_backward_autograd));
+  m.impl("fused_linear_jsd", TORCH_FN(fused_linear_jsd_autograd));
+  m.impl("fused_linear_jsd_forward", TORCH_FN(fused_linear_jsd_forward_autograd));
+  m.impl("fused_linear_jsd_backward", TORCH_FN(fused_linear_jsd_backward_autograd));
 }
 
 }  // namespace fuseops

@@ -17,7 +17,8 @@
 // derivative at all: their Autograd kernels call check_inference first, with
 // the same refusal.
 // A backward op with no Autograd kernel at all would fall through to its
-// device kernel and break that promise silently.
+// device kernel and break that promise silently. tests_py/test_conformance.py
+// holds every backward op it finds in the conformance samples to this policy.
 
 #include <initializer_list>
 #include <optional>
@@ -49,6 +50,16 @@ inline void check_no_derivative(const char* op,
               " is not differentiable (no double backward through the op it is the "
               "backward of): call it under torch.no_grad() or on tensors that do not "
               "require grad");
+}
+
+// For the backward of an op that computes its gradients in the forward
+// (cross_entropy_inplace, linear_cross_entropy, fused_linear_jsd): those
+// gradients carry no graph of their own, so a backward with
+// create_graph=True would silently drop the second derivative.
+inline void check_not_recording(const char* op) {
+  TORCH_CHECK(!at::GradMode::is_enabled(), op,
+              " has no second derivative (its gradients are computed in the forward): "
+              "backward with create_graph=True is not supported");
 }
 
 inline void check_inference(const char* op,

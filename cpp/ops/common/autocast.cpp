@@ -58,7 +58,9 @@ class AutocastKernel final : public c10::OperatorKernel {
       case AutocastCast::kPromote:
         return name == "weight";
       case AutocastCast::kLinearLoss:
-        return name != "input" && name != "weight" && name != "bias";
+        // A linear layer's tensors, or each of fused_linear_jsd's two.
+        return name != "input" && name != "weight" && name != "bias" && name != "student_input" &&
+               name != "student_weight" && name != "teacher_input" && name != "teacher_weight";
       default:
         return false;
     }

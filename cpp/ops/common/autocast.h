@@ -29,8 +29,10 @@ enum class AutocastCast {
                     // parameters and returns the input's dtype
   kLinearLoss,      // a linear layer followed by a loss, as
                     // cross_entropy(linear(input, weight, bias), ...):
-                    // `input`, `weight` and `bias` to the autocast dtype (the
-                    // linear's policy), other tensors as given, and the
+                    // `input`, `weight` and `bias` (fused_linear_jsd: the
+                    // student's and teacher's input and weight) to the
+                    // autocast dtype (the linear's policy), other tensors
+                    // as given, and the
                     // floating results returned in float32 (the loss's)
 };
 

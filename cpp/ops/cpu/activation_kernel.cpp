@@ -134,10 +134,11 @@ void bias_gelu_backward_kernel_impl(const at::Tensor& grad_input, const at::Tens
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(activation_kernel, &activation_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(activation_backward_kernel, &activation_backward_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(bias_gelu_kernel, &bias_gelu_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(bias_gelu_backward_kernel, &bias_gelu_backward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(ActivationCpuKernels::forward, &activation_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(ActivationCpuKernels::backward, &activation_backward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(ActivationCpuKernels::bias_gelu, &bias_gelu_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(ActivationCpuKernels::bias_gelu_backward,
+                            &bias_gelu_backward_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -671,9 +671,9 @@ void causal_conv1d_update_kernel_impl(const at::Tensor& out, const at::Tensor& x
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(causal_conv1d_kernel, &causal_conv1d_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(causal_conv1d_backward_kernel, &causal_conv1d_backward_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(causal_conv1d_update_kernel, &causal_conv1d_update_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(CausalConv1dCpuKernels::forward, &causal_conv1d_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(CausalConv1dCpuKernels::backward, &causal_conv1d_backward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(CausalConv1dCpuKernels::update, &causal_conv1d_update_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

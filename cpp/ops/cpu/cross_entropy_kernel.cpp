@@ -25,6 +25,7 @@
 
 #include "ops/cpu/activation_math.h"
 #include "ops/cpu/cross_entropy.h"
+#include "ops/cpu/row_max_sum.h"
 #include "ops/cpu/elementwise.h"
 
 namespace fuseops::cpu {
@@ -72,70 +73,16 @@ C10_ALWAYS_INLINE acc_t capped(acc_t x, acc_t cap, acc_t inv_cap) {
   }
 }
 
-// (m, s) with s = sum over the row of exp(z - m), m the row's maximum: each
-// lane keeps its own maximum, starting from the lowest finite value so that
-// lanes of -Inf logits add exp(-Inf) = 0 instead of exp(-Inf - -Inf) = NaN.
-template <typename T, bool kSoftcap>
-std::pair<at::opmath_type<T>, at::opmath_type<T>> row_max_sum(const T* x, int64_t n,
-                                                              at::opmath_type<T> cap,
-                                                              at::opmath_type<T> inv_cap) {
-  using acc_t = at::opmath_type<T>;
-  using V = Vec<acc_t>;
-  using Block = OpmathBlock<T>;
-  // Two blocks per step: one rescale of the running sum per 2 (float32) or
-  // 4 (bfloat16/float16) vectors of exponentials.
-  constexpr int64_t kStep = 2 * Block::kSize;
-  constexpr int kRegs = 2 * Block::kRegisters;
-  const V vcap(cap);
-  const V vinv(inv_cap);
-  V m_v(std::numeric_limits<acc_t>::lowest());
-  V s_v(0);
-  int64_t i = 0;
-  for (; i + kStep <= n; i += kStep) {
-    const auto a = Block::load(x + i);
-    const auto b = Block::load(x + i + Block::kSize);
-    V z[kRegs];
-    for (int r = 0; r < Block::kRegisters; ++r) {
-      z[r] = capped<kSoftcap>(a[r], vcap, vinv);
-      z[Block::kRegisters + r] = capped<kSoftcap>(b[r], vcap, vinv);
-    }
-    V m_new = m_v;
-    for (int r = 0; r < kRegs; ++r) {
-      m_new = at::vec::maximum(m_new, z[r]);
-    }
-    V s = s_v * activation_exp<acc_t>(m_v - m_new);
-    for (int r = 0; r < kRegs; ++r) {
-      s += activation_exp<acc_t>(z[r] - m_new);
-    }
-    s_v = s;
-    m_v = m_new;
+// A row's logits as cross_entropy sees them: softcapped or not.
+template <bool kSoftcap, typename acc_t>
+struct CappedLogit {
+  acc_t cap;
+  acc_t inv_cap;
+  Vec<acc_t> operator()(const Vec<acc_t>& x) const {
+    return capped<kSoftcap>(x, Vec<acc_t>(cap), Vec<acc_t>(inv_cap));
   }
-  alignas(64) acc_t m_lanes[V::size()];
-  alignas(64) acc_t s_lanes[V::size()];
-  m_v.store(m_lanes);
-  s_v.store(s_lanes);
-  acc_t m = m_lanes[0];
-  for (int l = 1; l < V::size(); ++l) {
-    // A NaN lane makes the row NaN, as at::vec::maximum does within a lane.
-    if (std::isnan(m_lanes[l]) || m_lanes[l] > m) {
-      m = m_lanes[l];
-    }
-  }
-  acc_t s = 0;
-  for (int l = 0; l < V::size(); ++l) {
-    s += s_lanes[l] * std::exp(m_lanes[l] - m);
-  }
-  for (; i < n; ++i) {
-    const acc_t z = capped<kSoftcap>(static_cast<acc_t>(x[i]), cap, inv_cap);
-    if (z > m) {
-      s = s * std::exp(m - z) + acc_t(1);
-      m = z;
-    } else {
-      s += std::exp(z - m);
-    }
-  }
-  return {m, s};
-}
+  acc_t operator()(acc_t x) const { return capped<kSoftcap>(x, cap, inv_cap); }
+};
 
 // sum_c w_c z_c over the row (w = 1 when `weight` is null): label smoothing's
 // term, a second read of a row still in cache.
@@ -252,7 +199,7 @@ void rows_impl(const detail::CrossEntropyRowsArgs& args) {
       const acc_t z_t = capped<kSoftcap>(static_cast<acc_t>(x[t]), cap, inv_cap);
       acc_t lse;
       if (want_loss) {
-        const auto [m, s] = row_max_sum<T, kSoftcap>(x, vocab, cap, inv_cap);
+        const auto [m, s] = row_max_sum(x, vocab, CappedLogit<kSoftcap, acc_t>{cap, inv_cap});
         lse = m + std::log(s);
         acc_t loss = (acc_t(1) - smoothing) * w_t * (lse - z_t) + z_loss * lse * lse;
         if (smoothing > 0) {
@@ -303,8 +250,8 @@ void cross_entropy_rows_kernel_impl(const detail::CrossEntropyRowsArgs& args) {
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(cross_entropy_target_kernel, &cross_entropy_target_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(cross_entropy_rows_kernel, &cross_entropy_rows_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(CrossEntropyCpuKernels::target, &cross_entropy_target_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(CrossEntropyCpuKernels::rows, &cross_entropy_rows_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -591,7 +591,7 @@ void decode_attention_kernel_impl(const at::Tensor& out, const at::Tensor& query
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(decode_attention_kernel, &decode_attention_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(DecodeAttentionCpuKernels::forward, &decode_attention_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

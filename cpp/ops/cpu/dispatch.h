@@ -1,11 +1,11 @@
 #pragma once
-// Run-time choice among the per-CPU-capability builds of a kernel.
-//
-// A kernel file cpp/ops/cpu/<op>_kernel.cpp is compiled once per capability
-// (see cmake/FuseopsCpuKernels.cmake). Each build registers its entry point in
-// a CpuKernelTable with FUSEOPS_REGISTER_CPU_KERNEL; the op's CPU registration
-// (cpp/ops/cpu/<op>.cpp) calls `table.get()`, which returns the build
-// matching the selected capability.
+// Run-time choice among the per-CPU-capability builds of a kernel. A kernel
+// file cpp/ops/cpu/<op>_kernel.cpp is compiled once per capability (see
+// cmake/FuseopsCpuKernels.cmake). Each build registers its entry point in a
+// CpuKernelTable with FUSEOPS_REGISTER_CPU_KERNEL. The tables are members of
+// the family's `<Op>CpuKernels` (cpp/ops/cpu/<op>.h), which the family's
+// registrations call (`Kernels::forward()`): that returns the build matching
+// the selected capability.
 
 #include <array>
 #include <atomic>
@@ -81,28 +81,25 @@ class CpuKernelTable {
     }
     TORCH_CHECK(false, "fuseops: no CPU kernel registered for ", name_);
   }
+  // `Kernels::forward()` reads the same for a CPU table and a CUDA family's
+  // static function.
+  Fn operator()() const { return get(); }
 
  private:
   const char* name_;
-  // Zero-initialised before any dynamic initialiser runs, so registrations
-  // from other translation units are safe whatever their order.
+  // Constant-initialised (the tables are declared `inline constinit`), so
+  // registrations from other translation units, which run as dynamic
+  // initialisers, are safe whatever their order; `inline` makes the header's
+  // table one object, shared by the registration and every kernel build.
   std::array<Fn, kNumCpuCapabilities> kernels_{};
 };
 
 }  // namespace fuseops::cpu
 
-// Declares a table (in cpp/ops/cpu/<op>.h, shared by the op's CPU
-// registration and its kernel file) and defines it (in cpp/ops/cpu/<op>.cpp,
-// compiled once).
-#define FUSEOPS_DECLARE_CPU_KERNEL(table, fn_type) \
-  extern ::fuseops::cpu::CpuKernelTable<fn_type> table
-#define FUSEOPS_DEFINE_CPU_KERNEL(table, fn_type) \
-  ::fuseops::cpu::CpuKernelTable<fn_type> table(#table)
-
 // Registers this capability's build of `fn` in `table`; use at namespace
 // scope of a file compiled by fuseops_add_cpu_kernel.
 #define FUSEOPS_CPU_KERNEL_CONCAT_(a, b) a##b
 #define FUSEOPS_CPU_KERNEL_CONCAT(a, b) FUSEOPS_CPU_KERNEL_CONCAT_(a, b)
-#define FUSEOPS_REGISTER_CPU_KERNEL(table, fn)                                 \
-  static const bool FUSEOPS_CPU_KERNEL_CONCAT(table##_registered_, __LINE__) = \
+#define FUSEOPS_REGISTER_CPU_KERNEL(table, fn)                                            \
+  static const bool FUSEOPS_CPU_KERNEL_CONCAT(fuseops_cpu_kernel_registered_, __LINE__) = \
       (table.set(::fuseops::cpu::CpuCapability::CPU_CAPABILITY, fn), true)

@@ -1,12 +1,18 @@
 #pragma once
-// The CPU kernel tables of swiglu and geglu: filled by each capability's build
-// of gated_activation_kernel.cpp, defined and registered with the dispatcher
-// in gated_activation.cpp.
+// The CPU kernel tables of swiglu and geglu: filled by each capability's
+// build of gated_activation_kernel.cpp.
 
 #include "ops/cpu/dispatch.h"
 #include "ops/gated_activation.h"
 
 namespace fuseops::cpu {
-FUSEOPS_DECLARE_CPU_KERNEL(gated_kernel, detail::GatedKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(gated_backward_kernel, detail::GatedBackwardKernel);
+
+struct GatedActivationCpuKernels {
+  static inline constinit CpuKernelTable<detail::GatedKernel> forward{"gated_kernel"};
+  static inline constinit CpuKernelTable<detail::GatedBackwardKernel> backward{
+      "gated_backward_kernel"};
+};
+
+using GatedActivationCpuRegistrations = detail::GatedRegistrations<GatedActivationCpuKernels>;
+
 }  // namespace fuseops::cpu

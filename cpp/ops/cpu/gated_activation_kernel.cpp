@@ -101,8 +101,8 @@ void gated_backward_kernel_impl(const at::Tensor& grad_gate, const at::Tensor& g
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(gated_kernel, &gated_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(gated_backward_kernel, &gated_backward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(GatedActivationCpuKernels::forward, &gated_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(GatedActivationCpuKernels::backward, &gated_backward_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

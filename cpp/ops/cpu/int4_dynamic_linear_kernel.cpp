@@ -347,17 +347,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
         }
       }
       for (int64_t m = m_begin; m < m_end; ++m) {
-        const float* row = result[m - m_begin];
-        const float xs = x_scale[m];
-        for (int64_t c = 0; c < channels; ++c) {
-          // float64 outputs add the bias in float64; the others in float32.
-          using opmath_t = at::opmath_type<scalar_t>;
-          opmath_t value = static_cast<opmath_t>(row[c] * xs);
-          if (b != nullptr) {
-            value += static_cast<opmath_t>(b[channel0 + c]);
-          }
-          o[m * n + channel0 + c] = static_cast<scalar_t>(value);
-        }
+        store_output_channels(o + m * n + channel0, result[m - m_begin], channels, x_scale[m],
+                              b != nullptr ? b + channel0 : nullptr);
       }
     }
   });
@@ -373,7 +364,7 @@ void int4_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tensor& in
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(int4_dynamic_linear_kernel, &int4_dynamic_linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(Int4LinearCpuKernels::dynamic, &int4_dynamic_linear_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -344,16 +344,8 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
         }
       }
       for (int64_t m = m_begin; m < m_end; ++m) {
-        const float* row = result + (m - m_begin) * kBlockN;
-        for (int64_t c = 0; c < channels; ++c) {
-          // float64 outputs add the bias in float64; the others in float32.
-          using opmath_t = at::opmath_type<scalar_t>;
-          opmath_t value = static_cast<opmath_t>(row[c]);
-          if (b != nullptr) {
-            value += static_cast<opmath_t>(b[channel0 + c]);
-          }
-          o[m * n + channel0 + c] = static_cast<scalar_t>(value);
-        }
+        store_output_channels(o + m * n + channel0, result + (m - m_begin) * kBlockN, channels,
+                              1.0f, b != nullptr ? b + channel0 : nullptr);
       }
     }
   });
@@ -369,7 +361,8 @@ void int4_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(int4_weight_only_linear_kernel, &int4_weight_only_linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(Int4LinearCpuKernels::weight_only,
+                            &int4_weight_only_linear_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -686,8 +686,9 @@ void int8_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tensor& in
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(int8_weight_only_linear_kernel, &int8_weight_only_linear_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(int8_dynamic_linear_kernel, &int8_dynamic_linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(Int8LinearCpuKernels::weight_only,
+                            &int8_weight_only_linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(Int8LinearCpuKernels::dynamic, &int8_dynamic_linear_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <ATen/OpMathType.h>
 #include <ATen/cpu/vec/vec.h>
 
 namespace fuseops::cpu {
@@ -35,6 +36,23 @@ C10_ALWAYS_INLINE FloatVec fused_multiply_add(const FloatVec& a, const FloatVec&
   }
   return FloatVec::loadu(lc);
 #endif
+}
+
+// Writes one output row's `channels` float32 results times `row_scale` (the
+// activation row's scale; 1, which changes no bits, for float activations)
+// plus the bias, rounded once to the output dtype. float64 outputs add the
+// bias in float64; the others in float32.
+template <typename scalar_t>
+C10_ALWAYS_INLINE void store_output_channels(scalar_t* out, const float* row, int64_t channels,
+                                             float row_scale, const scalar_t* bias) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  for (int64_t c = 0; c < channels; ++c) {
+    opmath_t value = static_cast<opmath_t>(row[c] * row_scale);
+    if (bias != nullptr) {
+      value += static_cast<opmath_t>(bias[c]);
+    }
+    out[c] = static_cast<scalar_t>(value);
+  }
 }
 
 // `count` (at most FloatVec::size()) int8 values widened to float32; lanes

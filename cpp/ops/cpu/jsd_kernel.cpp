@@ -24,6 +24,7 @@
 #include "ops/cpu/activation_math.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/jsd.h"
+#include "ops/cpu/row_max_sum.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -31,69 +32,13 @@ namespace {
 
 using detail::JsdMode;
 
-// (m, s) with s = sum over the row of exp(x * scale - m), m the row's
-// maximum of x * scale: cross_entropy's row_max_sum. Each lane keeps its own
-// maximum, starting from the lowest finite value so that lanes of -Inf logits
-// add exp(-Inf) = 0 instead of exp(-Inf - -Inf) = NaN.
-template <typename T>
-std::pair<at::opmath_type<T>, at::opmath_type<T>> row_max_sum(const T* x, int64_t n,
-                                                              at::opmath_type<T> scale) {
-  using acc_t = at::opmath_type<T>;
-  using V = Vec<acc_t>;
-  using Block = OpmathBlock<T>;
-  // Two blocks per step: one rescale of the running sum per 2 (float32) or
-  // 4 (bfloat16/float16) vectors of exponentials.
-  constexpr int64_t kStep = 2 * Block::kSize;
-  constexpr int kRegs = 2 * Block::kRegisters;
-  const V vscale(scale);
-  V m_v(std::numeric_limits<acc_t>::lowest());
-  V s_v(0);
-  int64_t i = 0;
-  for (; i + kStep <= n; i += kStep) {
-    const auto a = Block::load(x + i);
-    const auto b = Block::load(x + i + Block::kSize);
-    V z[kRegs];
-    for (int r = 0; r < Block::kRegisters; ++r) {
-      z[r] = a[r] * vscale;
-      z[Block::kRegisters + r] = b[r] * vscale;
-    }
-    V m_new = m_v;
-    for (int r = 0; r < kRegs; ++r) {
-      m_new = at::vec::maximum(m_new, z[r]);
-    }
-    V s = s_v * activation_exp<acc_t>(m_v - m_new);
-    for (int r = 0; r < kRegs; ++r) {
-      s += activation_exp<acc_t>(z[r] - m_new);
-    }
-    s_v = s;
-    m_v = m_new;
-  }
-  alignas(64) acc_t m_lanes[V::size()];
-  alignas(64) acc_t s_lanes[V::size()];
-  m_v.store(m_lanes);
-  s_v.store(s_lanes);
-  acc_t m = m_lanes[0];
-  for (int l = 1; l < V::size(); ++l) {
-    // A NaN lane makes the row NaN, as at::vec::maximum does within a lane.
-    if (std::isnan(m_lanes[l]) || m_lanes[l] > m) {
-      m = m_lanes[l];
-    }
-  }
-  acc_t s = 0;
-  for (int l = 0; l < V::size(); ++l) {
-    s += s_lanes[l] * std::exp(m_lanes[l] - m);
-  }
-  for (; i < n; ++i) {
-    const acc_t z = static_cast<acc_t>(x[i]) * scale;
-    if (z > m) {
-      s = s * std::exp(m - z) + acc_t(1);
-      m = z;
-    } else {
-      s += std::exp(z - m);
-    }
-  }
-  return {m, s};
-}
+// A row's logits divided by the temperature, as x * (1 / T).
+template <typename acc_t>
+struct ScaledLogit {
+  acc_t scale;
+  Vec<acc_t> operator()(const Vec<acc_t>& x) const { return x * Vec<acc_t>(scale); }
+  acc_t operator()(acc_t x) const { return x * scale; }
+};
 
 // Every pass scales the logits as row_max_sum does, x * (1 / T) rounded
 // before anything is subtracted (no fused multiply-add), so that the row's
@@ -110,6 +55,22 @@ struct RowConstants {
   acc_t lse_t;
   acc_t log_beta;
   acc_t log_1m_beta;
+};
+
+// The same constants in every lane, for a row's vector body.
+template <typename acc_t>
+struct RowVectors {
+  explicit RowVectors(const RowConstants<acc_t>& k)
+      : inv_t(k.inv_t),
+        lse_s(k.lse_s),
+        lse_t(k.lse_t),
+        log_beta(k.log_beta),
+        log_1m_beta(k.log_1m_beta) {}
+  Vec<acc_t> inv_t;
+  Vec<acc_t> lse_s;
+  Vec<acc_t> lse_t;
+  Vec<acc_t> log_beta;
+  Vec<acc_t> log_1m_beta;
 };
 
 // exp of a vector (activation_math.h's) or of a row's scalar tail.
@@ -172,11 +133,7 @@ std::pair<at::opmath_type<T>, at::opmath_type<T>> row_divergence(
   using acc_t = at::opmath_type<T>;
   using V = Vec<acc_t>;
   using Block = OpmathBlock<T>;
-  const V vinv(k.inv_t);
-  const V vlse_s(k.lse_s);
-  const V vlse_t(k.lse_t);
-  const V vlog_beta(k.log_beta);
-  const V vlog_1m_beta(k.log_1m_beta);
+  const RowVectors<acc_t> v(k);
   V ks_v(0);
   V kt_v(0);
   int64_t i = 0;
@@ -184,9 +141,9 @@ std::pair<at::opmath_type<T>, at::opmath_type<T>> row_divergence(
     const auto a = Block::load(x + i);
     const auto b = Block::load(y + i);
     for (int r = 0; r < Block::kRegisters; ++r) {
-      const V s = a[r] * vinv - vlse_s;
-      const V t = b[r] * vinv - vlse_t;
-      add_terms<kMode, acc_t>(s, t, vlog_beta, vlog_1m_beta, ks_v, kt_v);
+      const V s = a[r] * v.inv_t - v.lse_s;
+      const V t = b[r] * v.inv_t - v.lse_t;
+      add_terms<kMode, acc_t>(s, t, v.log_beta, v.log_1m_beta, ks_v, kt_v);
     }
   }
   alignas(64) acc_t ks_lanes[V::size()];
@@ -217,19 +174,15 @@ void row_gradient(const T* x, const T* y, T* g, int64_t n,
   using acc_t = at::opmath_type<T>;
   using V = Vec<acc_t>;
   using Block = OpmathBlock<T>;
-  const V vinv(k.inv_t);
-  const V vlse_s(k.lse_s);
-  const V vlse_t(k.lse_t);
-  const V vlog_beta(k.log_beta);
-  const V vlog_1m_beta(k.log_1m_beta);
+  const RowVectors<acc_t> v(k);
   const V vks(ks);
   const V vscale(scale);
   for_each_block<Block::kSize>(n, [&](int64_t i, int64_t count) {
     auto a = Block::load(x + i, count);
     const auto b = Block::load(y + i, count);
     for (int r = 0; r < Block::kRegisters; ++r) {
-      const V s = a[r] * vinv - vlse_s;
-      const V t = b[r] * vinv - vlse_t;
+      const V s = a[r] * v.inv_t - v.lse_s;
+      const V t = b[r] * v.inv_t - v.lse_t;
       const V p = activation_exp<acc_t>(s);
       V grad;
       if constexpr (kMode == JsdMode::ForwardKl) {
@@ -237,7 +190,7 @@ void row_gradient(const T* x, const T* y, T* g, int64_t n,
       } else if constexpr (kMode == JsdMode::ReverseKl) {
         grad = weighted<acc_t>(p, s - t - vks);
       } else {
-        const V m = log_mixture<acc_t>(t + vlog_beta, s + vlog_1m_beta);
+        const V m = log_mixture<acc_t>(t + v.log_beta, s + v.log_1m_beta);
         grad = weighted<acc_t>(p, s - m - vks);
       }
       a[r] = grad * vscale;
@@ -290,8 +243,8 @@ void rows_impl(const detail::JsdRowsArgs& args) {
       RowConstants<acc_t> k = constants;
       acc_t ks;
       if (want_loss) {
-        const auto [m_s, sum_s] = row_max_sum<T>(x, vocab, k.inv_t);
-        const auto [m_t, sum_t] = row_max_sum<T>(y, vocab, k.inv_t);
+        const auto [m_s, sum_s] = row_max_sum(x, vocab, ScaledLogit<acc_t>{k.inv_t});
+        const auto [m_t, sum_t] = row_max_sum(y, vocab, ScaledLogit<acc_t>{k.inv_t});
         k.lse_s = m_s + std::log(sum_s);
         k.lse_t = m_t + std::log(sum_t);
         const auto [k_s, k_t] = row_divergence<T, kMode>(x, y, vocab, k);
@@ -340,7 +293,7 @@ void jsd_rows_kernel_impl(const detail::JsdRowsArgs& args) {
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(jsd_rows_kernel, &jsd_rows_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(JsdCpuKernels::rows, &jsd_rows_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -433,8 +433,8 @@ void layer_norm_backward_kernel_impl(const at::Tensor& grad_input, const at::Ten
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(layer_norm_kernel, &layer_norm_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(layer_norm_backward_kernel, &layer_norm_backward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(LayerNormCpuKernels::forward, &layer_norm_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(LayerNormCpuKernels::backward, &layer_norm_backward_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

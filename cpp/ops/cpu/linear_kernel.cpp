@@ -268,7 +268,7 @@ void linear_kernel_impl(const at::Tensor& out, const at::Tensor& input, const at
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(linear_kernel, &linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(LinearCpuKernels::forward, &linear_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -98,8 +98,8 @@ void dequantize_kernel_impl(const at::Tensor& out, const at::Tensor& q, const at
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(quantize_rows_kernel, &quantize_rows_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(dequantize_kernel, &dequantize_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(QuantizeCpuKernels::quantize, &quantize_rows_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(QuantizeCpuKernels::dequantize, &dequantize_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -1,11 +1,18 @@
 #pragma once
 // relu's CPU kernel tables: filled by each capability's build of
-// relu_kernel.cpp, defined and registered with the dispatcher in relu.cpp.
+// relu_kernel.cpp.
 
 #include "ops/cpu/dispatch.h"
 #include "ops/relu.h"
 
 namespace fuseops::cpu {
-FUSEOPS_DECLARE_CPU_KERNEL(relu_kernel, detail::ReluKernel);
-FUSEOPS_DECLARE_CPU_KERNEL(relu_backward_kernel, detail::ReluBackwardKernel);
+
+struct ReluCpuKernels {
+  static inline constinit CpuKernelTable<detail::ReluKernel> forward{"relu_kernel"};
+  static inline constinit CpuKernelTable<detail::ReluBackwardKernel> backward{
+      "relu_backward_kernel"};
+};
+
+using ReluCpuRegistrations = detail::ReluRegistrations<ReluCpuKernels>;
+
 }  // namespace fuseops::cpu

@@ -41,8 +41,8 @@ void relu_backward_kernel_impl(const at::Tensor& grad_input, const at::Tensor& g
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(relu_kernel, &relu_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(relu_backward_kernel, &relu_backward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(ReluCpuKernels::forward, &relu_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(ReluCpuKernels::backward, &relu_backward_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -371,8 +371,8 @@ void rms_norm_backward_kernel_impl(const detail::RmsNormBackwardArgs& args) {
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(rms_norm_forward_kernel, &rms_norm_forward_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(rms_norm_backward_kernel, &rms_norm_backward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(RmsNormCpuKernels::forward, &rms_norm_forward_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(RmsNormCpuKernels::backward, &rms_norm_backward_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

@@ -189,7 +189,7 @@ void rope_kernel_impl(const detail::RopeKernelArgs& args) {
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(rope_kernel, &rope_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(RopeCpuKernels::rope, &rope_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

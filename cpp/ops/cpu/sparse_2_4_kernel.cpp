@@ -874,9 +874,8 @@ void sparse_2_4_dynamic_linear_kernel_impl(const at::Tensor& out, const at::Tens
 
 }  // namespace
 
-FUSEOPS_REGISTER_CPU_KERNEL(sparse_2_4_linear_kernel, &sparse_2_4_linear_kernel_impl);
-FUSEOPS_REGISTER_CPU_KERNEL(sparse_2_4_dynamic_linear_kernel,
-                            &sparse_2_4_dynamic_linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(Sparse24CpuKernels::linear, &sparse_2_4_linear_kernel_impl);
+FUSEOPS_REGISTER_CPU_KERNEL(Sparse24CpuKernels::dynamic, &sparse_2_4_dynamic_linear_kernel_impl);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace fuseops::cpu

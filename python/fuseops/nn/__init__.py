@@ -12,7 +12,13 @@ from __future__ import annotations
 from ._replace import Replacement, replace_modules
 from .activation import GELU, GeGLU, SiLU, SwiGLU, SwiGLUMLP
 from .conv import CausalConv1d
-from .loss import CrossEntropyLoss, LinearCrossEntropyLoss, TorchLinearCrossEntropyLoss
+from .loss import (
+    CrossEntropyLoss,
+    FusedLinearJSDLoss,
+    LinearCrossEntropyLoss,
+    TorchFusedLinearJSDLoss,
+    TorchLinearCrossEntropyLoss,
+)
 from .norm import LayerNorm, RMSNorm
 from ..quantization import Int4Linear, Int8Linear, Sparse24Linear
 from .rope import RotaryEmbedding, TorchRotaryEmbedding
@@ -20,6 +26,7 @@ from .rope import RotaryEmbedding, TorchRotaryEmbedding
 __all__ = [
     "CausalConv1d",
     "CrossEntropyLoss",
+    "FusedLinearJSDLoss",
     "GELU",
     "GeGLU",
     "Int4Linear",
@@ -33,6 +40,7 @@ __all__ = [
     "Sparse24Linear",
     "SwiGLU",
     "SwiGLUMLP",
+    "TorchFusedLinearJSDLoss",
     "TorchLinearCrossEntropyLoss",
     "TorchRotaryEmbedding",
     "replace_modules",

@@ -1,5 +1,6 @@
-"""fuseops.nn losses: ``CrossEntropyLoss`` and the fused LM head
-``LinearCrossEntropyLoss`` (with its plain-torch counterpart)."""
+"""fuseops.nn losses: ``CrossEntropyLoss``, the fused LM head
+``LinearCrossEntropyLoss`` and the fused distillation loss of two LM heads
+``FusedLinearJSDLoss`` (each fused one with its plain-torch counterpart)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..ops.cross_entropy import (
     cross_entropy_reference,
     linear_cross_entropy,
 )
+from ..ops.jsd import fused_linear_jsd, jsd_reference
 from ._replace import _replaces
 
 
@@ -237,3 +239,78 @@ class LinearCrossEntropyLoss(TorchLinearCrossEntropyLoss):
                 result = result._replace(loss=result.loss.reshape(target.shape))
             return _reshaped(result, target.shape)
         return result.reshape(target.shape) if self.reduction == "none" else result
+
+
+class TorchFusedLinearJSDLoss(torch.nn.Module):
+    """The distillation loss of a student's and a teacher's LM heads in plain
+    torch: ``forward(student_input, student_weight, teacher_input,
+    teacher_weight, label=None)`` with hidden states ``[..., Hs]`` and
+    ``[..., Ht]`` and head weights ``[V, Hs]`` and ``[V, Ht]`` forms both
+    logits with ``F.linear`` and takes their generalized JSD
+    (``fuseops.reference.jsd``, TRL's ``GKDTrainer.generalized_jsd_loss``:
+    ``beta`` 0 and 1 the forward and reverse KL, ``temperature``, rows whose
+    ``label`` is ``ignore_index`` left out, ``reduction`` "batchmean", "sum",
+    "mean" or "none"). This is the module a model builds to be plain torch
+    and still be found by ``replace_modules``, which swaps it for
+    ``FusedLinearJSDLoss``."""
+
+    def __init__(
+        self,
+        beta: float = 0.5,
+        temperature: float = 1.0,
+        ignore_index: int = -100,
+        reduction: str = "batchmean",
+    ) -> None:
+        super().__init__()
+        self.beta = beta
+        self.temperature = temperature
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(
+        self,
+        student_input: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_input: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        label: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        return jsd_reference(
+            torch.nn.functional.linear(student_input, student_weight),
+            torch.nn.functional.linear(teacher_input, teacher_weight),
+            label,
+            self.beta,
+            self.temperature,
+            self.ignore_index,
+            self.reduction,
+        )
+
+
+@_replaces(TorchFusedLinearJSDLoss)
+class FusedLinearJSDLoss(TorchFusedLinearJSDLoss):
+    """Liger-Kernel's ``LigerFusedLinearJSD`` on fuseops:
+    ``TorchFusedLinearJSDLoss`` (same constructor and forward) in one op,
+    ``fuseops.fused_linear_jsd``, without forming either ``[tokens, V]``
+    logits; statistics and gradients computed in float32 whatever the input
+    dtype. The teacher's tensors must not require grad (run the teacher
+    under ``torch.no_grad()``)."""
+
+    def forward(
+        self,
+        student_input: torch.Tensor,
+        student_weight: torch.Tensor,
+        teacher_input: torch.Tensor,
+        teacher_weight: torch.Tensor,
+        label: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        return fused_linear_jsd(
+            student_input,
+            student_weight,
+            teacher_input,
+            teacher_weight,
+            label,
+            self.beta,
+            self.temperature,
+            self.ignore_index,
+            self.reduction,
+        )

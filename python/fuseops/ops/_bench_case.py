@@ -12,7 +12,7 @@ Traffic is counted in "rows" (tensors of ``rows * hidden`` elements) and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence, TypedDict
 
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -86,6 +86,23 @@ class Case:
     #: The op module that registers the case (its family: the quick preset
     #: runs one case of each); the registry sets it.
     family: str = ""
+
+
+class CaseFields(TypedDict, total=False):
+    """Keyword arguments of ``Case`` that several of an op module's cases
+    share, for ``common: CaseFields = dict(...)`` then ``Case(**common, ...)``
+    (the type checker then checks each against ``Case``)."""
+
+    fuseops: str
+    reference: str
+    make_inputs: InputMaker
+    forward_traffic: Traffic
+    backward_traffic: Traffic
+    has_out: bool
+    options: dict
+    differentiable: Sequence[int]
+    shapes: dict
+    call_out: Callable
 
 
 # Input makers the op modules' cases share.

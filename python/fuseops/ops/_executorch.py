@@ -54,3 +54,18 @@ def add_bias(y, bias, ct: torch.dtype):
 def rows_times(x2d, w, out_shape):
     """``x2d [rows, K] @ w.T`` reshaped to ``out_shape``."""
     return (x2d @ w.t()).reshape(out_shape)
+
+
+def dynamic_int8_linear(input, weight, scale, bias):
+    """The W8A8 linears' math (int8 and 2:4) on their ``[N, K]`` int8-valued
+    ``weight``: the rows quantized as the ops do, the integer products summed
+    exactly (in float64, exact for the int8 ranges), then ``(acc * x_scale)
+    * scale + bias`` in float32 (float64 for float64 input)."""
+    dtype = input.dtype
+    ct = opmath(dtype)
+    n, k = weight.shape[0], input.shape[-1]
+    xq, x_scale = quantize_rows(input)
+    w = weight.to(torch.float64)
+    acc = rows_times(xq.to(torch.float64).reshape(-1, k), w, input.shape[:-1] + (n,))
+    y = (acc.to(ct) * x_scale.to(ct)) * scale.to(ct)
+    return add_bias(y, bias, ct).to(dtype)

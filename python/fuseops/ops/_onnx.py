@@ -96,3 +96,17 @@ def quantize_rows(x):
 
 def add_bias(y, bias, ct: ir.DataType):
     return y if bias is None else op.Add(y, cast(bias, ct))
+
+
+def dynamic_int8_linear(input, weight, scale, bias):
+    """The W8A8 linears' math (int8 and 2:4) on their ``[N, K]`` int8
+    ``weight``: the rows quantized as the ops do, ``MatMulInteger`` (exact
+    int32 sums), then ``(acc * x_scale) * scale + bias`` in float32 (float64
+    for float64 input); a row the op gives NaN (a non-finite input) stays NaN."""
+    dtype = dtype_of(input)
+    ct = opmath(dtype)
+    xq, x_scale, bad = quantize_rows(input)
+    acc = op.MatMulInteger(xq, op.Transpose(weight, perm=[1, 0]))
+    y = op.Mul(op.Mul(op.Cast(acc, to=ct), cast(x_scale, ct)), cast(scale, ct))
+    y = op.Add(add_bias(y, bias, ct), cast(bad, ct))
+    return cast(y, dtype)

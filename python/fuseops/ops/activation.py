@@ -460,3 +460,11 @@ def autocast_cases() -> list:
 
 
 __all__ = ["bias_gelu", "bias_gelu_backward", "gelu", "gelu_backward", "silu", "silu_backward"]
+
+
+def row_reduction_cases() -> list:
+    """bias_gelu: the bias gradient sums over rows (tests_py/test_threads.py)."""
+    from ._threads import RowReductionCase, leaves
+
+    x, b = leaves((4096, 256), (256,))
+    return [RowReductionCase("bias_gelu", lambda: bias_gelu(x, b), (x, b))]

@@ -548,3 +548,16 @@ __all__ = [
     "causal_conv1d_forward",
     "causal_conv1d_update",
 ]
+
+
+def row_reduction_cases() -> list:
+    """causal_conv1d: the weight and bias gradients sum over batch and time
+    (tests_py/test_threads.py)."""
+    from ._threads import RowReductionCase, leaves
+
+    x, w, b = leaves((4, 512, 2048), (512, 4), (512,))
+    return [
+        RowReductionCase(
+            "causal_conv1d", lambda: causal_conv1d(x, w, b, None, False, "silu"), (x, w, b)
+        )
+    ]

@@ -847,3 +847,18 @@ __all__ = [
     "linear_cross_entropy_forward",
     "linear_cross_entropy_stats",
 ]
+
+
+def row_reduction_cases() -> list:
+    """cross_entropy's mean loss and linear_cross_entropy's weight gradient
+    sum over rows (tests_py/test_threads.py)."""
+    from ._threads import RowReductionCase, leaves
+
+    logits, x, w = leaves((4096, 1000), (4096, 256), (1000, 256))
+    target = torch.randint(0, 1000, (4096,), generator=torch.Generator().manual_seed(0))
+    return [
+        RowReductionCase("cross_entropy", lambda: cross_entropy(logits, target), (logits,)),
+        RowReductionCase(
+            "linear_cross_entropy", lambda: linear_cross_entropy(x, w, target), (x, w)
+        ),
+    ]

@@ -32,22 +32,7 @@ from ._export import PREPARES_WEIGHTS
 from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
-    from typing import Sequence, TypedDict
-
-    from ._bench_case import InputMaker, Traffic
-
-    class _CaseFields(TypedDict):
-        """The keyword arguments of ``Case`` that the int4 cases share."""
-
-        fuseops: str
-        reference: str
-        make_inputs: InputMaker
-        forward_traffic: Traffic
-        backward_traffic: Traffic
-        has_out: bool
-        differentiable: Sequence[int]
-        shapes: dict
-        options: dict
+    from ._bench_case import CaseFields
 
 
 def quantize_per_group_int4(
@@ -252,7 +237,7 @@ def bench_cases():
     # x read and y written in the dtype; the int4 weight (half a byte per
     # value) and its float32 scales and zero points (8 bytes per group of
     # 128) read once.
-    common: _CaseFields = dict(
+    common: CaseFields = dict(
         fuseops="int4_weight_only_linear",
         reference="int4_weight_only_linear",
         make_inputs=_x_and_weight,
@@ -274,7 +259,7 @@ def bench_cases():
             **common,
         )
     ]
-    dynamic: _CaseFields = {
+    dynamic: CaseFields = {
         **common,
         "fuseops": "int4_dynamic_linear",
         "reference": "int4_dynamic_linear",

@@ -28,24 +28,9 @@ from ._export import PREPARES_WEIGHTS
 from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
-    from typing import Sequence, TypedDict
-
-    from ._bench_case import InputMaker, Traffic
-
-    class _CaseFields(TypedDict):
-        """The keyword arguments of ``Case`` that the int8 linear cases share."""
-
-        fuseops: str
-        reference: str
-        make_inputs: InputMaker
-        forward_traffic: Traffic
-        backward_traffic: Traffic
-        has_out: bool
-        differentiable: Sequence[int]
-        shapes: dict
+    from ._bench_case import CaseFields
 
 
-#: The modes ``quantize_`` has.
 def pack_int8_weight(
     wq: torch.Tensor, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -230,7 +215,7 @@ def bench_cases():
     # x read and y written in the dtype; the int8 weight and its float32
     # scales read once.
     traffic = Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 4 * hidden)
-    common: _CaseFields = dict(
+    common: CaseFields = dict(
         fuseops="int8_weight_only_linear",
         reference="int8_weight_only_linear",
         make_inputs=_x_and_weight,
@@ -241,7 +226,7 @@ def bench_cases():
         shapes=shapes,
     )
     # W8A8: the same traffic plus the int32 column sums.
-    dynamic: _CaseFields = {
+    dynamic: CaseFields = {
         **common,
         "fuseops": "int8_dynamic_linear",
         "reference": "int8_dynamic_linear",
@@ -439,7 +424,7 @@ def onnx_translations() -> dict:
     the int8 products exactly in int32 with ``MatMulInteger``
     (``DynamicQuantizeLinear`` does not apply: it quantizes a whole tensor
     asymmetrically to uint8)."""
-    from ._onnx import FLOAT, add_bias, cast, dtype_of, ints, op, opmath, quantize_rows, static_dim
+    from ._onnx import FLOAT, add_bias, cast, dtype_of, dynamic_int8_linear, ints, op, static_dim
 
     def unpack(packed, n: int, k: int):
         """The ``[n, k]`` int8 weight of ``pack_int8_weight``'s layout
@@ -467,13 +452,7 @@ def onnx_translations() -> dict:
         del colsum
         n = static_dim(scale, 0, "the output features (scale.shape[0])")
         k = static_dim(input, -1, "the input features")
-        dtype = dtype_of(input)
-        ct = opmath(dtype)
-        xq, x_scale, bad = quantize_rows(input)
-        acc = op.MatMulInteger(xq, op.Transpose(unpack(packed, n, k), perm=[1, 0]))
-        y = op.Mul(op.Mul(op.Cast(acc, to=ct), cast(x_scale, ct)), cast(scale, ct))
-        y = op.Add(add_bias(y, bias, ct), cast(bad, ct))
-        return cast(y, dtype)
+        return dynamic_int8_linear(input, unpack(packed, n, k), scale, bias)
 
     ops = torch.ops.fuseops
     return {
@@ -489,7 +468,7 @@ def executorch_decompositions() -> dict:
     (``absmax / 127``, round half to even, clamp to [-127, 127]) and sums
     the integer products exactly (in float64, exact for the int8 ranges). The
     ``.pte`` keeps the packed int8 bytes."""
-    from ._executorch import add_bias, opmath, quantize_rows, rows_times
+    from ._executorch import add_bias, dynamic_int8_linear, rows_times
 
     def unpack(packed, n: int, k: int):
         """The ``[n, k]`` int8 weight of ``pack_int8_weight``'s layout
@@ -513,14 +492,9 @@ def executorch_decompositions() -> dict:
         scale + bias`` in float32 (float64 for float64 input). ``colsum`` is
         the op's correction for its unsigned activations: unused here."""
         del colsum
-        n, k = scale.shape[0], input.shape[-1]
-        dtype = input.dtype
-        ct = opmath(dtype)
-        xq, x_scale = quantize_rows(input)
-        w = unpack(packed, n, k).to(torch.float64)
-        acc = rows_times(xq.to(torch.float64).reshape(-1, k), w, input.shape[:-1] + (n,))
-        y = (acc.to(ct) * x_scale.to(ct)) * scale.to(ct)
-        return add_bias(y, bias, ct).to(dtype)
+        return dynamic_int8_linear(
+            input, unpack(packed, scale.shape[0], input.shape[-1]), scale, bias
+        )
 
     ops = torch.ops.fuseops
     return {

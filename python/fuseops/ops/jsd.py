@@ -2,7 +2,9 @@
 (TRL's ``GKDTrainer.generalized_jsd_loss``, Liger-Kernel's JSD) and the KL
 divergences at its two ends, over the softmaxes of student and teacher
 logits, with its forward (returning the backward's row statistics) and
-backward ops."""
+backward ops; and fused_linear_jsd, the same loss of two LM heads' logits
+without forming them (Liger-Kernel's FusedLinearJSD), with its forward
+(loss and gradients) and recomputing backward ops."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from ._sample import DTYPES, Sample, tensor
 
@@ -116,6 +119,124 @@ def jsd_backward(
     )
 
 
+def _check_rows_shape(name: str, shape: torch.Size, rows_shape: torch.Size) -> None:
+    if shape != rows_shape:
+        raise RuntimeError(
+            f"fuseops::fused_linear_jsd: argument '{name}' must have the rows' shape "
+            f"{list(rows_shape)} (that of 'student_input' without its last dimension), "
+            f"got {list(shape)}"
+        )
+
+
+def fused_linear_jsd(
+    student_input: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_input: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    label: Optional[torch.Tensor] = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "batchmean",
+) -> torch.Tensor:
+    """:func:`jsd` of ``F.linear(student_input, student_weight)`` and
+    ``F.linear(teacher_input, teacher_weight)`` (Liger-Kernel's
+    FusedLinearJSD) without the ``[N, V]`` logits: ``student_input``
+    ``[N, Hs]`` (or ``[B, T, Hs]``, flattened), ``student_weight`` ``[V, Hs]``,
+    ``teacher_input`` ``[N, Ht]``, ``teacher_weight`` ``[V, Ht]``, one dtype;
+    ``label``, ``beta``, ``temperature``, ``ignore_index`` and ``reduction``
+    as in :func:`jsd` (``"none"``: a loss per row, of the inputs' leading
+    shape). Rows go in chunks whose two logits take about the memory of
+    ``student_input`` each (four times that in bfloat16/float16), so the
+    memory beyond inputs and gradients is O(chunk x V). Differentiable in
+    ``student_input`` and ``student_weight`` (whose gradient accumulates in
+    float32); with ``"batchmean"``, ``"sum"`` or ``"mean"`` the gradients
+    are computed in the forward and scaled by grad_output in the backward,
+    which runs at most once; with ``"none"`` the backward recomputes the
+    logits. A teacher input or weight that requires grad is refused."""
+    # [B, T, H] hidden states as the op's [N, H] rows (and [B, T] labels as
+    # [N]); anything else goes to the op as given, for it to check.
+    rows_shape = None
+    if isinstance(student_input, torch.Tensor) and student_input.dim() > 2:
+        rows_shape = student_input.shape[:-1]
+        student_input = student_input.reshape(-1, student_input.shape[-1])
+        if isinstance(teacher_input, torch.Tensor):
+            _check_rows_shape("teacher_input", teacher_input.shape[:-1], rows_shape)
+            teacher_input = teacher_input.reshape(-1, teacher_input.shape[-1])
+        if isinstance(label, torch.Tensor):
+            _check_rows_shape("label", label.shape, rows_shape)
+            label = label.reshape(-1)
+    loss = torch.ops.fuseops.fused_linear_jsd(
+        student_input,
+        student_weight,
+        teacher_input,
+        teacher_weight,
+        label,
+        beta,
+        temperature,
+        ignore_index,
+        reduction,
+    )
+    return loss.reshape(rows_shape) if rows_shape is not None and reduction == "none" else loss
+
+
+def fused_linear_jsd_forward(
+    student_input: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_input: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    label: Optional[torch.Tensor] = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "batchmean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, grad_student_input, grad_student_weight)`` of
+    :func:`fused_linear_jsd` (``[N, H]`` inputs) for a grad_output of 1 (of
+    ones with ``reduction="none"``); not differentiable."""
+    return torch.ops.fuseops.fused_linear_jsd_forward(
+        student_input,
+        student_weight,
+        teacher_input,
+        teacher_weight,
+        label,
+        beta,
+        temperature,
+        ignore_index,
+        reduction,
+    )
+
+
+def fused_linear_jsd_backward(
+    grad_output: torch.Tensor,
+    student_input: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_input: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    label: Optional[torch.Tensor],
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "batchmean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_student_input, grad_student_weight)`` of
+    :func:`fused_linear_jsd` (``[N, H]`` inputs) for ``grad_output`` of the
+    loss's shape, recomputing the logits chunk by chunk; not
+    differentiable."""
+    return torch.ops.fuseops.fused_linear_jsd_backward(
+        grad_output,
+        student_input,
+        student_weight,
+        teacher_input,
+        teacher_weight,
+        label,
+        beta,
+        temperature,
+        ignore_index,
+        reduction,
+    )
+
+
 def jsd_reference(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -161,16 +282,77 @@ def jsd_reference(
     return (total / divisor).to(dtype)
 
 
+def fused_linear_jsd_reference(
+    student_input: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_input: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    label: Optional[torch.Tensor] = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "batchmean",
+) -> torch.Tensor:
+    # Both logits materialised, then the loss: what the op replaces.
+    return jsd_reference(
+        F.linear(student_input, student_weight),
+        F.linear(teacher_input, teacher_weight),
+        label,
+        beta,
+        temperature,
+        ignore_index,
+        reduction,
+    )
+
+
 def _student_teacher(rows, vocab, dtype, device, gen):
     student = torch.randn(rows, vocab, dtype=torch.float32, device=device, generator=gen) * 2
     teacher = torch.randn(rows, vocab, dtype=torch.float32, device=device, generator=gen) * 2
     return student.to(dtype), teacher.to(dtype)
 
 
+def _linear_layers(rows, vocab, dtype, device, gen):
+    # rows x vocab, the shape of the two logits that are never formed; both
+    # heads of hidden size min(2048, vocab), an LM head's.
+    hidden = min(2048, vocab)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, device=device, generator=gen) * scale).to(dtype)
+
+    return (
+        r(rows, hidden),
+        r(vocab, hidden, scale=hidden**-0.5),
+        r(rows, hidden),
+        r(vocab, hidden, scale=hidden**-0.5),
+    )
+
+
 def bench_cases():
     from ._bench_case import Case, Traffic
 
     return [
+        Case(
+            "fused_linear_jsd",
+            "fused_linear_jsd",
+            "fused_linear_jsd",
+            _linear_layers,
+            # Bound by its GEMMs, not by memory; the least traffic counted is
+            # the two heads [V, H] (H = 2048 "vectors" of V each), read in the
+            # forward, read and the student's gradient written in the
+            # backward.
+            forward_traffic=Traffic(rows=0, vectors=2 * 2048),
+            backward_traffic=Traffic(rows=0, vectors=3 * 2048),
+            has_out=False,
+            differentiable=(0, 1),
+            variant=True,
+            shapes={
+                "quick": [(256, 8000)],
+                "standard": [(1024, 32000)],
+                "full": [(4096, 32000)],
+            },
+            description="student and teacher LM heads x [rows, min(2048, V)] @ W.T, then "
+            "generalized JSD (beta 0.5), batchmean",
+        ),
         Case(
             "jsd",
             "jsd",
@@ -273,6 +455,7 @@ def samples(device) -> list[Sample]:
             jsd_backward,
         ),
     ]
+    result += _fused_linear_samples(t, label)
     # Every CPU build on rows with a vector tail, several tasks per thread,
     # each end of beta and the mixture.
     for dtype in DTYPES:
@@ -297,6 +480,100 @@ def samples(device) -> list[Sample]:
     return result
 
 
+def _fused_linear_samples(t, label) -> list[Sample]:
+    ops = torch.ops.fuseops
+    op = ops.fused_linear_jsd.default
+    # 70 rows: two chunks of at least 64 rows, the second one short.
+    xs, ws = t((70, 8), grad=True, scale=1.0), t((12, 8), grad=True, scale=0.5)
+    xt, wt = t((70, 5), scale=1.0), t((12, 5), scale=0.5)
+    lb = label((70,), 12)
+    result = [
+        Sample(op, (xs, ws, xt, wt, lb, 0.5, 1.0, -100, "batchmean"), fused_linear_jsd),
+        Sample(op, (xs, ws, xt, wt, None, 0.0, 2.0, -100, "sum"), fused_linear_jsd),
+        Sample(op, (xs, ws, xt, wt, lb, 1.0, 1.0, -100, "none"), fused_linear_jsd),
+        Sample(
+            op,
+            (
+                t((9, 6), torch.float64, "transposed", True),
+                t((11, 6), torch.float64, "sliced", True),
+                t((9, 4), torch.float64, "transposed"),
+                t((11, 4), torch.float64),
+                label((9,), 11).int(),
+                0.1,
+                0.5,
+                -100,
+                "mean",
+            ),
+            fused_linear_jsd,
+        ),
+        Sample(
+            op,
+            (
+                t((6, 8), torch.bfloat16, grad=True, scale=1.0),
+                t((10, 8), torch.bfloat16, "transposed", True, scale=0.5),
+                t((6, 8), torch.bfloat16, scale=1.0),
+                t((10, 8), torch.bfloat16, scale=0.5),
+                label((6,), 10),
+                0.5,
+                1.0,
+                -100,
+                "none",
+            ),
+            fused_linear_jsd,
+        ),
+        Sample(
+            op,
+            (t((0, 8), grad=True), t((10, 8), grad=True), t((0, 8)), t((10, 8))),
+            fused_linear_jsd,
+        ),
+        Sample(
+            ops.fused_linear_jsd_forward.default,
+            (xs.detach(), ws.detach(), xt, wt, lb, 0.5, 1.0, -100, "batchmean"),
+            fused_linear_jsd_forward,
+        ),
+    ]
+    for grad, reduction in (
+        (torch.randn((), device=xs.device), "mean"),
+        (torch.randn(70, device=xs.device), "none"),
+    ):
+        result.append(
+            Sample(
+                ops.fused_linear_jsd_backward.default,
+                (grad, xs.detach(), ws.detach(), xt, wt, lb, 0.5, 2.0, -100, reduction),
+                fused_linear_jsd_backward,
+            )
+        )
+    # Every CPU build: the row kernel on rows with a vector tail, chunks of
+    # several rows, each end of beta and the mixture, against the float64
+    # reference. float32/float64 only: bfloat16/float16 logits leave their
+    # GEMM rounded (as the unfused composition's do), so the gradients'
+    # elements where the row terms cancel differ from the exact float64
+    # logits' by more than one rounding; the reduced dtypes' builds are
+    # compared with each other by the bfloat16 sample above, their numerics
+    # in tests_py/test_jsd.py.
+    for dtype in (torch.float32, torch.float64):
+        for (rows, vocab), beta in [((37, 1000), 0.0), ((70, 515), 0.5), ((5, 4099), 1.0)]:
+            result.append(
+                Sample(
+                    op,
+                    (
+                        t((rows, 16), dtype, grad=True, scale=1.0),
+                        t((vocab, 16), dtype, grad=True, scale=0.5),
+                        t((rows, 8), dtype, scale=1.0),
+                        t((vocab, 8), dtype, scale=0.5),
+                        label((rows,), vocab),
+                        beta,
+                        1.0,
+                        -100,
+                        "batchmean",
+                    ),
+                    fused_linear_jsd,
+                    large=True,
+                )
+            )
+    return result
+
+
 def fuzz(d) -> Sample:
     """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
     vocab = d.int(1, 12)
@@ -313,16 +590,29 @@ def fuzz(d) -> Sample:
         d.choice((-100, 0)),
         d.choice(("batchmean", "sum", "mean", "none")),
     )
-    return Sample(torch.ops.fuseops.jsd.default, args, jsd)
+    if d.flag():
+        return Sample(torch.ops.fuseops.jsd.default, args, jsd)
+    rows, hidden_s, hidden_t = d.size(), d.int(1, 9), d.int(1, 9)
+    student_input = d.tensor((rows, hidden_s), grad=True)
+    layers = (
+        student_input,
+        d.tensor((vocab, hidden_s), student_input.dtype, 0.5, grad=True),
+        d.tensor((rows, hidden_t), student_input.dtype),
+        d.tensor((vocab, hidden_t), student_input.dtype, 0.5),
+        d.maybe(lambda: d.integers((rows,), 0, vocab, d.choice((torch.int64, torch.int32)))),
+    )
+    return Sample(torch.ops.fuseops.fused_linear_jsd.default, layers + args[3:], fused_linear_jsd)
 
 
 # --- export (fuseops/ops/_export.py) ---
 
-NOT_EXPORTED = {("jsd",): "a loss (distillation training); an inference graph returns logits"}
+NOT_EXPORTED = {
+    ("jsd", "fused_linear_jsd"): "losses (distillation training); an inference graph returns logits"
+}
 
 
 def autocast_cases() -> list:
-    """jsd under CPU autocast against TRL's generalized JSD (GKDTrainer.generalized_jsd_loss, beta 0.5) spelled with torch's kl_div, which autocast runs in float32; a bfloat16 student with a float32 teacher included (tests_py/test_autocast.py)."""
+    """jsd under CPU autocast against TRL's generalized JSD (GKDTrainer.generalized_jsd_loss, beta 0.5) spelled with torch's kl_div, which autocast runs in float32; a bfloat16 student with a float32 teacher included; fused_linear_jsd against that loss of the two F.linear logits, as Trainer(bf16=True) runs LM heads (tests_py/test_autocast.py)."""
     import torch.nn.functional as F
 
     from ._autocast import D, LOW, AutocastCase, rand
@@ -334,14 +624,72 @@ def autocast_cases() -> list:
         kl_student = F.kl_div(m, s, reduction="sum", log_target=True)
         return (beta * kl_teacher + (1 - beta) * kl_student) / student.shape[0]
 
+    def label(rows: int = 8) -> torch.Tensor:
+        labels = torch.randint(0, 2 * D, (rows,))
+        labels[0] = -100
+        return labels
+
+    def fused_linear_torch(xs, ws, xt, wt, lbl):
+        # The logits F.linear forms under autocast, the counted rows' JSD.
+        counted = lbl != -100
+        return jsd_torch(F.linear(xs, ws)[counted], F.linear(xt, wt)[counted])
+
     return [
         AutocastCase(
             "jsd",
             lambda s, t: jsd(s, t),
             jsd_torch,
             [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
-        )
+        ),
+        AutocastCase(
+            "fused_linear_jsd",
+            lambda xs, ws, xt, wt, lbl: fused_linear_jsd(xs, ws, xt, wt, lbl),
+            fused_linear_torch,
+            [
+                # bfloat16 hidden states, float32 heads (Trainer(bf16=True));
+                # all float32; all bfloat16.
+                (
+                    rand(8, D, dtype=LOW),
+                    rand(2 * D, D),
+                    rand(8, D, dtype=LOW),
+                    rand(2 * D, D),
+                    label(),
+                ),
+                (rand(8, D), rand(2 * D, D), rand(8, D), rand(2 * D, D), label()),
+                (
+                    rand(8, D, dtype=LOW),
+                    rand(2 * D, D, dtype=LOW),
+                    rand(8, D, dtype=LOW),
+                    rand(2 * D, D, dtype=LOW),
+                    label(),
+                ),
+            ],
+        ),
     ]
 
 
-__all__ = ["jsd", "jsd_backward", "jsd_forward", "kl_div"]
+#: Ops whose results depend on the thread count (python/README.md, "Threads
+#: and determinism"): fused_linear_jsd's chunks are ATen's matrix products,
+#: which split their sums by the threads for a few rows of a long vocabulary.
+THREAD_COUNT_DEPENDENT = ("fused_linear_jsd",)
+
+
+__all__ = [
+    "fused_linear_jsd",
+    "fused_linear_jsd_backward",
+    "fused_linear_jsd_forward",
+    "jsd",
+    "jsd_backward",
+    "jsd_forward",
+    "kl_div",
+]
+
+
+def row_reduction_cases() -> list:
+    """jsd's batchmean loss sums over rows (tests_py/test_threads.py)."""
+    from ._threads import RowReductionCase, leaves
+
+    student, teacher = leaves((4096, 1000), (4096, 1000))
+    teacher = teacher.detach()
+    label = torch.randint(0, 1000, (4096,), generator=torch.Generator().manual_seed(0))
+    return [RowReductionCase("jsd", lambda: jsd(student, teacher, label), (student,))]

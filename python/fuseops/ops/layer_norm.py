@@ -364,3 +364,12 @@ def autocast_cases() -> list:
 
 
 __all__ = ["layer_norm", "layer_norm_backward", "layer_norm_forward"]
+
+
+def row_reduction_cases() -> list:
+    """layer_norm: the weight and bias gradients sum over rows
+    (tests_py/test_threads.py)."""
+    from ._threads import RowReductionCase, leaves
+
+    x, w, b = leaves((4096, 1024), (1024,), (1024,))
+    return [RowReductionCase("layer_norm", lambda: layer_norm(x, w, b, 1e-5), (x, w, b))]

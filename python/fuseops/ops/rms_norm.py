@@ -608,3 +608,11 @@ __all__ = [
     "rms_norm_backward",
     "rms_norm_forward",
 ]
+
+
+def row_reduction_cases() -> list:
+    """rms_norm: the weight gradient sums over rows (tests_py/test_threads.py)."""
+    from ._threads import RowReductionCase, leaves
+
+    x, w = leaves((4096, 1024), (1024,))
+    return [RowReductionCase("rms_norm", lambda: rms_norm(x, w, 1e-6), (x, w))]

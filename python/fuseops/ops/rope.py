@@ -504,6 +504,26 @@ def samples(device) -> list[Sample]:
 # --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
 
 
+def _overloads_of(rope_one) -> dict:
+    """rope's two overloads over ``rope_one(x, cos, sin, positions,
+    interleaved)``, which rotates one tensor: what the ONNX translations and
+    the ExecuTorch decompositions map."""
+
+    def rope_pair(query, key, cos, sin, positions=None, interleaved: bool = False):
+        """``fuseops::rope``: query and key rotated."""
+        return (
+            rope_one(query, cos, sin, positions, interleaved),
+            rope_one(key, cos, sin, positions, interleaved),
+        )
+
+    def rope_single(input, cos, sin, positions=None, interleaved: bool = False):
+        """``fuseops::rope.single``: rope without a key."""
+        return rope_one(input, cos, sin, positions, interleaved)
+
+    ops = torch.ops.fuseops
+    return {ops.rope.default: rope_pair, ops.rope.single: rope_single}
+
+
 def onnx_translations() -> dict:
     """rope and rope.single, decomposed (``Gather`` of the cache rows by
     position, ``Slice``, ``Neg``, ``Concat``, ``Mul``, ``Add``): the op takes
@@ -542,19 +562,7 @@ def onnx_translations() -> dict:
             rotated = op.Concat(rotated, last_slice(xc, rotary_dim, head_dim), axis=-1)
         return cast(rotated, dtype)
 
-    def rope_onnx(query, key, cos, sin, positions=None, interleaved: bool = False):
-        """``fuseops::rope``: query and key rotated."""
-        return (
-            rope_one(query, cos, sin, positions, interleaved),
-            rope_one(key, cos, sin, positions, interleaved),
-        )
-
-    def rope_single_onnx(input, cos, sin, positions=None, interleaved: bool = False):
-        """``fuseops::rope.single``: rope without a key."""
-        return rope_one(input, cos, sin, positions, interleaved)
-
-    ops = torch.ops.fuseops
-    return {ops.rope.default: rope_onnx, ops.rope.single: rope_single_onnx}
+    return _overloads_of(rope_one)
 
 
 def executorch_decompositions() -> dict:
@@ -594,19 +602,7 @@ def executorch_decompositions() -> dict:
             rotated = torch.cat((rotated, xc[..., rotary_dim:]), dim=-1)
         return rotated.to(dtype)
 
-    def rope_decomposition(query, key, cos, sin, positions=None, interleaved: bool = False):
-        """``fuseops::rope``: query and key rotated."""
-        return (
-            rope_one(query, cos, sin, positions, interleaved),
-            rope_one(key, cos, sin, positions, interleaved),
-        )
-
-    def rope_single_decomposition(input, cos, sin, positions=None, interleaved: bool = False):
-        """``fuseops::rope.single``: rope without a key."""
-        return rope_one(input, cos, sin, positions, interleaved)
-
-    ops = torch.ops.fuseops
-    return {ops.rope.default: rope_decomposition, ops.rope.single: rope_single_decomposition}
+    return _overloads_of(rope_one)
 
 
 def export_cases() -> list:

@@ -38,26 +38,7 @@ from ._export import PREPARES_WEIGHTS
 from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
-    from typing import Sequence, TypedDict
-
-    from ._bench_case import InputMaker, Traffic
-
-    class _CaseFields(TypedDict):
-        """The keyword arguments of ``Case`` that all the 2:4 cases share."""
-
-        fuseops: str
-        reference: str
-        backward_traffic: Traffic
-        has_out: bool
-        differentiable: Sequence[int]
-        shapes: dict
-
-    class _Int8CaseFields(_CaseFields):
-        """Those of the cases with an int8 weight, which also share their
-        inputs and traffic."""
-
-        make_inputs: InputMaker
-        forward_traffic: Traffic
+    from ._bench_case import CaseFields
 
 
 def prune_2_4(weight: torch.Tensor) -> torch.Tensor:
@@ -279,7 +260,7 @@ def bench_cases():
         "standard": [(m, 1024) for m in (1, 8, 32, 256)],
         "full": [(m, 8192) for m in (1, 8, 32, 256)],
     }
-    common: _CaseFields = dict(
+    common: CaseFields = dict(
         fuseops="sparse_2_4_linear",
         reference="sparse_2_4_linear",
         backward_traffic=Traffic(rows=0),
@@ -287,8 +268,13 @@ def bench_cases():
         differentiable=(),
         shapes=shapes,
     )
+    float_weight: CaseFields = {
+        **common,
+        "make_inputs": _x_and_float_weight,
+        "forward_traffic": FloatWeightTraffic(rows=2),
+    }
     # int8 values: half the int8 weight, the mask and the scales.
-    int8: _Int8CaseFields = {
+    int8: CaseFields = {
         **common,
         "make_inputs": _x_and_int8_weight,
         "forward_traffic": Traffic(
@@ -296,7 +282,7 @@ def bench_cases():
         ),
     }
     # W8A8: the same weight bytes plus the int32 column sums.
-    dynamic: _Int8CaseFields = {
+    dynamic: CaseFields = {
         **common,
         "fuseops": "sparse_2_4_dynamic_linear",
         "reference": "sparse_2_4_dynamic_linear",
@@ -329,12 +315,10 @@ def bench_cases():
         ),
         Case(
             "sparse_2_4_linear",
-            make_inputs=_x_and_float_weight,
-            forward_traffic=FloatWeightTraffic(rows=2),
             native=_f_linear,
             native_label="F.linear (dense pruned weight)",
             description="2:4 sparse float weight: kept values + bitmask",
-            **common,
+            **float_weight,
         ),
         Case(
             "sparse_2_4_linear_int8",
@@ -562,10 +546,10 @@ def onnx_translations() -> dict:
         add_bias,
         cast,
         dtype_of,
+        dynamic_int8_linear,
         ints,
         op,
         opmath,
-        quantize_rows,
         scalar,
         static_dim,
     )
@@ -606,15 +590,9 @@ def onnx_translations() -> dict:
         then ``(acc * x_scale) * scale + bias`` in float32 (float64 for float64
         x). ``colsum`` is the op's correction for unsigned activations: unused."""
         del colsum
-        dtype = dtype_of(input)
-        ct = opmath(dtype)
         k = static_dim(input, -1, "the input features")
-        xq, x_scale, bad = quantize_rows(input)
         w = op.Cast(dense(values, meta, k, INT32), to=INT8)
-        acc = op.MatMulInteger(xq, op.Transpose(w, perm=[1, 0]))
-        y = op.Mul(op.Mul(op.Cast(acc, to=ct), cast(x_scale, ct)), cast(scale, ct))
-        y = op.Add(add_bias(y, bias, ct), cast(bad, ct))
-        return cast(y, dtype)
+        return dynamic_int8_linear(input, w, scale, bias)
 
     ops = torch.ops.fuseops
     return {
@@ -630,7 +608,7 @@ def executorch_decompositions() -> dict:
     the int8 linears' decompositions: float sums for the weight-only op,
     exact integer sums (float64) for the dynamic one. The ``.pte`` keeps the
     packed values and bits."""
-    from ._executorch import add_bias, opmath, quantize_rows, rows_times
+    from ._executorch import add_bias, dynamic_int8_linear, opmath, rows_times
 
     def dense(values, meta, k: int):
         """The ``[N, k]`` weight (values' dtype) the packed one holds."""
@@ -660,14 +638,7 @@ def executorch_decompositions() -> dict:
         does, the int8 products summed exactly (float64), then ``(acc *
         x_scale) * scale + bias`` in float32 (float64 for float64 x)."""
         del colsum
-        dtype = input.dtype
-        ct = opmath(dtype)
-        n, k = values.shape[0], input.shape[-1]
-        xq, x_scale = quantize_rows(input)
-        w = dense(values, meta, k).to(torch.float64)
-        acc = rows_times(xq.to(torch.float64).reshape(-1, k), w, input.shape[:-1] + (n,))
-        y = (acc.to(ct) * x_scale.to(ct)) * scale.to(ct)
-        return add_bias(y, bias, ct).to(dtype)
+        return dynamic_int8_linear(input, dense(values, meta, input.shape[-1]), scale, bias)
 
     ops = torch.ops.fuseops
     return {

@@ -400,6 +400,52 @@ def test_linear_cross_entropy_matches_unfused_float64(device, dtype, options, wi
             assert_close(gv, wv, dtype, floor_terms=n if index >= 2 else 1)
 
 
+# bfloat16/float16 products run in float32 on widened operands on CPUs
+# without dot-product instructions for the type (linear_loss.h), natively
+# elsewhere; the environment variable forces either, so every CPU tests both.
+# Tolerances: bfloat16 2e-2 (8 significant bits in the logits and the
+# gradients), float16 4e-3 (11 bits), relative to the largest value.
+@pytest.mark.parametrize("products", ["float32", "native"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("options", [{}, {"reduction": "none", "z_loss": 1e-3}])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_cross_entropy_products_widened_or_native(
+    monkeypatch, products, dtype, options, with_bias
+):
+    monkeypatch.setenv("FUSEOPS_LINEAR_LOSS_PRODUCTS", products)
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    gen = torch.Generator().manual_seed(5)
+    # 333 rows: chunks of 256 and 77 (4 times the float32 chunk); 5000
+    # classes: two blocks of the widened weight (4096 rows at most).
+    n, h, v = 333, 24, 5000
+    x = torch.randn(n, h, generator=gen).to(dtype)
+    w = (torch.randn(v, h, generator=gen) / h**0.5).to(dtype)
+    b = torch.randn(v, generator=gen).to(dtype) if with_bias else None
+    target = torch.randint(0, v, (n,), generator=gen)
+    target[::7] = -100
+    xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+    bi = b.clone().requires_grad_() if b is not None else None
+    loss = fuseops.linear_cross_entropy(xi, wi, target, bi, **options)
+    g = torch.tensor(0.75) if loss.dim() == 0 else torch.rand(n, generator=gen) + 0.5
+    loss.backward(g.to(dtype))
+    want = float64_linear(x, w, b, target, g, **options)
+    got = (loss, xi.grad, wi.grad) + ((bi.grad,) if b is not None else ())
+    for gv, wv in zip(got, want):
+        assert gv.dtype == dtype
+        scale = max(wv.abs().max().item(), 1e-30)
+        torch.testing.assert_close(gv.double(), wv, rtol=tol, atol=tol * scale)
+
+
+def test_linear_loss_products_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("FUSEOPS_LINEAR_LOSS_PRODUCTS", "bf16")
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.randn(10, 8, dtype=torch.bfloat16)
+    expect_error_mentions(
+        lambda: fuseops.linear_cross_entropy(x, w, torch.zeros(4, dtype=torch.long)),
+        ["FUSEOPS_LINEAR_LOSS_PRODUCTS", "'bf16'"],
+    )
+
+
 def test_linear_cross_entropy_accuracy_report():
     """Error of loss and gradients vs float64 on an LM-head-like problem,
     against the unfused float32 composite's error: fuseops is no worse."""

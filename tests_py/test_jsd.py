@@ -400,6 +400,30 @@ def test_fused_linear_jsd_matches_the_float64_formula(device, dtype, beta, reduc
         assert (xi.grad.view(-1, hs)[::7] == 0).all()
 
 
+@pytest.mark.parametrize("products", ["float32", "native"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_linear_jsd_products_widened_or_native(monkeypatch, products, dtype):
+    """Both ways of the bfloat16/float16 products (float32 on widened
+    operands, or the type's own GEMMs; linear_loss.h), forced by the
+    environment, against the float64 formula: 2e-2 in bfloat16, 4e-3 in
+    float16 (8 and 11 significant bits), relative to the largest value."""
+    monkeypatch.setenv("FUSEOPS_LINEAR_LOSS_PRODUCTS", products)
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    # 5000 classes: two blocks of the widened weights.
+    xs, ws, xt, wt = layers((333,), 24, 16, 5000, dtype, "cpu", seed=33)
+    label = torch.randint(0, 5000, (333,), generator=torch.Generator().manual_seed(34))
+    label[::7] = -100
+    xi, wi = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+    loss = fuseops.fused_linear_jsd(xi, wi, xt, wt, label, 0.5, 2.0, -100, "sum")
+    loss.backward(torch.tensor(0.75, dtype=dtype))
+    want_loss, want_gx, want_gw = float64_fused(
+        xs, ws, xt, wt, label, 0.5, 2.0, "sum", torch.tensor(0.75)
+    )
+    assert_close_to_largest(loss, want_loss, tol)
+    assert_close_to_largest(xi.grad, want_gx, tol)
+    assert_close_to_largest(wi.grad, want_gw, tol)
+
+
 def numerical_gradient(fn, t, eps=1e-6):
     """Central differences of the scalar fn() in every element of t
     (float64), one at a time."""

@@ -381,20 +381,13 @@ LinearCrossEntropyResult linear_cross_entropy_with(
   const int64_t chunk = linear_loss_chunk_rows(rows, hidden, vocab, opmath != input.scalar_type());
   at::Tensor buffer = empty_output({std::max<int64_t>(chunk, 0), vocab}, input.options());
   at::Tensor loss_rows = empty_output({rows}, opmath_options);
-  std::optional<LinearGradAccumulator> grads;
-  if (with_grad) {
-    grads.emplace(r.grad_weight, bias.defined() ? r.grad_bias : at::Tensor());
-  }
-  const at::Tensor w_t = w.t();
+  LinearLossHead head(w, bias, with_grad ? r.grad_weight : at::Tensor(),
+                      with_grad && bias.defined() ? r.grad_bias : at::Tensor());
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     const at::Tensor x_chunk = x.narrow(0, start, n);
     at::Tensor logits = buffer.narrow(0, 0, n);
-    if (bias.defined()) {
-      at::addmm_out(logits, bias, x_chunk, w_t);
-    } else {
-      at::mm_out(logits, x_chunk, w_t);
-    }
+    head.logits(logits, x_chunk);
     if (predict) {
       // Before the gradient overwrites the logits; one more read of the
       // chunk, against the H multiply-adds per logit of its GEMM.
@@ -410,13 +403,9 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     if (!with_grad) {
       continue;
     }
-    at::Tensor grad_input_rows = r.grad_input.narrow(0, start, n);
-    at::mm_out(grad_input_rows, logits, w);
-    grads->add(logits, x_chunk);
+    head.backward(logits, x_chunk, r.grad_input.narrow(0, start, n));
   }
-  if (grads) {
-    grads->finish();
-  }
+  head.finish();
   switch (reduction) {
     case Reduction::None:
       r.loss.copy_(loss_rows);

@@ -321,7 +321,6 @@ FusedLinearJsdResult fused_linear_jsd_with(
   const at::Tensor xs = student_input.contiguous();
   const at::Tensor ws = student_weight.contiguous();
   const at::Tensor xt = teacher_input.contiguous();
-  const at::Tensor wt_t = teacher_weight.t();
   const at::Tensor lbl = label.defined() ? label.to(at::kLong).contiguous() : at::Tensor();
   // The gradient's scale: 0-d for every row alike, or [N] per row (the
   // backward of reduction "none"); "batchmean" and "mean" divide it by what
@@ -347,11 +346,10 @@ FusedLinearJsdResult fused_linear_jsd_with(
   at::Tensor grad_buffer = empty_output({with_grad ? chunk_rows : 0, vocab}, options);
   at::Tensor stats_buffer = empty_output({chunk_rows, 3}, opmath_options);
   at::Tensor loss_rows = empty_output({rows}, opmath_options);
-  std::optional<LinearGradAccumulator> grads;
-  if (with_grad) {
-    grads.emplace(r.grad_weight, at::Tensor());
-  }
-  const at::Tensor ws_t = ws.t();
+  LinearLossHead student_head(ws, at::Tensor(), with_grad ? r.grad_weight : at::Tensor(),
+                              at::Tensor());
+  LinearLossHead teacher_head(teacher_weight.contiguous(), at::Tensor(), at::Tensor(),
+                              at::Tensor());
   const JsdOptions jsd_options{beta, temperature, ignore_index};
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
@@ -359,8 +357,8 @@ FusedLinearJsdResult fused_linear_jsd_with(
     at::Tensor student = student_buffer.narrow(0, 0, n);
     at::Tensor teacher = teacher_buffer.narrow(0, 0, n);
     at::Tensor stats = stats_buffer.narrow(0, 0, n);
-    at::mm_out(student, x_chunk, ws_t);
-    at::mm_out(teacher, xt.narrow(0, start, n), wt_t);
+    student_head.logits(student, x_chunk);
+    teacher_head.logits(teacher, xt.narrow(0, start, n));
     const at::Tensor label_chunk = lbl.defined() ? lbl.narrow(0, start, n) : at::Tensor();
     kernel({loss_rows.narrow(0, start, n), stats, at::Tensor(), at::Tensor(), student, teacher,
             label_chunk, jsd_options});
@@ -370,13 +368,9 @@ FusedLinearJsdResult fused_linear_jsd_with(
     at::Tensor grad = grad_buffer.narrow(0, 0, n);
     kernel({at::Tensor(), stats, grad, scale.dim() == 0 ? scale : scale.narrow(0, start, n),
             student, teacher, label_chunk, jsd_options});
-    at::Tensor grad_input_rows = r.grad_input.narrow(0, start, n);
-    at::mm_out(grad_input_rows, grad, ws);
-    grads->add(grad, x_chunk);
+    student_head.backward(grad, x_chunk, r.grad_input.narrow(0, start, n));
   }
-  if (grads) {
-    grads->finish();
-  }
+  student_head.finish();
   r.loss.copy_(reduce_rows(loss_rows, vocab, loss_shape, lbl, ignore_index, reduction, opmath));
   return r;
 }

@@ -10,10 +10,6 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/mm.h>
-#include <ATen/ops/sum.h>
-
 #include "ops/common/output_memory.h"
 
 namespace fuseops::detail {
@@ -27,76 +23,67 @@ enum class LinearLossGradient { None, OfOne, OfGradOutput };
 // a chunk's logits take about as much memory as the input (at least 64
 // rows, to keep the GEMMs efficient). bfloat16/float16 chunks are 4 times
 // that: each chunk adds its weight gradient to the float32 accumulator in a
-// pass over [V, H], which fewer chunks make cheaper.
+// pass over [V, H] (and widened products widen the weight twice), which
+// fewer chunks make cheaper.
 inline int64_t linear_loss_chunk_rows(int64_t rows, int64_t hidden, int64_t vocab, bool reduced) {
   const int64_t chunk_scale = reduced ? 4 : 1;
   return std::min(rows, std::max<int64_t>(64, chunk_scale * ((rows * hidden + vocab - 1) /
                                                              std::max<int64_t>(vocab, 1))));
 }
 
-// Accumulates the gradients of a linear layer's weight ([V, H]) and bias
-// ([V], optional) over chunks of rows, in the computation dtype (float32 for
-// bfloat16/float16, which `finish` writes back into the outputs).
-class LinearGradAccumulator {
- public:
-  // `grad_weight` and `grad_bias` (undefined without a bias) are the outputs.
-  LinearGradAccumulator(const at::Tensor& grad_weight, const at::Tensor& grad_bias)
-      : grad_weight_(grad_weight), grad_bias_(grad_bias) {
-    const at::ScalarType opmath = at::toOpMathType(grad_weight.scalar_type());
-    reduced_ = opmath != grad_weight.scalar_type();
-    const auto opmath_options = grad_weight.options().dtype(opmath);
-    const int64_t vocab = grad_weight.size(0);
-    weight_acc_ =
-        reduced_ ? empty_output(grad_weight.sizes(), opmath_options).zero_() : grad_weight.zero_();
-    if (reduced_) {
-      weight_block_ =
-          empty_output({std::min(kVocabBlock, vocab), grad_weight.size(1)}, grad_weight.options());
-    }
-    if (grad_bias.defined()) {
-      bias_acc_ = reduced_ ? empty_output({vocab}, opmath_options).zero_() : grad_bias.zero_();
-    }
-  }
+// Whether a fused linear loss runs the products of `weight`'s dtype in
+// float32, on operands widened block by block: bfloat16 and float16 on CPUs
+// without dot-product instructions for them, where ATen's GEMMs emulate the
+// type (on an AVX-512 Xeon without AVX512_BF16/FP16: bfloat16 GEMMs of a
+// [256 x 2048] x [2048 x 32000] product took 4-5x the time of float32 ones,
+// float16 7-300x). The products are the same in both (exact products of the
+// inputs, float32 sums), but for the order of the sums. The environment
+// variable FUSEOPS_LINEAR_LOSS_PRODUCTS ("float32" or "native") overrides the
+// choice, read at every call.
+bool linear_loss_products_widened(const at::Tensor& weight);
 
-  // Adds grad_logits^T @ x (and the column sums of grad_logits to the bias'):
-  // `grad_logits` [n, V], `x` [n, H].
-  void add(const at::Tensor& grad_logits, const at::Tensor& x) {
-    const int64_t vocab = grad_weight_.size(0);
-    if (reduced_) {
-      // bfloat16/float16 GEMMs (float32 sums inside, 2-3x the speed of
-      // float32 GEMMs on CPUs with bfloat16 instructions) into a small
-      // block, added to the float32 accumulator block by block.
-      for (int64_t v0 = 0; v0 < vocab; v0 += kVocabBlock) {
-        const int64_t vb = std::min(kVocabBlock, vocab - v0);
-        at::Tensor block = weight_block_.narrow(0, 0, vb);
-        at::mm_out(block, grad_logits.narrow(1, v0, vb).t(), x);
-        weight_acc_.narrow(0, v0, vb).add_(block);
-      }
-    } else {
-      weight_acc_.addmm_(grad_logits.t(), x);
-    }
-    if (bias_acc_.defined()) {
-      bias_acc_.add_(at::sum(grad_logits, {0}, false, bias_acc_.scalar_type()));
-    }
-  }
+// One linear head [V, H] (bias [V], optional) of a fused linear loss: a
+// chunk's logits, and from their gradient the chunk's input gradient and the
+// weight's (and bias') gradient, accumulated over the chunks in the
+// computation dtype (float32 for bfloat16/float16, written into the outputs
+// by `finish`).
+class LinearLossHead {
+ public:
+  // `weight` contiguous; `grad_weight` and `grad_bias` the gradients'
+  // outputs (undefined for a head without gradients, or without a bias).
+  LinearLossHead(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& grad_weight,
+                 const at::Tensor& grad_bias);
+
+  // out [n, V] (the weight's dtype) = x [n, H] @ weight^T (+ bias).
+  void logits(const at::Tensor& out, const at::Tensor& x);
+
+  // From grad_logits [n, V] of x [n, H]: grad_input [n, H] = grad_logits @
+  // weight, and grad_logits^T @ x (the column sums of grad_logits) added to
+  // the weight's (bias') gradient.
+  void backward(const at::Tensor& grad_logits, const at::Tensor& x, const at::Tensor& grad_input);
 
   // Writes the accumulated gradients into the outputs.
-  void finish() {
-    if (reduced_) {
-      grad_weight_.copy_(weight_acc_);
-      if (bias_acc_.defined()) {
-        grad_bias_.copy_(bias_acc_);
-      }
-    }
-  }
+  void finish();
 
  private:
-  static constexpr int64_t kVocabBlock = 4096;
+  // Rows [v0, v0 + rows) of the weight in float32 (a reused buffer).
+  at::Tensor widened_weight(int64_t v0, int64_t rows);
+
+  at::Tensor weight_;
+  at::Tensor bias_;
   at::Tensor grad_weight_;
   at::Tensor grad_bias_;
   at::Tensor weight_acc_;
-  at::Tensor weight_block_;
   at::Tensor bias_acc_;
+  // The bfloat16/float16 GEMMs' product block, added to the float32
+  // accumulator (native products).
+  at::Tensor weight_block_;
+  // The widened path's buffers: a block of the weight and of the logits.
+  at::Tensor weight_float_;
+  at::Tensor logits_float_;
+  int64_t vocab_block_;
   bool reduced_ = false;
+  bool widened_ = false;
 };
 
 }  // namespace fuseops::detail

@@ -1,0 +1,172 @@
+// The products of the losses fused with their linear layer; why the
+// products may run widened is in linear_loss.h.
+
+#include "ops/common/linear_loss.h"
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include <ATen/cpu/Utils.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+namespace fuseops::detail {
+namespace {
+
+// Whether this CPU has one of the named features (as cpuinfo, which ATen
+// reads them with, names them).
+bool cpu_has_any(std::initializer_list<const char*> features) {
+  const auto capabilities = at::cpu::get_cpu_capabilities();
+  for (const char* feature : features) {
+    const auto found = capabilities.find(feature);
+    if (found != capabilities.end() && found->second.isBool() && found->second.toBool()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The weight block's rows: at most 8 Mi floats (32 MiB) of widened weight.
+int64_t vocab_block_rows(int64_t vocab, int64_t hidden) {
+  constexpr int64_t kMaxFloats = int64_t{1} << 23;
+  const int64_t rows = std::clamp<int64_t>(kMaxFloats / std::max<int64_t>(hidden, 1), 64, 4096);
+  return std::max<int64_t>(std::min(rows, vocab), 1);
+}
+
+}  // namespace
+
+bool linear_loss_products_widened(const at::Tensor& weight) {
+  const at::ScalarType dtype = weight.scalar_type();
+  if (weight.device().type() != c10::DeviceType::CPU ||
+      (dtype != at::kBFloat16 && dtype != at::kHalf)) {
+    return false;
+  }
+  if (const char* forced = std::getenv("FUSEOPS_LINEAR_LOSS_PRODUCTS");
+      forced != nullptr && *forced != '\0') {
+    const std::string_view choice(forced);
+    TORCH_CHECK(choice == "float32" || choice == "native",
+                "fuseops: the environment variable FUSEOPS_LINEAR_LOSS_PRODUCTS must be "
+                "'float32', 'native' or unset, got '",
+                std::string(choice), "'");
+    return choice == "float32";
+  }
+  static const bool bfloat16_native = cpu_has_any({"avx512_bf16", "amx_bf16"});
+  static const bool float16_native = cpu_has_any({"avx512_fp16", "amx_fp16"});
+  return dtype == at::kBFloat16 ? !bfloat16_native : !float16_native;
+}
+
+LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,
+                               const at::Tensor& grad_weight, const at::Tensor& grad_bias)
+    : weight_(weight),
+      bias_(bias),
+      grad_weight_(grad_weight),
+      grad_bias_(grad_bias),
+      vocab_block_(vocab_block_rows(weight.size(0), weight.size(1))) {
+  const at::ScalarType opmath = at::toOpMathType(weight.scalar_type());
+  reduced_ = opmath != weight.scalar_type();
+  widened_ = linear_loss_products_widened(weight);
+  const auto opmath_options = weight.options().dtype(opmath);
+  const int64_t vocab = weight.size(0);
+  if (widened_) {
+    weight_float_ = empty_output({vocab_block_, weight.size(1)}, opmath_options);
+  }
+  if (!grad_weight.defined()) {
+    return;
+  }
+  weight_acc_ =
+      reduced_ ? empty_output(grad_weight.sizes(), opmath_options).zero_() : grad_weight.zero_();
+  if (reduced_ && !widened_) {
+    weight_block_ = empty_output({vocab_block_, grad_weight.size(1)}, grad_weight.options());
+  }
+  if (grad_bias.defined()) {
+    bias_acc_ = reduced_ ? empty_output({vocab}, opmath_options).zero_() : grad_bias.zero_();
+  }
+}
+
+at::Tensor LinearLossHead::widened_weight(int64_t v0, int64_t rows) {
+  return weight_float_.narrow(0, 0, rows).copy_(weight_.narrow(0, v0, rows));
+}
+
+void LinearLossHead::logits(const at::Tensor& out, const at::Tensor& x) {
+  at::Tensor logits = out;
+  if (!widened_) {
+    if (bias_.defined()) {
+      at::addmm_out(logits, bias_, x, weight_.t());
+    } else {
+      at::mm_out(logits, x, weight_.t());
+    }
+    return;
+  }
+  const int64_t n = x.size(0);
+  const int64_t vocab = weight_.size(0);
+  const at::Tensor x_float = x.to(at::kFloat);
+  if (logits_float_.numel() < n * vocab_block_) {
+    logits_float_ = empty_output({n, vocab_block_}, x_float.options());
+  }
+  for (int64_t v0 = 0; v0 < vocab; v0 += vocab_block_) {
+    const int64_t rows = std::min(vocab_block_, vocab - v0);
+    at::Tensor block = logits_float_.view({-1}).narrow(0, 0, n * rows).view({n, rows});
+    const at::Tensor w = widened_weight(v0, rows);
+    if (bias_.defined()) {
+      at::addmm_out(block, bias_.narrow(0, v0, rows).to(at::kFloat), x_float, w.t());
+    } else {
+      at::mm_out(block, x_float, w.t());
+    }
+    logits.narrow(1, v0, rows).copy_(block);
+  }
+}
+
+void LinearLossHead::backward(const at::Tensor& grad_logits, const at::Tensor& x,
+                              const at::Tensor& grad_input) {
+  const int64_t vocab = weight_.size(0);
+  if (!widened_) {
+    at::Tensor grad_input_rows = grad_input;
+    at::mm_out(grad_input_rows, grad_logits, weight_);
+    if (reduced_) {
+      // bfloat16/float16 GEMMs (float32 sums inside, 2-3x the speed of
+      // float32 GEMMs on CPUs with bfloat16 instructions) into a small
+      // block, added to the float32 accumulator block by block.
+      for (int64_t v0 = 0; v0 < vocab; v0 += vocab_block_) {
+        const int64_t rows = std::min(vocab_block_, vocab - v0);
+        at::Tensor block = weight_block_.narrow(0, 0, rows);
+        at::mm_out(block, grad_logits.narrow(1, v0, rows).t(), x);
+        weight_acc_.narrow(0, v0, rows).add_(block);
+      }
+    } else {
+      weight_acc_.addmm_(grad_logits.t(), x);
+    }
+    if (bias_acc_.defined()) {
+      bias_acc_.add_(at::sum(grad_logits, {0}, false, bias_acc_.scalar_type()));
+    }
+    return;
+  }
+  // Widened: every product in float32, block by block of the vocabulary;
+  // the weight's gradient added straight into its float32 accumulator.
+  const at::Tensor x_float = x.to(at::kFloat);
+  at::Tensor grad_input_float = at::zeros(grad_input.sizes(), x_float.options());
+  for (int64_t v0 = 0; v0 < vocab; v0 += vocab_block_) {
+    const int64_t rows = std::min(vocab_block_, vocab - v0);
+    const at::Tensor grad_float = grad_logits.narrow(1, v0, rows).to(at::kFloat);
+    grad_input_float.addmm_(grad_float, widened_weight(v0, rows));
+    weight_acc_.narrow(0, v0, rows).addmm_(grad_float.t(), x_float);
+    if (bias_acc_.defined()) {
+      bias_acc_.narrow(0, v0, rows).add_(grad_float.sum(0));
+    }
+  }
+  grad_input.copy_(grad_input_float);
+}
+
+void LinearLossHead::finish() {
+  if (reduced_ && weight_acc_.defined()) {
+    grad_weight_.copy_(weight_acc_);
+    if (bias_acc_.defined()) {
+      grad_bias_.copy_(bias_acc_);
+    }
+  }
+}
+
+}  // namespace fuseops::detail

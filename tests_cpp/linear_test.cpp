@@ -5,6 +5,7 @@
 // through the C++ autograd; bad inputs.
 
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 
 #include <gtest/gtest.h>
@@ -64,6 +65,41 @@ TEST_P(Linear, MatchesFloat64InEveryBuild) {
         const double tol = reduction_tolerance(dtype) * std::sqrt(double(c.k));
         EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, reduction_tolerance(dtype), tol))
             << (y.to(at::kDouble) - want).abs().max().item<double>();
+      }
+    }
+  }
+}
+
+// Where ATen emulates bfloat16/float16 products (forced here through the
+// environment, so that every CPU runs it) the kernel streams up to
+// fuseops::kLinearStreamRowsEmulated rows: each row has the bits it has
+// alone (the one-row call always streams), and matches float64.
+TEST_P(Linear, StreamsMoreReducedRowsWhereAtenEmulatesThem) {
+  if (device().is_cuda()) {
+    GTEST_SKIP() << "a CPU kernel's row limit";
+  }
+  struct EnvGuard {
+    EnvGuard() { setenv("FUSEOPS_REDUCED_GEMMS", "emulated", 1); }
+    ~EnvGuard() { unsetenv("FUSEOPS_REDUCED_GEMMS"); }
+  } emulated;
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (int64_t rows = fuseops::kLinearStreamRows + 1; rows <= fuseops::kLinearStreamRowsEmulated;
+         ++rows) {
+      const at::Tensor x = at::randn({rows, 1030}, options()).to(dtype);
+      const at::Tensor w = at::randn({37, 1030}, options()).to(dtype);
+      const at::Tensor b = at::randn({37}, options()).to(dtype);
+      const at::Tensor want = reference(x, w, b);
+      for (auto capability : fuseops::cpu::runnable_capabilities()) {
+        fuseops::cpu::ScopedCapabilityOverride forced(capability);
+        SCOPED_TRACE(testing::Message() << fuseops::cpu::capability_name(capability) << " " << dtype
+                                        << " rows " << rows);
+        const at::Tensor y = fuseops::linear(x, w, b);
+        const double tol = reduction_tolerance(dtype) * std::sqrt(1030.0);
+        EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, reduction_tolerance(dtype), tol));
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_TRUE(at::equal(fuseops::linear(x.narrow(0, r, 1), w, b), y.narrow(0, r, 1)))
+              << "row " << r;
+        }
       }
     }
   }

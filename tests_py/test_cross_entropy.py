@@ -412,7 +412,7 @@ def test_linear_cross_entropy_matches_unfused_float64(device, dtype, options, wi
 def test_linear_cross_entropy_products_widened_or_native(
     monkeypatch, products, dtype, options, with_bias
 ):
-    monkeypatch.setenv("FUSEOPS_LINEAR_LOSS_PRODUCTS", products)
+    monkeypatch.setenv("FUSEOPS_REDUCED_GEMMS", "emulated" if products == "float32" else "native")
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     gen = torch.Generator().manual_seed(5)
     # 333 rows: chunks of 256 and 77 (4 times the float32 chunk); 5000
@@ -437,12 +437,12 @@ def test_linear_cross_entropy_products_widened_or_native(
 
 
 def test_linear_loss_products_setting_is_checked(monkeypatch):
-    monkeypatch.setenv("FUSEOPS_LINEAR_LOSS_PRODUCTS", "bf16")
+    monkeypatch.setenv("FUSEOPS_REDUCED_GEMMS", "bf16")
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     w = torch.randn(10, 8, dtype=torch.bfloat16)
     expect_error_mentions(
         lambda: fuseops.linear_cross_entropy(x, w, torch.zeros(4, dtype=torch.long)),
-        ["FUSEOPS_LINEAR_LOSS_PRODUCTS", "'bf16'"],
+        ["FUSEOPS_REDUCED_GEMMS", "'bf16'"],
     )
 
 

@@ -407,7 +407,7 @@ def test_fused_linear_jsd_products_widened_or_native(monkeypatch, products, dtyp
     operands, or the type's own GEMMs; linear_loss.h), forced by the
     environment, against the float64 formula: 2e-2 in bfloat16, 4e-3 in
     float16 (8 and 11 significant bits), relative to the largest value."""
-    monkeypatch.setenv("FUSEOPS_LINEAR_LOSS_PRODUCTS", products)
+    monkeypatch.setenv("FUSEOPS_REDUCED_GEMMS", "emulated" if products == "float32" else "native")
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     # 5000 classes: two blocks of the widened weights.
     xs, ws, xt, wt = layers((333,), 24, 16, 5000, dtype, "cpu", seed=33)

@@ -3,7 +3,8 @@ every CPU build are in test_conformance.py and test_threads.py, fed by
 fuseops/ops/linear.py's samples).
 
 Compared with fuseops.reference.linear, the product in float64. Up to 4
-rows run fuseops' streaming kernel, more run ATen's product; both sum K
+rows (8 in bfloat16/float16 where ATen emulates them) run fuseops'
+streaming kernel, more run ATen's product; both sum K
 products in float32: an output of magnitude ~sqrt(K) (inputs of
 magnitude ~1) carries float32 rounding of order K * 2^-24 * sqrt(K) at
 worst, well inside 1e-5 * sqrt(K) absolute for K <= 4096; a bfloat16 or
@@ -60,6 +61,23 @@ def test_rows_do_not_change_each_others_bits(device, dtype):
     for r in range(4):
         assert torch.equal(fuseops.linear(x[r : r + 1], w, b), together[r : r + 1])
         assert torch.equal(fuseops.linear(x[: r + 1], w, b), together[: r + 1])
+
+
+@pytest.mark.parametrize("gemms", ["emulated", "native"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_rows_stream_up_to_8_where_aten_emulates_them(monkeypatch, gemms, dtype):
+    # FUSEOPS_REDUCED_GEMMS forces what the CPU's detection decides: where
+    # ATen emulates bfloat16/float16 products the kernel streams up to 8
+    # rows (each row then has the bits it has alone: a one-row call always
+    # streams), otherwise up to 4; both match float64.
+    monkeypatch.setenv("FUSEOPS_REDUCED_GEMMS", gemms)
+    for rows in range(5, 10):
+        x, w, b = inputs((rows,), 1030, 37, dtype, "cpu", seed=rows)
+        y = fuseops.linear(x, w, b)
+        assert_close(y, reference.linear(x, w, b), dtype, 1030)
+        if gemms == "emulated" and rows <= 8:
+            for r in range(rows):
+                assert torch.equal(fuseops.linear(x[r : r + 1], w, b), y[r : r + 1])
 
 
 def test_non_contiguous_inputs(device):

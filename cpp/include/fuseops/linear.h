@@ -10,15 +10,15 @@ namespace fuseops {
 // decoding: y = input @ weight^T + bias.
 //   input [..., K], weight [N, K], bias optional [N], one floating dtype
 //   (float32, bfloat16, float16 or float64), any strides.
-// Returns [..., N] (contiguous, input's dtype). On CPU, 2 to
+// Returns [..., N] (contiguous, input's dtype). On CPU, 1 to
 // kLinearStreamRows rows (the product of input's leading dimensions: the
-// tokens of a decode step), and one row in bfloat16/float16, run a kernel
+// tokens of a decode step; kLinearStreamRowsEmulated in bfloat16/float16
+// where ATen emulates the type) run a kernel
 // that reads the weight from memory once, all threads on disjoint output
 // channels, summing each output in float32 on its own (its bits do not
 // depend on the other rows or the thread count). Other calls run ATen's
 // matrix product (torch's own linear): more rows, whose weights are reused
-// enough for a blocked GEMM to win, one float32 row (MKL's GEMV streams as
-// fast), float64, and other devices. Gradients: input, weight and bias,
+// enough for a blocked GEMM to win, float64, and other devices. Gradients: input, weight and bias,
 // with ATen's matrix products (double backward too).
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
                   const std::optional<at::Tensor>& bias = std::nullopt);
@@ -27,5 +27,9 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
 // matrix product, faster once each weight serves more rows: measured on
 // AVX-512 with AMX, bfloat16 8 rows: ATen 12-19 GB/s, the stream 7-12).
 inline constexpr int64_t kLinearStreamRows = 4;
+// The same for bfloat16/float16 on CPUs without dot-product instructions
+// for the type (no AVX512_BF16/AMX, no AVX512_FP16/AMX-FP16), where ATen
+// emulates it at a few times the float32 product's time.
+inline constexpr int64_t kLinearStreamRowsEmulated = 8;
 
 }  // namespace fuseops

@@ -3,32 +3,15 @@
 
 #include "ops/common/linear_loss.h"
 
-#include <cstdlib>
-#include <string>
-#include <string_view>
-
-#include <ATen/cpu/Utils.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
-#include <c10/util/Exception.h>
+
+#include "ops/common/reduced_gemms.h"
 
 namespace fuseops::detail {
 namespace {
-
-// Whether this CPU has one of the named features (as cpuinfo, which ATen
-// reads them with, names them).
-bool cpu_has_any(std::initializer_list<const char*> features) {
-  const auto capabilities = at::cpu::get_cpu_capabilities();
-  for (const char* feature : features) {
-    const auto found = capabilities.find(feature);
-    if (found != capabilities.end() && found->second.isBool() && found->second.toBool()) {
-      return true;
-    }
-  }
-  return false;
-}
 
 // The weight block's rows: at most 8 Mi floats (32 MiB) of widened weight.
 int64_t vocab_block_rows(int64_t vocab, int64_t hidden) {
@@ -40,23 +23,8 @@ int64_t vocab_block_rows(int64_t vocab, int64_t hidden) {
 }  // namespace
 
 bool linear_loss_products_widened(const at::Tensor& weight) {
-  const at::ScalarType dtype = weight.scalar_type();
-  if (weight.device().type() != c10::DeviceType::CPU ||
-      (dtype != at::kBFloat16 && dtype != at::kHalf)) {
-    return false;
-  }
-  if (const char* forced = std::getenv("FUSEOPS_LINEAR_LOSS_PRODUCTS");
-      forced != nullptr && *forced != '\0') {
-    const std::string_view choice(forced);
-    TORCH_CHECK(choice == "float32" || choice == "native",
-                "fuseops: the environment variable FUSEOPS_LINEAR_LOSS_PRODUCTS must be "
-                "'float32', 'native' or unset, got '",
-                std::string(choice), "'");
-    return choice == "float32";
-  }
-  static const bool bfloat16_native = cpu_has_any({"avx512_bf16", "amx_bf16"});
-  static const bool float16_native = cpu_has_any({"avx512_fp16", "amx_fp16"});
-  return dtype == at::kBFloat16 ? !bfloat16_native : !float16_native;
+  return weight.device().type() == c10::DeviceType::CPU &&
+         reduced_gemms_emulated(weight.scalar_type());
 }
 
 LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,

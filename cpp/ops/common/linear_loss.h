@@ -32,14 +32,10 @@ inline int64_t linear_loss_chunk_rows(int64_t rows, int64_t hidden, int64_t voca
 }
 
 // Whether a fused linear loss runs the products of `weight`'s dtype in
-// float32, on operands widened block by block: bfloat16 and float16 on CPUs
-// without dot-product instructions for them, where ATen's GEMMs emulate the
-// type (on an AVX-512 Xeon without AVX512_BF16/FP16: bfloat16 GEMMs of a
-// [256 x 2048] x [2048 x 32000] product took 4-5x the time of float32 ones,
-// float16 7-300x). The products are the same in both (exact products of the
-// inputs, float32 sums), but for the order of the sums. The environment
-// variable FUSEOPS_LINEAR_LOSS_PRODUCTS ("float32" or "native") overrides the
-// choice, read at every call.
+// float32, on operands widened block by block: on CPUs where ATen emulates
+// bfloat16/float16 GEMMs (reduced_gemms.h). The products are the same either
+// way (exact products of the inputs, float32 sums), but for the order of the
+// sums.
 bool linear_loss_products_widened(const at::Tensor& weight);
 
 // One linear head [V, H] (bias [V], optional) of a fused linear loss: a

@@ -19,7 +19,9 @@ def linear(
     dtype; returns ``[..., N]``, differentiable in all three.
 
     On CPU, 1 to 4 rows (the product of ``input``'s leading dimensions: the
-    tokens of a decode step) run fuseops' kernel, which reads the weight once, all threads on disjoint output
+    tokens of a decode step; up to 8 in bfloat16/float16 on CPUs where ATen
+    emulates those types, which ``FUSEOPS_REDUCED_GEMMS=emulated|native``
+    overrides) run fuseops' kernel, which reads the weight once, all threads on disjoint output
     channels, and sums each output in float32 on its own: its bits depend
     neither on the other rows nor on the thread count. Other calls run
     ATen's matrix product, as torch's linear does: more rows (a blocked

@@ -1,0 +1,49 @@
+// Why some ops choose by this is in reduced_gemms.h.
+
+#include "ops/common/reduced_gemms.h"
+
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include <ATen/cpu/Utils.h>
+#include <c10/util/Exception.h>
+
+namespace fuseops::detail {
+namespace {
+
+// Whether this CPU has one of the named features (as cpuinfo, which ATen
+// reads them with, names them).
+bool cpu_has_any(std::initializer_list<const char*> features) {
+  const auto capabilities = at::cpu::get_cpu_capabilities();
+  for (const char* feature : features) {
+    const auto found = capabilities.find(feature);
+    if (found != capabilities.end() && found->second.isBool() && found->second.toBool()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool reduced_gemms_emulated(at::ScalarType dtype) {
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) {
+    return false;
+  }
+  if (const char* forced = std::getenv("FUSEOPS_REDUCED_GEMMS");
+      forced != nullptr && *forced != '\0') {
+    const std::string_view choice(forced);
+    TORCH_CHECK(choice == "emulated" || choice == "native",
+                "fuseops: the environment variable FUSEOPS_REDUCED_GEMMS must be 'emulated', "
+                "'native' or unset, got '",
+                std::string(choice), "'");
+    return choice == "emulated";
+  }
+  static const bool bfloat16_native = cpu_has_any({"avx512_bf16", "amx_bf16"});
+  static const bool float16_native = cpu_has_any({"avx512_fp16", "amx_fp16"});
+  return dtype == at::kBFloat16 ? !bfloat16_native : !float16_native;
+}
+
+}  // namespace fuseops::detail

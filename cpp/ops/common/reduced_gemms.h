@@ -1,0 +1,20 @@
+#pragma once
+// Whether ATen's matrix products of a bfloat16/float16 tensor run on
+// dot-product instructions for the type on this CPU, or emulate it.
+
+#include <ATen/core/ScalarType.h>
+
+namespace fuseops::detail {
+
+// True for bfloat16 on CPUs without AVX512_BF16 or AMX-BF16, and for float16
+// without AVX512_FP16 or AMX-FP16: there ATen emulates the type (measured on
+// an AVX-512 Xeon without AVX512_BF16/FP16: bfloat16 GEMMs of a [256 x 2048] x
+// [2048 x 32000] product took 4-5x the time of the float32 one, float16
+// 7-300x). False for every other dtype. The environment variable
+// FUSEOPS_REDUCED_GEMMS ("emulated" or "native"; read at every call, so that
+// the tests run both ways on any CPU) overrides the detection. The ops that
+// choose by it: the fused linear losses (float32 products on widened
+// operands) and linear (its streaming kernel up to 8 rows instead of 4).
+bool reduced_gemms_emulated(at::ScalarType dtype);
+
+}  // namespace fuseops::detail

@@ -4,7 +4,8 @@ fuseops/ops/linear.py's samples).
 
 Compared with fuseops.reference.linear, the product in float64. Up to 4
 rows (8 in bfloat16/float16 where ATen emulates them) run fuseops'
-streaming kernel, more run ATen's product; both sum K
+streaming kernel, more run ATen's product (in float32 on widened operands
+from 32 bfloat16/float16 rows where ATen emulates them); all sum K
 products in float32: an output of magnitude ~sqrt(K) (inputs of
 magnitude ~1) carries float32 rounding of order K * 2^-24 * sqrt(K) at
 worst, well inside 1e-5 * sqrt(K) absolute for K <= 4096; a bfloat16 or
@@ -78,6 +79,50 @@ def test_reduced_rows_stream_up_to_8_where_aten_emulates_them(monkeypatch, gemms
         if gemms == "emulated" and rows <= 8:
             for r in range(rows):
                 assert torch.equal(fuseops.linear(x[r : r + 1], w, b), y[r : r + 1])
+
+
+@pytest.mark.parametrize("gemms", ["emulated", "native"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_products_of_32_rows_or_more_widen_where_aten_emulates_them(
+    monkeypatch, gemms, dtype
+):
+    # Where ATen emulates bfloat16/float16 products, 32 rows or more run as
+    # float32 products of the widened operands, forward and backward, the
+    # weight widened in blocks of at most 8 Mi floats: 4100 x 2050 (8.4 Mi)
+    # is a block of 4091 rows and one of 9. Either way the results are
+    # float32 sums of exact products, rounded once: the float64 product's
+    # tolerance holds, for the output and for the three gradients.
+    monkeypatch.setenv("FUSEOPS_REDUCED_GEMMS", gemms)
+    k, n = 2050, 4100
+    for rows in [(32,), (5, 9)]:
+        x, w, b = inputs(rows, k, n, dtype, "cpu", seed=len(rows))
+        leaves = [t.requires_grad_() for t in (x, w, b)]
+        y = fuseops.linear(*leaves)
+        assert_close(y, reference.linear(x, w, b), dtype, k)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+        got = torch.autograd.grad(y, leaves, g)
+        g64, x64 = g.double().reshape(-1, n), x.detach().double().reshape(-1, k)
+        want = (g64 @ w.detach().double(), g64.t() @ x64, g64.sum(0))
+        for grad, expected, summed in zip(got, want, (n, x64.shape[0], x64.shape[0])):
+            assert grad.dtype == dtype
+            assert_close(grad.reshape(expected.shape), expected, dtype, summed)
+
+
+def test_widened_backward_keeps_double_backward(monkeypatch):
+    # A backward that builds a graph (create_graph) takes ATen's
+    # differentiable products, so a gradient of the input gradient (here
+    # with respect to the weight) is torch's linear's.
+    monkeypatch.setenv("FUSEOPS_REDUCED_GEMMS", "emulated")
+    x, w, b = inputs((40,), 64, 48, torch.bfloat16, "cpu")
+    leaves = [t.requires_grad_() for t in (x, w, b)]
+    g = torch.randn(40, 48).to(torch.bfloat16)
+    results = []
+    for linear in (fuseops.linear, torch.nn.functional.linear):
+        (gx,) = torch.autograd.grad(linear(*leaves), [leaves[0]], g, create_graph=True)
+        results.append(torch.autograd.grad(gx.float().square().sum(), [leaves[1]]))
+    torch.testing.assert_close(
+        results[0][0].double(), results[1][0].double(), rtol=2e-2, atol=2e-2 * 40
+    )
 
 
 def test_non_contiguous_inputs(device):

@@ -6,7 +6,9 @@
 # only rebuilds what changed.
 #
 # Environment: FUSEOPS_VENV (default .venv), FUSEOPS_TORCH (default 2.13.0),
-# FUSEOPS_BUILD_DIR (default build/wheel; ctest runs in it).
+# FUSEOPS_BUILD_DIR (default build/wheel; ctest runs in it),
+# FUSEOPS_BUILD_TESTS (ON or OFF, default ON: the gtests), FUSEOPS_PIP_ARGS
+# (more arguments for pip, e.g. -C cmake.define.X=Y).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,5 +64,5 @@ export PATH="$PWD/$venv/bin:$PATH"
 export CCACHE_BASEDIR="$PWD"
 "$py" -m pip install -q --no-build-isolation \
   -C build-dir="$build_dir" \
-  -C cmake.define.FUSEOPS_BUILD_TESTS=ON \
+  -C cmake.define.FUSEOPS_BUILD_TESTS="${FUSEOPS_BUILD_TESTS:-ON}" \
   ${FUSEOPS_PIP_ARGS:-} .

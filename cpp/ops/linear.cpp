@@ -14,6 +14,7 @@
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/output_memory.h"
+#include "ops/common/reduced_gemms.h"
 #include "ops/common/tensors.h"
 
 namespace fuseops {
@@ -23,6 +24,11 @@ namespace {
 constexpr const char* kOp = "fuseops::linear";
 
 }  // namespace
+
+bool linear_runs_widened(const at::Tensor& weight, int64_t rows) {
+  return weight.device().type() == c10::DeviceType::CPU && rows >= kLinearWidenedRows &&
+         reduced_gemms_emulated(weight.scalar_type());
+}
 
 at::Tensor linear_with(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias_opt, LinearKernel kernel) {

@@ -14,6 +14,12 @@ namespace fuseops::detail {
 using LinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
                               const at::Tensor& weight, const at::Tensor& bias);
 
+// Whether a CPU product of `rows` rows of `weight`'s dtype runs in float32
+// on widened operands (widened_products.h), forward and backward: bfloat16/
+// float16 where ATen emulates the type, from kLinearWidenedRows rows (fewer
+// rows stream, or cost more to widen than they gain).
+bool linear_runs_widened(const at::Tensor& weight, int64_t rows);
+
 at::Tensor linear_with(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, LinearKernel kernel);
 

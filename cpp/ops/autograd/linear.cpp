@@ -3,11 +3,16 @@
 // torch's own linear backward:
 //   grad_input = grad @ weight, grad_weight = grad^T @ input,
 //   grad_bias = grad summed over the rows,
-// and ATen ops are differentiable, so double backward works.
+// and ATen ops are differentiable, so double backward works. Where the
+// forward runs widened (bfloat16/float16 products that ATen emulates), so do
+// the products of a backward that builds no graph; a backward that builds
+// one (create_graph) keeps ATen's, differentiable, products.
 
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
-#include <c10/util/accumulate.h>
 #include <ATen/ops/sum.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -15,6 +20,8 @@
 
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/checks.h"
+#include "ops/common/widened_products.h"
+#include "ops/linear.h"
 
 namespace fuseops {
 namespace {
@@ -42,14 +49,27 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const int64_t rows = c10::multiply_integers(input.sizes().slice(0, input.dim() - 1));
     const at::Tensor grad = grads[0].reshape({rows, n});
     at::Tensor grad_input, grad_weight, grad_bias;
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
+      grad_bias = grad.sum(0);
+    }
+    if (!at::GradMode::is_enabled() && detail::linear_runs_widened(weight, rows)) {
+      if (ctx->needs_input_grad(0)) {
+        grad_input = at::empty({rows, k}, input.options());
+      }
+      if (ctx->needs_input_grad(1)) {
+        grad_weight = at::empty(weight.sizes(), weight.options());
+      }
+      detail::WidenedWeight widened(weight, rows);
+      detail::widened_linear_backward(grad, input.reshape({rows, k}), widened, grad_input,
+                                      grad_weight, /*accumulate=*/false, at::Tensor());
+      return {grad_input.defined() ? grad_input.view(input.sizes()) : grad_input, grad_weight,
+              grad_bias};
+    }
     if (ctx->needs_input_grad(0)) {
       grad_input = at::mm(grad, weight).reshape(input.sizes());
     }
     if (ctx->needs_input_grad(1)) {
       grad_weight = at::mm(grad.t(), input.reshape({rows, k}));
-    }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
-      grad_bias = grad.sum(0);
     }
     return {grad_input, grad_weight, grad_bias};
   }

@@ -6,14 +6,15 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
-#include <ATen/ops/zeros.h>
 
 #include "ops/common/reduced_gemms.h"
+#include "ops/common/widened_products.h"
 
 namespace fuseops::detail {
 namespace {
 
-// The weight block's rows: at most 8 Mi floats (32 MiB) of widened weight.
+// The rows of the blocks of the native bfloat16/float16 weight gradient:
+// at most 8 Mi elements.
 int64_t vocab_block_rows(int64_t vocab, int64_t hidden) {
   constexpr int64_t kMaxFloats = int64_t{1} << 23;
   const int64_t rows = std::clamp<int64_t>(kMaxFloats / std::max<int64_t>(hidden, 1), 64, 4096);
@@ -40,7 +41,7 @@ LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,
   const auto opmath_options = weight.options().dtype(opmath);
   const int64_t vocab = weight.size(0);
   if (widened_) {
-    weight_float_ = empty_output({vocab_block_, weight.size(1)}, opmath_options);
+    widened_weight_.emplace(weight, 0);
   }
   if (!grad_weight.defined()) {
     return;
@@ -55,10 +56,6 @@ LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,
   }
 }
 
-at::Tensor LinearLossHead::widened_weight(int64_t v0, int64_t rows) {
-  return weight_float_.narrow(0, 0, rows).copy_(weight_.narrow(0, v0, rows));
-}
-
 void LinearLossHead::logits(const at::Tensor& out, const at::Tensor& x) {
   at::Tensor logits = out;
   if (!widened_) {
@@ -69,23 +66,7 @@ void LinearLossHead::logits(const at::Tensor& out, const at::Tensor& x) {
     }
     return;
   }
-  const int64_t n = x.size(0);
-  const int64_t vocab = weight_.size(0);
-  const at::Tensor x_float = x.to(at::kFloat);
-  if (logits_float_.numel() < n * vocab_block_) {
-    logits_float_ = empty_output({n, vocab_block_}, x_float.options());
-  }
-  for (int64_t v0 = 0; v0 < vocab; v0 += vocab_block_) {
-    const int64_t rows = std::min(vocab_block_, vocab - v0);
-    at::Tensor block = logits_float_.view({-1}).narrow(0, 0, n * rows).view({n, rows});
-    const at::Tensor w = widened_weight(v0, rows);
-    if (bias_.defined()) {
-      at::addmm_out(block, bias_.narrow(0, v0, rows).to(at::kFloat), x_float, w.t());
-    } else {
-      at::mm_out(block, x_float, w.t());
-    }
-    logits.narrow(1, v0, rows).copy_(block);
-  }
+  widened_linear(logits, x, *widened_weight_, bias_);
 }
 
 void LinearLossHead::backward(const at::Tensor& grad_logits, const at::Tensor& x,
@@ -114,18 +95,8 @@ void LinearLossHead::backward(const at::Tensor& grad_logits, const at::Tensor& x
   }
   // Widened: every product in float32, block by block of the vocabulary;
   // the weight's gradient added straight into its float32 accumulator.
-  const at::Tensor x_float = x.to(at::kFloat);
-  at::Tensor grad_input_float = at::zeros(grad_input.sizes(), x_float.options());
-  for (int64_t v0 = 0; v0 < vocab; v0 += vocab_block_) {
-    const int64_t rows = std::min(vocab_block_, vocab - v0);
-    const at::Tensor grad_float = grad_logits.narrow(1, v0, rows).to(at::kFloat);
-    grad_input_float.addmm_(grad_float, widened_weight(v0, rows));
-    weight_acc_.narrow(0, v0, rows).addmm_(grad_float.t(), x_float);
-    if (bias_acc_.defined()) {
-      bias_acc_.narrow(0, v0, rows).add_(grad_float.sum(0));
-    }
-  }
-  grad_input.copy_(grad_input_float);
+  widened_linear_backward(grad_logits, x, *widened_weight_, grad_input, weight_acc_,
+                          /*accumulate=*/true, bias_acc_);
 }
 
 void LinearLossHead::finish() {

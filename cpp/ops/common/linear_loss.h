@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include "ops/common/output_memory.h"
+#include "ops/common/widened_products.h"
 
 namespace fuseops::detail {
 
@@ -62,9 +64,6 @@ class LinearLossHead {
   void finish();
 
  private:
-  // Rows [v0, v0 + rows) of the weight in float32 (a reused buffer).
-  at::Tensor widened_weight(int64_t v0, int64_t rows);
-
   at::Tensor weight_;
   at::Tensor bias_;
   at::Tensor grad_weight_;
@@ -74,9 +73,8 @@ class LinearLossHead {
   // The bfloat16/float16 GEMMs' product block, added to the float32
   // accumulator (native products).
   at::Tensor weight_block_;
-  // The widened path's buffers: a block of the weight and of the logits.
-  at::Tensor weight_float_;
-  at::Tensor logits_float_;
+  // The widened path's weight.
+  std::optional<WidenedWeight> widened_weight_;
   int64_t vocab_block_;
   bool reduced_ = false;
   bool widened_ = false;

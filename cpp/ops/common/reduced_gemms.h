@@ -14,7 +14,8 @@ namespace fuseops::detail {
 // FUSEOPS_REDUCED_GEMMS ("emulated" or "native"; read at every call, so that
 // the tests run both ways on any CPU) overrides the detection. The ops that
 // choose by it: the fused linear losses (float32 products on widened
-// operands) and linear (its streaming kernel up to 8 rows instead of 4).
+// operands, widened_products.h) and linear (its streaming kernel up to 8
+// rows instead of 4, widened products from 32 rows).
 bool reduced_gemms_emulated(at::ScalarType dtype);
 
 }  // namespace fuseops::detail

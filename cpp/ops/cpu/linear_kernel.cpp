@@ -18,7 +18,9 @@
 //
 // ATen's matrix product (addmm/mm, what torch's linear calls) takes the rest:
 // more rows, whose weights are reused enough for a blocked GEMM (or AMX) to
-// win, and float64, which is for exactness. Where ATen emulates bfloat16 or
+// win, and float64, which is for exactness; where ATen emulates bfloat16/
+// float16, from kLinearWidenedRows rows its float32 product on widened
+// operands (widened_products.h). Where ATen emulates bfloat16 or
 // float16 products (reduced_gemms.h) the stream takes up to
 // kLinearStreamRowsEmulated rows of them (8 rows of a 2048 x 2048 bfloat16
 // product on an AVX-512 Xeon without AVX512_BF16: ATen 2.4 ms, 0.3 ms for 4
@@ -46,6 +48,8 @@
 #include <fuseops/linear.h>
 
 #include "ops/common/reduced_gemms.h"
+#include "ops/common/widened_products.h"
+#include "ops/linear.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/prefetch.h"
 
@@ -273,6 +277,11 @@ void linear_kernel_impl(const at::Tensor& out, const at::Tensor& input, const at
   const int64_t stream_rows =
       detail::reduced_gemms_emulated(dtype) ? kLinearStreamRowsEmulated : kLinearStreamRows;
   if (rows > stream_rows || dtype == at::kDouble) {
+    if (detail::linear_runs_widened(weight, rows)) {
+      detail::WidenedWeight widened(weight, rows);
+      detail::widened_linear(out, input, widened, bias);
+      return;
+    }
     at::Tensor result = out;
     if (bias.defined()) {
       at::addmm_out(result, bias, input, weight.t());

@@ -26,7 +26,11 @@ def linear(
     neither on the other rows nor on the thread count. Other calls run
     ATen's matrix product, as torch's linear does: more rows (a blocked
     GEMM wins once each weight serves more rows), float64, and other
-    devices. The gradients are ATen's matrix products.
+    devices. Where ATen emulates bfloat16/float16, 32 rows or more run as
+    float32 products of the operands widened block by block (2-4x ATen's
+    emulated product from 64 rows), forward and backward. The gradients are
+    ATen's matrix products (widened likewise, except in a backward that
+    builds a graph).
     """
     return torch.ops.fuseops.linear(input, weight, bias)
 
@@ -82,7 +86,26 @@ def bench_cases():
                 "full": [(m, 4096) for m in (1, 2, 4, 8)],
             },
             description="decode-sized x @ W.T + b, the weight read once",
-        )
+        ),
+        Case(
+            "linear_prefill",
+            "linear",
+            "linear",
+            _x_and_weight,
+            forward_traffic=_LinearTraffic(),
+            backward_traffic=_LinearTraffic(),
+            native=torch.nn.functional.linear,
+            native_label="F.linear",
+            has_out=False,
+            differentiable=(0, 1, 2),
+            shapes={
+                "quick": [(128, 2048)],
+                "standard": [(m, 2048) for m in (32, 128, 512, 2048)],
+                "full": [(m, 4096) for m in (128, 512, 2048)],
+            },
+            description="prefill/training-sized x @ W.T + b and its gradients",
+            variant=True,
+        ),
     ]
 
 

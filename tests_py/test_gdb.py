@@ -213,7 +213,10 @@ def fixture_dir(request: pytest.FixtureRequest) -> Path:
             pytest.fail("cmake is needed to build the gdb fixture (or set FUSEOPS_GDB_FIXTURE_DIR)")
         key = hashlib.sha256(f"{sys.executable}\n{ROOT}".encode()).hexdigest()[:12]
         directory = request.config.cache.mkdir("fuseops-gdb-fixture") / key
-        if not (directory / "CMakeCache.txt").exists():
+        # A configure that failed (interrupted, a missing tool since
+        # installed) leaves a cache but no build files: start it over.
+        if not any((directory / name).exists() for name in ("build.ninja", "Makefile")):
+            (directory / "CMakeCache.txt").unlink(missing_ok=True)
             generator = ["-G", "Ninja"] if shutil.which("ninja") else []
             _run(
                 [

@@ -129,26 +129,16 @@ def export(model, args=(), path=None, **kwargs):
     partitioner = kwargs.pop("partitioner", None)
     compile_config = kwargs.pop("compile_config", None)
     backend_config = kwargs.pop("backend_config", None)
-    if isinstance(model, torch.export.ExportedProgram):
-        if kwargs:
-            raise TypeError(
-                "fuseops.executorch.export: an ExportedProgram takes no export arguments, got "
-                + ", ".join(sorted(kwargs))
-            )
-        program = model
-    else:
-        program = torch.export.export(
-            model,
-            tuple(args) if isinstance(args, (tuple, list)) else (args,),
-            kwargs=kwargs.pop("kwargs", None),
-            dynamic_shapes=kwargs.pop("dynamic_shapes", None),
-            strict=kwargs.pop("strict", False),
+    if isinstance(model, torch.export.ExportedProgram) and kwargs:
+        raise TypeError(
+            "fuseops.executorch.export: an ExportedProgram takes no export arguments, got "
+            + ", ".join(sorted(kwargs))
         )
-        if kwargs:
-            raise TypeError(
-                "fuseops.executorch.export: unexpected keyword arguments "
-                + ", ".join(sorted(kwargs))
-            )
+    program = _export.exported_program(model, args, kwargs, strict=kwargs.pop("strict", False))
+    if kwargs:
+        raise TypeError(
+            "fuseops.executorch.export: unexpected keyword arguments " + ", ".join(sorted(kwargs))
+        )
     program = decompose(program, table)
     edge = to_edge_transform_and_lower(
         program,

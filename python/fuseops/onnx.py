@@ -80,16 +80,7 @@ def export(model, args=(), path=None, **kwargs):
     table.update(kwargs.pop("custom_translation_table", None) or {})
     kwargs.setdefault("opset_version", OPSET)
     kwargs.pop("dynamo", None)
-    if isinstance(model, torch.export.ExportedProgram):
-        program = model
-    else:
-        program = torch.export.export(
-            model,
-            tuple(args) if isinstance(args, (tuple, list)) else (args,),
-            kwargs=kwargs.pop("kwargs", None),
-            dynamic_shapes=kwargs.pop("dynamic_shapes", None),
-            strict=False,
-        )
+    program = _export.exported_program(model, args, kwargs)
     missing = untranslated_ops(program, table)
     if missing:
         raise NotImplementedError(

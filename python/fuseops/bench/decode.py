@@ -57,6 +57,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
+from . import hf_models
 from . import llama_cpp_anchor as llama_cpp_anchor_module
 from .llama_cpp_anchor import QUANTS
 from .environment import cpu_model
@@ -873,17 +874,7 @@ def header(env: dict, copy_gb_s: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        print(
-            "fuseops bench --decode: transformers is not installed "
-            "(pip install 'fuseops[transformers]')",
-            file=sys.stderr,
-        )
-        return 2
-    if args.device != "cpu":
-        print("fuseops bench --decode: runs on cpu only", file=sys.stderr)
+    if hf_models.cannot_run("--decode", args.device):
         return 2
     if args.decode_new_tokens < 2:
         print(

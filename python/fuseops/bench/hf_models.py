@@ -251,19 +251,29 @@ def table(results: list[dict], preset_name: str) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def cannot_run(flag: str, device: str) -> bool:
+    """Whether a ``bench --transformers``/``--decode`` run (``flag``) lacks
+    what it needs, transformers and a CPU, said on stderr."""
     try:
         import transformers  # noqa: F401
     except ImportError:
         print(
-            "fuseops bench --transformers: transformers is not installed "
+            f"fuseops bench {flag}: transformers is not installed "
             "(pip install 'fuseops[transformers]')",
             file=sys.stderr,
         )
+        return True
+    if device != "cpu":
+        print(f"fuseops bench {flag}: runs on cpu only", file=sys.stderr)
+        return True
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
+    if cannot_run("--transformers", args.device):
         return 2
-    if args.device != "cpu":
-        print("fuseops bench --transformers: runs on cpu only", file=sys.stderr)
-        return 2
+    import transformers
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 

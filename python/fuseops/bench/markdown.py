@@ -172,21 +172,7 @@ def ops_cells(row: dict, peers: Sequence[str]) -> list[str]:
 
 
 def ops_columns(peers: Sequence[str]) -> list[str]:
-    return [
-        "op",
-        "dtype",
-        "shape",
-        "mode",
-        "time",
-        "+-",
-        *[report.PEER_COLUMNS.get(peer, f"vs {peer}") for peer in peers],
-        "GB/s",
-        "copy%",
-        "peak MiB",
-        "cmp MiB",
-        "max err",
-        "status",
-    ]
+    return report.ops_columns([report.PEER_COLUMNS.get(peer, f"vs {peer}") for peer in peers])
 
 
 def _allocation_table(rows: Sequence[dict]) -> list[str]:

@@ -152,17 +152,16 @@ def allocation_table(rows: Sequence[Row]) -> list[str]:
     )
 
 
-def table(rows: Sequence[Row], env: dict) -> str:
-    """The results as an aligned text table, with notes on failures, errors
-    and ops that are not built."""
-    columns = [
+def ops_columns(peer_columns: Sequence[str]) -> list[str]:
+    """The columns of the ops' table, with the given peers' ratio columns."""
+    return [
         "op",
         "dtype",
         "shape",
         "mode",
         "time",
         "+-",
-        *PEER_COLUMNS.values(),
+        *peer_columns,
         "GB/s",
         "copy%",
         "peak MiB",
@@ -170,6 +169,12 @@ def table(rows: Sequence[Row], env: dict) -> str:
         "max err",
         "status",
     ]
+
+
+def table(rows: Sequence[Row], env: dict) -> str:
+    """The results as an aligned text table, with notes on failures, errors
+    and ops that are not built."""
+    columns = ops_columns(list(PEER_COLUMNS.values()))
     body = []
     for row in rows:
         if row.status == "not built":

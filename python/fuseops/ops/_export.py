@@ -1,6 +1,7 @@
-"""What fuseops.onnx and fuseops.executorch share: the export forms the op
-modules declare, collected into one table per backend; the fuseops ops a
-graph calls without one; why an op has none; and the calls their tests
+"""What fuseops.onnx and fuseops.executorch share: the program they export
+(:func:`exported_program`); the export forms the op modules declare,
+collected into one table per backend; the fuseops ops a graph calls without
+one; why an op has none; and the calls their tests
 export.
 
 Each op module (``fuseops/ops/<op>.py``) declares, beside its samples:
@@ -97,6 +98,21 @@ def reason(modules: tuple[ModuleType, ...], op, runs: str) -> Optional[str]:
             if name in ops:
                 found = found or why
     return found
+
+
+def exported_program(model, args, kwargs: dict, strict: bool = False):
+    """``model`` if it is an ``ExportedProgram``, else
+    ``torch.export.export(model, args)`` with the export keywords of
+    ``kwargs`` (``kwargs``, ``dynamic_shapes``: popped from it)."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return model
+    return torch.export.export(
+        model,
+        tuple(args) if isinstance(args, (tuple, list)) else (args,),
+        kwargs=kwargs.pop("kwargs", None),
+        dynamic_shapes=kwargs.pop("dynamic_shapes", None),
+        strict=strict,
+    )
 
 
 def missing_ops(program, table) -> list[str]:

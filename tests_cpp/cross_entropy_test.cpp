@@ -184,11 +184,12 @@ TEST_P(LinearCrossEntropy, MatchesUnfusedCompositeInEveryCpuBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : {at::kFloat, at::kDouble}) {
-      // 300 rows: several chunks of at least 64 rows, the last one partial.
+      // 300 rows of a vocabulary of 400: chunks of 64 rows, the last one
+      // partial.
       const at::Tensor x = at::randn({300, 16}, options()).to(dtype);
-      const at::Tensor w = (at::randn({40, 16}, options()) * 0.3).to(dtype);
-      const at::Tensor b = at::randn({40}, options()).to(dtype);
-      at::Tensor target = at::randint(40, {300}, options(at::kLong));
+      const at::Tensor w = (at::randn({400, 16}, options()) * 0.3).to(dtype);
+      const at::Tensor b = at::randn({400}, options()).to(dtype);
+      at::Tensor target = at::randint(400, {300}, options(at::kLong));
       target[7] = -100;
       Options o;
       o.smoothing = 0.1;

@@ -156,12 +156,12 @@ TEST_P(Jsd, FusedLinearMatchesCompositeInEveryCpuBuild) {
   for (auto capability : fuseops::cpu::runnable_capabilities()) {
     fuseops::cpu::ScopedCapabilityOverride force(capability);
     for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
-      // 150 rows: chunks of 64, the last one partial.
+      // 150 rows of a vocabulary of 370: chunks of 64, the last one partial.
       const at::Tensor xs = at::randn({150, 16}, options()).to(dtype);
-      const at::Tensor ws = (at::randn({37, 16}, options()) * 0.75).to(dtype);
+      const at::Tensor ws = (at::randn({370, 16}, options()) * 0.75).to(dtype);
       const at::Tensor xt = at::randn({150, 8}, options()).to(dtype);
-      const at::Tensor wt = at::randn({37, 8}, options()).to(dtype);
-      at::Tensor label = at::randint(37, {150}, options(at::kLong));
+      const at::Tensor wt = at::randn({370, 8}, options()).to(dtype);
+      at::Tensor label = at::randint(370, {150}, options(at::kLong));
       label.slice(0, 0, 150, 7).fill_(-100);
       const double tol = dtype == at::kBFloat16 ? 2e-2 : 1e-5;
       for (const Options& o : {Options{}, Options{0.0, 2.0, "sum"}, Options{1.0, 1.0, "mean"},

@@ -415,7 +415,7 @@ def test_linear_cross_entropy_products_widened_or_native(
     monkeypatch.setenv("FUSEOPS_REDUCED_GEMMS", "emulated" if products == "float32" else "native")
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     gen = torch.Generator().manual_seed(5)
-    # 333 rows: chunks of 256 and 77 (4 times the float32 chunk); 5000
+    # 333 rows: chunks of 64, the last one partial; 5000
     # classes: two blocks of the widened weight (4096 rows at most).
     n, h, v = 333, 24, 5000
     x = torch.randn(n, h, generator=gen).to(dtype)

@@ -378,7 +378,7 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     scale = scale / *normalizer;
   }
 
-  const int64_t chunk = linear_loss_chunk_rows(rows, hidden, vocab, opmath != input.scalar_type());
+  const int64_t chunk = linear_loss_chunk_rows(rows, hidden, vocab);
   at::Tensor buffer = empty_output({std::max<int64_t>(chunk, 0), vocab}, input.options());
   at::Tensor loss_rows = empty_output({rows}, opmath_options);
   LinearLossHead head(w, bias, with_grad ? r.grad_weight : at::Tensor(),

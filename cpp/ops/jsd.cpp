@@ -339,7 +339,7 @@ FusedLinearJsdResult fused_linear_jsd_with(
   // gradient: the CUDA kernel may not write its input) and the chunk's row
   // statistics: the memory of the op beyond its outputs and the float32
   // weight gradient.
-  const int64_t chunk = linear_loss_chunk_rows(rows, hidden, vocab, opmath != ws.scalar_type());
+  const int64_t chunk = linear_loss_chunk_rows(rows, hidden, vocab);
   const int64_t chunk_rows = std::max<int64_t>(chunk, 0);
   at::Tensor student_buffer = empty_output({chunk_rows, vocab}, options);
   at::Tensor teacher_buffer = empty_output({chunk_rows, vocab}, options);

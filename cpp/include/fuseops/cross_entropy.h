@@ -61,8 +61,8 @@ at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
 
 // cross_entropy(input @ weight.T + bias, target, ...) without the [N, V]
 // logits: input [N, H], weight [V, H], bias [V], target [N]. Tokens are
-// taken in chunks whose logits are about the size of `input` (4 times that
-// for bfloat16/float16); each chunk's logits are one GEMM into a reused
+// taken in chunks whose logits are about 4 times the size of `input` (at
+// least 64 rows); each chunk's logits are one GEMM into a reused
 // buffer, overwritten by their gradient by the cross-entropy row kernel, and
 // turned into the chunk's grad_input rows and a float32 accumulation of
 // grad_weight and grad_bias by two more GEMMs.

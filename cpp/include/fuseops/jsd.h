@@ -66,8 +66,8 @@ inline at::Tensor kl_div(const at::Tensor& student_logits, const at::Tensor& tea
 // student logits student_input @ student_weight^T (student_input [N, Hs],
 // student_weight [V, Hs]), teacher logits teacher_input @ teacher_weight^T
 // ([N, Ht], [V, Ht]), all four in one dtype; `label` [N] and the options as
-// in jsd. Rows go in chunks whose logits take about the memory of
-// student_input (four times that in bfloat16/float16), so the memory beyond
+// in jsd. Rows go in chunks whose logits take about four times the memory
+// of student_input (at least 64 rows), so the memory beyond
 // the inputs and gradients is O(chunk x V), never [N, V]. Differentiable in
 // student_input and student_weight (C++ autograd; student_weight's gradient
 // accumulated in float32 over the chunks). With reduction "batchmean",

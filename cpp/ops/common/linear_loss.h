@@ -22,14 +22,17 @@ namespace fuseops::detail {
 enum class LinearLossGradient { None, OfOne, OfGradOutput };
 
 // The rows per chunk for `rows` rows of `hidden` inputs and `vocab` classes:
-// a chunk's logits take about as much memory as the input (at least 64
-// rows, to keep the GEMMs efficient). bfloat16/float16 chunks are 4 times
-// that: each chunk adds its weight gradient to the float32 accumulator in a
-// pass over [V, H] (and widened products widen the weight twice), which
-// fewer chunks make cheaper.
-inline int64_t linear_loss_chunk_rows(int64_t rows, int64_t hidden, int64_t vocab, bool reduced) {
-  const int64_t chunk_scale = reduced ? 4 : 1;
-  return std::min(rows, std::max<int64_t>(64, chunk_scale * ((rows * hidden + vocab - 1) /
+// a chunk's logits take about 4 times the memory of the input (at least 64
+// rows, to keep the GEMMs efficient). Each chunk adds its weight gradient to
+// the accumulator in a pass over [V, H] (and widened products widen the
+// weight twice), which fewer chunks make cheaper: on a 2-core AVX-512 Xeon,
+// float32 1024 rows x 2048 x 32000 forward+backward, 4 times the input
+// instead of once took linear_cross_entropy from 2.55 to 2.10 s and
+// fused_linear_jsd from 3.68 to 2.55 s, the peak memory from 266 to 290 MiB
+// and from 282 to 355.
+inline int64_t linear_loss_chunk_rows(int64_t rows, int64_t hidden, int64_t vocab) {
+  constexpr int64_t kChunkScale = 4;
+  return std::min(rows, std::max<int64_t>(64, kChunkScale * ((rows * hidden + vocab - 1) /
                                                              std::max<int64_t>(vocab, 1))));
 }
 

@@ -240,8 +240,8 @@ def linear_cross_entropy(
     """``cross_entropy(F.linear(input, linear_weight, linear_bias), target,
     weight, ...)`` (arguments named as ``F.linear_cross_entropy``) without the
     ``[N, V]`` logits: ``input`` ``[N, H]``, ``linear_weight`` ``[V, H]``,
-    ``target`` ``[N]``. Tokens go in chunks whose logits are about the size of
-    ``input``. With ``reduction`` ``"mean"`` or ``"sum"`` the gradients are
+    ``target`` ``[N]``. Tokens go in chunks whose logits are about 4 times the size
+    of ``input``. With ``reduction`` ``"mean"`` or ``"sum"`` the gradients are
     computed in the forward (``linear_weight``'s accumulated in float32) and
     scaled by grad_output in the backward, which runs at most once; with
     ``"none"`` (a loss per token, ``[N]``) the backward recomputes each

@@ -146,8 +146,8 @@ def fused_linear_jsd(
     ``teacher_input`` ``[N, Ht]``, ``teacher_weight`` ``[V, Ht]``, one dtype;
     ``label``, ``beta``, ``temperature``, ``ignore_index`` and ``reduction``
     as in :func:`jsd` (``"none"``: a loss per row, of the inputs' leading
-    shape). Rows go in chunks whose two logits take about the memory of
-    ``student_input`` each (four times that in bfloat16/float16), so the
+    shape). Rows go in chunks whose two logits take about four times the
+    memory of ``student_input`` each, so the
     memory beyond inputs and gradients is O(chunk x V). Differentiable in
     ``student_input`` and ``student_weight`` (whose gradient accumulates in
     float32); with ``"batchmean"``, ``"sum"`` or ``"mean"`` the gradients
@@ -483,10 +483,11 @@ def samples(device) -> list[Sample]:
 def _fused_linear_samples(t, label) -> list[Sample]:
     ops = torch.ops.fuseops
     op = ops.fused_linear_jsd.default
-    # 70 rows: two chunks of at least 64 rows, the second one short.
-    xs, ws = t((70, 8), grad=True, scale=1.0), t((12, 8), grad=True, scale=0.5)
-    xt, wt = t((70, 5), scale=1.0), t((12, 5), scale=0.5)
-    lb = label((70,), 12)
+    # 70 rows of a vocabulary of 40: two chunks of at least 64 rows, the
+    # second one short.
+    xs, ws = t((70, 8), grad=True, scale=1.0), t((40, 8), grad=True, scale=0.5)
+    xt, wt = t((70, 5), scale=1.0), t((40, 5), scale=0.5)
+    lb = label((70,), 40)
     result = [
         Sample(op, (xs, ws, xt, wt, lb, 0.5, 1.0, -100, "batchmean"), fused_linear_jsd),
         Sample(op, (xs, ws, xt, wt, None, 0.0, 2.0, -100, "sum"), fused_linear_jsd),

@@ -9,7 +9,6 @@
 // one (create_graph) keeps ATen's, differentiable, products.
 
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 #include <c10/util/accumulate.h>
@@ -20,6 +19,7 @@
 
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/checks.h"
+#include "ops/common/output_memory.h"
 #include "ops/common/widened_products.h"
 #include "ops/linear.h"
 
@@ -54,10 +54,10 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     }
     if (!at::GradMode::is_enabled() && detail::linear_runs_widened(weight, rows)) {
       if (ctx->needs_input_grad(0)) {
-        grad_input = at::empty({rows, k}, input.options());
+        grad_input = detail::empty_output({rows, k}, input.options());
       }
       if (ctx->needs_input_grad(1)) {
-        grad_weight = at::empty(weight.sizes(), weight.options());
+        grad_weight = detail::empty_output(weight.sizes(), weight.options());
       }
       detail::WidenedWeight widened(weight, rows);
       detail::widened_linear_backward(grad, input.reshape({rows, k}), widened, grad_input,

@@ -29,11 +29,15 @@ enum class LinearLossGradient { None, OfOne, OfGradOutput };
 // float32 1024 rows x 2048 x 32000 forward+backward, 4 times the input
 // instead of once took linear_cross_entropy from 2.55 to 2.10 s and
 // fused_linear_jsd from 3.68 to 2.55 s, the peak memory from 266 to 290 MiB
-// and from 282 to 355.
+// and from 282 to 355. At most 1024 rows: the weight gradient's GEMM sums
+// over a chunk's rows, and MKL splits a long sum between threads when the
+// gradient is small (4096 rows of a [1000, 256] head in one chunk gave other
+// bits with 2 threads than with 1; chunks of 1024 rows do not).
 inline int64_t linear_loss_chunk_rows(int64_t rows, int64_t hidden, int64_t vocab) {
   constexpr int64_t kChunkScale = 4;
-  return std::min(rows, std::max<int64_t>(64, kChunkScale * ((rows * hidden + vocab - 1) /
-                                                             std::max<int64_t>(vocab, 1))));
+  constexpr int64_t kMaxChunkRows = 1024;
+  const int64_t scaled = kChunkScale * ((rows * hidden + vocab - 1) / std::max<int64_t>(vocab, 1));
+  return std::min({rows, kMaxChunkRows, std::max<int64_t>(64, scaled)});
 }
 
 // Whether a fused linear loss runs the products of `weight`'s dtype in

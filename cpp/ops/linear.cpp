@@ -14,7 +14,7 @@
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/output_memory.h"
-#include "ops/common/reduced_gemms.h"
+#include "ops/common/widened_products.h"
 #include "ops/common/tensors.h"
 
 namespace fuseops {
@@ -26,8 +26,7 @@ constexpr const char* kOp = "fuseops::linear";
 }  // namespace
 
 bool linear_runs_widened(const at::Tensor& weight, int64_t rows) {
-  return weight.device().type() == c10::DeviceType::CPU && rows >= kLinearWidenedRows &&
-         reduced_gemms_emulated(weight.scalar_type());
+  return rows >= kLinearWidenedRows && products_widened(weight);
 }
 
 at::Tensor linear_with(const at::Tensor& input, const at::Tensor& weight,

@@ -7,7 +7,6 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 
-#include "ops/common/reduced_gemms.h"
 #include "ops/common/widened_products.h"
 
 namespace fuseops::detail {
@@ -23,11 +22,6 @@ int64_t vocab_block_rows(int64_t vocab, int64_t hidden) {
 
 }  // namespace
 
-bool linear_loss_products_widened(const at::Tensor& weight) {
-  return weight.device().type() == c10::DeviceType::CPU &&
-         reduced_gemms_emulated(weight.scalar_type());
-}
-
 LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,
                                const at::Tensor& grad_weight, const at::Tensor& grad_bias)
     : weight_(weight),
@@ -37,10 +31,9 @@ LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,
       vocab_block_(vocab_block_rows(weight.size(0), weight.size(1))) {
   const at::ScalarType opmath = at::toOpMathType(weight.scalar_type());
   reduced_ = opmath != weight.scalar_type();
-  widened_ = linear_loss_products_widened(weight);
   const auto opmath_options = weight.options().dtype(opmath);
   const int64_t vocab = weight.size(0);
-  if (widened_) {
+  if (products_widened(weight)) {
     widened_weight_.emplace(weight, 0);
   }
   if (!grad_weight.defined()) {
@@ -48,7 +41,7 @@ LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,
   }
   weight_acc_ =
       reduced_ ? empty_output(grad_weight.sizes(), opmath_options).zero_() : grad_weight.zero_();
-  if (reduced_ && !widened_) {
+  if (reduced_ && !widened_weight_) {
     weight_block_ = empty_output({vocab_block_, grad_weight.size(1)}, grad_weight.options());
   }
   if (grad_bias.defined()) {
@@ -58,7 +51,7 @@ LinearLossHead::LinearLossHead(const at::Tensor& weight, const at::Tensor& bias,
 
 void LinearLossHead::logits(const at::Tensor& out, const at::Tensor& x) {
   at::Tensor logits = out;
-  if (!widened_) {
+  if (!widened_weight_) {
     if (bias_.defined()) {
       at::addmm_out(logits, bias_, x, weight_.t());
     } else {
@@ -72,7 +65,7 @@ void LinearLossHead::logits(const at::Tensor& out, const at::Tensor& x) {
 void LinearLossHead::backward(const at::Tensor& grad_logits, const at::Tensor& x,
                               const at::Tensor& grad_input) {
   const int64_t vocab = weight_.size(0);
-  if (!widened_) {
+  if (!widened_weight_) {
     at::Tensor grad_input_rows = grad_input;
     at::mm_out(grad_input_rows, grad_logits, weight_);
     if (reduced_) {

@@ -25,11 +25,9 @@ enum class LinearLossGradient { None, OfOne, OfGradOutput };
 // a chunk's logits take about 4 times the memory of the input (at least 64
 // rows, to keep the GEMMs efficient). Each chunk adds its weight gradient to
 // the accumulator in a pass over [V, H] (and widened products widen the
-// weight twice), which fewer chunks make cheaper: on a 2-core AVX-512 Xeon,
-// float32 1024 rows x 2048 x 32000 forward+backward, 4 times the input
-// instead of once took linear_cross_entropy from 2.55 to 2.10 s and
-// fused_linear_jsd from 3.68 to 2.55 s, the peak memory from 266 to 290 MiB
-// and from 282 to 355. At most 1024 rows: the weight gradient's GEMM sums
+// weight twice), which fewer chunks make cheaper (float32 figures before and
+// after 4 times the input instead of once: PERFORMANCE.md, section
+// "fused_linear_jsd"). At most 1024 rows: the weight gradient's GEMM sums
 // over a chunk's rows, and MKL splits a long sum between threads when the
 // gradient is small (4096 rows of a [1000, 256] head in one chunk gave other
 // bits with 2 threads than with 1; chunks of 1024 rows do not).
@@ -39,13 +37,6 @@ inline int64_t linear_loss_chunk_rows(int64_t rows, int64_t hidden, int64_t voca
   const int64_t scaled = kChunkScale * ((rows * hidden + vocab - 1) / std::max<int64_t>(vocab, 1));
   return std::min({rows, kMaxChunkRows, std::max<int64_t>(64, scaled)});
 }
-
-// Whether a fused linear loss runs the products of `weight`'s dtype in
-// float32, on operands widened block by block: on CPUs where ATen emulates
-// bfloat16/float16 GEMMs (reduced_gemms.h). The products are the same either
-// way (exact products of the inputs, float32 sums), but for the order of the
-// sums.
-bool linear_loss_products_widened(const at::Tensor& weight);
 
 // One linear head [V, H] (bias [V], optional) of a fused linear loss: a
 // chunk's logits, and from their gradient the chunk's input gradient and the
@@ -80,11 +71,12 @@ class LinearLossHead {
   // The bfloat16/float16 GEMMs' product block, added to the float32
   // accumulator (native products).
   at::Tensor weight_block_;
-  // The widened path's weight.
+  // The widened path's weight (products_widened: the products run in
+  // float32 on operands widened block by block, the same products and
+  // float32 sums in another order); empty on the type's own products.
   std::optional<WidenedWeight> widened_weight_;
   int64_t vocab_block_;
   bool reduced_ = false;
-  bool widened_ = false;
 };
 
 }  // namespace fuseops::detail

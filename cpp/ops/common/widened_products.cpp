@@ -10,6 +10,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "ops/common/output_memory.h"
+#include "ops/common/reduced_gemms.h"
 
 namespace fuseops::detail {
 namespace {
@@ -24,6 +25,11 @@ int64_t weight_block_rows(int64_t n, int64_t k, int64_t m) {
 }
 
 }  // namespace
+
+bool products_widened(const at::Tensor& weight) {
+  return weight.device().type() == c10::DeviceType::CPU &&
+         reduced_gemms_emulated(weight.scalar_type());
+}
 
 WidenedWeight::WidenedWeight(const at::Tensor& weight, int64_t rows)
     : weight_(weight), block_rows_(weight_block_rows(weight.size(0), weight.size(1), rows)) {

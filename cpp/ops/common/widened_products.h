@@ -18,6 +18,11 @@
 
 namespace fuseops::detail {
 
+// Whether products of `weight` (a CPU tensor of a dtype ATen emulates:
+// reduced_gemms.h) run widened. The ops that use this module decide by it,
+// linear also by the number of rows.
+bool products_widened(const at::Tensor& weight);
+
 // A bfloat16/float16 weight [N, K] (contiguous), widened to float32 a block
 // of rows at a time.
 class WidenedWeight {

@@ -400,6 +400,57 @@ def test_linear_cross_entropy_matches_unfused_float64(device, dtype, options, wi
             assert_close(gv, wv, dtype, floor_terms=n if index >= 2 else 1)
 
 
+# The softmax statistics of linear_cross_entropy_stats against float64 on
+# the materialised logits: 200 rows of a 70000-class head make 4 chunks of
+# 64 rows (the last partial), each read in blocks of 59 rows (4 Mi floats),
+# the last block of a chunk short. Bounds as the loss's above: float32 1e-5
+# of the largest value, bfloat16 2e-2 (logits rounded to 8 bits before the
+# statistics); the gradients, sums over rows, 10 times that.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("softcap", [None, 4.0])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_softmax_stats_match_float64(dtype, softcap, reduction):
+    n, h, v = 200, 16, 70000
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, h, generator=gen).to(dtype)
+    w = torch.randn(v, h, generator=gen).to(dtype)
+    target = torch.randint(0, v, (n,), generator=gen)
+    target[::9] = -100
+    xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss, lse, predicted, stats = fuseops.linear_cross_entropy_stats(
+        xi, wi, target, reduction=reduction, softcap=softcap, softmax_stats=True
+    )
+    z = x.double() @ w.double().T
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    log_p = torch.log_softmax(z, -1)
+    valid = (target != -100).double()[:, None]
+    want = (
+        torch.stack(
+            [
+                -(log_p.exp() * log_p).sum(-1),
+                z.mean(-1),
+                torch.logsumexp(2 * log_p, -1),
+            ],
+            -1,
+        )
+        * valid
+    )
+    assert stats.shape == (n, 3) and stats.dtype == torch.float32 and not stats.requires_grad
+    bound = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(
+        stats.double(), want, rtol=0, atol=bound * max(1.0, want.abs().max().item())
+    )
+    assert predicted.numel() == 0
+    # The loss keeps its gradient: the statistics make the backward recompute.
+    g = torch.rand(()) if loss.dim() == 0 else torch.rand(n)
+    loss.backward(g.to(loss.dtype))
+    want_loss = float64_linear(x, w, None, target, g, reduction=reduction, softcap=softcap)
+    for got, expected in zip((loss, xi.grad, wi.grad), want_loss):
+        scale = max(1.0, expected.abs().max().item())
+        torch.testing.assert_close(got.double(), expected, rtol=0, atol=bound * scale * 10)
+
+
 # bfloat16/float16 products run in float32 on widened operands on CPUs
 # without dot-product instructions for the type (linear_loss.h), natively
 # elsewhere; the environment variable forces either, so every CPU tests both.

@@ -1,7 +1,8 @@
 """Where Hugging Face users train: ``transformers.Trainer``, TRL's
 ``SFTTrainer``, ``DPOTrainer`` and ``GRPOTrainer`` and PEFT's LoRA adapters
-on a model patched by ``fuseops.transformers.apply``, against the same run of
-the unpatched model.
+on a model patched by ``fuseops.transformers.apply`` (TRL's trainers with
+their LM head on fuseops too: ``fuseops.trl.apply``), against the same run
+of the unpatched model.
 
 A tiny Llama (2 layers, hidden 64, a 64-token vocabulary) trains a few
 steps on a fixed token sequence, from the same seed, with the same data
@@ -22,6 +23,7 @@ installs them (the ``trainers`` extra).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -167,6 +169,29 @@ def test_peft_lora_on_a_patched_model(tmp_path):
     assert_weights_follow(ref, patched, 10 * FLOAT32_BOUND)
 
 
+@contextlib.contextmanager
+def trl_head(patched: bool):
+    """TRL's fused LM head (add_fused_lm_head) on fuseops' ops
+    (fuseops.trl.apply) in the patched run, TRL's own in the other."""
+    import fuseops.trl
+
+    if patched:
+        fuseops.trl.apply()
+    try:
+        yield
+    finally:
+        fuseops.trl.revert()
+
+
+# The ops of a run patched by fuseops.transformers.apply and fuseops.trl.apply.
+PATCHED_OPS = {
+    "fuseops::rms_norm",
+    "fuseops::rope",
+    "fuseops::swiglu",
+    "fuseops::linear_cross_entropy_stats",
+}
+
+
 def word_level_tokenizer():
     tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
@@ -185,10 +210,11 @@ def word_level_tokenizer():
 
 @DEPRECATED_CHECKPOINTING
 def test_trl_sft_trainer_on_a_patched_model(tmp_path):
-    # TRL's SFTTrainer puts its own chunked LM head on the model (trl's
+    # TRL's SFTTrainer puts its chunked LM head on the model (trl's
     # add_fused_lm_head: called with fused_lm_head=True, the forward runs the
-    # base model, then TRL's log-probabilities): the loss, the token accuracy
-    # and the entropy it logs are TRL's, over fuseops' norms, rotary and MLPs.
+    # base model, then the head's log-probabilities), which fuseops.trl runs
+    # on fuseops.linear_cross_entropy_stats: the loss, the token accuracy and
+    # the entropy it logs are fuseops', over fuseops' norms, rotary and MLPs.
     trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
     datasets = pytest.importorskip("datasets", reason="datasets is not installed")
     gen = torch.Generator().manual_seed(5)
@@ -209,12 +235,15 @@ def test_trl_sft_trainer_on_a_patched_model(tmp_path):
         trainer = trl.SFTTrainer(
             model=model, args=config, train_dataset=data, processing_class=word_level_tokenizer()
         )
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with (
+            trl_head(name == "patched"),
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
+        ):
             trainer.train()
         if name == "patched":
             ran = {e.name for e in prof.events() if e.name.startswith("fuseops::")}
         logged[name] = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert {"fuseops::rms_norm", "fuseops::rope", "fuseops::swiglu"} <= ran, sorted(ran)
+    assert PATCHED_OPS <= ran, sorted(ran)
     assert len(logged["patched"]) == len(logged["ref"]) == 4
     for got, want in zip(logged["patched"], logged["ref"]):
         assert relative(got["loss"], want["loss"]) <= FLOAT32_BOUND, logged
@@ -240,9 +269,10 @@ def fuseops_ops(profile) -> set:
 @DEPRECATED_CHECKPOINTING
 def test_trl_dpo_trainer_on_a_patched_model(tmp_path):
     # DPOTrainer, like SFTTrainer, puts TRL's chunked LM head on the policy and
-    # on the reference model (add_fused_lm_head): the sequence log-probabilities
-    # behind the loss, the rewards and the entropy are TRL's, over fuseops'
-    # norms, rotary and MLPs, in the policy's forward and backward and in the
+    # on the reference model (add_fused_lm_head), on fuseops' ops in the
+    # patched run (fuseops.trl): the sequence log-probabilities behind the
+    # loss, the rewards and the entropy are fuseops', over fuseops' norms,
+    # rotary and MLPs, in the policy's forward and backward and in the
     # reference model's forward. Both models are patched in the patched run, as
     # a user applying fuseops to both would have them; TRL's defaults otherwise
     # (activation checkpointing, beta 0.1, the sigmoid loss), in float32.
@@ -271,13 +301,16 @@ def test_trl_dpo_trainer_on_a_patched_model(tmp_path):
             train_dataset=data,
             processing_class=word_level_tokenizer(),
         )
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with (
+            trl_head(name == "patched"),
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
+        ):
             trainer.train()
         if name == "patched":
             ran = fuseops_ops(prof)
         logged[name] = [entry for entry in trainer.state.log_history if "loss" in entry]
         models[name] = model
-    assert {"fuseops::rms_norm", "fuseops::rope", "fuseops::swiglu"} <= ran, sorted(ran)
+    assert PATCHED_OPS <= ran, sorted(ran)
     assert len(logged["patched"]) == len(logged["unpatched"]) == 4
     for got, want in zip(logged["patched"], logged["unpatched"]):
         for key in ("loss", "entropy", "logps/chosen", "logps/rejected"):
@@ -302,8 +335,8 @@ def test_trl_grpo_trainer_on_a_patched_model(tmp_path):
     # GRPOTrainer samples completions with generate (KV cache, through the
     # patched causal LM's forward: fuseops' norms, rotary and MLPs; without
     # labels its logits are the head's product, as in HF), then scores them
-    # with TRL's chunked LM head over the backbone, as DPO does: fuseops'
-    # loss never runs. Each of two generations samples 4 completions of up
+    # with TRL's chunked LM head over the backbone, as DPO does (fuseops'
+    # in the patched run: fuseops.trl). Each of two generations samples 4 completions of up
     # to 8 tokens for one prompt, at temperature 1 from the seeded generator;
     # the reward counts the completion's tokens among the first half of the
     # words. Each generation serves two optimizer steps (num_iterations=2),
@@ -340,13 +373,16 @@ def test_trl_grpo_trainer_on_a_patched_model(tmp_path):
             train_dataset=data,
             processing_class=word_level_tokenizer(),
         )
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with (
+            trl_head(name == "patched"),
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
+        ):
             trainer.train()
         if name == "patched":
             ran = fuseops_ops(prof)
         logged[name] = [entry for entry in trainer.state.log_history if "loss" in entry]
         models[name] = model
-    assert {"fuseops::rms_norm", "fuseops::rope", "fuseops::swiglu"} <= ran, sorted(ran)
+    assert PATCHED_OPS <= ran, sorted(ran)
     # The same tokens sampled: the seeded draws pick another token only where
     # one falls within the runs' ~1e-6 logit difference of a boundary between
     # two tokens' cumulative probabilities.

@@ -13,9 +13,13 @@
 #include <ATen/OpMathType.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/mean.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/tanh.h>
 #include <torch/library.h>
 
 #include <fuseops/cross_entropy.h>
@@ -271,13 +275,47 @@ at::Tensor cross_entropy_inplace_with(at::Tensor& logits, const at::Tensor& targ
   return reduce_loss(loss_rows, total_weight, target, reduction, logits.scalar_type());
 }
 
+namespace {
+
+// The softmax statistics of a chunk's logits [n, V] into out [n, 3]
+// (opmath): entropy, mean logit and log(sum p^2) of z = softcap(logits),
+// 0 where `valid` is false. ATen operations on any device, in blocks of rows
+// whose float32 temporaries stay about 16 MiB each: one more read of the
+// chunk, against the H multiply-adds per logit of its GEMM.
+void softmax_stats_of(const at::Tensor& out, const at::Tensor& logits, const at::Tensor& valid,
+                      double softcap, at::ScalarType opmath) {
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  const int64_t block = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(vocab, 1));
+  for (int64_t start = 0; start < rows; start += block) {
+    const int64_t n = std::min(block, rows - start);
+    at::Tensor z = logits.narrow(0, start, n).to(opmath);
+    if (softcap > 0) {
+      z = at::tanh(z / softcap) * softcap;
+    }
+    const at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
+    const at::Tensor shifted = z - lse;  // log p
+    const at::Tensor entropy = -(at::exp(shifted) * shifted).sum(1);
+    const at::Tensor mean_logit = z.mean(1);
+    const at::Tensor log_sum_sq = at::logsumexp(shifted * 2, {1});
+    const at::Tensor keep = valid.narrow(0, start, n);
+    at::Tensor rows_out = out.narrow(0, start, n);
+    rows_out.select(1, 0).copy_(entropy.where(keep, 0));
+    rows_out.select(1, 1).copy_(mean_logit.where(keep, 0));
+    rows_out.select(1, 2).copy_(log_sum_sq.where(keep, 0));
+  }
+}
+
+}  // namespace
+
 LinearCrossEntropyResult linear_cross_entropy_with(
     const char* op, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias_opt, const at::Tensor& target,
     const std::optional<at::Tensor>& class_weight_opt, std::string_view reduction_name,
     int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
     std::optional<double> normalizer, LinearLossGradient gradient, const at::Tensor& grad_output,
-    bool predict, CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel) {
+    bool predict, bool softmax_stats, CrossEntropyTargetKernel target_kernel,
+    CrossEntropyRowsKernel rows_kernel) {
   const Reduction reduction = parse_reduction(op, reduction_name);
   check_floating_input(op, "input", input);
   TORCH_CHECK(input.dim() == 2, op, ": argument 'input' must have shape [N, H], got ",
@@ -345,6 +383,7 @@ LinearCrossEntropyResult linear_cross_entropy_with(
                                         : empty_output({}, input.options());
   r.lse = empty_output({rows}, opmath_options);
   r.predicted = empty_output({predict ? rows : 0}, input.options().dtype(at::kLong));
+  r.softmax_stats = empty_output({softmax_stats ? rows : 0, 3}, opmath_options);
   r.grad_input = with_grad ? empty_output({rows, hidden}, input.options())
                            : empty_output({0}, input.options());
   r.grad_weight = with_grad ? empty_output({vocab, hidden}, input.options())
@@ -393,6 +432,10 @@ LinearCrossEntropyResult linear_cross_entropy_with(
       // chunk, against the H multiply-adds per logit of its GEMM.
       at::Tensor predicted_rows = r.predicted.narrow(0, start, n);
       at::argmax_out(predicted_rows, logits, 1);
+    }
+    if (softmax_stats) {
+      softmax_stats_of(r.softmax_stats.narrow(0, start, n), logits,
+                       target.narrow(0, start, n) != ignore_index, softcap.value_or(0.0), opmath);
     }
     // The gradient overwrites the chunk's logits.
     rows_kernel({loss_rows.narrow(0, start, n), r.lse.narrow(0, start, n),
@@ -517,15 +560,16 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
                          label_smoothing, z_loss, softcap, normalizer);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
+    std::optional<double> softcap, std::optional<double> normalizer, bool predict,
+    bool softmax_stats) {
   static auto op =
       find_op<decltype(linear_cross_entropy_stats)>("fuseops::linear_cross_entropy_stats");
   return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
-                         label_smoothing, z_loss, softcap, normalizer, predict);
+                         label_smoothing, z_loss, softcap, normalizer, predict, softmax_stats);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -599,7 +643,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       "linear_cross_entropy_stats(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
       "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
       "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
-      "float? normalizer=None, bool predict=False) -> (Tensor, Tensor, Tensor)",
+      "float? normalizer=None, bool predict=False, bool softmax_stats=False) "
+      "-> (Tensor, Tensor, Tensor, Tensor)",
       tags);
   m.def(
       "linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor? bias, Tensor target, "

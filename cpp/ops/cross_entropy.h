@@ -95,12 +95,16 @@ at::Tensor cross_entropy_inplace_with(at::Tensor& logits, const at::Tensor& targ
 // What linear_cross_entropy_with computes: the loss (a scalar, or [N] for
 // reduction "none"), the per-row logsumexp of the (softcapped) logits
 // ([N] opmath, 0 on ignored rows), the predicted class of every row (argmax
-// of the logits, [N] int64, or empty when not asked for) and the gradients
-// (empty when not asked for; grad_bias also empty without a bias).
+// of the logits, [N] int64, or empty when not asked for), the softmax
+// statistics of every row ([N, 3] opmath: entropy, mean logit, log of the
+// summed squared probabilities, of the softcapped logits; 0 on ignored rows;
+// [0, 3] when not asked for) and the gradients (empty when not asked for;
+// grad_bias also empty without a bias).
 struct LinearCrossEntropyResult {
   at::Tensor loss;
   at::Tensor lse;
   at::Tensor predicted;
+  at::Tensor softmax_stats;
   at::Tensor grad_input;
   at::Tensor grad_weight;
   at::Tensor grad_bias;
@@ -112,7 +116,8 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     const std::optional<at::Tensor>& class_weight, std::string_view reduction, int64_t ignore_index,
     double label_smoothing, double z_loss, std::optional<double> softcap,
     std::optional<double> normalizer, LinearLossGradient gradient, const at::Tensor& grad_output,
-    bool predict, CrossEntropyTargetKernel target_kernel, CrossEntropyRowsKernel rows_kernel);
+    bool predict, bool softmax_stats, CrossEntropyTargetKernel target_kernel,
+    CrossEntropyRowsKernel rows_kernel);
 
 // The dispatcher entry points of one backend, whose `Kernels::target()` and
 // `Kernels::rows()` return its kernels.
@@ -163,19 +168,21 @@ struct CrossEntropyRegistrations {
     return linear_cross_entropy_with("fuseops::linear_cross_entropy", input, weight, bias, target,
                                      class_weight, reduction, ignore_index, label_smoothing, z_loss,
                                      softcap, normalizer, LinearLossGradient::None, at::Tensor(),
-                                     /*predict=*/false, Kernels::target(), Kernels::rows())
+                                     /*predict=*/false, /*softmax_stats=*/false, Kernels::target(),
+                                     Kernels::rows())
         .loss;
   }
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
       const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
       const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
       std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-      std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
+      std::optional<double> softcap, std::optional<double> normalizer, bool predict,
+      bool softmax_stats) {
     auto r = linear_cross_entropy_with(
         "fuseops::linear_cross_entropy_stats", input, weight, bias, target, class_weight, reduction,
         ignore_index, label_smoothing, z_loss, softcap, normalizer, LinearLossGradient::None,
-        at::Tensor(), predict, Kernels::target(), Kernels::rows());
-    return {r.loss, r.lse, r.predicted};
+        at::Tensor(), predict, softmax_stats, Kernels::target(), Kernels::rows());
+    return {r.loss, r.lse, r.predicted, r.softmax_stats};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
   linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
@@ -184,10 +191,11 @@ struct CrossEntropyRegistrations {
                                std::string_view reduction, int64_t ignore_index,
                                double label_smoothing, double z_loss, std::optional<double> softcap,
                                std::optional<double> normalizer, bool predict) {
-    auto r = linear_cross_entropy_with(
-        "fuseops::linear_cross_entropy_forward", input, weight, bias, target, class_weight,
-        reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer,
-        LinearLossGradient::OfOne, at::Tensor(), predict, Kernels::target(), Kernels::rows());
+    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_forward", input, weight, bias,
+                                       target, class_weight, reduction, ignore_index,
+                                       label_smoothing, z_loss, softcap, normalizer,
+                                       LinearLossGradient::OfOne, at::Tensor(), predict,
+                                       /*softmax_stats=*/false, Kernels::target(), Kernels::rows());
     return {r.loss, r.grad_input, r.grad_weight, r.grad_bias, r.lse, r.predicted};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
@@ -196,11 +204,11 @@ struct CrossEntropyRegistrations {
       const std::optional<at::Tensor>& class_weight, std::string_view reduction,
       int64_t ignore_index, double label_smoothing, double z_loss, std::optional<double> softcap,
       std::optional<double> normalizer) {
-    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_backward", input, weight,
-                                       bias, target, class_weight, reduction, ignore_index,
-                                       label_smoothing, z_loss, softcap, normalizer,
-                                       LinearLossGradient::OfGradOutput, grad_output,
-                                       /*predict=*/false, Kernels::target(), Kernels::rows());
+    auto r = linear_cross_entropy_with(
+        "fuseops::linear_cross_entropy_backward", input, weight, bias, target, class_weight,
+        reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer,
+        LinearLossGradient::OfGradOutput, grad_output,
+        /*predict=*/false, /*softmax_stats=*/false, Kernels::target(), Kernels::rows());
     return {r.grad_input, r.grad_weight, r.grad_bias};
   }
 

@@ -81,16 +81,22 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
                                 std::optional<double> normalizer = std::nullopt);
 
 // linear_cross_entropy with what the same pass also yields: (loss, lse,
-// predicted), lse the per-row logsumexp of the (softcapped) logits ([N],
-// float32; float64 for float64 input; 0 on ignored rows: the z-loss term of
-// a row is z_loss * lse^2), predicted the argmax of each row's logits ([N]
-// int64; empty unless `predict`). Differentiable in the loss only.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
+// predicted, softmax_stats), lse the per-row logsumexp of the (softcapped)
+// logits ([N], float32; float64 for float64 input; 0 on ignored rows: the
+// z-loss term of a row is z_loss * lse^2), predicted the argmax of each
+// row's logits ([N] int64, the first of equal maxima; empty unless
+// `predict`), softmax_stats per row of z = softcap(logits), p = softmax(z):
+// the entropy -sum p log p, the mean logit sum z / V and log sum p^2 ([N, 3]
+// in lse's dtype, 0 on ignored rows; [0, 3] unless `softmax_stats`, which
+// costs one more read of each chunk's logits). Differentiable in the loss
+// only.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight = std::nullopt,
     std::string_view reduction = "mean", int64_t ignore_index = -100, double label_smoothing = 0.0,
     double z_loss = 0.0, std::optional<double> softcap = std::nullopt,
-    std::optional<double> normalizer = std::nullopt, bool predict = false);
+    std::optional<double> normalizer = std::nullopt, bool predict = false,
+    bool softmax_stats = false);
 
 // linear_cross_entropy's loss and its gradients for a grad_output of 1 (of
 // ones for reduction "none"), then lse and predicted as

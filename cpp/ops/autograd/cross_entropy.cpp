@@ -23,6 +23,7 @@
 #include <fuseops/cross_entropy.h>
 
 #include "ops/autograd/no_derivative.h"
+#include "ops/common/output_memory.h"
 #include "ops/common/tensors.h"
 
 namespace fuseops {
@@ -127,32 +128,35 @@ class CrossEntropyInplaceFunction : public torch::autograd::Function<CrossEntrop
   }
 };
 
-// Returns (loss, lse, predicted); only the loss is differentiable. For
-// reduction "mean" or "sum" the forward computes the gradients (for a
-// grad_output of 1) and the backward scales them in place, once; for "none"
-// the forward keeps its inputs and the backward recomputes the logits
-// (linear_cross_entropy_backward, which has no derivative of its own).
+// Returns (loss, lse, predicted, softmax_stats); only the loss is
+// differentiable. For reduction "mean" or "sum" without softmax statistics
+// the forward computes the gradients (for a grad_output of 1) and the
+// backward scales them in place, once; for "none", or with the statistics
+// (which the fused forward does not compute), the forward keeps its inputs
+// and the backward recomputes the logits (linear_cross_entropy_backward,
+// which has no derivative of its own).
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                const at::Tensor& target,
                                const std::optional<at::Tensor>& class_weight, const Options& o,
-                               std::optional<double> normalizer, bool predict) {
+                               std::optional<double> normalizer, bool predict, bool softmax_stats) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->set_materialize_grads(false);
     const bool has_bias = bias.has_value() && bias->defined();
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["used"] = false;
-    const bool recompute = o.reduction == "none";
+    const bool recompute = o.reduction == "none" || softmax_stats;
     ctx->saved_data["recompute"] = recompute;
     at::Tensor loss;
     at::Tensor lse;
     at::Tensor predicted;
+    at::Tensor stats;
     if (recompute) {
-      std::tie(loss, lse, predicted) = fuseops::linear_cross_entropy_stats(
+      std::tie(loss, lse, predicted, stats) = fuseops::linear_cross_entropy_stats(
           input, weight, bias, target, class_weight, o.reduction, o.ignore_index, o.label_smoothing,
-          o.z_loss, o.softcap, normalizer, predict);
+          o.z_loss, o.softcap, normalizer, predict, softmax_stats);
       const at::Tensor cw = detail::undefined_if_none(class_weight);
       ctx->save_for_backward({input, weight, has_bias ? *bias : at::Tensor(), target, cw});
       ctx->saved_data["has_class_weight"] = cw.defined();
@@ -170,13 +174,14 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       ctx->saved_data["grad_input"] = grad_input;
       ctx->saved_data["grad_weight"] = grad_weight;
       ctx->saved_data["grad_bias"] = grad_bias;
+      stats = detail::empty_output({0, 3}, lse.options());
     }
-    ctx->mark_non_differentiable({lse, predicted});
-    return {loss, lse, predicted};
+    ctx->mark_non_differentiable({lse, predicted, stats});
+    return {loss, lse, predicted, stats};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list result(8);
+    variable_list result(9);
     if (!grads[0].defined()) {
       return result;
     }
@@ -297,25 +302,27 @@ at::Tensor linear_cross_entropy_autograd(
   return LinearCrossEntropyFunction::apply(
       input, weight, bias, target, class_weight,
       options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer,
-      /*predict=*/false)[0];
+      /*predict=*/false, /*softmax_stats=*/false)[0];
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats_autograd(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats_autograd(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
+    std::optional<double> softcap, std::optional<double> normalizer, bool predict,
+    bool softmax_stats) {
   check_weight_no_grad("fuseops::linear_cross_entropy_stats", "class_weight", class_weight);
   if (!autograd_detail::records_grad({input, weight, bias})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fuseops::linear_cross_entropy_stats(input, weight, bias, target, class_weight, reduction,
                                                ignore_index, label_smoothing, z_loss, softcap,
-                                               normalizer, predict);
+                                               normalizer, predict, softmax_stats);
   }
   const variable_list r = LinearCrossEntropyFunction::apply(
       input, weight, bias, target, class_weight,
-      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer, predict);
-  return {r[0], r[1], r[2]};
+      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer, predict,
+      softmax_stats);
+  return {r[0], r[1], r[2], r[3]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>

@@ -268,7 +268,7 @@ def linear_cross_entropy(
         return torch.ops.fuseops.linear_cross_entropy(
             input, linear_weight, linear_bias, target, *options
         )
-    loss, lse, predicted = torch.ops.fuseops.linear_cross_entropy_stats(
+    loss, lse, predicted, _ = torch.ops.fuseops.linear_cross_entropy_stats(
         input,
         linear_weight,
         linear_bias,
@@ -312,13 +312,22 @@ def linear_cross_entropy_stats(
     softcap: Optional[float] = None,
     normalizer: Optional[float] = None,
     predict: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, lse, predicted)``: the loss of :func:`linear_cross_entropy`
-    (differentiable as there), the per-row logsumexp of the (softcapped)
-    logits (``[N]`` float32, float64 for float64 input, 0 on ignored rows)
-    and, when ``predict``, the argmax of every row's logits (``[N]`` int64;
-    empty otherwise). :func:`linear_cross_entropy`'s ``return_*`` flags are
-    built on it."""
+    softmax_stats: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, lse, predicted, softmax_stats)``: the loss of
+    :func:`linear_cross_entropy` (differentiable as there), the per-row
+    logsumexp of the (softcapped) logits (``[N]`` float32, float64 for float64
+    input, 0 on ignored rows), when ``predict`` the argmax of every row's
+    logits (``[N]`` int64, the first of equal maxima; empty otherwise), and
+    when ``softmax_stats`` three statistics of every row's distribution, of
+    ``z = softcap(logits)`` and ``p = softmax(z)``: column 0 the entropy
+    ``-sum p log p``, column 1 the mean logit ``sum z / V``, column 2
+    ``log sum p**2`` (``[N, 3]`` in ``lse``'s dtype, 0 on ignored rows, not
+    differentiable; ``[0, 3]`` otherwise). The statistics cost one more read
+    of each chunk's logits (in blocks of rows with float32 temporaries of
+    about 16 MiB each) and make the backward recompute the logits, as
+    ``reduction="none"`` does. :func:`linear_cross_entropy`'s ``return_*``
+    flags and ``fuseops.trl`` are built on it."""
     return torch.ops.fuseops.linear_cross_entropy_stats(
         input,
         linear_weight,
@@ -332,6 +341,7 @@ def linear_cross_entropy_stats(
         softcap,
         normalizer,
         predict,
+        softmax_stats,
     )
 
 
@@ -688,7 +698,13 @@ def samples(device) -> list[Sample]:
             wrapper_args=(fx, fw, ft, None, cw) + forward_options,
         )
     )
-    for stats_options in (options + (True,), ("none", -100, 0.0, 1e-2, None, None, False)):
+    for stats_options in (
+        options + (True,),
+        ("none", -100, 0.0, 1e-2, None, None, False),
+        # The softmax statistics, with and without a softcap.
+        options + (True, True),
+        ("none", -100, 0.0, 0.0, None, None, False, True),
+    ):
         result.append(
             Sample(
                 ops.linear_cross_entropy_stats.default,

@@ -400,6 +400,41 @@ def test_linear_cross_entropy_matches_unfused_float64(device, dtype, options, wi
             assert_close(gv, wv, dtype, floor_terms=n if index >= 2 else 1)
 
 
+# reduction "none" with a frozen head (LoRA's LM head): the forward computes
+# each row's input gradient (linear_cross_entropy_forward, no recomputing
+# backward op), the backward scales it by each row's grad_output, and can run
+# again. Bounds as test_linear_cross_entropy_matches_unfused_float64's.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_none_reduction_with_a_frozen_head_scales_the_forwards_input_gradient(dtype, with_bias):
+    n, h, v = 333, 24, 100
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, h, generator=gen).to(dtype)
+    w = (torch.randn(v, h, generator=gen) / h**0.5).to(dtype)
+    b = torch.randn(v, generator=gen).to(dtype) if with_bias else None
+    target = torch.randint(0, v, (n,), generator=gen)
+    target[::7] = -100
+    xi = x.clone().requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss = fuseops.linear_cross_entropy(xi, w, target, b, reduction="none", z_loss=1e-3)
+        g = torch.rand(n, generator=gen).to(dtype) + 0.5
+        loss.backward(g, retain_graph=True)
+    names = {e.name for e in prof.events()}
+    assert "fuseops::linear_cross_entropy_forward" in names, sorted(names)
+    assert "fuseops::linear_cross_entropy_stats" not in names
+    first, xi.grad = xi.grad, None
+    want = float64_linear(x, w, b, target, g.float(), reduction="none", z_loss=1e-3)
+    for got, expected in ((loss, want[0]), (first, want[1])):
+        if dtype == torch.bfloat16:
+            scale = max(1.0, expected.abs().max().item())
+            torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2 * scale)
+        else:
+            assert_close(got, expected, dtype)
+    # Again, with twice the grad_output: twice the gradient, exactly.
+    loss.backward(2 * g)
+    assert torch.equal(xi.grad, 2 * first)
+
+
 # The softmax statistics of linear_cross_entropy_stats against float64 on
 # the materialised logits: 200 rows of a 70000-class head make 4 chunks of
 # 64 rows (the last partial), each read in blocks of 59 rows (4 Mi floats),
@@ -583,7 +618,7 @@ def test_linear_cross_entropy_none_backward_recomputes_and_may_repeat():
         torch.testing.assert_close(gx, first[0], rtol=0, atol=0)
         torch.testing.assert_close(gw, first[1], rtol=0, atol=0)
         # The backward op for the mean equals the forward's precomputed gradients.
-        _, fx, fw, _, _, _ = fuseops.linear_cross_entropy_forward(x, w, target)
+        _, fx, fw, _, _, _, _ = fuseops.linear_cross_entropy_forward(x, w, target)
         bx, bw, _ = fuseops.linear_cross_entropy_backward(torch.tensor(1.0), x, w, target)
     torch.testing.assert_close(bx, fx)
     torch.testing.assert_close(bw, fw)

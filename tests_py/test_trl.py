@@ -121,6 +121,24 @@ def test_outputs_and_gradients_match_float64(dtype, temperature, softcap, logit_
         assert_close(g, w, bound, terms)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_frozen_head_gradients_match_float64(dtype):
+    # LoRA leaves the LM head frozen: only the hidden states' gradient, which
+    # fuseops computes in the forward (no recomputed logits).
+    hidden, weight, bias, targets = inputs(dtype)
+    weight, bias = weight.detach(), bias.detach()
+    got = run(fuseops.trl.ChunkedLogProbs, hidden, weight, bias, targets, 0.7, 3.0, 1.0)
+    wide = hidden.detach().double().requires_grad_()
+    want, _ = reference(wide, weight, bias, targets, 0.7, 3.0, 1.0)
+    bound = BOUND[dtype] * (2 if dtype == torch.bfloat16 else 1)
+    assert_close(got[0], want[0].detach(), bound)
+    assert_close(got[1], want[1].detach(), bound)
+    grad = torch.randn(ROWS, generator=torch.Generator().manual_seed(1))
+    (got_grad,) = torch.autograd.grad((got[0] * grad).sum(), (hidden,))
+    (want_grad,) = torch.autograd.grad((want[0] * grad.double()).sum(), (wide,))
+    assert_close(got_grad, want_grad, bound)
+
+
 def test_matches_trls_own_head():
     # The same call through TRL's head (torch tiles on the CPU): float32
     # results of the same math in another order.

@@ -386,9 +386,10 @@ LinearCrossEntropyResult linear_cross_entropy_with(
   r.softmax_stats = empty_output({softmax_stats ? rows : 0, 3}, opmath_options);
   r.grad_input = with_grad ? empty_output({rows, hidden}, input.options())
                            : empty_output({0}, input.options());
-  r.grad_weight = with_grad ? empty_output({vocab, hidden}, input.options())
+  const bool head_grad = with_grad && gradient != LinearLossGradient::InputOfOne;
+  r.grad_weight = head_grad ? empty_output({vocab, hidden}, input.options())
                             : empty_output({0}, input.options());
-  r.grad_bias = with_grad && bias.defined() ? empty_output({vocab}, input.options())
+  r.grad_bias = head_grad && bias.defined() ? empty_output({vocab}, input.options())
                                             : empty_output({0}, input.options());
   if (rows_kernel == nullptr) {
     return r;
@@ -420,8 +421,8 @@ LinearCrossEntropyResult linear_cross_entropy_with(
   const int64_t chunk = linear_loss_chunk_rows(rows, hidden, vocab);
   at::Tensor buffer = empty_output({std::max<int64_t>(chunk, 0), vocab}, input.options());
   at::Tensor loss_rows = empty_output({rows}, opmath_options);
-  LinearLossHead head(w, bias, with_grad ? r.grad_weight : at::Tensor(),
-                      with_grad && bias.defined() ? r.grad_bias : at::Tensor());
+  LinearLossHead head(w, bias, head_grad ? r.grad_weight : at::Tensor(),
+                      head_grad && bias.defined() ? r.grad_bias : at::Tensor());
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     const at::Tensor x_chunk = x.narrow(0, start, n);
@@ -572,17 +573,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
                          label_smoothing, z_loss, softcap, normalizer, predict, softmax_stats);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias, const at::Tensor& target,
                              const std::optional<at::Tensor>& class_weight,
                              std::string_view reduction, int64_t ignore_index,
                              double label_smoothing, double z_loss, std::optional<double> softcap,
-                             std::optional<double> normalizer, bool predict) {
+                             std::optional<double> normalizer, bool predict, bool weight_grad,
+                             bool softmax_stats) {
   static auto op =
       find_op<decltype(linear_cross_entropy_forward)>("fuseops::linear_cross_entropy_forward");
   return call_with_input(op, input, weight, bias, target, class_weight, reduction, ignore_index,
-                         label_smoothing, z_loss, softcap, normalizer, predict);
+                         label_smoothing, z_loss, softcap, normalizer, predict, weight_grad,
+                         softmax_stats);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
@@ -650,8 +653,8 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       "linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
       "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
       "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
-      "float? normalizer=None, bool predict=False) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "float? normalizer=None, bool predict=False, bool weight_grad=True, "
+      "bool softmax_stats=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       tags);
   m.def(
       "linear_cross_entropy_backward(Tensor grad_output, Tensor input, Tensor weight, "

@@ -184,19 +184,21 @@ struct CrossEntropyRegistrations {
         at::Tensor(), predict, softmax_stats, Kernels::target(), Kernels::rows());
     return {r.loss, r.lse, r.predicted, r.softmax_stats};
   }
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                    at::Tensor>
   linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, const at::Tensor& target,
                                const std::optional<at::Tensor>& class_weight,
                                std::string_view reduction, int64_t ignore_index,
                                double label_smoothing, double z_loss, std::optional<double> softcap,
-                               std::optional<double> normalizer, bool predict) {
-    auto r = linear_cross_entropy_with("fuseops::linear_cross_entropy_forward", input, weight, bias,
-                                       target, class_weight, reduction, ignore_index,
-                                       label_smoothing, z_loss, softcap, normalizer,
-                                       LinearLossGradient::OfOne, at::Tensor(), predict,
-                                       /*softmax_stats=*/false, Kernels::target(), Kernels::rows());
-    return {r.loss, r.grad_input, r.grad_weight, r.grad_bias, r.lse, r.predicted};
+                               std::optional<double> normalizer, bool predict, bool weight_grad,
+                               bool softmax_stats) {
+    auto r = linear_cross_entropy_with(
+        "fuseops::linear_cross_entropy_forward", input, weight, bias, target, class_weight,
+        reduction, ignore_index, label_smoothing, z_loss, softcap, normalizer,
+        weight_grad ? LinearLossGradient::OfOne : LinearLossGradient::InputOfOne, at::Tensor(),
+        predict, softmax_stats, Kernels::target(), Kernels::rows());
+    return {r.loss, r.grad_input, r.grad_weight, r.grad_bias, r.lse, r.predicted, r.softmax_stats};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
       const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,

@@ -39,7 +39,8 @@ FUSEOPS_PYTHON_BINDINGS(cross_entropy) {
         py::arg("weight"), py::arg("bias"), py::arg("target"), py::arg("class_weight") = py::none(),
         py::arg("reduction") = "mean", py::arg("ignore_index") = -100,
         py::arg("label_smoothing") = 0.0, py::arg("z_loss") = 0.0, py::arg("softcap") = py::none(),
-        py::arg("normalizer") = py::none(), py::arg("predict") = false);
+        py::arg("normalizer") = py::none(), py::arg("predict") = false,
+        py::arg("weight_grad") = true, py::arg("softmax_stats") = false);
   m.def("linear_cross_entropy_backward", &fuseops::linear_cross_entropy_backward,
         py::arg("grad_output"), py::arg("input"), py::arg("weight"), py::arg("bias"),
         py::arg("target"), py::arg("class_weight"), py::arg("reduction"), py::arg("ignore_index"),

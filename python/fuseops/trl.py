@@ -165,4 +165,66 @@ def revert() -> None:
         _trl_function = None
 
 
+# --- bench: python -m fuseops bench --ops trl_log_probs,trl_log_probs_frozen_head
+# (collected by fuseops.bench.cases beside the op modules' cases) ---
+
+#: What TRL's GRPO and SFT trainers ask of their LM head besides the labels'
+#: log-probabilities.
+_BENCH_OUTPUTS = ("log_probs", "entropy")
+
+
+def _bench_fuseops(x, w, target):
+    # fuseops' head as TRL's trainers call it (temperature 1, no softcap);
+    # the entropy is computed and dropped (it has no gradient).
+    return ChunkedLogProbs.apply(x, w, None, target, 1.0, 32768, None, 1.0, _BENCH_OUTPUTS)[0]
+
+
+def _bench_trl(x, w, target):
+    # TRL's own head (its default vocabulary tile of 32768).
+    from trl.kernels import ChunkedLogProbFunction
+
+    return ChunkedLogProbFunction.apply(x, w, None, target, 1.0, 32768, None, 1.0, _BENCH_OUTPUTS)[
+        0
+    ]
+
+
+def _bench_reference(x, w, target):
+    # The target may arrive as floats from a harness that widens every input.
+    logits = torch.nn.functional.linear(x, w)
+    return torch.log_softmax(logits, -1).gather(-1, target.long()[:, None]).squeeze(-1)
+
+
+def bench_cases():
+    """TRL's head with the LM head trained (full fine-tuning) and frozen
+    (LoRA), against TRL's own head and the eager log-softmax of the
+    materialised logits."""
+    import importlib.util
+
+    from .ops._bench_case import Case, Traffic
+    from .ops.cross_entropy import _linear_inputs
+
+    has_trl = importlib.util.find_spec("trl") is not None
+    return [
+        Case(
+            name,
+            _bench_fuseops,
+            _bench_reference,
+            _linear_inputs,
+            forward_traffic=Traffic(rows=0, vectors=2048),
+            backward_traffic=Traffic(rows=0, vectors=(2 if head == "trained" else 1) * 2048),
+            native=_bench_trl if has_trl else None,
+            native_label="TRL's chunked LM head (trl.kernels.ChunkedLogProbFunction)",
+            has_out=False,
+            differentiable=differentiable,
+            variant=True,
+            description=f"TRL's trainers' LM head (fuseops.trl), {head}: per-token "
+            "log-probabilities and entropy of x [rows, min(2048, V)] @ W.T, V = hidden",
+        )
+        for name, head, differentiable in (
+            ("trl_log_probs", "trained", (0, 1)),
+            ("trl_log_probs_frozen_head", "frozen", (0,)),
+        )
+    ]
+
+
 __all__ = ["ChunkedLogProbs", "apply", "revert"]

@@ -89,7 +89,9 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
 // the entropy -sum p log p, the mean logit sum z / V and log sum p^2 ([N, 3]
 // in lse's dtype, 0 on ignored rows; [0, 3] unless `softmax_stats`, which
 // costs one more read of each chunk's logits). Differentiable in the loss
-// only.
+// only, with linear_cross_entropy's backward (for reduction "none" with a
+// frozen head, weight and bias not requiring gradients, the forward computes
+// each row's input gradient and the backward scales it: no recomputation).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight = std::nullopt,
@@ -99,17 +101,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     bool softmax_stats = false);
 
 // linear_cross_entropy's loss and its gradients for a grad_output of 1 (of
-// ones for reduction "none"), then lse and predicted as
+// ones for reduction "none": then grad_input's row i is the gradient of
+// loss i alone), then lse, predicted and softmax_stats as
 // linear_cross_entropy_stats gives them: (loss, grad_input, grad_weight,
-// grad_bias, lse, predicted); grad_bias is empty without bias.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+// grad_bias, lse, predicted, softmax_stats); grad_bias is empty without
+// bias, grad_weight and grad_bias are empty without `weight_grad` (a frozen
+// head: one GEMM less per chunk).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 linear_cross_entropy_forward(const at::Tensor& input, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias, const at::Tensor& target,
                              const std::optional<at::Tensor>& class_weight = std::nullopt,
                              std::string_view reduction = "mean", int64_t ignore_index = -100,
                              double label_smoothing = 0.0, double z_loss = 0.0,
                              std::optional<double> softcap = std::nullopt,
-                             std::optional<double> normalizer = std::nullopt, bool predict = false);
+                             std::optional<double> normalizer = std::nullopt, bool predict = false,
+                             bool weight_grad = true, bool softmax_stats = false);
 
 // The gradients (grad_input, grad_weight, grad_bias) of linear_cross_entropy
 // for `grad_output` of the loss's shape ([N] for reduction "none"; a per-row

@@ -129,12 +129,16 @@ class CrossEntropyInplaceFunction : public torch::autograd::Function<CrossEntrop
 };
 
 // Returns (loss, lse, predicted, softmax_stats); only the loss is
-// differentiable. For reduction "mean" or "sum" without softmax statistics
-// the forward computes the gradients (for a grad_output of 1) and the
-// backward scales them in place, once; for "none", or with the statistics
-// (which the fused forward does not compute), the forward keeps its inputs
-// and the backward recomputes the logits (linear_cross_entropy_backward,
-// which has no derivative of its own).
+// differentiable. For reduction "mean" or "sum" the forward computes the
+// gradients (for a grad_output of 1) and the backward scales them in place,
+// once. For "none" with a frozen head (weight and bias without gradients,
+// as LoRA leaves an LM head) the forward computes the input's gradient of
+// each row's loss, and the backward scales each row by its grad_output, any
+// number of times. For "none" with a trained head the forward keeps its
+// inputs and the backward recomputes the logits
+// (linear_cross_entropy_backward, which has no derivative of its own): the
+// weight's gradient sums the rows' gradients each scaled by its own
+// grad_output, which the forward does not know yet.
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
@@ -147,8 +151,11 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const bool has_bias = bias.has_value() && bias->defined();
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["used"] = false;
-    const bool recompute = o.reduction == "none" || softmax_stats;
+    const bool head_grad = weight.requires_grad() || (has_bias && bias->requires_grad());
+    const bool per_row = o.reduction == "none";
+    const bool recompute = per_row && head_grad;
     ctx->saved_data["recompute"] = recompute;
+    ctx->saved_data["per_row"] = per_row;
     at::Tensor loss;
     at::Tensor lse;
     at::Tensor predicted;
@@ -167,14 +174,14 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       at::Tensor grad_input;
       at::Tensor grad_weight;
       at::Tensor grad_bias;
-      std::tie(loss, grad_input, grad_weight, grad_bias, lse, predicted) =
+      std::tie(loss, grad_input, grad_weight, grad_bias, lse, predicted, stats) =
           fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight,
                                                 o.reduction, o.ignore_index, o.label_smoothing,
-                                                o.z_loss, o.softcap, normalizer, predict);
+                                                o.z_loss, o.softcap, normalizer, predict, head_grad,
+                                                softmax_stats);
       ctx->saved_data["grad_input"] = grad_input;
-      ctx->saved_data["grad_weight"] = grad_weight;
-      ctx->saved_data["grad_bias"] = grad_bias;
-      stats = detail::empty_output({0, 3}, lse.options());
+      ctx->saved_data["grad_weight"] = head_grad ? grad_weight : at::Tensor();
+      ctx->saved_data["grad_bias"] = head_grad ? grad_bias : at::Tensor();
     }
     ctx->mark_non_differentiable({lse, predicted, stats});
     return {loss, lse, predicted, stats};
@@ -204,24 +211,36 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       }
       return result;
     }
+    // Named like the backward ops of the other fuseops ops in profiles, with
+    // grad_output's shape recorded as theirs is.
+    RECORD_FUNCTION("fuseops::linear_cross_entropy_backward", std::vector<c10::IValue>({grads[0]}));
+    if (ctx->saved_data["per_row"].toBool()) {
+      // A frozen head: each row's input gradient times its grad_output, out
+      // of place (the saved gradients stay for another backward).
+      autograd_detail::check_not_recording("fuseops::linear_cross_entropy");
+      result[0] = ctx->saved_data["grad_input"].toTensor().mul(grads[0].unsqueeze(-1));
+      return result;
+    }
     TORCH_CHECK(!ctx->saved_data["used"].toBool(),
                 "fuseops::linear_cross_entropy: the backward can run only once (its gradients "
                 "are computed in the forward and scaled by grad_output in place)");
     autograd_detail::check_not_recording("fuseops::linear_cross_entropy");
     ctx->saved_data["used"] = true;
-    // Named like the backward ops of the other fuseops ops in profiles, with
-    // grad_output's shape recorded as theirs is.
-    RECORD_FUNCTION("fuseops::linear_cross_entropy_backward", std::vector<c10::IValue>({grads[0]}));
     const at::Tensor& g = grads[0];
     result[0] = ctx->saved_data["grad_input"].toTensor().mul_(g);
-    result[1] = ctx->saved_data["grad_weight"].toTensor().mul_(g);
-    if (has_bias) {
-      result[2] = ctx->saved_data["grad_bias"].toTensor().mul_(g);
+    // Undefined for a frozen head.
+    const at::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
+    if (grad_weight.defined()) {
+      result[1] = grad_weight.mul_(g);
+      if (has_bias) {
+        result[2] = ctx->saved_data["grad_bias"].toTensor().mul_(g);
+      }
     }
     // Drop the references: the gradients now belong to the caller.
     ctx->saved_data.clear();
     ctx->saved_data["used"] = true;
     ctx->saved_data["recompute"] = false;
+    ctx->saved_data["per_row"] = false;
     ctx->saved_data["has_bias"] = has_bias;
     return result;
   }
@@ -325,18 +344,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   return {r[0], r[1], r[2], r[3]};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 linear_cross_entropy_forward_autograd(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
     std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer, bool predict) {
+    std::optional<double> softcap, std::optional<double> normalizer, bool predict, bool weight_grad,
+    bool softmax_stats) {
   autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_forward",
                                        {input, weight, bias, class_weight});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight, reduction,
                                                ignore_index, label_smoothing, z_loss, softcap,
-                                               normalizer, predict);
+                                               normalizer, predict, weight_grad, softmax_stats);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_autograd(

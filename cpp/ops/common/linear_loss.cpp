@@ -68,6 +68,9 @@ void LinearLossHead::backward(const at::Tensor& grad_logits, const at::Tensor& x
   if (!widened_weight_) {
     at::Tensor grad_input_rows = grad_input;
     at::mm_out(grad_input_rows, grad_logits, weight_);
+    if (!weight_acc_.defined()) {
+      return;  // a head without gradients
+    }
     if (reduced_) {
       // bfloat16/float16 GEMMs (float32 sums inside, 2-3x the speed of
       // float32 GEMMs on CPUs with bfloat16 instructions) into a small

@@ -17,9 +17,10 @@
 namespace fuseops::detail {
 
 // What the gradients of a fused linear loss are taken for: none, a
-// grad_output of 1 (ones per row for reduction "none"), or the given
-// grad_output of the loss's shape (the recomputing backward).
-enum class LinearLossGradient { None, OfOne, OfGradOutput };
+// grad_output of 1 (ones per row for reduction "none"), the input's alone
+// for a grad_output of 1 (a frozen head: no weight or bias gradient), or the
+// given grad_output of the loss's shape (the recomputing backward).
+enum class LinearLossGradient { None, OfOne, InputOfOne, OfGradOutput };
 
 // The rows per chunk for `rows` rows of `hidden` inputs and `vocab` classes:
 // a chunk's logits take about 4 times the memory of the input (at least 64

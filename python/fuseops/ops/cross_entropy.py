@@ -246,7 +246,11 @@ def linear_cross_entropy(
     scaled by grad_output in the backward, which runs at most once; with
     ``"none"`` (a loss per token, ``[N]``) the backward recomputes each
     chunk's logits (one GEMM more, any number of backward passes), which also
-    makes a per-token weighting ``(loss * token_weight).sum()`` exact. With
+    makes a per-token weighting ``(loss * token_weight).sum()`` exact; with
+    ``"none"`` and a frozen head (``linear_weight`` and ``linear_bias`` not
+    requiring gradients, as LoRA leaves an LM head) the forward computes each
+    token's input gradient and the backward only scales it (two GEMMs per
+    chunk instead of three). With
     ``"sum"``, ``normalizer`` divides loss and gradients (gradient
     accumulation over micro-batches). Every option of :func:`cross_entropy`
     applies. Differentiable in ``input``, ``linear_weight``, ``linear_bias``.
@@ -325,9 +329,8 @@ def linear_cross_entropy_stats(
     ``log sum p**2`` (``[N, 3]`` in ``lse``'s dtype, 0 on ignored rows, not
     differentiable; ``[0, 3]`` otherwise). The statistics cost one more read
     of each chunk's logits (in blocks of rows with float32 temporaries of
-    about 16 MiB each) and make the backward recompute the logits, as
-    ``reduction="none"`` does. :func:`linear_cross_entropy`'s ``return_*``
-    flags and ``fuseops.trl`` are built on it."""
+    about 16 MiB each). :func:`linear_cross_entropy`'s ``return_*`` flags
+    and ``fuseops.trl`` are built on it."""
     return torch.ops.fuseops.linear_cross_entropy_stats(
         input,
         linear_weight,
@@ -358,12 +361,25 @@ def linear_cross_entropy_forward(
     softcap: Optional[float] = None,
     normalizer: Optional[float] = None,
     predict: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    weight_grad: bool = True,
+    softmax_stats: bool = False,
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+]:
     """``(loss, grad_input, grad_linear_weight, grad_linear_bias, lse,
-    predicted)`` of :func:`linear_cross_entropy` for a grad_output of 1 (of
-    ones with ``reduction="none"``; ``grad_linear_bias`` is empty without a
-    bias), then ``lse`` and ``predicted`` as :func:`linear_cross_entropy_stats`
-    gives them; not differentiable."""
+    predicted, softmax_stats)`` of :func:`linear_cross_entropy` for a
+    grad_output of 1 (of ones with ``reduction="none"``: row ``i`` of
+    ``grad_input`` is then the gradient of loss ``i`` alone;
+    ``grad_linear_bias`` is empty without a bias; both head gradients are
+    empty without ``weight_grad``, a frozen head, which saves a GEMM per
+    chunk), then ``lse``, ``predicted`` and ``softmax_stats`` as
+    :func:`linear_cross_entropy_stats` gives them; not differentiable."""
     return torch.ops.fuseops.linear_cross_entropy_forward(
         input,
         linear_weight,
@@ -377,6 +393,8 @@ def linear_cross_entropy_forward(
         softcap,
         normalizer,
         predict,
+        weight_grad,
+        softmax_stats,
     )
 
 

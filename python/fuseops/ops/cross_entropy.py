@@ -707,18 +707,25 @@ def samples(device) -> list[Sample]:
         )
     )
     fx, fw, ft, cw = t((9, 8)), t((12, 8)), target((9,), 12), torch.rand(12, device=device) + 0.5
-    forward_options = ("sum", -100, 0.0, 0.0, None, 4.0, True)
-    result.append(
-        Sample(
-            ops.linear_cross_entropy_forward.default,
-            (fx, fw, None, ft, cw) + forward_options,
-            linear_cross_entropy_forward,
-            wrapper_args=(fx, fw, ft, None, cw) + forward_options,
+    # The forward with every gradient, and with the input's alone (a frozen
+    # head) and the softmax statistics.
+    for forward_options in (
+        ("sum", -100, 0.0, 0.0, None, 4.0, True),
+        ("none", -100, 0.0, 1e-3, 3.0, None, False, False, True),
+    ):
+        result.append(
+            Sample(
+                ops.linear_cross_entropy_forward.default,
+                (fx, fw, None, ft, cw) + forward_options,
+                linear_cross_entropy_forward,
+                wrapper_args=(fx, fw, ft, None, cw) + forward_options,
+            )
         )
-    )
+    # Every argument given: the profiler records the call's arguments as the
+    # wrapper passes them (tests_py/test_profiler.py compares the shapes).
     for stats_options in (
-        options + (True,),
-        ("none", -100, 0.0, 1e-2, None, None, False),
+        options + (True, False),
+        ("none", -100, 0.0, 1e-2, None, None, False, False),
         # The softmax statistics, with and without a softcap.
         options + (True, True),
         ("none", -100, 0.0, 0.0, None, None, False, True),

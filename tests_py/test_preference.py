@@ -187,6 +187,21 @@ def test_token_log_probs_with_temperature_and_flat_input():
         preference.token_log_probs(x, w, target, temperature=0.0)
 
 
+def test_token_log_probs_are_float32_for_bfloat16_input():
+    # Not rounded to bfloat16 (2^-9 of a value of about -4 per token, which a
+    # sequence's sum accumulates): float32 values near the float64 ones of
+    # the same bfloat16 inputs (2e-2: the chunk's logits may be rounded to
+    # bfloat16 before the logsumexp where the CPU multiplies in bfloat16).
+    x, w, b, target = batch(torch.bfloat16, bias=True)
+    got = preference.token_log_probs(x, w, target, b)
+    assert got.dtype == torch.float32
+    want = float64_token_logps(x, w, b, target)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-2)
+    counted = target != -100
+    assert (got[counted] != got[counted].bfloat16().float()).float().mean() > 0.9
+    assert torch.equal(got[~counted], torch.zeros_like(got[~counted]))
+
+
 def test_dpo_reference_model_given_or_computed_and_logged_values():
     x, w, _, target = batch()
     ref_x, ref_w = x + 0.1, w * 0.9

@@ -342,7 +342,8 @@ def test_trl_grpo_trainer_on_a_patched_model(tmp_path):
     # words. Each generation serves two optimizer steps (num_iterations=2),
     # so the second step's loss holds the importance ratio, clipped or not,
     # between the updated policy and the one that sampled. No reference model
-    # (TRL's default beta=0).
+    # (TRL's default beta=0); an entropy bonus (entropy_coef), whose gradient
+    # flows through the head's entropy.
     trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
     datasets = pytest.importorskip("datasets", reason="datasets is not installed")
     gen = torch.Generator().manual_seed(11)
@@ -364,6 +365,7 @@ def test_trl_grpo_trainer_on_a_patched_model(tmp_path):
             num_generations=4,
             max_completion_length=8,
             num_iterations=2,
+            entropy_coef=0.05,
             **TRAINING,
         )
         trainer = trl.GRPOTrainer(

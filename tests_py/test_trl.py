@@ -179,16 +179,45 @@ def test_float32_hidden_states_with_a_bfloat16_head():
     assert grad_weight.dtype == torch.bfloat16
 
 
-def test_entropy_gradient_is_refused_with_a_clear_error():
-    hidden, weight, bias, targets = inputs(torch.float32)
-    log_probs, entropy, *_ = run(
-        fuseops.trl.ChunkedLogProbs, hidden, weight, bias, targets, 1.0, None, 1.0
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("head", ["trained", "frozen"])
+def test_entropy_gradient_matches_float64(dtype, head):
+    # GRPO's entropy bonus: loss = f(log_probs) - c * entropy. The entropy's
+    # gradient comes from logits recomputed in the backward, a block at a
+    # time; rows with a zero coefficient (padding) are skipped there, and
+    # their gradient is the log-probabilities' alone.
+    hidden, weight, bias, targets = inputs(dtype)
+    if head == "frozen":
+        weight, bias = weight.detach(), bias.detach()
+    got = run(fuseops.trl.ChunkedLogProbs, hidden, weight, bias, targets, 0.7, 3.0, 1.0)
+    leaves = [t.detach().double().requires_grad_(t.requires_grad) for t in (hidden, weight, bias)]
+    want, _ = reference(*leaves, targets, 0.7, 3.0, 1.0)
+    gen = torch.Generator().manual_seed(2)
+    grad_log_probs = torch.randn(ROWS, generator=gen)
+    grad_entropy = -1 - 2 * torch.rand(ROWS, generator=gen)
+    grad_entropy[::3] = 0
+    wrt = [t for t in (hidden, weight, bias) if t.requires_grad]
+    got_grads = torch.autograd.grad(
+        (got[0] * grad_log_probs).sum() + (got[1] * grad_entropy).sum(), wrt
     )
-    # A zero coefficient (entropy bonus off) contributes nothing: accepted.
-    (log_probs.sum() + 0.0 * entropy.sum()).backward(retain_graph=True)
-    assert hidden.grad is not None
-    with pytest.raises(RuntimeError, match=r"fuseops\.trl: the entropy .* has no gradient"):
-        (log_probs.sum() - 0.01 * entropy.sum()).backward()
+    want_grads = torch.autograd.grad(
+        (want[0] * grad_log_probs.double()).sum() + (want[1] * grad_entropy.double()).sum(),
+        [t for t in leaves if t.requires_grad],
+        retain_graph=True,
+    )
+    # The bfloat16 hidden states are scaled by 1 / temperature (one more
+    # rounding, as in test_outputs_and_gradients_match_float64).
+    bound = BOUND[dtype] * (2 if dtype == torch.bfloat16 else 1)
+    for g, w, terms in zip(got_grads, want_grads, (1, ROWS, ROWS)):
+        assert g.dtype == dtype
+        assert_close(g, w, bound, terms)
+    if dtype != torch.float32:
+        return
+    # The entropy's share is far above float32's bound (bfloat16's is about
+    # its size): without it, the check fails.
+    (without,) = torch.autograd.grad((want[0] * grad_log_probs.double()).sum(), leaves[:1])
+    allowed = bound * max(1.0, want_grads[0].abs().max().item())
+    assert (without - want_grads[0]).abs().max() > 5 * allowed
 
 
 def test_apply_and_revert_swap_trls_head():

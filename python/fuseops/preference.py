@@ -4,14 +4,15 @@ logits.
 
 Every one of them is a function of the sequences' log-probabilities of
 their completion tokens, ``log p(target | prefix)`` summed (or averaged)
-over each sequence. ``fuseops.linear_cross_entropy(..., reduction="none")``
-gives exactly the negated per-token values, computed from the hidden states
-and the head's weight chunk by chunk (float32 statistics, no ``[N, V]``
-logits, in the forward or in the backward, which recomputes each chunk's
-logits with its tokens' gradients), so each loss here is that op followed
-by a few operations on ``[batch]`` tensors. Their gradients are exact: the
-backward of the per-token losses receives, per token, the gradient of the
-preference loss with respect to that token's log-probability.
+over each sequence. :func:`token_log_probs` gives the per-token values in
+float32 from the hidden states and the head's weight chunk by chunk
+(``fuseops.linear_cross_entropy_stats(..., reduction="none")``: float32
+statistics, no ``[N, V]`` logits, in the forward or in the backward, which
+recomputes each chunk's logits with its tokens' gradients), so each loss
+here is that op followed by a few operations on ``[batch]`` tensors. Their
+gradients are exact: the backward of the per-token losses receives, per
+token, the gradient of the preference loss with respect to that token's
+log-probability.
 
 Layout (as TRL's trainers and Liger-Kernel's fused losses take it): the
 batch holds the chosen sequences first, then the rejected ones, in the same
@@ -30,7 +31,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .ops.cross_entropy import linear_cross_entropy
+from .ops.cross_entropy import linear_cross_entropy_stats
 
 
 class PreferenceOutput(NamedTuple):
@@ -64,27 +65,74 @@ def token_log_probs(
 ) -> torch.Tensor:
     """``log_softmax(F.linear(input, linear_weight, linear_bias) /
     temperature).gather(target)`` per token, in ``target``'s shape (0 where
-    ``target == ignore_index``), without the logits: the negated per-token
-    losses of ``fuseops.linear_cross_entropy(..., reduction="none")``
-    (float32 statistics; the result in ``input``'s dtype). Differentiable in
-    ``input``, ``linear_weight`` and ``linear_bias``; the backward recomputes
-    the logits chunk by chunk."""
+    ``target == ignore_index``), without the logits. float32 (float64 for
+    float64 input) whatever the input's dtype: the label's logit as a
+    float32 dot product minus the float32 logsumexp of
+    ``fuseops.linear_cross_entropy_stats`` (a bfloat16 log-probability would
+    carry 2^-9 of its value as rounding, about 0.02 nats a token, which
+    sums over a sequence). Differentiable in ``input``, ``linear_weight`` and
+    ``linear_bias`` (the gradient of the negated per-token losses of
+    ``reduction="none"``; the backward recomputes the logits chunk by
+    chunk)."""
     if not temperature > 0:
         raise ValueError(f"fuseops.preference: temperature must be > 0, got {temperature}")
     hidden = input.reshape(-1, input.shape[-1])
+    targets = target.reshape(-1)
     if temperature != 1.0:
         # logits / T: the input (and the bias) scaled instead of the logits.
         hidden = hidden / temperature
         linear_bias = None if linear_bias is None else linear_bias / temperature
-    losses = linear_cross_entropy(
+    loss, lse, _, _ = linear_cross_entropy_stats(
         hidden,
         linear_weight,
-        target.reshape(-1),
+        targets,
         linear_bias,
         reduction="none",
         ignore_index=ignore_index,
     )
-    return -losses.reshape(target.shape)
+    logps = exact_log_probs(loss, lse, hidden, linear_weight, linear_bias, targets, ignore_index)
+    return logps.reshape(target.shape)
+
+
+def exact_log_probs(
+    loss: torch.Tensor,
+    lse: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    targets: torch.Tensor,
+    ignore_index: Optional[int] = None,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
+    """The per-row log-probabilities of the labels in ``lse``'s dtype, from
+    the per-row losses and logsumexp of
+    :func:`fuseops.linear_cross_entropy_stats` (``reduction="none"``): the
+    value ``softcap(label logit) - lse`` (0 on ignored rows), the gradient
+    that of ``-loss`` (the same derivative)."""
+    counted = None if ignore_index is None else targets != ignore_index
+    with torch.no_grad():
+        labels = targets if counted is None else torch.where(counted, targets, 0)
+        label_logit = _label_logits(hidden, weight, bias, labels, lse.dtype)
+        if softcap is not None:
+            label_logit = softcap * torch.tanh(label_logit / softcap)
+        exact = label_logit - lse
+        if counted is not None:
+            exact = torch.where(counted, exact, 0)
+    log_probs = -loss.to(lse.dtype)
+    return log_probs + (exact - log_probs).detach()
+
+
+def _label_logits(hidden, weight, bias, targets, dtype) -> torch.Tensor:
+    """Each row's logit of its label, ``hidden . weight[label] + bias``,
+    summed in ``dtype`` (the operands as autocast gives them to the
+    product)."""
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype_now = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype_now), weight.to(dtype_now)
+        bias = None if bias is None else bias.to(dtype_now)
+    rows = weight.index_select(0, targets).to(dtype)
+    logit = (hidden.to(dtype) * rows).sum(-1)
+    return logit if bias is None else logit + bias.index_select(0, targets).to(dtype)
 
 
 def _split(
@@ -480,5 +528,140 @@ __all__ = [
     "fused_linear_kto",
     "fused_linear_orpo",
     "fused_linear_simpo",
+    "exact_log_probs",
     "token_log_probs",
 ]
+
+
+# --- bench: python -m fuseops bench --ops preference_dpo,preference_grpo
+# (collected by fuseops.bench.cases beside the op modules' cases) ---
+
+#: The bench's sequence length: rows (tokens) = sequences x this, when rows
+#: allow (fewer rows: one sequence pair).
+_BENCH_SEQUENCE = 512
+_BENCH_BETA = 0.1
+
+
+def _bench_tokens(rows: int, sequences_per_group: int) -> tuple[int, int]:
+    # (sequences, length): sequences a multiple of the group size (a
+    # chosen/rejected pair: 2), sequences * length the rows (rounded down
+    # where they do not split).
+    sequences = max(sequences_per_group, rows // _BENCH_SEQUENCE)
+    sequences -= sequences % sequences_per_group
+    return sequences, max(1, rows // sequences)
+
+
+def _bench_targets(rows, vocab, sequences_per_group, device, gen):
+    sequences, length = _bench_tokens(rows, sequences_per_group)
+    target = torch.randint(0, vocab, (sequences, length), device=device, generator=gen)
+    # A prompt (ignored) of a quarter of each sequence and 0-15 padding
+    # positions at its end, as a trainer's labels have them.
+    target[:, : length // 4] = -100
+    padding = torch.randint(0, 16, (sequences,), device=device, generator=gen)
+    positions = torch.arange(length, device=device)
+    target[positions >= length - padding[:, None].clamp(max=length // 2)] = -100
+    return target
+
+
+def _bench_head(target, vocab, dtype, device, gen):
+    from .ops.cross_entropy import _linear_inputs
+
+    x, w, _ = _linear_inputs(target.numel(), vocab, dtype, device, gen)
+    return x, w
+
+
+def _bench_dpo_inputs(rows, vocab, dtype, device, gen):
+    # Chosen then rejected sequences; the reference model's log-probabilities
+    # the policy's own within a few nats, so that beta * delta is O(1) and
+    # the loss's gradient is not saturated.
+    target = _bench_targets(rows, vocab, 2, device, gen)
+    x, w = _bench_head(target, vocab, dtype, device, gen)
+    with torch.no_grad():
+        sums = token_log_probs(x, w, target).float().sum(-1)
+    sums += 3 * torch.randn(sums.shape, device=device, generator=gen)
+    b = target.shape[0] // 2
+    return x, w, target, sums[:b].clone(), sums[b:].clone()
+
+
+def _bench_grpo_inputs(rows, vocab, dtype, device, gen):
+    target = _bench_targets(rows, vocab, 1, device, gen)
+    x, w = _bench_head(target, vocab, dtype, device, gen)
+    advantages = torch.randn(target.shape[0], device=device, generator=gen)
+    return x, w, target, advantages
+
+
+def _eager_token_log_probs(x, w, target):
+    # What a training loop writes: the logits materialised, log_softmax in
+    # float32 (float64 for the float64 reference), the labels gathered.
+    target = target.long()
+    logits = F.linear(x, w)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    mask = target != -100
+    logps = torch.log_softmax(logits, -1).gather(-1, target.clamp(min=0).reshape(-1, 1))
+    return logps.reshape(target.shape) * mask, mask
+
+
+def _bench_dpo(x, w, target, ref_chosen, ref_rejected):
+    return fused_linear_dpo(x, w, target.long(), ref_chosen, ref_rejected, beta=_BENCH_BETA).loss
+
+
+def _eager_dpo(x, w, target, ref_chosen, ref_rejected):
+    logps, _ = _eager_token_log_probs(x, w, target)
+    sums = logps.sum(-1)
+    b = sums.shape[0] // 2
+    delta = (sums[:b] - ref_chosen) - (sums[b:] - ref_rejected)
+    return -F.logsigmoid(_BENCH_BETA * delta).mean()
+
+
+def _bench_grpo(x, w, target, advantages):
+    return fused_linear_grpo(x, w, target.long(), advantages).loss
+
+
+def _eager_grpo(x, w, target, advantages):
+    # TRL's default: token-level ratio against the sampling policy (here the
+    # policy itself: ratio 1), clipped at 0.2, summed over the completion
+    # tokens and divided by their count (loss_type "dapo").
+    logps, mask = _eager_token_log_probs(x, w, target)
+    ratio = torch.exp(logps - logps.detach())
+    a = advantages.unsqueeze(-1)
+    per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.2) * a)
+    return (per_token * mask).sum() / mask.sum()
+
+
+def bench_cases():
+    """DPO (chosen and rejected sequences, the reference log-probabilities
+    given) and GRPO (TRL's defaults) from hidden states and an LM head,
+    against the same losses on materialised logits."""
+    from .ops._bench_case import Case, Traffic
+
+    return [
+        Case(
+            name,
+            fuseops_fn,
+            eager_fn,
+            make_inputs,
+            forward_traffic=Traffic(rows=0, vectors=2048),
+            backward_traffic=Traffic(rows=0, vectors=2 * 2048),
+            has_out=False,
+            differentiable=(0, 1),
+            variant=True,
+            description=f"{label} of x [rows, min(2048, V)] @ W.T, V = hidden, sequences of "
+            f"{_BENCH_SEQUENCE} tokens (a quarter of them prompt), the loss only",
+        )
+        for name, fuseops_fn, eager_fn, make_inputs, label in (
+            (
+                "preference_dpo",
+                _bench_dpo,
+                _eager_dpo,
+                _bench_dpo_inputs,
+                "fused_linear_dpo (sigmoid, beta 0.1, chosen + rejected)",
+            ),
+            (
+                "preference_grpo",
+                _bench_grpo,
+                _eager_grpo,
+                _bench_grpo_inputs,
+                "fused_linear_grpo (TRL's defaults: dapo, token-level ratio, clip 0.2)",
+            ),
+        )
+    ]

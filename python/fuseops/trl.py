@@ -24,10 +24,11 @@ differs, on purpose:
 - The log-probabilities' values are the label's logit (a float32 dot
   product) minus the float32 logsumexp: TRL rounds each logit to the
   product's dtype first.
-- The entropy has no gradient: a loss that uses it (GRPO's entropy bonus,
-  ``entropy_coef != 0``) raises an error in its backward naming this
-  module; ``revert()`` brings TRL's head back for such runs. Using the
-  entropy for metrics or masks is unaffected.
+- The entropy's gradient (a loss that uses it: GRPO's entropy bonus,
+  ``entropy_coef != 0``) recomputes the logits a block of rows at a time
+  in the backward, in the tensors' own dtypes (autocast off), with three
+  more products per block: what TRL's head costs for it, on fuseops'
+  products. Only rows with a nonzero gradient are recomputed.
 """
 
 from __future__ import annotations
@@ -37,28 +38,78 @@ from typing import Optional
 import torch
 
 from .ops.cross_entropy import linear_cross_entropy_stats
+from .ops.linear import linear
+from .preference import exact_log_probs
 
 #: TRL's head, kept by apply() for revert().
 _trl_function: Optional[type] = None
 
 
-class _EntropyWithoutGradient(torch.autograd.Function):
-    """The entropy, attached to the hidden states so that a gradient reaching
-    it raises instead of vanishing."""
+#: Rows of one block of the entropy's backward: its float32 temporaries of
+#: [rows, vocab] stay around 32 MiB each.
+_ENTROPY_BLOCK_FLOATS = 1 << 23
+
+
+class _Entropy(torch.autograd.Function):
+    """Each row's entropy ``H = -sum p log p`` of ``z = softcap(hidden @
+    weight.T + bias)``, its value the fused head's statistic. The fused
+    head keeps no logits, so the backward (run only when a loss uses the
+    entropy: GRPO's entropy bonus) recomputes them a block of rows at a
+    time with ``fuseops.linear`` and differentiates ``H`` there: ``dH/dz =
+    -p (log p + H)``, three products per block."""
 
     @staticmethod
-    def forward(ctx, entropy: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, entropy, hidden, weight, bias, softcap):
+        ctx.save_for_backward(hidden, weight, bias)
+        ctx.softcap = softcap
         return entropy.clone()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        if grad is not None and bool(grad.ne(0).any()):
-            raise RuntimeError(
-                "fuseops.trl: the entropy of fuseops' fused LM head has no gradient, and this "
-                "loss uses it (GRPO's entropy bonus: entropy_coef != 0); call "
-                "fuseops.trl.revert() to train such a loss with TRL's own head"
-            )
-        return None, None
+    def backward(ctx, grad):
+        hidden, weight, bias = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[1:4]
+        grads = _entropy_backward(grad, hidden, weight, bias, ctx.softcap, wanted)
+        return (None, *grads, None)
+
+
+def _entropy_backward(grad, hidden, weight, bias, softcap, wanted):
+    """The gradients of ``sum(grad * H)`` with respect to the wanted ones of
+    (hidden, weight, bias), in their dtypes; the weight's and bias's summed
+    over the blocks in float32 (float64 for float64). Autocast is off: the recomputed products are
+    in the tensors' own dtype."""
+    want_hidden, want_weight, want_bias = wanted
+    block = max(32, _ENTROPY_BLOCK_FLOATS // weight.shape[0])
+    grad_hidden = torch.zeros_like(hidden) if want_hidden else None
+    wide = {"dtype": torch.promote_types(weight.dtype, torch.float32), "device": weight.device}
+    grad_weight = torch.zeros(weight.shape, **wide) if want_weight else None
+    grad_bias = torch.zeros(bias.shape, **wide) if want_bias else None
+    with torch.enable_grad(), torch.autocast(hidden.device.type, enabled=False):
+        w = weight.detach().requires_grad_(want_weight)
+        b = None if bias is None else bias.detach().requires_grad_(want_bias)
+        for start in range(0, hidden.shape[0], block):
+            g = grad[start : start + block]
+            if not bool(g.ne(0).any()):
+                continue  # rows the loss does not weigh (padding, a zero coefficient)
+            h = hidden[start : start + block].detach().requires_grad_(want_hidden)
+            z = linear(h, w, b)
+            z = z.to(torch.promote_types(z.dtype, torch.float32))
+            if softcap is not None:
+                z = softcap * torch.tanh(z / softcap)
+            log_p = torch.log_softmax(z, -1)
+            entropy = -(log_p.exp() * log_p).sum(-1)
+            leaves = [t for t, want in zip((h, w, b), wanted) if want]
+            found = iter(torch.autograd.grad(entropy, leaves, g.to(entropy.dtype)))
+            if grad_hidden is not None:
+                grad_hidden[start : start + block] = next(found)
+            if grad_weight is not None:
+                grad_weight += next(found)
+            if grad_bias is not None:
+                grad_bias += next(found)
+    return (
+        grad_hidden,
+        None if grad_weight is None else grad_weight.to(weight.dtype),
+        None if grad_bias is None else grad_bias.to(bias.dtype),
+    )
 
 
 class ChunkedLogProbs:
@@ -107,19 +158,14 @@ class ChunkedLogProbs:
                 name in outputs for name in ("entropy", "mean_logits", "log_sum_sq_probs")
             ),
         )
-        with torch.no_grad():
-            label_logit = _label_logits(hidden, weight, bias, targets, lse.dtype)
-            if softcap is not None:
-                label_logit = softcap * torch.tanh(label_logit / softcap)
-            exact = label_logit - lse
-        # The float32 value, the gradient of -loss (the same derivative).
-        log_probs = -loss.to(lse.dtype)
-        log_probs = log_probs + (exact - log_probs).detach()
+        # The float32 value, the gradient of -loss.
+        log_probs = exact_log_probs(loss, lse, hidden, weight, bias, targets, softcap=softcap)
         entropy = log_sum_sq_probs = mean_logits = is_top1 = None
         if "entropy" in outputs:
             entropy = stats[:, 0]
-            if torch.is_grad_enabled() and hidden.requires_grad:
-                entropy = _EntropyWithoutGradient.apply(entropy, hidden)
+            differentiable = (hidden, weight) if bias is None else (hidden, weight, bias)
+            if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
+                entropy = _Entropy.apply(entropy, hidden, weight, bias, softcap)
         if "mean_logits" in outputs:
             mean_logits = stats[:, 1]
         if "log_sum_sq_probs" in outputs:
@@ -127,19 +173,6 @@ class ChunkedLogProbs:
         if "is_top1" in outputs:
             is_top1 = predicted == targets
         return log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1
-
-
-def _label_logits(hidden, weight, bias, targets, dtype) -> torch.Tensor:
-    """Each row's logit of its label, ``hidden . weight[label] + bias``,
-    summed in ``dtype``."""
-    dtype_now = torch.get_autocast_dtype(hidden.device.type)
-    if torch.is_autocast_enabled(hidden.device.type):
-        # The product's operands as autocast gives them to the GEMMs.
-        hidden, weight = hidden.to(dtype_now), weight.to(dtype_now)
-        bias = None if bias is None else bias.to(dtype_now)
-    rows = weight.index_select(0, targets).to(dtype)
-    logit = (hidden.to(dtype) * rows).sum(-1)
-    return logit if bias is None else logit + bias.index_select(0, targets).to(dtype)
 
 
 def apply() -> None:
@@ -175,7 +208,7 @@ _BENCH_OUTPUTS = ("log_probs", "entropy")
 
 def _bench_fuseops(x, w, target):
     # fuseops' head as TRL's trainers call it (temperature 1, no softcap);
-    # the entropy is computed and dropped (it has no gradient).
+    # the entropy is computed and not used by the loss.
     return ChunkedLogProbs.apply(x, w, None, target, 1.0, 32768, None, 1.0, _BENCH_OUTPUTS)[0]
 
 

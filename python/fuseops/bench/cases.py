@@ -35,12 +35,12 @@ from ..ops._bench_case import (  # noqa: F401  (re-exported)
 
 
 def _collect() -> list[Case]:
-    from .. import ops, trl
+    from .. import ops, preference, trl
 
     # The op modules' cases, then those of the integrations built on them.
     return [
         replace(case, family=module.__name__.rsplit(".", 1)[-1])
-        for module in (*ops.MODULES, trl)
+        for module in (*ops.MODULES, preference, trl)
         for case in module.bench_cases()
     ]
 

@@ -246,6 +246,82 @@ TEST_P(LinearCrossEntropy, PerRowLossesAndRecomputingBackward) {
   }
 }
 
+// linear_cross_entropy_stats with predict and softmax_stats: each row's
+// logsumexp, argmax and (entropy, mean logit, log sum p^2) of the softcapped
+// logits against the float64 logits; ignored rows 0 in lse and the
+// statistics. 300 rows: several chunks, the last one partial.
+TEST_P(LinearCrossEntropy, SoftmaxStatisticsMatchFloat64InEveryCpuBuild) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      const at::Tensor x = at::randn({300, 16}, options()).to(dtype);
+      const at::Tensor w = (at::randn({400, 16}, options()) * 0.3).to(dtype);
+      const at::Tensor b = at::randn({400}, options()).to(dtype);
+      at::Tensor target = at::randint(400, {300}, options(at::kLong));
+      target[7] = -100;
+      target[299] = -100;
+      const double softcap = 5.0;
+      auto [loss, lse, predicted, stats] = fuseops::linear_cross_entropy_stats(
+          x, w, b, target, std::nullopt, "none", -100, 0.0, 0.0, softcap, std::nullopt,
+          /*predict=*/true, /*softmax_stats=*/true);
+      ASSERT_EQ(stats.sizes(), (at::IntArrayRef{300, 3}));
+      const at::Tensor z = softcap * at::tanh(at::addmm(b.to(at::kDouble), x.to(at::kDouble),
+                                                        w.to(at::kDouble).t()) /
+                                              softcap);
+      const at::Tensor log_p = at::log_softmax(z, -1);
+      const at::Tensor counted = (target != -100).to(at::kDouble);
+      const at::Tensor want_stats =
+          at::stack({-(log_p.exp() * log_p).sum(-1), z.mean(-1), at::logsumexp(2 * log_p, -1)}, 1) *
+          counted.unsqueeze(1);
+      expect_close(lse, at::logsumexp(z, -1) * counted, dtype);
+      expect_close(stats, want_stats, dtype);
+      // The argmax where the two largest logits are clearly apart.
+      const auto top = z.topk(2, -1);
+      const at::Tensor gap = std::get<0>(top).select(1, 0) - std::get<0>(top).select(1, 1);
+      const at::Tensor clear = gap > 1e-4;
+      EXPECT_GT(clear.sum().item<int64_t>(), 250);
+      EXPECT_TRUE(at::equal(predicted.masked_select(clear),
+                            std::get<1>(top).select(1, 0).masked_select(clear)));
+    }
+  }
+}
+
+// linear_cross_entropy_forward with reduction "none": grad_input's row i is
+// the gradient of loss i alone; weight_grad=false (a frozen head) leaves the
+// weight and bias gradients out and grad_input unchanged.
+TEST_P(LinearCrossEntropy, ForwardGradientsPerRowWithAndWithoutTheHeads) {
+  for (auto capability : fuseops::cpu::runnable_capabilities()) {
+    fuseops::cpu::ScopedCapabilityOverride force(capability);
+    const at::Tensor x = at::randn({150, 8}, options(at::kDouble));
+    const at::Tensor w = at::randn({20, 8}, options(at::kDouble)) * 0.3;
+    const at::Tensor b = at::randn({20}, options(at::kDouble));
+    at::Tensor target = at::randint(20, {150}, options(at::kLong));
+    target[3] = -100;
+    Options o;
+    o.reduction = "none";
+    const at::Tensor xd = x.clone().requires_grad_();
+    const at::Tensor wd = w.clone().requires_grad_();
+    const at::Tensor bd = b.clone().requires_grad_();
+    const at::Tensor want = composite(at::addmm(bd, xd, wd.t()), target, at::Tensor(), o);
+    const auto grads = torch::autograd::grad({want}, {xd, wd, bd}, {at::ones_like(want)});
+    for (bool weight_grad : {true, false}) {
+      auto [loss, grad_input, grad_weight, grad_bias, lse, predicted, stats] =
+          fuseops::linear_cross_entropy_forward(x, w, b, target, std::nullopt, "none", -100, 0.0,
+                                                0.0, std::nullopt, std::nullopt, false,
+                                                weight_grad);
+      expect_close(loss, want, at::kDouble);
+      expect_close(grad_input, grads[0], at::kDouble);
+      if (weight_grad) {
+        expect_close(grad_weight, grads[1], at::kDouble);
+        expect_close(grad_bias, grads[2], at::kDouble);
+      } else {
+        EXPECT_FALSE(grad_weight.defined() && grad_weight.numel() > 0);
+        EXPECT_FALSE(grad_bias.defined() && grad_bias.numel() > 0);
+      }
+    }
+  }
+}
+
 // Called from many threads at once by threads_test.cpp.
 FUSEOPS_THREADS_CASE(cross_entropy) { return {fuseops::cross_entropy(in.x, in.target)}; }
 

@@ -247,7 +247,7 @@ def test_no_logits_are_formed_and_compile_fullgraph():
     torch.testing.assert_close(x2.grad, x1.grad)
 
 
-def grpo_reference(x, w, target, advantages, old, ref, beta, loss_type, level, eps):
+def grpo_reference(x, w, target, advantages, old, ref, beta, loss_type, level, eps, correct=True):
     logp = float64_token_logps(x, w, None, target)
     mask = (target != -100).double()
     log_ratio = logp - old
@@ -257,7 +257,9 @@ def grpo_reference(x, w, target, advantages, old, ref, beta, loss_type, level, e
     a = advantages.double().unsqueeze(-1)
     per_token = -torch.min(ratio * a, torch.clamp(ratio, 1 - eps, 1 + eps) * a)
     if beta:
-        per_token = per_token + beta * (torch.exp(ref - logp) - (ref - logp) - 1)
+        # k3 KL, weighted by the (differentiable) ratio: TRL's bias correction.
+        per_token_kl = torch.exp(ref - logp) - (ref - logp) - 1
+        per_token = per_token + beta * per_token_kl * (ratio if correct else 1)
     if loss_type == "grpo":
         return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
     if loss_type == "dr_grpo":
@@ -267,8 +269,8 @@ def grpo_reference(x, w, target, advantages, old, ref, beta, loss_type, level, e
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_grpo_loss_and_gradients_match_the_float64_formula(loss_type, level, beta):
+@pytest.mark.parametrize("beta,correct", [(0.0, True), (0.04, True), (0.04, False)])
+def test_grpo_loss_and_gradients_match_the_float64_formula(loss_type, level, beta, correct):
     x, w, _, target = batch(seed=9)
     gen = torch.Generator().manual_seed(1)
     advantages = torch.randn(2 * B, generator=gen)
@@ -288,10 +290,13 @@ def test_grpo_loss_and_gradients_match_the_float64_formula(loss_type, level, bet
         beta=beta,
         loss_type=loss_type,
         importance_sampling_level=level,
+        use_bias_correction_kl=correct,
     )
     out.loss.backward()
     xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
-    want = grpo_reference(xd, wd, target, advantages, old, ref, beta, loss_type, level, 0.2)
+    want = grpo_reference(
+        xd, wd, target, advantages, old, ref, beta, loss_type, level, 0.2, correct
+    )
     gx, gw = torch.autograd.grad(want, (xd, wd))
     torch.testing.assert_close(out.loss.double(), want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(xi.grad.double(), gx, rtol=1e-5, atol=1e-5 * gx.abs().max().item())
@@ -361,3 +366,51 @@ def test_kto_loss_and_gradients_match_the_float64_formula(loss_type):
 
 def test_exported_from_the_package():
     assert fuseops.preference.fused_linear_dpo is preference.fused_linear_dpo
+
+
+def test_simpo_cpo_and_orpo_are_trls_losses():
+    # TRL's own loss methods (CPOTrainer.cpo_loss with loss types "sigmoid"
+    # and "simpo", ORPOTrainer.odds_ratio_loss) on the float64 sequence
+    # log-probabilities of the materialized logits, against fuseops' fused
+    # losses on the hidden states (float32: 1e-5, as above). They read only
+    # their settings from the trainer, given here as attributes.
+    from types import SimpleNamespace
+
+    cpo = pytest.importorskip("trl.experimental.cpo.cpo_trainer", reason="trl is not installed")
+    orpo = pytest.importorskip("trl.experimental.orpo.orpo_trainer", reason="trl is not installed")
+    x, w, b, target = batch(bias=True)
+    c, r, nc, nr = sums(x, w, b, target)
+    nll = -c.sum() / nc.sum()
+    device = SimpleNamespace(device=torch.device("cpu"))
+
+    def settings(**kw):
+        base = dict(alpha=0.0, label_smoothing=0.0, simpo_gamma=0.5, accelerator=device)
+        return SimpleNamespace(**{**base, **kw})
+
+    trl_cpo = (
+        cpo.CPOTrainer.cpo_loss(settings(beta=0.3, loss_type="sigmoid", label_smoothing=0.1), c, r)[
+            0
+        ].mean()
+        + 0.5 * nll
+    )
+    got = preference.fused_linear_cpo(
+        x, w, target, linear_bias=b, beta=0.3, alpha=0.5, label_smoothing=0.1
+    )
+    torch.testing.assert_close(got.loss.double(), trl_cpo, rtol=1e-5, atol=1e-5)
+
+    # SimPO: CPO's trainer with loss_type "simpo" averages the log-probabilities.
+    trl_simpo = cpo.CPOTrainer.cpo_loss(
+        settings(beta=2.0, loss_type="simpo", label_smoothing=0.1), c / nc, r / nr
+    )[0].mean()
+    got = preference.fused_linear_simpo(
+        x, w, target, linear_bias=b, beta=2.0, gamma=0.5, label_smoothing=0.1
+    )
+    torch.testing.assert_close(got.loss.double(), trl_simpo, rtol=1e-5, atol=1e-5)
+
+    # ORPO's trainer: the chosen tokens' cross-entropy minus the mean of
+    # beta * logsigmoid(log odds ratio) of the averaged log-probabilities.
+    losses = orpo.ORPOTrainer.odds_ratio_loss(
+        SimpleNamespace(beta=0.1, accelerator=device), c / nc, r / nr
+    )[0]
+    got = preference.fused_linear_orpo(x, w, target, linear_bias=b, beta=0.1)
+    torch.testing.assert_close(got.loss.double(), nll - losses.mean(), rtol=1e-5, atol=1e-5)

@@ -402,3 +402,153 @@ def test_trl_grpo_trainer_on_a_patched_model(tmp_path):
             assert got["reward_std"] == want["reward_std"], logged
     assert_trained(tiny_llama(), models["unpatched"])
     assert_weights_follow(models["unpatched"], models["patched"], 10 * FLOAT32_BOUND)
+
+
+def head_inputs(model, input_ids, attention_mask):
+    """The final hidden states [B, L, H] (after the last norm) and the LM
+    head's weight: what fuseops' fused losses take instead of logits."""
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return hidden.last_hidden_state, model.lm_head.weight
+
+
+def assert_grads_match(model, got_loss, want_loss):
+    # The gradient of every parameter, fuseops' loss against TRL's on the
+    # same model and batch: float32 sums in another order (module docstring).
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(got_loss, params)
+    want = torch.autograd.grad(want_loss, params)
+    for g, w in zip(got, want):
+        scale = max(w.abs().max().item(), 1e-6)
+        assert (g - w).abs().max().item() <= 1e-4 * scale
+
+
+@DEPRECATED_CHECKPOINTING
+@pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo"])
+def test_fused_linear_dpo_is_trls_dpo_loss(tmp_path, loss_type):
+    # fuseops.preference.fused_linear_dpo on the policy's and the reference's
+    # hidden states and heads, against DPOTrainer's own loss on one collated
+    # batch ([chosen, rejected], the completion mask as its labels).
+    trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    from fuseops import preference
+
+    gen = torch.Generator().manual_seed(7)
+    data = datasets.Dataset.from_dict(
+        {
+            "prompt": [words(gen, int(n)) for n in torch.randint(3, 7, (4,), generator=gen)],
+            "chosen": [" " + words(gen, int(n)) for n in torch.randint(2, 6, (4,), generator=gen)],
+            "rejected": [
+                " " + words(gen, int(n)) for n in torch.randint(2, 6, (4,), generator=gen)
+            ],
+        }
+    )
+    model, reference = tiny_llama(), tiny_llama(seed=1)
+    config = trl.DPOConfig(output_dir=str(tmp_path), bf16=False, loss_type=loss_type, **TRAINING)
+    trainer = trl.DPOTrainer(
+        model=model,
+        ref_model=reference,
+        args=config,
+        train_dataset=data,
+        processing_class=word_level_tokenizer(),
+    )
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    model.train()
+    want = trainer._compute_loss(model, batch, return_outputs=False)
+
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    labels = ids.masked_fill(batch["completion_mask"] == 0, -100)[:, 1:]
+    hidden, weight = head_inputs(model, ids, attention)
+    with torch.no_grad():
+        ref_hidden, ref_weight = head_inputs(reference, ids, attention)
+    got = preference.fused_linear_dpo(
+        hidden[:, :-1],
+        weight,
+        labels,
+        ref_input=ref_hidden[:, :-1],
+        ref_weight=ref_weight,
+        beta=config.beta,
+        loss_type=loss_type,
+    )
+    assert abs(got.loss.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+    assert_grads_match(model, got.loss, want)
+
+
+@DEPRECATED_CHECKPOINTING
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_fused_linear_grpo_is_trls_grpo_loss(tmp_path, loss_type):
+    # fuseops.preference.fused_linear_grpo against GRPOTrainer's own loss on
+    # one batch of completions, with old log-probabilities of another policy
+    # (ratios clipped on both sides) and a reference model's (beta > 0).
+    trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    from fuseops import preference
+
+    gen = torch.Generator().manual_seed(13)
+    model = tiny_llama()
+    config = trl.GRPOConfig(
+        output_dir=str(tmp_path),
+        bf16=False,
+        num_generations=4,
+        max_completion_length=6,
+        loss_type=loss_type,
+        **TRAINING,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completion_ids, **kwargs: [0.0] * len(completion_ids),
+        args=config,
+        train_dataset=datasets.Dataset.from_dict({"prompt": [words(gen, 4)]}),
+        processing_class=word_level_tokenizer(),
+    )
+    b, prompt, completion = 4, 5, config.max_completion_length
+    prompt_ids = torch.randint(4, VOCAB, (b, prompt), generator=gen)
+    completion_ids = torch.randint(4, VOCAB, (b, completion), generator=gen)
+    completion_mask = torch.ones(b, completion, dtype=torch.long)
+    completion_mask[1, 4:] = 0
+    completion_mask[3, 2:] = 0
+    old = -4.2 + 0.3 * torch.randn(b, completion, generator=gen)
+    ref = -4.2 + 0.3 * torch.randn(b, completion, generator=gen)
+    advantages = torch.randn(b, generator=gen)
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones(b, prompt, dtype=torch.long),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": completion_mask.sum().float(),
+    }
+    # One micro-batch, the whole accumulation window (the training loop sets
+    # this per window; the loss divides by it). The KL term's weight is set on
+    # the trainer: a config with beta > 0 would load a reference model from
+    # the hub, and the batch gives the reference's log-probabilities anyway.
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.beta = 0.05
+    model.train()
+    want = trainer._compute_loss(model, inputs)
+
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    hidden, weight = head_inputs(model, ids, torch.ones_like(ids))
+    target = completion_ids.masked_fill(completion_mask == 0, -100)
+    # dapo's normaliser: the batch's completion tokens, rescaled by TRL to
+    # one accumulation window of the generation batch.
+    window = trainer.current_gradient_accumulation_steps / config.steps_per_generation
+    got = preference.fused_linear_grpo(
+        hidden[:, prompt - 1 : -1],
+        weight,
+        target,
+        advantages,
+        old,
+        ref,
+        beta=trainer.beta,
+        epsilon_low=trainer.epsilon_low,
+        epsilon_high=trainer.epsilon_high,
+        loss_type=loss_type,
+        num_items_in_batch=float(completion_mask.sum()) * window,
+        max_completion_length=completion,
+    )
+    # Both sides of the clip are reached, so the comparison covers it.
+    assert 0 < got.clip_fraction < 1
+    assert abs(got.loss.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+    assert_grads_match(model, got.loss, want)

@@ -448,6 +448,7 @@ def fused_linear_grpo(
     num_items_in_batch: Optional[float] = None,
     max_completion_length: Optional[int] = None,
     temperature: float = 1.0,
+    use_bias_correction_kl: bool = True,
 ) -> GRPOOutput:
     """Group Relative Policy Optimization (Shao et al., 2024) in TRL's
     ``GRPOTrainer`` form, from the policy's hidden states and head:
@@ -460,7 +461,11 @@ def fused_linear_grpo(
     the sequence, GSPO), the per-token loss is ``-min(w A, clip(w, 1 -
     epsilon_low, 1 + epsilon_high) A)`` plus, with ``beta`` and
     ``ref_logps`` ``[B, T]``, ``beta * (exp(ref - logp) - (ref - logp) -
-    1)`` (the k3 estimate of KL). Aggregation by ``loss_type``: ``"dapo"``
+    1)`` (the k3 estimate of KL), times ``w`` with
+    ``use_bias_correction_kl`` (TRL's default since 1.x: the ratio is
+    differentiable, so it changes the KL's gradient even where ``w`` is 1;
+    ``kl`` is then the corrected term's mean, as TRL logs it). Aggregation
+    by ``loss_type``: ``"dapo"``
     (TRL's default) the sum over completion tokens divided by
     ``num_items_in_batch`` (default: their count); ``"bnpo"`` the mean over
     completion tokens; ``"grpo"`` each sequence's mean, then the mean over
@@ -501,6 +506,8 @@ def fused_linear_grpo(
         assert ref_logps is not None
         delta = ref_logps.float() - logps
         per_token_kl = torch.exp(delta) - delta - 1
+        if use_bias_correction_kl:
+            per_token_kl = per_token_kl * ratio
         per_token = per_token + beta * per_token_kl
         kl = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1)).detach()
     if loss_type == "grpo":

@@ -552,3 +552,76 @@ def test_fused_linear_grpo_is_trls_grpo_loss(tmp_path, loss_type):
     assert 0 < got.clip_fraction < 1
     assert abs(got.loss.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
     assert_grads_match(model, got.loss, want)
+
+
+@DEPRECATED_CHECKPOINTING
+@pytest.mark.parametrize("loss_type", ["kto", "apo_zero_unpaired"])
+def test_fused_linear_kto_is_trls_kto_loss(tmp_path, loss_type):
+    # fuseops.preference.fused_linear_kto against KTOTrainer's own loss on one
+    # collated batch of unpaired examples, with TRL's KL reference point (the
+    # policy's and the reference's log-probabilities of mismatched
+    # prompt/completion pairs, TRL's computation, passed as kl=).
+    trl = pytest.importorskip("trl", reason="trl is not installed (pip install trl)")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    from fuseops import preference
+
+    gen = torch.Generator().manual_seed(5)
+    data = datasets.Dataset.from_dict(
+        {
+            "prompt": [words(gen, int(n)) for n in torch.randint(3, 7, (4,), generator=gen)],
+            "completion": [
+                " " + words(gen, int(n)) for n in torch.randint(2, 6, (4,), generator=gen)
+            ],
+            "label": [True, False, True, False],
+        }
+    )
+    model, reference = tiny_llama(), tiny_llama(seed=1)
+    with torch.no_grad():
+        # A sharper reference: random tokens less likely under it, so that the
+        # KL reference point is above its clamp at 0.
+        reference.lm_head.weight.mul_(4)
+    config = trl.KTOConfig(
+        output_dir=str(tmp_path),
+        bf16=False,
+        loss_type=loss_type,
+        desirable_weight=1.3,
+        undesirable_weight=0.7,
+        **TRAINING,
+    )
+    trainer = trl.KTOTrainer(
+        model=model,
+        ref_model=reference,
+        args=config,
+        train_dataset=data,
+        processing_class=word_level_tokenizer(),
+    )
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    model.train()
+    want = trainer._compute_loss(model, batch, return_outputs=False)
+    kl = None  # apo_zero_unpaired has no reference point (TRL: 0)
+    if trainer.calculate_KL:
+        with torch.no_grad():
+            mismatched = trainer._compute_kl_logps(model, batch)
+            kl = (mismatched - trainer._compute_kl_logps(reference, batch)).mean().clamp(min=0)
+        assert kl > 0
+
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    labels = ids.masked_fill(batch["completion_mask"] == 0, -100)[:, 1:]
+    hidden, weight = head_inputs(model, ids, attention)
+    with torch.no_grad():
+        ref_hidden, ref_weight = head_inputs(reference, ids, attention)
+    got = preference.fused_linear_kto(
+        hidden[:, :-1],
+        weight,
+        labels,
+        torch.as_tensor(batch["label"], dtype=torch.bool),
+        kl=kl,
+        ref_input=ref_hidden[:, :-1],
+        ref_weight=ref_weight,
+        beta=config.beta,
+        desirable_weight=config.desirable_weight,
+        undesirable_weight=config.undesirable_weight,
+        loss_type=loss_type,
+    )
+    assert abs(got.loss.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+    assert_grads_match(model, got.loss, want)

@@ -422,6 +422,31 @@ def assert_grads_match(model, got_loss, want_loss):
         assert (g - w).abs().max().item() <= 1e-4 * scale
 
 
+def trainer_loss_and_heads(trainer_class, config, model, reference, data):
+    """A TRL preference trainer's own loss on its first collated batch, and
+    what fuseops' fused loss takes for the same batch: the policy's and the
+    reference's hidden states before each next token and their heads, the
+    completion tokens as shifted labels (-100 elsewhere)."""
+    trainer = trainer_class(
+        model=model,
+        ref_model=reference,
+        args=config,
+        train_dataset=data,
+        processing_class=word_level_tokenizer(),
+    )
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    model.train()
+    want = trainer._compute_loss(model, batch, return_outputs=False)
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    labels = ids.masked_fill(batch["completion_mask"] == 0, -100)[:, 1:]
+    hidden, weight = head_inputs(model, ids, attention)
+    with torch.no_grad():
+        ref_hidden, ref_weight = head_inputs(reference, ids, attention)
+    heads = dict(input=hidden[:, :-1], linear_weight=weight, target=labels)
+    heads.update(ref_input=ref_hidden[:, :-1], ref_weight=ref_weight)
+    return trainer, batch, want, heads
+
+
 @DEPRECATED_CHECKPOINTING
 @pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo"])
 def test_fused_linear_dpo_is_trls_dpo_loss(tmp_path, loss_type):
@@ -444,31 +469,8 @@ def test_fused_linear_dpo_is_trls_dpo_loss(tmp_path, loss_type):
     )
     model, reference = tiny_llama(), tiny_llama(seed=1)
     config = trl.DPOConfig(output_dir=str(tmp_path), bf16=False, loss_type=loss_type, **TRAINING)
-    trainer = trl.DPOTrainer(
-        model=model,
-        ref_model=reference,
-        args=config,
-        train_dataset=data,
-        processing_class=word_level_tokenizer(),
-    )
-    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-    model.train()
-    want = trainer._compute_loss(model, batch, return_outputs=False)
-
-    ids, attention = batch["input_ids"], batch["attention_mask"]
-    labels = ids.masked_fill(batch["completion_mask"] == 0, -100)[:, 1:]
-    hidden, weight = head_inputs(model, ids, attention)
-    with torch.no_grad():
-        ref_hidden, ref_weight = head_inputs(reference, ids, attention)
-    got = preference.fused_linear_dpo(
-        hidden[:, :-1],
-        weight,
-        labels,
-        ref_input=ref_hidden[:, :-1],
-        ref_weight=ref_weight,
-        beta=config.beta,
-        loss_type=loss_type,
-    )
+    _, _, want, heads = trainer_loss_and_heads(trl.DPOTrainer, config, model, reference, data)
+    got = preference.fused_linear_dpo(**heads, beta=config.beta, loss_type=loss_type)
     assert abs(got.loss.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
     assert_grads_match(model, got.loss, want)
 
@@ -588,40 +590,23 @@ def test_fused_linear_kto_is_trls_kto_loss(tmp_path, loss_type):
         undesirable_weight=0.7,
         **TRAINING,
     )
-    trainer = trl.KTOTrainer(
-        model=model,
-        ref_model=reference,
-        args=config,
-        train_dataset=data,
-        processing_class=word_level_tokenizer(),
+    trainer, batch, want, heads = trainer_loss_and_heads(
+        trl.KTOTrainer, config, model, reference, data
     )
-    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-    model.train()
-    want = trainer._compute_loss(model, batch, return_outputs=False)
     kl = None  # apo_zero_unpaired has no reference point (TRL: 0)
     if trainer.calculate_KL:
         with torch.no_grad():
             mismatched = trainer._compute_kl_logps(model, batch)
             kl = (mismatched - trainer._compute_kl_logps(reference, batch)).mean().clamp(min=0)
         assert kl > 0
-
-    ids, attention = batch["input_ids"], batch["attention_mask"]
-    labels = ids.masked_fill(batch["completion_mask"] == 0, -100)[:, 1:]
-    hidden, weight = head_inputs(model, ids, attention)
-    with torch.no_grad():
-        ref_hidden, ref_weight = head_inputs(reference, ids, attention)
     got = preference.fused_linear_kto(
-        hidden[:, :-1],
-        weight,
-        labels,
-        torch.as_tensor(batch["label"], dtype=torch.bool),
+        desirable=torch.as_tensor(batch["label"], dtype=torch.bool),
         kl=kl,
-        ref_input=ref_hidden[:, :-1],
-        ref_weight=ref_weight,
         beta=config.beta,
         desirable_weight=config.desirable_weight,
         undesirable_weight=config.undesirable_weight,
         loss_type=loss_type,
+        **heads,
     )
     assert abs(got.loss.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
     assert_grads_match(model, got.loss, want)

@@ -414,3 +414,42 @@ def test_simpo_cpo_and_orpo_are_trls_losses():
     )[0]
     got = preference.fused_linear_orpo(x, w, target, linear_bias=b, beta=0.1)
     torch.testing.assert_close(got.loss.double(), nll - losses.mean(), rtol=1e-5, atol=1e-5)
+
+
+def test_nn_modules_call_their_losses_with_their_options():
+    x, w, b, target = batch(bias=True)
+    ref = (REF[0].float(), REF[1].float())
+    gen = torch.Generator().manual_seed(3)
+    advantages = torch.randn(2 * B, generator=gen)
+    desirable = torch.tensor([True, False, True, True, False, False])
+    cases = [
+        (fuseops.nn.FusedLinearDPOLoss, preference.fused_linear_dpo, ref, {"beta": 0.3}),
+        (fuseops.nn.FusedLinearSimPOLoss, preference.fused_linear_simpo, (), {"gamma": 0.9}),
+        (fuseops.nn.FusedLinearCPOLoss, preference.fused_linear_cpo, (), {"alpha": 0.2}),
+        (fuseops.nn.FusedLinearORPOLoss, preference.fused_linear_orpo, (), {"beta": 0.7}),
+        (
+            fuseops.nn.FusedLinearKTOLoss,
+            preference.fused_linear_kto,
+            (desirable, torch.linspace(-40, -20, 2 * B)),
+            {"desirable_weight": 2.0},
+        ),
+        (
+            fuseops.nn.FusedLinearGRPOLoss,
+            preference.fused_linear_grpo,
+            (advantages,),
+            {"loss_type": "dr_grpo", "max_completion_length": 3},
+        ),
+    ]
+    for module_class, function, extra, options in cases:
+        module = module_class(**options)
+        got = module(x, w, target, *extra, linear_bias=b)
+        want = function(x, w, target, *extra, linear_bias=b, **options)
+        assert torch.equal(got.loss, want.loss), module_class.__name__
+        # The option is used: the function's default gives another loss.
+        default = function(x, w, target, *extra, linear_bias=b)
+        assert not torch.equal(got.loss, default.loss), module_class.__name__
+        assert all(f"{name}=" in repr(module) for name in options)
+    with pytest.raises(TypeError, match=r"FusedLinearDPOLoss: unknown option\(s\) betta"):
+        fuseops.nn.FusedLinearDPOLoss(betta=0.1)
+    with pytest.raises(TypeError, match="unknown option"):
+        fuseops.nn.FusedLinearDPOLoss(ref_weight=w)  # a tensor goes to forward

@@ -5,6 +5,9 @@ Each module subclasses its ``torch.nn`` counterpart and only overrides
 same, so an existing checkpoint loads unchanged. ``replace_modules(model)``
 swaps them into an existing model in place. For gated MLPs, which torch.nn
 lacks, ``SwiGLUMLP`` is the plain-torch counterpart that ``SwiGLU`` replaces.
+The preference losses fused with the LM head (``FusedLinearDPOLoss`` and
+its siblings, over ``fuseops.preference``) replace nothing: they hold a
+loss's options.
 """
 
 from __future__ import annotations
@@ -20,13 +23,27 @@ from .loss import (
     TorchLinearCrossEntropyLoss,
 )
 from .norm import LayerNorm, RMSNorm
+from .preference import (
+    FusedLinearCPOLoss,
+    FusedLinearDPOLoss,
+    FusedLinearGRPOLoss,
+    FusedLinearKTOLoss,
+    FusedLinearORPOLoss,
+    FusedLinearSimPOLoss,
+)
 from ..quantization import Int4Linear, Int8Linear, Sparse24Linear
 from .rope import RotaryEmbedding, TorchRotaryEmbedding
 
 __all__ = [
     "CausalConv1d",
     "CrossEntropyLoss",
+    "FusedLinearCPOLoss",
+    "FusedLinearDPOLoss",
+    "FusedLinearGRPOLoss",
     "FusedLinearJSDLoss",
+    "FusedLinearKTOLoss",
+    "FusedLinearORPOLoss",
+    "FusedLinearSimPOLoss",
     "GELU",
     "GeGLU",
     "Int4Linear",

@@ -85,6 +85,10 @@ from .ops.layer_norm import (
 from .ops.linear import (
     linear,
 )
+from .ops.moe_experts import (
+    moe_experts,
+    moe_experts_backward,
+)
 from .ops.quantize import (
     dequantize_int8,
     quantize_per_channel_int8,
@@ -167,6 +171,8 @@ __all__ = [
     "linear_cross_entropy_backward",
     "linear_cross_entropy_forward",
     "linear_cross_entropy_stats",
+    "moe_experts",
+    "moe_experts_backward",
     "nn",
     "pack_2_4",
     "pack_int4_weight",

@@ -58,6 +58,9 @@ from .ops.layer_norm import (
 from .ops.linear import (
     linear_reference as linear,
 )
+from .ops.moe_experts import (
+    moe_experts_reference as moe_experts,
+)
 from .ops.quantize import (
     dequantize_int8_reference as dequantize_int8,
     quantize_per_channel_int8_reference as quantize_per_channel_int8,
@@ -110,6 +113,7 @@ __all__ = [
     "layer_norm_backward",
     "linear",
     "linear_cross_entropy",
+    "moe_experts",
     "pack_2_4",
     "pack_int4_weight",
     "pack_int8_weight",

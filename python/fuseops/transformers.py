@@ -64,6 +64,7 @@ from .ops.decode_attention import decode_attention
 from .ops.gated_activation import geglu, swiglu
 from .ops.layer_norm import layer_norm
 from .ops.linear import linear as _fuseops_linear
+from .ops.moe_experts import moe_experts
 from .ops.rms_norm import rms_norm
 from .ops.rope import apply_rotary_pos_emb as _fuseops_apply_rotary_pos_emb
 from .ops.rope import rope as _fuseops_rope
@@ -71,7 +72,7 @@ from .ops.rope import rope as _fuseops_rope
 #: Attribute set on every patched module (its value: what was patched).
 MARKER = "_fuseops_patched"
 
-KINDS = ("rms_norm", "rope", "mlp", "layer_norm", "cross_entropy", "attention")
+KINDS = ("rms_norm", "rope", "mlp", "layer_norm", "cross_entropy", "attention", "experts")
 
 #: The attention implementation :func:`apply` sets (``attention=True``),
 #: registered with transformers' AttentionInterface and AttentionMaskInterface.
@@ -905,6 +906,7 @@ def apply(
     fuse_projections: Optional[bool] = None,
     attention: bool = True,
     linear: bool = True,
+    experts: bool = True,
 ) -> list[Replacement]:
     """Patches `model` (a ``transformers`` ``PreTrainedModel`` of a supported
     family, see :func:`supported_model_types`) in place to run on fuseops
@@ -985,6 +987,15 @@ def apply(
     raises ``ValueError`` (merged float weights would change the parameter
     names that state_dicts, optimizers and PEFT adapters use).
 
+    `experts` (mixture-of-experts families) runs transformers' experts
+    modules (every expert's weights in one 3-D ``gate_up_proj`` and
+    ``down_proj``, transformers' default gate) through
+    :func:`fuseops.moe_experts`, forward and backward, in place of the
+    experts implementation the config names (``"grouped_mm"`` by default,
+    or the eager loop); listed as ``Replacement("....mlp.experts",
+    "MixtralExperts", "fuseops.moe_experts('silu')")``. The routers stay
+    HF's. With `quantize`, the quantized experts' loop replaces it.
+
     `linear` (decoder families, float models: without `quantize`) runs
     every ``torch.nn.Linear`` (exact type: the projections and the LM head)
     through :func:`fuseops.linear`, whose CPU kernel reads the weight once
@@ -1032,6 +1043,7 @@ def apply(
         "cross_entropy": cross_entropy,
         # Quantized models replace their linear layers.
         "linear": linear and family.decoder and quantize is None,
+        "experts": experts,
     }
     replaced: list[Replacement] = []
 
@@ -1077,6 +1089,19 @@ def apply(
             if code is not None and "apply_rotary_pos_emb" in code.co_names:
                 new = "fuseops.rope" + ("" if family.rotary == "half" else " (interleaved)")
                 record(name, module, _rope_forward_of(function, family.rotary), "rope", new)
+        elif (
+            wanted["experts"]
+            and _stacked_experts(module)
+            and (activation := _moe_activation(module)) is not None
+        ):
+            module._fuseops_moe_activation = activation
+            record(
+                name,
+                module,
+                _fused_experts_forward,
+                "experts",
+                f"fuseops.moe_experts({activation!r})",
+            )
         elif wanted["mlp"] and cls_name == mlp_class:
             act = next(
                 (getattr(module, a) for a in _ACTIVATION_ATTRIBUTES if hasattr(module, a)), None
@@ -1179,6 +1204,67 @@ def _stacked_experts(module: torch.nn.Module) -> bool:
         and getattr(module, "has_post_expert_norm", True) is False
         and callable(getattr(module, "_apply_gate", None))
     )
+
+
+#: moe_experts' activation for each :func:`_activation_kind`.
+_MOE_ACTIVATIONS = {"silu": "silu", "none": "gelu", "tanh": "gelu_tanh"}
+
+
+def _moe_activation(module: torch.nn.Module) -> Optional[str]:
+    """moe_experts' ``activation`` for a :func:`_stacked_experts` module
+    whose gate is transformers' default one (``act_fn(gate) * up``), else
+    None (a family's own gate, an activation without a fused form)."""
+    from transformers.integrations import moe
+
+    if getattr(type(module), "_apply_gate", None) is not moe._default_apply_gate:
+        return None
+    act = getattr(module, "act_fn", None)
+    kind = _activation_kind(act) if act is not None else None
+    return _MOE_ACTIVATIONS.get(kind) if kind is not None else None
+
+
+def _fused_experts_forward(
+    self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    # Expert parallelism marks the slots of other ranks' experts with an
+    # index past this rank's experts (and a zero weight): HF's own
+    # implementation skips them.
+    if self._is_expert_parallel:
+        return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
+    return moe_experts(
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        self.gate_up_proj,
+        self.down_proj,
+        self._fuseops_moe_activation,
+    )
+
+
+def _registered_experts_forward(
+    self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """transformers' experts implementation ``"fuseops"``
+    (``experts_implementation="fuseops"``): :func:`fuseops.moe_experts` where
+    the experts' layout and gate are transformers' default ones, transformers'
+    eager loop otherwise."""
+    activation = _moe_activation(self) if _stacked_experts(self) else None
+    if activation is None or self._is_expert_parallel:
+        return type(self).forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
+    return moe_experts(
+        hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation
+    )
+
+
+def register_experts_implementation() -> None:
+    """Registers :func:`fuseops.moe_experts` as transformers' experts
+    implementation ``"fuseops"``, so that
+    ``from_pretrained(..., experts_implementation="fuseops")`` or
+    ``model.set_experts_implementation("fuseops")`` choose it without
+    :func:`apply` (which patches the experts modules themselves)."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register("fuseops", _registered_experts_forward)
 
 
 def _quantized_experts_forward(
@@ -1342,5 +1428,6 @@ __all__ = [
     "compile_decoding",
     "is_patched",
     "quantize_modes",
+    "register_experts_implementation",
     "supported_model_types",
 ]

@@ -1,0 +1,92 @@
+// Autograd for fuseops::moe_experts, registered in C++ so LibTorch programs
+// get gradients without Python. The forward saves only its inputs: the
+// backward op recomputes each expert's first product instead of keeping the
+// [T * K, 2I] activations. moe_experts_backward is not differentiable (see
+// autograd/no_derivative.h).
+
+#include <string>
+#include <tuple>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <fuseops/moe_experts.h>
+
+#include "ops/autograd/no_derivative.h"
+#include "ops/common/checks.h"
+
+namespace fuseops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
+                            const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+                            const std::string& activation) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({hidden, top_k_index, top_k_weights, gate_up_proj, down_proj});
+    ctx->saved_data["activation"] = activation;
+    return fuseops::moe_experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                activation);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    // Frozen experts (adapters trained around them) skip the two weight
+    // gradients, a quarter of the backward's products.
+    const bool expert_grads = ctx->needs_input_grad(3) || ctx->needs_input_grad(4);
+    auto [grad_hidden, grad_weights, grad_gate_up, grad_down] = fuseops::moe_experts_backward(
+        grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
+        ctx->saved_data["activation"].toStringRef(), expert_grads);
+    return {ctx->needs_input_grad(0) ? grad_hidden : at::Tensor(),
+            at::Tensor(),
+            ctx->needs_input_grad(2) ? grad_weights : at::Tensor(),
+            ctx->needs_input_grad(3) ? grad_gate_up : at::Tensor(),
+            ctx->needs_input_grad(4) ? grad_down : at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+at::Tensor moe_experts_autograd(const at::Tensor& hidden, const at::Tensor& top_k_index,
+                                const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
+                                const at::Tensor& down_proj, c10::string_view activation) {
+  constexpr const char* op = "fuseops::moe_experts";
+  if (!autograd_detail::records_grad(
+          {hidden, top_k_index, top_k_weights, gate_up_proj, down_proj})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fuseops::moe_experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                activation);
+  }
+  check_floating_input(op, "hidden", hidden);
+  TORCH_CHECK(top_k_index.defined(), op, ": argument 'top_k_index' must be a tensor, got None");
+  check_floating_input(op, "top_k_weights", top_k_weights);
+  check_floating_input(op, "gate_up_proj", gate_up_proj);
+  check_floating_input(op, "down_proj", down_proj);
+  return MoeExpertsFunction::apply(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                   std::string(activation));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward_autograd(
+    const at::Tensor& grad_output, const at::Tensor& hidden, const at::Tensor& top_k_index,
+    const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+    c10::string_view activation, bool expert_grads) {
+  autograd_detail::check_no_derivative(
+      "fuseops::moe_experts_backward",
+      {grad_output, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::moe_experts_backward(grad_output, hidden, top_k_index, top_k_weights,
+                                       gate_up_proj, down_proj, activation, expert_grads);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
+  m.impl("moe_experts", TORCH_FN(moe_experts_autograd));
+  m.impl("moe_experts_backward", TORCH_FN(moe_experts_backward_autograd));
+}
+
+}  // namespace fuseops

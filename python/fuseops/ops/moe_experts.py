@@ -1,0 +1,297 @@
+"""moe_experts: the routed experts of a mixture-of-experts layer in one op
+(each token's top-k gated MLPs, weighted by the router and summed), in the
+weight layout of transformers' experts classes, with its backward op."""
+
+from __future__ import annotations
+
+import torch
+
+from ._sample import DTYPES, Sample, tensor
+
+#: The ``activation`` names and the activation each means.
+ACTIVATIONS = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+}
+
+
+def moe_experts(
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """The routed experts of a mixture-of-experts layer, differentiable in
+    ``hidden``, ``top_k_weights`` and both weights::
+
+        out[t] = sum_k top_k_weights[t, k] * down_proj[e] @ (act(gate) * up),
+        e = top_k_index[t, k], [gate | up] = gate_up_proj[e] @ hidden[t]
+
+    ``hidden`` [T, H]; ``top_k_index`` [T, K] (int64 or int32, each in [0,
+    E)); ``top_k_weights`` [T, K] (any floating dtype); ``gate_up_proj`` [E,
+    2I, H] with each expert's gate rows first and ``down_proj`` [E, H, I]
+    (transformers' experts layout; any strides, so ``w.transpose(1, 2)`` of
+    a transposed layout is read in place), of ``hidden``'s dtype.
+    ``activation``: ``"silu"``, ``"gelu"`` or ``"gelu_tanh"``.
+
+    The tokens are sorted by expert; each expert runs three matrix products
+    on the rows routed to it, and each token's K results are summed in the
+    order of k (so the result does not depend on the number of threads).
+    bfloat16/float16 inputs compute in float32 (products, activation, the
+    weighted sum) and round the result once; transformers' loop rounds each
+    product and each expert's contribution to the dtype. The backward
+    recomputes the experts' first product instead of keeping it, and skips
+    the experts' weight gradients when neither weight requires grad."""
+    return torch.ops.fuseops.moe_experts(
+        hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation
+    )
+
+
+def moe_experts_backward(
+    grad_output: torch.Tensor,
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    activation: str = "silu",
+    expert_grads: bool = True,
+):
+    """``(grad_hidden, grad_top_k_weights, grad_gate_up_proj,
+    grad_down_proj)`` of :func:`moe_experts`; with ``expert_grads=False``
+    the last two are empty (``[0]``) and not computed (frozen experts)."""
+    return torch.ops.fuseops.moe_experts_backward(
+        grad_output,
+        hidden,
+        top_k_index,
+        top_k_weights,
+        gate_up_proj,
+        down_proj,
+        activation,
+        expert_grads,
+    )
+
+
+def moe_experts_reference(
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    # transformers' eager experts loop (integrations/moe.py): the experts hit,
+    # in increasing order, each on its tokens, weighted and added into the
+    # output in its dtype.
+    act = ACTIVATIONS[activation]
+    top_k_index = top_k_index.long()
+    out = torch.zeros_like(hidden)
+    for expert in torch.unique(top_k_index).tolist():
+        token, slot = torch.where(top_k_index == expert)
+        gate, up = torch.nn.functional.linear(hidden[token], gate_up_proj[expert]).chunk(2, -1)
+        result = torch.nn.functional.linear(act(gate) * up, down_proj[expert])
+        weighted = result * top_k_weights[token, slot, None]
+        out = out.index_add(0, token, weighted.to(out.dtype))
+    return out
+
+
+def moe_experts_grouped_mm(
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """The grouped path torch offers, as transformers' ``"grouped_mm"``
+    experts spell it: the pairs sorted by expert, ``torch._grouped_mm`` for
+    each of the two products over all experts at once, the weighted rows
+    summed per token (the bench's peer)."""
+    tokens, top_k = top_k_index.shape
+    experts = gate_up_proj.shape[0]
+    order = top_k_index.reshape(-1).argsort(stable=True)
+    rows = hidden[order // top_k]
+    counts = torch.bincount(top_k_index.reshape(-1), minlength=experts)
+    offsets = counts.cumsum(0).to(torch.int32)
+    gate, up = torch._grouped_mm(rows, gate_up_proj.transpose(1, 2), offs=offsets).chunk(2, -1)
+    result = torch._grouped_mm(
+        ACTIVATIONS[activation](gate) * up, down_proj.transpose(1, 2), offs=offsets
+    )
+    weighted = result * top_k_weights.reshape(-1)[order, None]
+    unsorted = torch.empty_like(weighted).index_copy(0, order, weighted)
+    return unsorted.view(tokens, top_k, -1).sum(1).to(hidden.dtype)
+
+
+class _MoeShapes:
+    """Least traffic of a case of ``(tokens, hidden)`` with the bench's
+    experts (:func:`_routed_experts`): the experts' weights read once, the
+    activations written and read once."""
+
+    def __init__(self, backward: bool = False):
+        self.backward = backward
+
+    def bytes(self, rows: int, hidden: int, element_size: int) -> int:
+        weights = _EXPERTS * 3 * _intermediate(hidden) * hidden
+        activations = 2 * rows * hidden
+        return element_size * (weights + activations) * (3 if self.backward else 1)
+
+
+#: The bench's experts: 8, each token to 2 of them (Mixtral's routing),
+#: intermediate size 2.75 x hidden rounded to 64.
+_EXPERTS, _TOP_K = 8, 2
+
+
+def _intermediate(hidden: int) -> int:
+    return max(64, (hidden * 11 // 4) // 64 * 64)
+
+
+def _routed_experts(rows, hidden, dtype, device, gen):
+    """A layer's routed experts on ``rows`` tokens: top-2 of 8 by a random
+    router's softmax (renormalised, as Mixtral's), weights of std 0.02."""
+    inter = _intermediate(hidden)
+    x = torch.randn(rows, hidden, dtype=dtype, device=device, generator=gen)
+    logits = torch.randn(rows, _EXPERTS, device=device, generator=gen)
+    weights, index = logits.softmax(-1).topk(_TOP_K, dim=-1)
+    weights = (weights / weights.sum(-1, keepdim=True)).to(dtype)
+
+    def param(*shape):
+        return (torch.randn(shape, device=device, generator=gen) * 0.02).to(dtype)
+
+    return x, index, weights, param(_EXPERTS, 2 * inter, hidden), param(_EXPERTS, hidden, inter)
+
+
+def bench_cases():
+    from ._bench_case import Case
+
+    return [
+        Case(
+            "moe_experts",
+            "moe_experts",
+            "moe_experts",
+            _routed_experts,
+            forward_traffic=_MoeShapes(),
+            backward_traffic=_MoeShapes(backward=True),
+            native=moe_experts_grouped_mm,
+            native_label="torch._grouped_mm",
+            has_out=False,
+            differentiable=(0, 2, 3, 4),
+            shapes={
+                "quick": [(256, 1024)],
+                "standard": [(512, 1024), (2048, 1024)],
+                "full": [(2048, 2048), (8192, 2048)],
+            },
+            description="routed experts of a MoE layer, top-2 of 8 gated MLPs (intermediate "
+            "2.75 x hidden); reference: transformers' eager experts loop",
+        ),
+    ]
+
+
+def samples(device) -> list[Sample]:
+    ops = torch.ops.fuseops
+
+    def call(
+        tokens=7,
+        hidden=6,
+        inter=5,
+        experts=4,
+        top_k=2,
+        dtype=torch.float32,
+        activation="silu",
+        grad=False,
+        transposed=False,
+        index_dtype=torch.int64,
+        weights_dtype=None,
+        large=False,
+        backward=None,
+    ):
+        index = torch.randint(0, experts, (tokens, top_k), device=device, dtype=index_dtype)
+        weights = torch.rand(tokens, top_k, device=device).to(weights_dtype or dtype)
+        gate_up_shape = (experts, 2 * inter, hidden)
+        # transformers' transposed layout ([E, H, 2I] stored) read in place.
+        layout = "transposed" if transposed else "contiguous"
+        gate_up = tensor(gate_up_shape, dtype, device, layout, grad, scale=0.3)
+        down = tensor((experts, hidden, inter), dtype, device, layout, grad, scale=0.3)
+        x = tensor((tokens, hidden), dtype, device, grad=grad)
+        args = (x, index, weights.requires_grad_(grad), gate_up, down, activation)
+        if backward is None:
+            return Sample(ops.moe_experts.default, args, moe_experts, large=large)
+        grad_out = tensor((tokens, hidden), dtype, device)
+        return Sample(
+            ops.moe_experts_backward.default, (grad_out, *args, backward), moe_experts_backward
+        )
+
+    result = [
+        call(),
+        call(grad=True),
+        call(dtype=torch.bfloat16, grad=True, transposed=True),
+        call(dtype=torch.float64, activation="gelu", grad=True, index_dtype=torch.int32),
+        call(dtype=torch.float16, activation="gelu_tanh", weights_dtype=torch.float32, grad=True),
+        call(tokens=0, grad=True),
+        call(top_k=0),
+        call(experts=1, top_k=3, grad=True),
+        call(backward=True),
+        call(dtype=torch.bfloat16, backward=False),
+    ]
+    # Every CPU build against the float64 reference: several experts'
+    # products and several tasks per thread in the per-token sum, a vector
+    # tail in every row.
+    result += [
+        call(301, 67, 40, 6, 2, dtype, activation, grad=True, large=True)
+        for dtype, activation in zip(DTYPES, ("silu", "gelu", "gelu_tanh", "silu"))
+    ]
+    return result
+
+
+def fuzz(d) -> Sample:
+    """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
+    tokens, hidden, inter, top_k = d.size(), d.size(), d.size(), d.size(4)
+    experts = d.int(1, 5)
+    x = d.tensor((tokens, hidden), grad=True)
+    index = d.integers((tokens, top_k), 0, experts, d.choice((torch.int64, torch.int32)))
+    weights = d.tensor((tokens, top_k), d.choice((x.dtype, torch.float32)), grad=True)
+    gate_up = d.tensor((experts, 2 * inter, hidden), x.dtype, 0.5, grad=True)
+    down = d.tensor((experts, hidden, inter), x.dtype, 0.5, grad=True)
+    activation = d.choice(tuple(ACTIVATIONS))
+    return Sample(
+        torch.ops.fuseops.moe_experts.default,
+        (x, index, weights, gate_up, down, activation),
+        moe_experts,
+    )
+
+
+# --- export (fuseops/ops/_export.py) ---
+
+NOT_EXPORTED = {
+    ("moe_experts",): "still to come: an ONNX/ExecuTorch graph of data-dependent per-expert "
+    "row counts (a dense form runs every expert on every token)"
+}
+
+
+def autocast_cases() -> list:
+    """moe_experts under CPU autocast against transformers' loop, whose
+    products autocast runs in bfloat16 and whose result is in hidden's dtype
+    (tests_py/test_autocast.py). The op has no autocast kernel: it computes
+    in its inputs' dtypes and returns hidden's dtype too. So the case is a
+    bfloat16 model's: with float32 inputs the loop's bfloat16 products and
+    the op's float32 ones agree only to bfloat16 rounding, where the test
+    holds float32 results to float32's."""
+    from ._autocast import D, LOW, AutocastCase, rand
+
+    def routed(dtype=torch.float32):
+        # Matrices of std 1/sqrt(D): results of order 1, where 3e-2 is a
+        # few bfloat16 units of the loop's rounded sums.
+        return (
+            rand(4, D, dtype=dtype),
+            torch.randint(0, 3, (4, 2)),
+            torch.rand(4, 2),
+            (rand(3, 2 * D, D) / D**0.5).to(dtype),
+            (rand(3, D, D) / D**0.5).to(dtype),
+        )
+
+    return [AutocastCase("moe_experts", moe_experts, moe_experts_reference, [routed(LOW)])]
+
+
+__all__ = ["moe_experts", "moe_experts_backward"]

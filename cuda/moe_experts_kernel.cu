@@ -19,6 +19,7 @@
 #include <ATen/ops/bincount.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/index_select.h>
@@ -100,15 +101,15 @@ void sum_rows_per_token(const at::Tensor& out, const at::Tensor& rows, const at:
   at::Tensor per_pair =
       at::index_select(rows, 0, routing.row_of_pair).view({out.size(0), top_k, out.size(1)});
   if (weights.defined()) {
-    per_pair = per_pair * weights.view({out.size(0), top_k, 1});
+    per_pair = per_pair.mul(weights.view({out.size(0), top_k, 1}));
   }
   out.copy_(per_pair.sum(1));
 }
 
-void moe_experts_kernel(const at::Tensor& out, const at::Tensor& hidden,
-                        const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
-                        const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-                        Activation activation, const char* op) {
+void moe_experts_kernel(const at::Tensor& out, const at::Tensor& gate_up_out,
+                        const at::Tensor& hidden, const at::Tensor& top_k_index,
+                        const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
+                        const at::Tensor& down_proj, Activation activation, const char* op) {
   const c10::cuda::CUDAGuard guard(hidden.device());
   const int64_t experts = gate_up_proj.size(0);
   const int64_t intermediate = gate_up_proj.size(1) / 2;
@@ -123,8 +124,11 @@ void moe_experts_kernel(const at::Tensor& out, const at::Tensor& hidden,
     }
     const at::Tensor h =
         at::mm(x.narrow(0, routing.offsets[e], n), gate_up_proj[e].to(compute).t());
-    const at::Tensor a = activate(h.narrow(1, 0, intermediate), activation) *
-                         h.narrow(1, intermediate, intermediate);
+    if (gate_up_out.defined()) {
+      gate_up_out.narrow(0, routing.offsets[e], n).copy_(h);
+    }
+    const at::Tensor a = activate(h.narrow(1, 0, intermediate), activation)
+                             .mul(h.narrow(1, intermediate, intermediate));
     at::Tensor rows = y.narrow(0, routing.offsets[e], n);
     at::mm_out(rows, a, down_proj[e].to(compute).t());
   }
@@ -137,8 +141,8 @@ void moe_experts_backward_kernel(const at::Tensor& grad_hidden,
                                  const at::Tensor& grad_down_proj, const at::Tensor& grad_output,
                                  const at::Tensor& hidden, const at::Tensor& top_k_index,
                                  const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
-                                 const at::Tensor& down_proj, Activation activation,
-                                 const char* op) {
+                                 const at::Tensor& down_proj, const at::Tensor& gate_up_out,
+                                 Activation activation, const char* op) {
   const c10::cuda::CUDAGuard guard(hidden.device());
   const int64_t experts = gate_up_proj.size(0);
   const int64_t intermediate = gate_up_proj.size(1) / 2;
@@ -166,19 +170,20 @@ void moe_experts_backward_kernel(const at::Tensor& grad_hidden,
     const at::Tensor we = row_weights.narrow(0, first, n).unsqueeze(1);
     const at::Tensor w1 = gate_up_proj[e].to(compute);
     const at::Tensor w2 = down_proj[e].to(compute);
-    const at::Tensor h = at::mm(xe, w1.t());
+    const at::Tensor h =
+        gate_up_out.defined() ? gate_up_out.narrow(0, first, n) : at::mm(xe, w1.t());
     const at::Tensor gate = h.narrow(1, 0, intermediate);
     const at::Tensor up = h.narrow(1, intermediate, intermediate);
     const at::Tensor act = activate(gate, activation);
-    const at::Tensor a = act * up;
+    const at::Tensor a = act.mul(up);
     const at::Tensor d = at::mm(ge, w2);
-    grad_w.narrow(0, first, n).copy_((d * a).sum(1));
+    grad_w.narrow(0, first, n).copy_(d.mul(a).sum(1));
     if (expert_grads) {
-      grad_down_proj[e].copy_(at::mm(ge.t(), a * we));
+      grad_down_proj[e].copy_(at::mm(ge.t(), a.mul(we)));
     }
-    const at::Tensor dw = d * we;
+    const at::Tensor dw = d.mul(we);
     const at::Tensor grad_h =
-        at::cat({activation_backward(dw * up, gate, activation), dw * act}, 1);
+        at::cat({activation_backward(dw.mul(up), gate, activation), dw.mul(act)}, 1);
     if (expert_grads) {
       grad_gate_up_proj[e].copy_(at::mm(grad_h.t(), xe));
     }

@@ -111,6 +111,13 @@ TEST_P(MoeExperts, ForwardAndGradientsMatchFloat64OnEveryBuild) {
         expect_close(gw, want_grads[1], "grad_top_k_weights");
         expect_close(ggu, want_grads[2], "grad_gate_up_proj");
         expect_close(gdn, want_grads[3], "grad_down_proj");
+        // The forward's kept first products give the recomputed ones' bits.
+        const auto [out, kept] = fuseops::moe_experts_forward(x, index, w, gu, dn, activation);
+        EXPECT_TRUE(at::equal(out, fuseops::moe_experts(x, index, w, gu, dn, activation)));
+        const auto with_kept =
+            fuseops::moe_experts_backward(g, x, index, w, gu, dn, activation, true, kept);
+        EXPECT_TRUE(at::equal(std::get<0>(with_kept), gx));
+        EXPECT_TRUE(at::equal(std::get<2>(with_kept), ggu));
         const auto frozen =
             fuseops::moe_experts_backward(g, x, index, w, gu, dn, activation, false);
         EXPECT_EQ(std::get<2>(frozen).numel(), 0);

@@ -4,6 +4,7 @@
 
 #include "ops/moe_experts.h"
 
+#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include <fuseops/moe_experts.h>
@@ -11,6 +12,7 @@
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/output_memory.h"
+#include "ops/common/tensors.h"
 
 namespace fuseops {
 namespace detail {
@@ -75,32 +77,70 @@ Activation parse_moe_activation(const char* op, std::string_view activation) {
               activation, "'");
 }
 
-at::Tensor moe_experts_with(const char* op, const at::Tensor& hidden, const at::Tensor& top_k_index,
-                            const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
-                            const at::Tensor& down_proj, std::string_view activation,
-                            MoeExpertsKernel kernel) {
+namespace {
+
+// The forward of both overloads; gate_up_out is allocated and filled when
+// `keep_gate_up` is set.
+std::tuple<at::Tensor, at::Tensor> moe_forward(
+    const char* op, const at::Tensor& hidden, const at::Tensor& top_k_index,
+    const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+    std::string_view activation, bool keep_gate_up, MoeExpertsKernel kernel) {
   const MoeShape s =
       check_moe_inputs(op, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj);
   const Activation act = parse_moe_activation(op, activation);
   at::Tensor out = empty_output({s.tokens, s.hidden}, hidden.options());
-  if (kernel != nullptr && out.numel() > 0) {
-    kernel(out, hidden.contiguous(), top_k_index.to(at::kLong).contiguous(),
+  at::Tensor gate_up_out;
+  if (keep_gate_up) {
+    gate_up_out = empty_output({s.tokens * s.top_k, 2 * s.intermediate},
+                               hidden.options().dtype(at::toOpMathType(hidden.scalar_type())));
+  }
+  if (kernel != nullptr && (out.numel() > 0 || (keep_gate_up && gate_up_out.numel() > 0))) {
+    kernel(out, gate_up_out, hidden.contiguous(), top_k_index.to(at::kLong).contiguous(),
            top_k_weights.contiguous(), gate_up_proj, down_proj, act, op);
   }
-  return out;
+  return {out, gate_up_out};
+}
+
+}  // namespace
+
+at::Tensor moe_experts_with(const char* op, const at::Tensor& hidden, const at::Tensor& top_k_index,
+                            const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
+                            const at::Tensor& down_proj, std::string_view activation,
+                            MoeExpertsKernel kernel) {
+  return std::get<0>(moe_forward(op, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                 activation, false, kernel));
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_experts_forward_with(
+    const char* op, const at::Tensor& hidden, const at::Tensor& top_k_index,
+    const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+    std::string_view activation, MoeExpertsKernel kernel) {
+  return moe_forward(op, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation,
+                     true, kernel);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward_with(
     const char* op, const at::Tensor& grad_output, const at::Tensor& hidden,
     const at::Tensor& top_k_index, const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
     const at::Tensor& down_proj, std::string_view activation, bool expert_grads,
-    MoeExpertsBackwardKernel kernel) {
-  check_moe_inputs(op, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj);
+    const std::optional<at::Tensor>& gate_up_out, MoeExpertsBackwardKernel kernel) {
+  const MoeShape s =
+      check_moe_inputs(op, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj);
   check_floating_input(op, "grad_output", grad_output);
   check_same_dtype(op, "grad_output", grad_output, "hidden", hidden);
   check_same_device(op, "grad_output", grad_output, "hidden", hidden);
   check_same_shape(op, "grad_output", grad_output, "hidden", hidden);
   const Activation act = parse_moe_activation(op, activation);
+  const at::Tensor kept = undefined_if_none(gate_up_out);
+  if (kept.defined()) {
+    const at::ScalarType compute = at::toOpMathType(hidden.scalar_type());
+    TORCH_CHECK(kept.scalar_type() == compute && kept.dim() == 2 &&
+                    kept.size(0) == s.tokens * s.top_k && kept.size(1) == 2 * s.intermediate,
+                op, ": argument 'gate_up_out' must be moe_experts_forward's second result, a ",
+                compute, " tensor [tokens * top_k, 2 * intermediate] = [", s.tokens * s.top_k, ", ",
+                2 * s.intermediate, "], got ", kept.scalar_type(), " ", kept.sizes());
+    check_same_device(op, "gate_up_out", kept, "hidden", hidden);
+  }
   at::Tensor grad_hidden = empty_output(hidden.sizes(), hidden.options());
   at::Tensor grad_weights = empty_output(top_k_weights.sizes(), top_k_weights.options());
   at::Tensor grad_gate_up = empty_output(expert_grads ? gate_up_proj.sizes() : at::IntArrayRef{0},
@@ -111,7 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward_
     kernel(grad_hidden, grad_weights, expert_grads ? grad_gate_up : at::Tensor(),
            expert_grads ? grad_down : at::Tensor(), grad_output.contiguous(), hidden.contiguous(),
            top_k_index.to(at::kLong).contiguous(), top_k_weights.contiguous(), gate_up_proj,
-           down_proj, act, op);
+           down_proj, kept.defined() ? kept.contiguous() : kept, act, op);
   }
   return {grad_hidden, grad_weights, grad_gate_up, grad_down};
 }
@@ -144,16 +184,25 @@ at::Tensor moe_experts(const at::Tensor& hidden, const at::Tensor& top_k_index,
   return op.call(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation);
 }
 
+std::tuple<at::Tensor, at::Tensor> moe_experts_forward(
+    const at::Tensor& hidden, const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
+    const at::Tensor& gate_up_proj, const at::Tensor& down_proj, std::string_view activation) {
+  check_defined("fuseops::moe_experts_forward", hidden, top_k_index, top_k_weights, gate_up_proj,
+                down_proj);
+  static auto op = detail::find_op<decltype(moe_experts_forward)>("fuseops::moe_experts_forward");
+  return op.call(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward(
     const at::Tensor& grad_output, const at::Tensor& hidden, const at::Tensor& top_k_index,
     const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-    std::string_view activation, bool expert_grads) {
+    std::string_view activation, bool expert_grads, const std::optional<at::Tensor>& gate_up_out) {
   constexpr const char* name = "fuseops::moe_experts_backward";
   check_floating_input(name, "grad_output", grad_output);
   check_defined(name, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj);
   static auto op = detail::find_op<decltype(moe_experts_backward)>("fuseops::moe_experts_backward");
   return op.call(grad_output, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
-                 activation, expert_grads);
+                 activation, expert_grads, gate_up_out);
 }
 
 namespace {
@@ -171,10 +220,17 @@ TORCH_LIBRARY_FRAGMENT(fuseops, m) {
       "moe_experts(Tensor hidden, Tensor top_k_index, Tensor top_k_weights, Tensor gate_up_proj, "
       "Tensor down_proj, str activation='silu') -> Tensor",
       tags);
+  // Also returns every (token, k) pair's first product [T * K, 2I] in the
+  // compute dtype, rows sorted by expert: what the backward reads instead of
+  // recomputing it.
+  m.def(
+      "moe_experts_forward(Tensor hidden, Tensor top_k_index, Tensor top_k_weights, "
+      "Tensor gate_up_proj, Tensor down_proj, str activation='silu') -> (Tensor, Tensor)",
+      tags);
   m.def(
       "moe_experts_backward(Tensor grad_output, Tensor hidden, Tensor top_k_index, "
       "Tensor top_k_weights, Tensor gate_up_proj, Tensor down_proj, str activation='silu', "
-      "bool expert_grads=True) -> (Tensor, Tensor, Tensor, Tensor)",
+      "bool expert_grads=True, Tensor? gate_up_out=None) -> (Tensor, Tensor, Tensor, Tensor)",
       tags);
 }
 

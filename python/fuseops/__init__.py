@@ -88,6 +88,7 @@ from .ops.linear import (
 from .ops.moe_experts import (
     moe_experts,
     moe_experts_backward,
+    moe_experts_forward,
 )
 from .ops.quantize import (
     dequantize_int8,
@@ -173,6 +174,7 @@ __all__ = [
     "linear_cross_entropy_stats",
     "moe_experts",
     "moe_experts_backward",
+    "moe_experts_forward",
     "nn",
     "pack_2_4",
     "pack_int4_weight",

@@ -13,6 +13,7 @@
 // inputs compute in float32 (products, activation, the weighted sum) and
 // round the result once.
 
+#include <optional>
 #include <string_view>
 #include <tuple>
 
@@ -26,13 +27,26 @@ at::Tensor moe_experts(const at::Tensor& hidden, const at::Tensor& top_k_index,
                        const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
                        const at::Tensor& down_proj, std::string_view activation = "silu");
 
+// moe_experts and gate_up_out [T * K, 2I]: every (token, k) pair's first
+// product (gate_up_proj[e] @ hidden[t]) in the compute dtype (float32 for
+// bfloat16/float16), its rows in the kernels' order (the pairs sorted by
+// expert, stably), for moe_experts_backward. Not differentiable.
+std::tuple<at::Tensor, at::Tensor> moe_experts_forward(const at::Tensor& hidden,
+                                                       const at::Tensor& top_k_index,
+                                                       const at::Tensor& top_k_weights,
+                                                       const at::Tensor& gate_up_proj,
+                                                       const at::Tensor& down_proj,
+                                                       std::string_view activation = "silu");
+
 // (grad_hidden [T, H], grad_top_k_weights [T, K], grad_gate_up_proj [E, 2I, H],
 // grad_down_proj [E, H, I]); with expert_grads false the last two are empty
-// ([0]) and not computed (frozen experts). Recomputes the experts' first
-// product rather than keeping it from the forward. Not differentiable.
+// ([0]) and not computed (frozen experts). gate_up_out (moe_experts_forward's
+// second result) saves the backward one product; without it the first
+// product is recomputed. Not differentiable.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward(
     const at::Tensor& grad_output, const at::Tensor& hidden, const at::Tensor& top_k_index,
     const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-    std::string_view activation = "silu", bool expert_grads = true);
+    std::string_view activation = "silu", bool expert_grads = true,
+    const std::optional<at::Tensor>& gate_up_out = std::nullopt);
 
 }  // namespace fuseops

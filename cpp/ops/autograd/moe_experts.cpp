@@ -1,7 +1,8 @@
 // Autograd for fuseops::moe_experts, registered in C++ so LibTorch programs
-// get gradients without Python. The forward saves only its inputs: the
-// backward op recomputes each expert's first product instead of keeping the
-// [T * K, 2I] activations. moe_experts_backward is not differentiable (see
+// get gradients without Python. The forward keeps every pair's first product
+// ([T * K, 2I] in the compute dtype: moe_experts_forward) besides its inputs,
+// so that the backward runs five products per expert, not six.
+// moe_experts_forward and moe_experts_backward are not differentiable (see
 // autograd/no_derivative.h).
 
 #include <string>
@@ -28,10 +29,12 @@ class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> 
                             const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
                             const std::string& activation) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({hidden, top_k_index, top_k_weights, gate_up_proj, down_proj});
+    auto [out, gate_up_out] = fuseops::moe_experts_forward(hidden, top_k_index, top_k_weights,
+                                                           gate_up_proj, down_proj, activation);
+    ctx->save_for_backward(
+        {hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gate_up_out});
     ctx->saved_data["activation"] = activation;
-    return fuseops::moe_experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
-                                activation);
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -41,7 +44,7 @@ class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> 
     const bool expert_grads = ctx->needs_input_grad(3) || ctx->needs_input_grad(4);
     auto [grad_hidden, grad_weights, grad_gate_up, grad_down] = fuseops::moe_experts_backward(
         grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
-        ctx->saved_data["activation"].toStringRef(), expert_grads);
+        ctx->saved_data["activation"].toStringRef(), expert_grads, saved[5]);
     return {ctx->needs_input_grad(0) ? grad_hidden : at::Tensor(),
             at::Tensor(),
             ctx->needs_input_grad(2) ? grad_weights : at::Tensor(),
@@ -70,22 +73,35 @@ at::Tensor moe_experts_autograd(const at::Tensor& hidden, const at::Tensor& top_
                                    std::string(activation));
 }
 
+std::tuple<at::Tensor, at::Tensor> moe_experts_forward_autograd(
+    const at::Tensor& hidden, const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
+    const at::Tensor& gate_up_proj, const at::Tensor& down_proj, c10::string_view activation) {
+  autograd_detail::check_no_derivative(
+      "fuseops::moe_experts_forward",
+      {hidden, top_k_index, top_k_weights, gate_up_proj, down_proj});
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return fuseops::moe_experts_forward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                      activation);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward_autograd(
     const at::Tensor& grad_output, const at::Tensor& hidden, const at::Tensor& top_k_index,
     const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-    c10::string_view activation, bool expert_grads) {
+    c10::string_view activation, bool expert_grads, const std::optional<at::Tensor>& gate_up_out) {
   autograd_detail::check_no_derivative(
       "fuseops::moe_experts_backward",
-      {grad_output, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj});
+      {grad_output, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gate_up_out});
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return fuseops::moe_experts_backward(grad_output, hidden, top_k_index, top_k_weights,
-                                       gate_up_proj, down_proj, activation, expert_grads);
+                                       gate_up_proj, down_proj, activation, expert_grads,
+                                       gate_up_out);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("moe_experts", TORCH_FN(moe_experts_autograd));
+  m.impl("moe_experts_forward", TORCH_FN(moe_experts_forward_autograd));
   m.impl("moe_experts_backward", TORCH_FN(moe_experts_backward_autograd));
 }
 

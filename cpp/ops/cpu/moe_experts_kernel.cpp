@@ -127,10 +127,10 @@ void sum_rows_per_token(const at::Tensor& out, const at::Tensor& rows, const at:
       });
 }
 
-void moe_experts_kernel_impl(const at::Tensor& out, const at::Tensor& hidden,
-                             const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
-                             const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-                             Activation activation, const char* op) {
+void moe_experts_kernel_impl(const at::Tensor& out, const at::Tensor& gate_up_out,
+                             const at::Tensor& hidden, const at::Tensor& top_k_index,
+                             const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
+                             const at::Tensor& down_proj, Activation activation, const char* op) {
   const int64_t experts = gate_up_proj.size(0);
   const int64_t intermediate = gate_up_proj.size(1) / 2;
   const int64_t top_k = top_k_index.size(1);
@@ -144,7 +144,11 @@ void moe_experts_kernel_impl(const at::Tensor& out, const at::Tensor& hidden,
   for (int64_t e = 0; e < experts; ++e) {
     most_rows = std::max(most_rows, routing.rows(e));
   }
-  const at::Tensor gate_up = detail::empty_output({most_rows, 2 * intermediate}, options);
+  // Each expert's first product goes to its rows of gate_up_out when the
+  // backward will read it, else to a scratch buffer.
+  const at::Tensor gate_up = gate_up_out.defined()
+                                 ? gate_up_out
+                                 : detail::empty_output({most_rows, 2 * intermediate}, options);
   const at::Tensor gated = detail::empty_output({most_rows, intermediate}, options);
   at::Tensor gate_up_buffer, down_buffer;
   for (int64_t e = 0; e < experts; ++e) {
@@ -153,7 +157,7 @@ void moe_experts_kernel_impl(const at::Tensor& out, const at::Tensor& hidden,
       continue;
     }
     const int64_t first = routing.offsets[e];
-    at::Tensor h = gate_up.narrow(0, 0, n);
+    at::Tensor h = gate_up.narrow(0, gate_up_out.defined() ? first : 0, n);
     at::mm_out(h, x.narrow(0, first, n),
                in_compute_dtype(gate_up_proj[e], gate_up_buffer, compute).t());
     at::Tensor a = gated.narrow(0, 0, n);
@@ -168,8 +172,8 @@ void moe_experts_kernel_impl(const at::Tensor& out, const at::Tensor& hidden,
 }
 
 // Per expert, on its rows x (inputs), g (the output gradient of each row's
-// token) and w (routing weights), with h = x @ W1^T = [gate | up] recomputed
-// and a = act(gate) * up:
+// token) and w (routing weights), with h = x @ W1^T = [gate | up] (the
+// forward's, or recomputed) and a = act(gate) * up:
 //   d = g @ W2                    the gradient of a, before the weight
 //   grad_w = rowsum(d * a)
 //   grad_W2 = g^T @ (w * a)
@@ -181,7 +185,7 @@ void moe_experts_backward_kernel_impl(
     const at::Tensor& grad_gate_up_proj, const at::Tensor& grad_down_proj,
     const at::Tensor& grad_output, const at::Tensor& hidden, const at::Tensor& top_k_index,
     const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-    Activation activation, const char* op) {
+    const at::Tensor& gate_up_out, Activation activation, const char* op) {
   const int64_t experts = gate_up_proj.size(0);
   const int64_t intermediate = gate_up_proj.size(1) / 2;
   const int64_t top_k = top_k_index.size(1);
@@ -199,7 +203,10 @@ void moe_experts_backward_kernel_impl(
   for (int64_t e = 0; e < experts; ++e) {
     most_rows = std::max(most_rows, routing.rows(e));
   }
-  const at::Tensor gate_up = detail::empty_output({most_rows, 2 * intermediate}, options);
+  const at::Tensor gate_up = gate_up_out.defined()
+                                 ? gate_up_out
+                                 : detail::empty_output({most_rows, 2 * intermediate}, options);
+  const at::Tensor grad_gate_up = detail::empty_output({most_rows, 2 * intermediate}, options);
   const at::Tensor gated = detail::empty_output({most_rows, intermediate}, options);
   const at::Tensor grad_gated = detail::empty_output({most_rows, intermediate}, options);
   at::Tensor gate_up_buffer, down_buffer, grad_gate_up_buffer, grad_down_buffer;
@@ -218,8 +225,10 @@ void moe_experts_backward_kernel_impl(
     const at::Tensor we = row_weights.narrow(0, first, n).unsqueeze(1);
     const at::Tensor w1 = in_compute_dtype(gate_up_proj[e], gate_up_buffer, compute);
     const at::Tensor w2 = in_compute_dtype(down_proj[e], down_buffer, compute);
-    at::Tensor h = gate_up.narrow(0, 0, n);
-    at::mm_out(h, xe, w1.t());
+    at::Tensor h = gate_up.narrow(0, gate_up_out.defined() ? first : 0, n);
+    if (!gate_up_out.defined()) {
+      at::mm_out(h, xe, w1.t());
+    }
     const at::Tensor gate = h.narrow(1, 0, intermediate);
     const at::Tensor up = h.narrow(1, intermediate, intermediate);
     at::Tensor a = gated.narrow(0, 0, n);
@@ -243,25 +252,26 @@ void moe_experts_backward_kernel_impl(
       }
     }
     d.mul_(we);
+    const at::Tensor grad_h = grad_gate_up.narrow(0, 0, n);
     if (intermediate > 0) {
-      // In place: the kernel reads element i of every input before it
-      // writes element i of either gradient.
-      GatedActivationCpuKernels::backward()(gate, up, d, gate, up, activation);
+      GatedActivationCpuKernels::backward()(grad_h.narrow(1, 0, intermediate),
+                                            grad_h.narrow(1, intermediate, intermediate), d, gate,
+                                            up, activation);
     }
     if (expert_grads) {
       if (grad_gate_up_proj.scalar_type() == compute) {
         at::Tensor target = grad_gate_up_proj[e];
-        at::mm_out(target, h.t(), xe);
+        at::mm_out(target, grad_h.t(), xe);
       } else {
         if (!grad_gate_up_buffer.defined()) {
           grad_gate_up_buffer = detail::empty_output(w1.sizes(), options);
         }
-        at::mm_out(grad_gate_up_buffer, h.t(), xe);
+        at::mm_out(grad_gate_up_buffer, grad_h.t(), xe);
         grad_gate_up_proj[e].copy_(grad_gate_up_buffer);
       }
     }
     at::Tensor grad_rows = grad_x.narrow(0, first, n);
-    at::mm_out(grad_rows, h, w1);
+    at::mm_out(grad_rows, grad_h, w1);
   }
   if (grad_hidden.numel() > 0) {
     sum_rows_per_token(grad_hidden, grad_x, at::Tensor(), routing, top_k);

@@ -4,6 +4,8 @@ weight layout of transformers' experts classes, with its backward op."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ._sample import DTYPES, Sample, tensor
@@ -43,9 +45,29 @@ def moe_experts(
     bfloat16/float16 inputs compute in float32 (products, activation, the
     weighted sum) and round the result once; transformers' loop rounds each
     product and each expert's contribution to the dtype. The backward
-    recomputes the experts' first product instead of keeping it, and skips
-    the experts' weight gradients when neither weight requires grad."""
+    reads every pair's first product as the forward kept it
+    (:func:`moe_experts_forward`) and skips the experts' weight gradients when
+    neither weight requires grad."""
     return torch.ops.fuseops.moe_experts(
+        hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation
+    )
+
+
+def moe_experts_forward(
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    activation: str = "silu",
+):
+    """``(out, gate_up_out)``: :func:`moe_experts` and every (token, k)
+    pair's first product ``gate_up_proj[e] @ hidden[t]``, ``[T * K, 2I]`` in
+    the compute dtype (float32 for bfloat16/float16), its rows sorted by
+    expert (stably): what :func:`moe_experts_backward` reads instead of
+    recomputing it, and what moe_experts' autograd keeps. Not
+    differentiable."""
+    return torch.ops.fuseops.moe_experts_forward(
         hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation
     )
 
@@ -59,10 +81,13 @@ def moe_experts_backward(
     down_proj: torch.Tensor,
     activation: str = "silu",
     expert_grads: bool = True,
+    gate_up_out: Optional[torch.Tensor] = None,
 ):
     """``(grad_hidden, grad_top_k_weights, grad_gate_up_proj,
     grad_down_proj)`` of :func:`moe_experts`; with ``expert_grads=False``
-    the last two are empty (``[0]``) and not computed (frozen experts)."""
+    the last two are empty (``[0]``) and not computed (frozen experts).
+    ``gate_up_out`` (:func:`moe_experts_forward`'s second result) saves one
+    product per expert; without it the first product is recomputed."""
     return torch.ops.fuseops.moe_experts_backward(
         grad_output,
         hidden,
@@ -72,6 +97,7 @@ def moe_experts_backward(
         down_proj,
         activation,
         expert_grads,
+        gate_up_out,
     )
 
 
@@ -218,9 +244,17 @@ def samples(device) -> list[Sample]:
         args = (x, index, weights.requires_grad_(grad), gate_up, down, activation)
         if backward is None:
             return Sample(ops.moe_experts.default, args, moe_experts, large=large)
+        if backward == "forward":
+            return Sample(ops.moe_experts_forward.default, args, moe_experts_forward)
         grad_out = tensor((tokens, hidden), dtype, device)
+        kept = None
+        if backward == "kept":
+            with torch.no_grad():
+                kept = moe_experts_forward(*args)[1]
         return Sample(
-            ops.moe_experts_backward.default, (grad_out, *args, backward), moe_experts_backward
+            ops.moe_experts_backward.default,
+            (grad_out, *args, backward != "frozen", kept),
+            moe_experts_backward,
         )
 
     result = [
@@ -232,8 +266,11 @@ def samples(device) -> list[Sample]:
         call(tokens=0, grad=True),
         call(top_k=0),
         call(experts=1, top_k=3, grad=True),
-        call(backward=True),
-        call(dtype=torch.bfloat16, backward=False),
+        call(backward="forward"),
+        call(dtype=torch.bfloat16, backward="forward", transposed=True),
+        call(backward="recompute"),
+        call(dtype=torch.bfloat16, backward="kept"),
+        call(dtype=torch.float64, backward="frozen", activation="gelu"),
     ]
     # Every CPU build against the float64 reference: several experts'
     # products and several tasks per thread in the per-token sum, a vector
@@ -294,4 +331,4 @@ def autocast_cases() -> list:
     return [AutocastCase("moe_experts", moe_experts, moe_experts_reference, [routed(LOW)])]
 
 
-__all__ = ["moe_experts", "moe_experts_backward"]
+__all__ = ["moe_experts", "moe_experts_backward", "moe_experts_forward"]

@@ -1050,7 +1050,8 @@ def test_torch_compile_forward():
         torch.testing.assert_close(compiled(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_bench_command(tmp_path):
+@pytest.mark.parametrize("preset", ["smoke", "moe-smoke"])
+def test_bench_command(tmp_path, preset):
     from fuseops.__main__ import main
 
     assert (
@@ -1058,7 +1059,7 @@ def test_bench_command(tmp_path):
             [
                 "bench",
                 "--transformers",
-                "smoke",
+                preset,
                 "--no-compile",
                 "--dtype",
                 "float32",
@@ -1076,4 +1077,6 @@ def test_bench_command(tmp_path):
     assert [row["variant"] for row in result["rows"]] == ["transformers", "fuseops"]
     for row in result["rows"]:
         assert row["step_s"] > 0 and row["prefill_s"] > 0 and row["peak_bytes"] > 0
-    assert "| float32 | fuseops |" in (tmp_path / "transformers.txt").read_text()
+    text = (tmp_path / "transformers.txt").read_text()
+    assert "| float32 | fuseops |" in text
+    assert ("MixtralForCausalLM" in text) == (preset == "moe-smoke")

@@ -1,5 +1,6 @@
 """``python -m fuseops bench --transformers [PRESET]``: a Hugging Face
-Llama model built from a config (random weights, nothing downloaded),
+Llama model (Mixtral for the ``moe`` presets: a mixture of experts, top 2
+of 8) built from a config (random weights, nothing downloaded),
 trained and run for inference as ``transformers`` ships it, after
 ``fuseops.transformers.apply`` and (unless ``--no-compile``) under
 ``torch.compile``, one after the other in the same process.
@@ -45,6 +46,14 @@ class Preset:
     seq: int
     batch: int
     steps: int  # timed training steps (after one warm-up step)
+    # A mixture of experts (MixtralForCausalLM) of that many experts, each of
+    # `intermediate`, `top_k` per token; 0: a dense Llama.
+    experts: int = 0
+    top_k: int = 2
+
+    @property
+    def model_class(self) -> str:
+        return "MixtralForCausalLM" if self.experts else "LlamaForCausalLM"
 
 
 PRESETS = {
@@ -90,6 +99,35 @@ PRESETS = {
     ),
 }
 
+# The mixture-of-experts presets: Mixtral's routing (top 2 of 8) on the
+# small presets' shapes.
+PRESETS["moe-smoke"] = Preset(
+    hidden=32,
+    layers=1,
+    heads=2,
+    kv_heads=1,
+    intermediate=64,
+    vocab=1000,
+    seq=64,
+    batch=2,
+    steps=2,
+    experts=4,
+)
+# 8 experts of intermediate 688 per layer: 27M parameters, 1024 tokens;
+# minutes per dtype on 2 cores.
+PRESETS["moe"] = Preset(
+    hidden=256,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=688,
+    vocab=32000,
+    seq=512,
+    batch=2,
+    steps=3,
+    experts=8,
+)
+
 LOSS_TOLERANCE = {
     torch.float32: 1e-4,
     torch.bfloat16: 2e-2,
@@ -106,11 +144,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=sorted(PRESETS),
         metavar="PRESET",
-        help="instead of the ops: a Hugging Face Llama model from a config, "
+        help="instead of the ops: a Hugging Face Llama model (Mixtral for the moe "
+        "presets) from a config, "
         "training step and prefill with and without fuseops.transformers."
         "apply (presets: "
         + ", ".join(
-            f"{name}: hidden {p.hidden}, {p.layers} layers, vocab {p.vocab}, "
+            f"{name}: {p.model_class}, hidden {p.hidden}, {p.layers} layers, vocab {p.vocab}, "
             f"{p.batch}x{p.seq} tokens"
             for name, p in PRESETS.items()
         )
@@ -121,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _model(preset: Preset, dtype: torch.dtype):
     import transformers
 
-    config = transformers.LlamaConfig(
+    options = dict(
         vocab_size=preset.vocab,
         hidden_size=preset.hidden,
         intermediate_size=preset.intermediate,
@@ -132,7 +171,14 @@ def _model(preset: Preset, dtype: torch.dtype):
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).to(dtype)
+    if preset.experts:
+        # transformers' default experts implementation ("grouped_mm") is the
+        # unpatched model's.
+        config = transformers.MixtralConfig(
+            **options, num_local_experts=preset.experts, num_experts_per_tok=preset.top_k
+        )
+        return transformers.MixtralForCausalLM(config).to(dtype)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**options)).to(dtype)
 
 
 def _train_step(model, ids, labels):
@@ -222,9 +268,14 @@ def _bench_dtype(preset: Preset, dtype: torch.dtype, compile_peer: bool) -> dict
 def table(results: list[dict], preset_name: str) -> str:
     preset = PRESETS[preset_name]
     lines = [
-        f"fuseops bench --transformers {preset_name}: LlamaForCausalLM, hidden {preset.hidden}, "
-        f"{preset.layers} layers, {preset.heads}/{preset.kv_heads} heads, intermediate "
-        f"{preset.intermediate}, vocab {preset.vocab}, batch {preset.batch} x seq {preset.seq}, "
+        f"fuseops bench --transformers {preset_name}: {preset.model_class}, hidden "
+        f"{preset.hidden}, {preset.layers} layers, {preset.heads}/{preset.kv_heads} heads, "
+        + (
+            f"{preset.experts} experts (top {preset.top_k}) of intermediate "
+            if preset.experts
+            else "intermediate "
+        )
+        + f"{preset.intermediate}, vocab {preset.vocab}, batch {preset.batch} x seq {preset.seq}, "
         f"{torch.get_num_threads()} threads",
         "",
         "| dtype | variant | train step | step speedup | peak MiB | peak vs HF | prefill | "

@@ -11,7 +11,9 @@
 // gate rows first), down_proj [E, H, I], both of hidden's dtype, any
 // strides. activation: "silu", "gelu" or "gelu_tanh". bfloat16/float16
 // inputs compute in float32 (products, activation, the weighted sum) and
-// round the result once.
+// round the result once; only an expert given fewer than kLinearWidenedRows
+// rows (decoding) runs its forward products through linear's streaming
+// kernel, rounded to the dtype.
 
 #include <optional>
 #include <string_view>

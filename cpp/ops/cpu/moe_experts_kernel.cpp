@@ -18,6 +18,8 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
 
+#include <fuseops/linear.h>
+
 #include "ops/common/output_memory.h"
 #include "ops/cpu/gated_activation.h"
 #include "ops/cpu/moe_experts.h"
@@ -82,6 +84,23 @@ at::Tensor in_compute_dtype(const at::Tensor& weight, at::Tensor& buffer, at::Sc
     buffer = detail::empty_output(weight.sizes(), weight.options().dtype(compute));
   }
   return buffer.copy_(weight);
+}
+
+// out [n, N] (compute dtype) = x [n, K] (compute dtype) @ weight^T, weight
+// [N, K] of the inputs' dtype. A bfloat16/float16 weight that only a few
+// rows meet (decoding) goes through fuseops.linear's streaming kernel, which
+// reads it once in its own dtype: widening it would cost more than the
+// product. That product is rounded to the weight's dtype, as transformers'
+// loop rounds every product; from kLinearWidenedRows rows the weight is
+// widened and the product stays in float32.
+void expert_product(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                    at::Tensor& buffer, at::ScalarType compute) {
+  if (weight.scalar_type() != compute && x.size(0) < kLinearWidenedRows) {
+    out.copy_(fuseops::linear(x.to(weight.scalar_type()), weight, std::nullopt));
+    return;
+  }
+  at::Tensor target = out;
+  at::mm_out(target, x, in_compute_dtype(weight, buffer, compute).t());
 }
 
 // out[t] = sum over k of weight(t, k) * rows[row_of_pair[t * K + k]], summed
@@ -157,16 +176,14 @@ void moe_experts_kernel_impl(const at::Tensor& out, const at::Tensor& gate_up_ou
       continue;
     }
     const int64_t first = routing.offsets[e];
-    at::Tensor h = gate_up.narrow(0, gate_up_out.defined() ? first : 0, n);
-    at::mm_out(h, x.narrow(0, first, n),
-               in_compute_dtype(gate_up_proj[e], gate_up_buffer, compute).t());
+    const at::Tensor h = gate_up.narrow(0, gate_up_out.defined() ? first : 0, n);
+    expert_product(h, x.narrow(0, first, n), gate_up_proj[e], gate_up_buffer, compute);
     at::Tensor a = gated.narrow(0, 0, n);
     if (intermediate > 0) {
       GatedActivationCpuKernels::forward()(a, h.narrow(1, 0, intermediate),
                                            h.narrow(1, intermediate, intermediate), activation);
     }
-    at::Tensor rows = y.narrow(0, first, n);
-    at::mm_out(rows, a, in_compute_dtype(down_proj[e], down_buffer, compute).t());
+    expert_product(y.narrow(0, first, n), a, down_proj[e], down_buffer, compute);
   }
   sum_rows_per_token(out, y, top_k_weights.to(compute), routing, top_k);
 }

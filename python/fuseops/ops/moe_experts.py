@@ -44,7 +44,10 @@ def moe_experts(
     order of k (so the result does not depend on the number of threads).
     bfloat16/float16 inputs compute in float32 (products, activation, the
     weighted sum) and round the result once; transformers' loop rounds each
-    product and each expert's contribution to the dtype. The backward
+    product and each expert's contribution to the dtype. Only an expert given
+    fewer than 32 rows (decoding) runs its products through
+    :func:`fuseops.linear`'s streaming kernel in the dtype (its weight read
+    once, not widened), rounding them as transformers' loop does. The backward
     reads every pair's first product as the forward kept it
     (:func:`moe_experts_forward`) and skips the experts' weight gradients when
     neither weight requires grad."""

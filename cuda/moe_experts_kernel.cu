@@ -28,6 +28,7 @@
 #include <ATen/ops/silu_backward.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -111,6 +112,9 @@ void moe_experts_kernel(const at::Tensor& out, const at::Tensor& gate_up_out,
                         const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
                         const at::Tensor& down_proj, Activation activation, const char* op) {
   const c10::cuda::CUDAGuard guard(hidden.device());
+  // The op has no autocast kernel; the ATen products below (at::mm) have
+  // one on CUDA, which must not cast the float32 operands here.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t experts = gate_up_proj.size(0);
   const int64_t intermediate = gate_up_proj.size(1) / 2;
   const Routing routing = route(top_k_index, experts, op);
@@ -144,6 +148,9 @@ void moe_experts_backward_kernel(const at::Tensor& grad_hidden,
                                  const at::Tensor& down_proj, const at::Tensor& gate_up_out,
                                  Activation activation, const char* op) {
   const c10::cuda::CUDAGuard guard(hidden.device());
+  // The op has no autocast kernel; the ATen products below (at::mm) have
+  // one on CUDA, which must not cast the float32 operands here.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t experts = gate_up_proj.size(0);
   const int64_t intermediate = gate_up_proj.size(1) / 2;
   const bool expert_grads = grad_gate_up_proj.defined();

@@ -17,6 +17,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <fuseops/linear.h>
 
@@ -96,6 +97,9 @@ at::Tensor in_compute_dtype(const at::Tensor& weight, at::Tensor& buffer, at::Sc
 void expert_product(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                     at::Tensor& buffer, at::ScalarType compute) {
   if (weight.scalar_type() != compute && x.size(0) < kLinearWidenedRows) {
+    // moe_experts has no autocast kernel: under autocast, linear's own cast
+    // must not apply to the products it makes here.
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     out.copy_(fuseops::linear(x.to(weight.scalar_type()), weight, std::nullopt));
     return;
   }

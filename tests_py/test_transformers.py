@@ -1077,6 +1077,10 @@ def test_bench_command(tmp_path, preset):
     assert [row["variant"] for row in result["rows"]] == ["transformers", "fuseops"]
     for row in result["rows"]:
         assert row["step_s"] > 0 and row["prefill_s"] > 0 and row["peak_bytes"] > 0
+    # transformers.Trainer steps, unpatched and patched (accelerate, which
+    # Trainer needs, is in the test setup).
+    assert [row["variant"] for row in result["trainer_rows"]] == ["Trainer", "Trainer + fuseops"]
+    assert all(row["step_s"] > 0 for row in result["trainer_rows"])
     text = (tmp_path / "transformers.txt").read_text()
     assert "| float32 | fuseops |" in text
     assert ("MixtralForCausalLM" in text) == (preset == "moe-smoke")

@@ -4,7 +4,9 @@ of 8) built from a config (random weights, nothing downloaded),
 trained and run for inference as ``transformers`` ships it, after
 ``fuseops.transformers.apply`` and (unless ``--no-compile``) HF's and the
 patched model under ``torch.compile``, one after the other in the same
-process.
+process, and a ``transformers.Trainer`` run of each (float32 weights,
+``bf16=True`` for bfloat16; AdamW's update included; its step speedup is
+against the unpatched Trainer run).
 
 A training step is ``zero_grad(set_to_none=True)``, the forward with labels
 (HF's causal-LM loss) and the backward; the variants take turns, one step
@@ -201,6 +203,66 @@ def _interleaved(fns: list, rounds: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def _has_accelerate() -> bool:
+    """Whether transformers.Trainer can run (it needs ``accelerate``, which
+    ``fuseops[trainers]`` installs); said on stderr when not."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        print(
+            "fuseops bench --transformers: no Trainer rows (pip install 'fuseops[trainers]' "
+            "for accelerate)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def _trainer_steps(model, ids, dtype: torch.dtype, steps: int) -> float:
+    """Median seconds of a ``transformers.Trainer`` step on `model` (float32
+    weights; ``bf16=True``, Trainer's autocast, for bfloat16), AdamW's
+    update included: `steps` timed steps after one warm-up step, on the rows
+    of `ids` as a dataset of one batch per step."""
+    import tempfile
+
+    import transformers
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(ids) * (steps + 1)
+
+        def __getitem__(self, index):
+            row = ids[index % len(ids)]
+            return {"input_ids": row, "labels": row}
+
+    times: list[float] = []
+
+    class StepTimes(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append(time.perf_counter() - self.start)
+
+    with tempfile.TemporaryDirectory() as out:
+        arguments = transformers.TrainingArguments(
+            output_dir=out,
+            per_device_train_batch_size=len(ids),
+            max_steps=steps + 1,
+            bf16=dtype == torch.bfloat16,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = transformers.Trainer(
+            model=model, args=arguments, train_dataset=Rows(), callbacks=[StepTimes()]
+        )
+        trainer.train()
+    return statistics.median(times[1:])
+
+
 def _bench_dtype(preset: Preset, dtype: torch.dtype, compile_peer: bool) -> dict:
     import fuseops.transformers
 
@@ -257,6 +319,18 @@ def _bench_dtype(preset: Preset, dtype: torch.dtype, compile_peer: bool) -> dict
             file=sys.stderr,
             flush=True,
         )
+    # transformers.Trainer steps, HF's model and the patched one, each on
+    # its own float32 copy of the weights.
+    trainer_rows = []
+    trainer_variants = (("Trainer", False), ("Trainer + fuseops", True))
+    for name, patch in trainer_variants if _has_accelerate() else ():
+        model = _model(preset, torch.float32)
+        if patch:
+            fuseops.transformers.apply(model)
+        trainer_rows.append(
+            {"variant": name, "step_s": _trainer_steps(model, ids, dtype, preset.steps)}
+        )
+        print(f"  {name}: step {trainer_rows[-1]['step_s']:.3f} s", file=sys.stderr, flush=True)
     reference = rows[0]["first_loss"]
     error = abs(rows[1]["first_loss"] - reference) / abs(reference)
     return {
@@ -266,6 +340,7 @@ def _bench_dtype(preset: Preset, dtype: torch.dtype, compile_peer: bool) -> dict
         "loss_relative_error": error,
         "loss_ok": error <= LOSS_TOLERANCE[dtype],
         "rows": rows,
+        "trainer_rows": trainer_rows,
     }
 
 
@@ -297,6 +372,12 @@ def table(results: list[dict], preset_name: str) -> str:
                 f"| {result['dtype']} | {row['variant']} | {row['step_s']:.3f} s | "
                 f"{hf['step_s'] / row['step_s']:.2f}x | {row['peak_bytes'] / 2**20:.0f} | "
                 f"{100 * row['peak_bytes'] / hf['peak_bytes']:.0f}% | {prefill} | {prefill_ratio} |"
+            )
+        for row in result["trainer_rows"]:
+            trainer_hf = result["trainer_rows"][0]
+            lines.append(
+                f"| {result['dtype']} | {row['variant']} | {row['step_s']:.3f} s | "
+                f"{trainer_hf['step_s'] / row['step_s']:.2f}x | - | - | - | - |"
             )
         lines.append(
             f"| {result['dtype']} | loss check | first step's loss, fuseops vs HF: "

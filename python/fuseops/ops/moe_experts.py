@@ -117,7 +117,9 @@ def moe_experts_reference(
     # output in its dtype.
     act = ACTIVATIONS[activation]
     top_k_index = top_k_index.long()
-    out = torch.zeros_like(hidden)
+    # Zeros that are part of hidden's graph (with no pair routed, the result
+    # still has a gradient: zero), whatever hidden holds (NaN included).
+    out = torch.where(torch.zeros_like(hidden, dtype=torch.bool), hidden, 0)
     for expert in torch.unique(top_k_index).tolist():
         token, slot = torch.where(top_k_index == expert)
         gate, up = torch.nn.functional.linear(hidden[token], gate_up_proj[expert]).chunk(2, -1)

@@ -40,6 +40,14 @@ struct Routing {
   at::Tensor pair_of_row;   // [T * K] int64
   at::Tensor row_of_pair;   // [T * K] int64
   int64_t rows(int64_t expert) const { return offsets[expert + 1] - offsets[expert]; }
+  // The most rows one expert has (the size of the per-expert buffers).
+  int64_t most_rows() const {
+    int64_t most = 0;
+    for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+      most = std::max(most, rows(static_cast<int64_t>(e)));
+    }
+    return most;
+  }
 };
 
 Routing route(const at::Tensor& top_k_index, int64_t experts, const char* op) {
@@ -163,10 +171,7 @@ void moe_experts_kernel_impl(const at::Tensor& out, const at::Tensor& gate_up_ou
   // Every pair's input row and result row, in the experts' order.
   const at::Tensor x = at::index_select(hidden, 0, routing.token_of_row).to(compute);
   const at::Tensor y = detail::empty_output({x.size(0), hidden.size(1)}, options);
-  int64_t most_rows = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    most_rows = std::max(most_rows, routing.rows(e));
-  }
+  const int64_t most_rows = routing.most_rows();
   // Each expert's first product goes to its rows of gate_up_out when the
   // backward will read it, else to a scratch buffer.
   const at::Tensor gate_up = gate_up_out.defined()
@@ -220,10 +225,7 @@ void moe_experts_backward_kernel_impl(
       at::index_select(top_k_weights.reshape({-1}), 0, routing.pair_of_row).to(compute);
   const at::Tensor grad_x = detail::empty_output({x.size(0), hidden.size(1)}, options);
   const at::Tensor grad_w = at::empty({x.size(0)}, options);
-  int64_t most_rows = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    most_rows = std::max(most_rows, routing.rows(e));
-  }
+  const int64_t most_rows = routing.most_rows();
   const at::Tensor gate_up = gate_up_out.defined()
                                  ? gate_up_out
                                  : detail::empty_output({most_rows, 2 * intermediate}, options);

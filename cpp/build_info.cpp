@@ -43,8 +43,9 @@ BuildInfo build_info() {
   info.cuda_version = FUSEOPS_CUDA_VERSION;
   info.cuda_architectures = split(FUSEOPS_CUDA_ARCHITECTURES, ';');
   info.cuda_status =
-      "experimental: every op's CUDA kernel compiles and registers, but none has yet run on a "
-      "GPU in fuseops' checks; verify on your GPU with `bash tools/gpu_check.sh` (cuda/README.md)";
+      "experimental: every op's CUDA kernel compiles and registers; one run on an H200 passed "
+      "4600 of 4633 CUDA tests, and the fixes for the rest are not yet verified on a GPU; "
+      "verify on your GPU with `bash tools/gpu_check.sh` (cuda/README.md)";
 #else
   info.cuda = false;
 #endif

@@ -48,6 +48,35 @@ __device__ acc_t block_sum(acc_t value, acc_t* shared) {
   return warp_sum(value);
 }
 
+// Maximum of `value` (not NaN) over the block, returned to every thread.
+template <typename acc_t>
+__device__ acc_t block_max(acc_t value, acc_t* shared) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = max(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  __syncthreads();
+  if (lane == 0) {
+    shared[warp] = value;
+  }
+  __syncthreads();
+  value = lane < static_cast<int>(blockDim.x / kWarpSize) ? shared[lane] : acc_t(0);
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = max(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+// a * b rounded, never fused into a following add: grad_input subtracts
+// mean(g) from each g = dy * w, and a fused multiply-add there would leave
+// the product's rounding error (times rstd, ~316 for eps 1e-5 on a constant
+// row) where the exact result is 0.
+__device__ __forceinline__ float rounded_product(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double rounded_product(double a, double b) { return __dmul_rn(a, b); }
+
 template <typename T, int kVec>
 __device__ AlignedVector<T, kVec> load_vec(const T* data, int64_t chunk) {
   return reinterpret_cast<const AlignedVector<T, kVec>*>(data)[chunk];
@@ -104,12 +133,42 @@ __global__ void layer_norm_forward_kernel(T* __restrict__ out,
         squares += d * d;
       }
     }
-    const acc_t sum_d = block_sum(deviations, shared);
-    const acc_t sum_sq = block_sum(squares, shared);
+    acc_t sum_d = block_sum(deviations, shared);
+    acc_t sum_sq = block_sum(squares, shared);
     const acc_t count = static_cast<acc_t>(hidden);
     const acc_t row_mean = rough_mean + sum_d / count;
+    // Rows whose squared deviations overflow (|x| ~ 1e20 and up in float32)
+    // are measured again in units of their largest deviation, as on the CPU
+    // (the sums are the same on every thread, so the whole block branches).
+    acc_t scale = 1;
+    if (isinf(sum_sq) && isfinite(row_mean)) {
+      acc_t largest = 0;
+      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const auto v = load_vec<T, kVec>(x, c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          largest = max(largest, abs(static_cast<acc_t>(v.val[k]) - row_mean));
+        }
+      }
+      scale = block_max(largest, shared);
+      deviations = 0;
+      squares = 0;
+      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const auto v = load_vec<T, kVec>(x, c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t d = (static_cast<acc_t>(v.val[k]) - row_mean) / scale;
+          deviations += d;
+          squares += d * d;
+        }
+      }
+      sum_d = block_sum(deviations, shared);
+      sum_sq = block_sum(squares, shared);
+    }
     const acc_t variance = max(acc_t(0), (sum_sq - sum_d * sum_d / count) / count);
-    const acc_t row_rstd = acc_t(1) / sqrt(variance + eps);
+    // 1 / (scale * sqrt(variance + eps / scale^2)) is 1 / sqrt(scale^2 *
+    // variance + eps) without forming scale^2 * variance.
+    const acc_t row_rstd = acc_t(1) / (scale * sqrt(variance + eps / (scale * scale)));
     if (threadIdx.x == 0 && mean != nullptr) {
       mean[row] = row_mean;
       rstd[row] = row_rstd;
@@ -192,7 +251,7 @@ __global__ void layer_norm_backward_kernel(T* grad_input, at::opmath_type<T>* __
       for (int k = 0; k < kVec; ++k) {
         const acc_t x_hat = (static_cast<acc_t>(xv.val[k]) - row_mean) * row_rstd;
         const acc_t d = static_cast<acc_t>(dyv.val[k]);
-        const acc_t g = weight != nullptr ? d * static_cast<acc_t>(w.val[k]) : d;
+        const acc_t g = weight != nullptr ? rounded_product(d, static_cast<acc_t>(w.val[k])) : d;
         sum_g += g;
         sum_gx += g * x_hat;
         accumulators[slot(c, k)] += d * x_hat;
@@ -215,7 +274,7 @@ __global__ void layer_norm_backward_kernel(T* grad_input, at::opmath_type<T>* __
       for (int k = 0; k < kVec; ++k) {
         const acc_t x_hat = (static_cast<acc_t>(xv.val[k]) - row_mean) * row_rstd;
         const acc_t d = static_cast<acc_t>(dyv.val[k]);
-        const acc_t g = weight != nullptr ? d * static_cast<acc_t>(w.val[k]) : d;
+        const acc_t g = weight != nullptr ? rounded_product(d, static_cast<acc_t>(w.val[k])) : d;
         result.val[k] = static_cast<T>((g - mean_g - x_hat * mean_gx) * row_rstd);
       }
       store_vec<T, kVec>(dx, c, result);

@@ -5,18 +5,19 @@
 // pairs sorted by expert (a stable sort), each expert's three products on
 // its rows in the compute dtype (float32 for bfloat16/float16, on the
 // expert's weight widened once per call), a weighted sum per token in the
-// order of k. One host synchronisation per call reads the per-expert row
-// counts (and checks the expert numbers); a grouped-GEMM kernel without it
-// is still to come (cuda/README.md).
+// order of k. One host synchronisation per call (one copy to the host)
+// reads the per-expert row counts and checks the expert numbers; a
+// grouped-GEMM kernel without it is still to come (cuda/README.md).
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/aminmax.h>
+#include <ATen/ops/clamp.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/bincount.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -24,6 +25,8 @@
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/scatter_add.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/silu_backward.h>
 #include <ATen/ops/sort.h>
@@ -51,14 +54,25 @@ Routing route(const at::Tensor& top_k_index, int64_t experts, const char* op) {
   Routing routing;
   routing.offsets.assign(experts + 1, 0);
   if (pairs > 0) {
+    // The per-expert counts (of the expert numbers clamped into range, so
+    // that counting never reads out of bounds) and the smallest and largest
+    // number, copied to the host together: the call's one synchronisation.
+    // at::bincount would synchronise twice more, for its own range checks.
     const auto [lowest, highest] = at::aminmax(flat);
-    const int64_t lo = lowest.item<int64_t>();
-    const int64_t hi = highest.item<int64_t>();
+    const at::Tensor clamped = flat.clamp(0, std::max<int64_t>(experts - 1, 0)).to(at::kLong);
+    at::Tensor counts = at::zeros({experts}, clamped.options());
+    if (experts > 0) {
+      counts.scatter_add_(0, clamped, at::ones_like(clamped));
+    }
+    const at::Tensor on_host =
+        at::cat({counts, lowest.reshape({1}).to(at::kLong), highest.reshape({1}).to(at::kLong)})
+            .cpu();
+    const int64_t* count = on_host.const_data_ptr<int64_t>();
+    const int64_t lo = count[experts];
+    const int64_t hi = count[experts + 1];
     TORCH_CHECK(lo >= 0 && hi < experts, op,
                 ": argument 'top_k_index' must hold expert numbers in [0, ", experts, "), got ",
                 lo < 0 ? lo : hi);
-    const at::Tensor counts = at::bincount(flat, {}, experts).cpu();
-    const int64_t* count = counts.const_data_ptr<int64_t>();
     for (int64_t e = 0; e < experts; ++e) {
       routing.offsets[e + 1] = routing.offsets[e] + count[e];
     }

@@ -200,8 +200,8 @@ TEST_P(LayerNorm, BackwardTakesNativeLayerNormStatistics) {
     const at::Tensor xhat = (x.to(at::kDouble) - mean.to(at::kDouble)) * rstd_d;
     const at::Tensor g = dyd * w.to(at::kDouble);
     const at::Tensor want_dx = rstd_d * (g - g.mean(-1, true) - xhat * (g * xhat).mean(-1, true));
-    const at::Tensor want_dw = (dyd * xhat).sum({0, 1});
-    const at::Tensor want_db = dyd.sum({0, 1});
+    const at::Tensor want_dw = (dyd * xhat).sum(at::IntArrayRef{0, 1});
+    const at::Tensor want_db = dyd.sum(at::IntArrayRef{0, 1});
     const double tol = reduction_tolerance(dtype);
     const double sum_tol = tol * std::sqrt(24.0);
     EXPECT_TRUE(at::allclose(dx.to(at::kDouble), want_dx, tol, tol));

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <fuseops/fuseops.h>
@@ -148,7 +149,7 @@ TEST_P(MoeExperts, AutogradGivesTheBackwardOpsGradients) {
   const at::Tensor g = at::randn({9, 8}, options());
   const auto grads =
       torch::autograd::grad({fuseops::moe_experts(x, index, w, gu, dn)}, {x, w, gu, dn}, {g});
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto [gx, gw, ggu, gdn] = fuseops::moe_experts_backward(g, x, index, w, gu, dn);
   EXPECT_TRUE(at::equal(grads[0], gx));
   EXPECT_TRUE(at::equal(grads[1], gw));

@@ -21,9 +21,13 @@ FUSEOPS_TEST_ON_DEVICES(Quantize);
 
 std::tuple<at::Tensor, at::Tensor> composite_quantize(const at::Tensor& x) {
   const at::Tensor xf = x.to(at::kFloat);
-  // An empty row's absmax is 0 (max() refuses empty rows).
-  at::Tensor scale = xf.size(-1) == 0 ? at::zeros(xf.sizes().slice(0, xf.dim() - 1), xf.options())
-                                      : std::get<0>(xf.abs().max(-1)) / 127.0f;
+  // An empty row's absmax is 0 (max() refuses empty rows). absmax / 127 goes
+  // through float64: ATen's CUDA division by a scalar multiplies by its
+  // reciprocal (1 ulp off), while a float64 quotient rounded to float32 is the
+  // correctly rounded float32 division the kernels compute.
+  at::Tensor scale = xf.size(-1) == 0
+                         ? at::zeros(xf.sizes().slice(0, xf.dim() - 1), xf.options())
+                         : (std::get<0>(xf.abs().max(-1)).to(at::kDouble) / 127.0).to(at::kFloat);
   scale = at::where(scale == 0, at::ones_like(scale), scale);
   const at::Tensor q = at::round(xf / scale.unsqueeze(-1)).clamp(-127, 127).to(at::kChar);
   return {q, scale};

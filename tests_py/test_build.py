@@ -374,6 +374,48 @@ def test_runnable_builds_agree_with_proc_cpuinfo():
     assert fuseops.build_info()["runnable_cpu_capabilities"] == expected
 
 
+@pytest.mark.slow
+def test_configure_with_a_compiler_that_links_libstdcxx_statically_warns(tmp_path):
+    # g++ that finds no shared libstdc++.so: what a toolchain built without it
+    # gives. Such a library carries its own C++ runtime beside torch's, and
+    # every error message crashed on such a build.
+    fake = tmp_path / "g++-static-runtime"
+    fake.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = -print-file-name=libstdc++.so ]; then echo libstdc++.so; exit 0; fi\n'
+        'exec g++ "$@"\n'
+    )
+    fake.chmod(0o755)
+    result = _configure(tmp_path / "build", f"-DCMAKE_CXX_COMPILER={fake}")
+    message = " ".join(result.stderr.split())
+    assert "would link libstdc++ statically into libfuseops.so" in message, result.stderr
+    assert "CXX=/usr/bin/g++" in message
+
+
+def test_library_shares_torchs_cxx_runtime():
+    # DT_NEEDED names the shared libstdc++ and the library defines none of
+    # its symbols (std::ostream::_M_insert<long> stands for them all).
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.fail("readelf (binutils, installed with g++) is needed to read the library")
+    dynamic = subprocess.run(
+        [readelf, "-dW", fuseops.library_path], capture_output=True, text=True, check=True
+    ).stdout
+    assert "[libstdc++.so.6]" in dynamic, dynamic
+    symbols = subprocess.run(
+        [readelf, "-sW", fuseops.library_path],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    defined = [
+        line
+        for line in symbols.splitlines()
+        if "_ZNSo9_M_insertIlEERSoT_" in line and " UND " not in line
+    ]
+    assert not defined, defined
+
+
 def test_installed_library_finds_torch_and_its_openmp_runtime():
     # Through the library's RUNPATH alone: a libgomp.so.1 found elsewhere
     # first (the system's) would become the OpenMP runtime of torch too.

@@ -636,7 +636,11 @@ def float64_outputs(logits, target, weight, reduction, ignore_index, z_loss, sof
     elif reduction == "sum":
         z = z_rows.sum() / (normalizer or 1.0)
     else:
-        w = torch.ones(logits.shape[-1], dtype=torch.float64) if weight is None else weight.double()
+        w = (
+            torch.ones(logits.shape[-1], dtype=torch.float64, device=logits.device)
+            if weight is None
+            else weight.double()
+        )
         z = z_rows.sum() / (w[target.clamp(min=0)] * valid).sum()
     predicted = logits.argmax(-1)
     accuracy = ((predicted == target) & valid).sum() / valid.sum()

@@ -20,7 +20,9 @@ def dynamic_reference(x, wq, scale, bias=None):
     # Written out independently of fuseops.reference: quantize_per_token_int8's
     # float32 math, then exact float64 products and sums.
     xf = x.float()
-    xs = xf.abs().amax(-1, keepdim=True) / 127
+    # Through float64 so that the division is correctly rounded on CUDA too
+    # (ATen divides by a Python scalar there as a product with its reciprocal).
+    xs = (xf.abs().amax(-1, keepdim=True).double() / 127).float()
     xs = torch.where(xs == 0, torch.ones_like(xs), xs)
     xq = torch.round(xf / xs).clamp(-127, 127)
     y = (xq.double() @ wq.double().T) * xs.double() * scale.double()

@@ -50,8 +50,15 @@ def _quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     # The op's float32 math spelled out: float64 inputs (and the float64
     # copies the conformance suite passes) are rounded to float32 first,
     # exactly as the kernels do, so q and scale must match bit for bit.
+    # amax / 127 through float64: ATen's CUDA division by a Python scalar
+    # multiplies by its reciprocal (1 ulp off); a float64 quotient rounded to
+    # float32 is the correctly rounded float32 division the kernels compute.
     xf = x.float()
-    scale = xf.abs().amax(-1) / 127 if xf.shape[-1] else torch.zeros(xf.shape[:-1], device=x.device)
+    scale = (
+        (xf.abs().amax(-1).double() / 127).float()
+        if xf.shape[-1]
+        else torch.zeros(xf.shape[:-1], device=x.device)
+    )
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = torch.round(xf / scale.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
     return q, scale

@@ -23,8 +23,10 @@ import torch
 import fuseops
 from fuseops import reference
 
+from support.cpu_builds import cpu_runs
 from support.errors import expect_error_mentions
 from support.params import DTYPES
+from support.processes import run_python
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
@@ -54,14 +56,54 @@ def test_matches_the_float64_product(device, dtype, rows, k, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rows_do_not_change_each_others_bits(device, dtype):
-    # The streaming kernel sums each output on its own: a row's result is the
-    # same bits alone or among the 4 rows of a decode step.
-    x, w, b = inputs((4,), 300, 70, dtype, device)
+def test_rows_do_not_change_each_others_bits(dtype):
+    # The CPU's streaming kernel sums each output on its own: a row's result
+    # is the same bits alone or among the 4 rows of a decode step. On CUDA
+    # fuseops.linear is cuBLAS, which picks its algorithm by shape, so there a
+    # row's bits may depend on the batch (python/README.md says so).
+    x, w, b = inputs((4,), 300, 70, dtype, "cpu")
     together = fuseops.linear(x, w, b)
     for r in range(4):
         assert torch.equal(fuseops.linear(x[r : r + 1], w, b), together[r : r + 1])
         assert torch.equal(fuseops.linear(x[: r + 1], w, b), together[: r + 1])
+
+
+_AVX512_BF16_CODE = """
+import math, torch, fuseops
+from fuseops import reference
+gen = torch.Generator().manual_seed(3)
+worst = 0.0
+for rows, k, n in [(1, 1030, 37), (3, 64, 130), (4, 4096, 19), (8, 333, 16)]:
+    x = torch.randn(rows, k, generator=gen, dtype=torch.float64).bfloat16()
+    w = torch.randn(n, k, generator=gen, dtype=torch.float64).bfloat16()
+    b = torch.randn(n, generator=gen, dtype=torch.float64).bfloat16()
+    want = reference.linear(x, w, b).double()
+    err = (fuseops.linear(x, w, b).double() - want).abs() - 1e-2 * want.abs()
+    worst = max(worst, err.max().item() / math.sqrt(k))
+# One product of denormals (1e-39 is below bfloat16's smallest normal).
+tiny = fuseops.linear(torch.full((1, 32), 1e-39).bfloat16(), torch.ones(1, 32).bfloat16())
+print(worst <= 1e-2, tiny.item() > 0)
+"""
+
+
+def test_bfloat16_rows_with_and_without_avx512_bf16():
+    # The AVX512 build multiplies bfloat16 rows with vdpbf16ps on CPUs with
+    # AVX512_BF16; FUSEOPS_DISABLE_AVX512_BF16=1 takes the widening path
+    # there. Both match float64 (TOL's bound); vdpbf16ps treats denormals as
+    # 0, which tells the paths apart (python/README.md says so).
+    if not cpu_runs("AVX512"):
+        pytest.skip("this CPU cannot run AVX512 code")
+    widened = run_python(
+        _AVX512_BF16_CODE,
+        {"FUSEOPS_DISABLE_AVX512_BF16": "1", "ATEN_CPU_CAPABILITY": "avx512"},
+    )
+    assert widened.returncode == 0, widened.stderr
+    assert widened.stdout.split() == ["True", "True"], widened.stdout
+    with open("/proc/cpuinfo") as f:
+        has_bf16 = "avx512_bf16" in f.read()
+    plain = run_python(_AVX512_BF16_CODE, {"ATEN_CPU_CAPABILITY": "avx512"})
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == ["True", str(not has_bf16)], plain.stdout
 
 
 @pytest.mark.parametrize("gemms", ["emulated", "native"])

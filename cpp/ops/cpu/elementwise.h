@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include <ATen/OpMathType.h>
@@ -53,8 +55,25 @@ inline int64_t row_sum_blocks(int64_t rows, int64_t row_elements) {
 // floats to bfloat16 in one instruction; ATen's portable conversion takes
 // about twenty (measured with the AVX-512 exp below, 2M elements in cache,
 // one thread: silu bfloat16 forward 583 -> 375 us, relu 165 -> 88 us).
-// Read once; the branch on it is always predicted.
-inline const bool kCpuHasAvx512Bf16 = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
+// Read once; the branch on it is always predicted. FUSEOPS_DISABLE_AVX512_BF16
+// set and not "0" turns these paths off on a CPU that has them: a test
+// switch, so that the AVX-512 paths without AVX512_BF16 run there too.
+inline const bool kCpuHasAvx512Bf16 = [] {
+  __builtin_cpu_init();
+  const char* disabled = std::getenv("FUSEOPS_DISABLE_AVX512_BF16");
+  return __builtin_cpu_supports("avx512bf16") &&
+         (disabled == nullptr || std::strcmp(disabled, "") == 0 || std::strcmp(disabled, "0") == 0);
+}();
+
+// vdpbf16ps, for CPUs with AVX512_BF16: lane i of acc gains a[2i] * b[2i] +
+// a[2i + 1] * b[2i + 1], the bfloat16 products exact in float32, each add
+// rounded (the odd product first). It treats bfloat16 and float32
+// denormals (below about 1.2e-38) as 0. The compiler is not told about
+// AVX512_BF16 (see narrow_from_float below), hence asm.
+C10_ALWAYS_INLINE __m512 dot_bf16_pairs(__m512 acc, __m512i a, __m512i b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
 #endif
 
 // Replaces every NaN of a bfloat16/float16 vector by the one quiet NaN

@@ -144,12 +144,6 @@ void tile_rows(int rows, const float* x, int64_t x_stride, const int8_t* wi, con
 // float32 denormals (below about 1.2e-38) as 0.
 constexpr int kPairTileRows = 12;
 
-C10_ALWAYS_INLINE __m512 dot_bf16_pairs(__m512 acc, __m512i a, __m512i b) {
-  // The compiler is not told about AVX512_BF16 (elementwise.h), hence asm.
-  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-
 template <int R>
 C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride, const c10::BFloat16* wb,
                                  int64_t groups, float* partial, bool first) {

@@ -10,11 +10,15 @@
 // vectors along K), the weight prefetched ahead of the loads. bfloat16 and
 // float16 weights are widened to float32 in registers; the input rows are
 // widened once per call and, when they exceed L1, walked in chunks of K that
-// every stripe of the task reuses.
+// every stripe of the task reuses. On CPUs with AVX512_BF16 the AVX512
+// build multiplies bfloat16 rows by vdpbf16ps instead: 32 weights and inputs
+// a step in one instruction, read as they are (no widening at all).
 //
 // Each output is one accumulator's lanes summed over K in the same order,
 // then reduced, whatever the number of rows or the thread count; builds
-// differ only in the vector width (how K is split into lanes).
+// differ only in the vector width (how K is split into lanes), and
+// vdpbf16ps adds a lane's two products in the other order (and treats
+// denormals as 0).
 //
 // ATen's matrix product (addmm/mm, what torch's linear calls) takes the rest:
 // more rows, whose weights are reused enough for a blocked GEMM (or AMX) to
@@ -50,6 +54,7 @@
 #include "ops/common/reduced_gemms.h"
 #include "ops/common/widened_products.h"
 #include "ops/linear.h"
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/prefetch.h"
 
@@ -169,9 +174,46 @@ C10_ALWAYS_INLINE void dot_tile(const float* x, const scalar_t* w, int64_t k, in
   }
 }
 
-// dot_tile for a run-time row count in [1, R].
-template <int J, typename scalar_t, int R>
-void dot_rows(int rows, const float* x, const scalar_t* w, int64_t k, int64_t begin, int64_t end,
+#if defined(CPU_CAPABILITY_AVX512)
+// dot_tile for bfloat16 rows and weights on CPUs with AVX512_BF16 (x: the
+// input rows as they are): a step is 32 elements, lane i summing elements
+// 2i and 2i + 1 of it, the lanes Widen's paired layout gives them.
+template <int R, int J>
+C10_ALWAYS_INLINE void dot_tile(const c10::BFloat16* x, const c10::BFloat16* w, int64_t k,
+                                int64_t begin, int64_t end, FloatVec* acc_rows) {
+  static_assert(Widen<c10::BFloat16>::kSteps == 32);
+  __m512 acc[R][J];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < J; ++j) {
+      acc[r][j] = acc_rows[r * kTaskChannels + j];
+    }
+  }
+  for (int64_t i = begin; i < end; i += 32) {
+    __m512i wv[J];
+    for (int j = 0; j < J; ++j) {
+      const c10::BFloat16* row = w + j * k + i;
+      prefetch_ahead(row);
+      wv[j] = _mm512_loadu_si512(row);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv = _mm512_loadu_si512(x + r * k + i);
+      for (int j = 0; j < J; ++j) {
+        acc[r][j] = dot_bf16_pairs(acc[r][j], wv[j], xv);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < J; ++j) {
+      acc_rows[r * kTaskChannels + j] = FloatVec(acc[r][j]);
+    }
+  }
+}
+#endif
+
+// dot_tile for a run-time row count in [1, R]; input_t: float (the
+// widened rows) or, for the vdpbf16ps path, bfloat16.
+template <int J, typename scalar_t, int R, typename input_t>
+void dot_rows(int rows, const input_t* x, const scalar_t* w, int64_t k, int64_t begin, int64_t end,
               FloatVec* acc_rows) {
   if constexpr (R > 1) {
     if (rows < R) {
@@ -184,9 +226,9 @@ void dot_rows(int rows, const float* x, const scalar_t* w, int64_t k, int64_t be
 
 // One task's channels [c_begin, c_end) over the steps [begin, end) of the
 // m rows: stripes of J weight rows, each read once.
-template <int J, int R, typename scalar_t>
+template <int J, int R, typename scalar_t, typename input_t>
 void task_chunk_with(int m, int64_t k, int64_t c_begin, int64_t c_end, int64_t begin, int64_t end,
-                     const float* x, const scalar_t* w, FloatVec* acc) {
+                     const input_t* x, const scalar_t* w, FloatVec* acc) {
   int64_t c = c_begin;
   for (; c + J <= c_end; c += J) {
     dot_rows<J, scalar_t, R>(m, x, w + c * k, k, begin, end, acc + (c - c_begin));
@@ -198,9 +240,9 @@ void task_chunk_with(int m, int64_t k, int64_t c_begin, int64_t c_end, int64_t b
 
 // The stripes' height J depends on the rows, not the sums: every output
 // keeps its own accumulator over the same steps.
-template <typename scalar_t>
+template <typename scalar_t, typename input_t>
 void task_chunk(int m, int64_t k, int64_t c_begin, int64_t c_end, int64_t begin, int64_t end,
-                const float* x, const scalar_t* w, FloatVec* acc) {
+                const input_t* x, const scalar_t* w, FloatVec* acc) {
   if (m <= kNarrowRows) {
     task_chunk_with<kStripeRows, kNarrowRows>(m, k, c_begin, c_end, begin, end, x, w, acc);
   } else {
@@ -217,14 +259,20 @@ void stream_linear(const at::Tensor& out, const at::Tensor& input, const at::Ten
   const int64_t n = weight.size(0);
   // The whole steps of K (the tail is summed in scalars, last).
   const int64_t vectorized = k - k % Wv::kSteps;
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  bool pairs = false;  // vdpbf16ps on the rows as they are
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    pairs = kCpuHasAvx512Bf16;
+  }
+#endif
   const float* x = nullptr;
   // The rows widened to float32 (in Widen's layout) once per call; the
   // buffer is kept by the calling thread, so decoding allocates nothing.
   thread_local std::vector<float> widened;
   if constexpr (std::is_same_v<scalar_t, float>) {
     x = input.const_data_ptr<float>();
-  } else {
-    const scalar_t* in = input.const_data_ptr<scalar_t>();
+  } else if (!pairs) {
     widened.resize(static_cast<size_t>(m * k));
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t i = 0; i < k; ++i) {
@@ -252,13 +300,22 @@ void stream_linear(const at::Tensor& out, const at::Tensor& input, const at::Ten
       acc.fill(FloatVec(0.0f));
       for (int64_t begin = 0; begin < vectorized; begin += chunk) {
         const int64_t end = std::min(vectorized, begin + chunk);
+#if defined(CPU_CAPABILITY_AVX512)
+        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+          if (pairs) {
+            task_chunk(static_cast<int>(m), k, c_begin, c_end, begin, end, in, w, acc.data());
+            continue;
+          }
+        }
+#endif
         task_chunk(static_cast<int>(m), k, c_begin, c_end, begin, end, x, w, acc.data());
       }
       for (int64_t r = 0; r < m; ++r) {
         for (int64_t c = c_begin; c < c_end; ++c) {
           float sum = sum_lanes(acc[r * kTaskChannels + (c - c_begin)]);
           for (int64_t i = vectorized; i < k; ++i) {
-            sum = std::fma(x[r * k + i], static_cast<float>(w[c * k + i]), sum);
+            const float xi = pairs ? static_cast<float>(in[r * k + i]) : x[r * k + i];
+            sum = std::fma(xi, static_cast<float>(w[c * k + i]), sum);
           }
           if (b != nullptr) {
             sum += static_cast<float>(b[c]);

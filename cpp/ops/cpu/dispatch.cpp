@@ -1,6 +1,8 @@
 #include "ops/cpu/dispatch.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include <ATen/Version.h>
 
@@ -44,6 +46,11 @@ CpuCapability aten_capability() {
 }
 
 }  // namespace
+
+bool disabled_by_test_switch(const char* variable) {
+  const char* value = std::getenv(variable);
+  return value != nullptr && std::strcmp(value, "") != 0 && std::strcmp(value, "0") != 0;
+}
 
 const char* capability_name(CpuCapability capability) {
   switch (capability) {

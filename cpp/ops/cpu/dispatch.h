@@ -43,6 +43,12 @@ std::vector<CpuCapability> runnable_capabilities();
 void count_kernel_call(CpuCapability capability);
 std::array<uint64_t, kNumCpuCapabilities> kernel_calls();
 
+// Whether the test switch `variable` (FUSEOPS_DISABLE_AVX512_VNNI,
+// FUSEOPS_DISABLE_AVX512_BF16) is set to anything but "" or "0": it turns an
+// instruction set's paths off on a CPU that has it, so that the AVX-512
+// paths without it run in the test suite there too.
+bool disabled_by_test_switch(const char* variable);
+
 // The capability kernels run with: ATen's choice (`at::get_cpu_capability()`,
 // which honours ATEN_CPU_CAPABILITY), lowered to what this CPU supports and
 // what was compiled, unless a test override is active.

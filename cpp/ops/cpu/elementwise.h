@@ -13,14 +13,14 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+
+#include "ops/cpu/dispatch.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -58,12 +58,9 @@ inline int64_t row_sum_blocks(int64_t rows, int64_t row_elements) {
 // Read once; the branch on it is always predicted. FUSEOPS_DISABLE_AVX512_BF16
 // set and not "0" turns these paths off on a CPU that has them: a test
 // switch, so that the AVX-512 paths without AVX512_BF16 run there too.
-inline const bool kCpuHasAvx512Bf16 = [] {
-  __builtin_cpu_init();
-  const char* disabled = std::getenv("FUSEOPS_DISABLE_AVX512_BF16");
-  return __builtin_cpu_supports("avx512bf16") &&
-         (disabled == nullptr || std::strcmp(disabled, "") == 0 || std::strcmp(disabled, "0") == 0);
-}();
+inline const bool kCpuHasAvx512Bf16 =
+    (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16")) &&
+    !disabled_by_test_switch("FUSEOPS_DISABLE_AVX512_BF16");
 
 // vdpbf16ps, for CPUs with AVX512_BF16: lane i of acc gains a[2i] * b[2i] +
 // a[2i + 1] * b[2i + 1], the bfloat16 products exact in float32, each add

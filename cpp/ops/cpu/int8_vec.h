@@ -7,11 +7,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include <ATen/OpMathType.h>
 #include <ATen/cpu/vec/vec.h>
+
+#include "ops/cpu/dispatch.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
@@ -105,12 +106,8 @@ C10_ALWAYS_INLINE void store_float_as_int8(int8_t* p, const FloatVec& v,
 // FUSEOPS_DISABLE_AVX512_VNNI is unset or "0" (a test switch, so that the
 // AVX-512 paths without it run on CPUs with it). Read once; the branch on it
 // is always predicted.
-inline const bool kUseAvx512Vnni = [] {
-  __builtin_cpu_init();
-  const char* disabled = std::getenv("FUSEOPS_DISABLE_AVX512_VNNI");
-  return __builtin_cpu_supports("avx512vnni") &&
-         (disabled == nullptr || std::strcmp(disabled, "") == 0 || std::strcmp(disabled, "0") == 0);
-}();
+inline const bool kUseAvx512Vnni = (__builtin_cpu_init(), __builtin_cpu_supports("avx512vnni")) &&
+                                   !disabled_by_test_switch("FUSEOPS_DISABLE_AVX512_VNNI");
 
 // acc + the sums of each int32 lane's four products of unsigned bytes of
 // `u8` by signed bytes of `s8` (vpdpbusd, wrapping modulo 2^32).

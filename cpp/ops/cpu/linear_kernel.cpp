@@ -71,12 +71,17 @@ constexpr int64_t kTaskChannels = 16;
 
 // Weight rows per stripe: J x rows accumulators within the vector
 // registers (32 with AVX-512, 16 otherwise) beside J widened weight vectors
-// and one input vector; up to 4 rows (kStripeRows), and up to 8 (where ATen
-// emulates bfloat16/float16 products, kWideStripeRows).
+// and one input vector; one row (kSingleRowStripeRows: more weight rows in
+// flight at once, which read 10-40% faster at M = 1 than the 2-4-row
+// stripes on an AVX-512 and an AVX2 build), up to 4 rows (kStripeRows),
+// and up to 8 (where ATen emulates bfloat16/float16 products,
+// kWideStripeRows).
 #if defined(CPU_CAPABILITY_AVX512)
+constexpr int kSingleRowStripeRows = 8;
 constexpr int kStripeRows = 4;
 constexpr int kWideStripeRows = 2;
 #else
+constexpr int kSingleRowStripeRows = 4;
 constexpr int kStripeRows = 2;
 constexpr int kWideStripeRows = 1;
 #endif
@@ -243,7 +248,9 @@ void task_chunk_with(int m, int64_t k, int64_t c_begin, int64_t c_end, int64_t b
 template <typename scalar_t, typename input_t>
 void task_chunk(int m, int64_t k, int64_t c_begin, int64_t c_end, int64_t begin, int64_t end,
                 const input_t* x, const scalar_t* w, FloatVec* acc) {
-  if (m <= kNarrowRows) {
+  if (m == 1) {
+    task_chunk_with<kSingleRowStripeRows, 1>(m, k, c_begin, c_end, begin, end, x, w, acc);
+  } else if (m <= kNarrowRows) {
     task_chunk_with<kStripeRows, kNarrowRows>(m, k, c_begin, c_end, begin, end, x, w, acc);
   } else {
     task_chunk_with<kWideStripeRows, kMaxRows>(m, k, c_begin, c_end, begin, end, x, w, acc);

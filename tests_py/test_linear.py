@@ -68,6 +68,28 @@ def test_rows_do_not_change_each_others_bits(dtype):
         assert torch.equal(fuseops.linear(x[: r + 1], w, b), together[: r + 1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_streamed_rows_have_the_same_bits_on_any_thread_count(dtype):
+    # Up to 4 rows run fuseops' stream, whose sums do not depend on the
+    # threads (linear's other results are ATen's products: THREAD_COUNT_DEPENDENT).
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(
+                [
+                    fuseops.linear(*inputs((rows,), 1030, 301, dtype, "cpu", seed=rows))
+                    for rows in (1, 4)
+                ]
+            )
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            assert torch.equal(got, want)
+
+
 _AVX512_BF16_CODE = """
 import math, torch, fuseops
 from fuseops import reference

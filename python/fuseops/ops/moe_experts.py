@@ -336,4 +336,9 @@ def autocast_cases() -> list:
     return [AutocastCase("moe_experts", moe_experts, moe_experts_reference, [routed(LOW)])]
 
 
+#: Results that depend on the thread count (python/README.md, "Threads and
+#: determinism"): each expert's products, forward and backward, are ATen's
+#: matrix products (at::mm on the expert's rows), whose bits are MKL's.
+THREAD_COUNT_DEPENDENT = ("moe_experts",)
+
 __all__ = ["moe_experts", "moe_experts_backward", "moe_experts_forward"]

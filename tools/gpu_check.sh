@@ -24,7 +24,9 @@
 # "cuda and not test_build"), FUSEOPS_GPU_BENCH_PRESET (default quick),
 # FUSEOPS_GTEST_SOURCE_DIR (GoogleTest's sources, when the system has none).
 # Without internet, pip takes missing build and test packages from a folder
-# of wheels: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels.
+# of wheels: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels, or gpu-wheels/ at
+# the repository's root when it is there (tools/gpu_wheels.sh fills it on a
+# machine with internet).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -195,13 +197,17 @@ print(optional.strip())
 PY
 ) || die "could not inspect the packages of $py"
 needed=$(sed -n 1p <<<"$wanted")
+if [ -z "${PIP_FIND_LINKS:-}" ] && [ -d gpu-wheels ]; then
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/gpu-wheels
+  note "pip installs from gpu-wheels/ only"
+fi
 optional=$(sed -n 2p <<<"$wanted")
 : >"$out/pip.log"
 if [ -n "$needed" ]; then
   note "installing $needed"
   # shellcheck disable=SC2086 # one word per requirement
   "$py" -m pip install -q $needed >>"$out/pip.log" 2>&1 ||
-    die "pip could not install $needed (no internet? see $out/pip.log; offline, set PIP_NO_INDEX=1 PIP_FIND_LINKS=<folder of wheels>)"
+    die "pip could not install $needed (no internet? see $out/pip.log; offline, bring the folder that tools/gpu_wheels.sh fills)"
 fi
 if [ -n "$optional" ]; then
   # shellcheck disable=SC2086 # one word per requirement

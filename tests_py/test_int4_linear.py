@@ -31,10 +31,11 @@ import torch
 import fuseops
 from fuseops import reference
 
-from support.cpu_builds import CAPABILITY_ORDER, run_under_cpu_capability
+from support.cpu_builds import CAPABILITY_ORDER, cpu_runs, run_under_cpu_capability
 from support.errors import expect_error_mentions
 from support.int8_math import ROUNDING
 from support.params import DTYPES
+from support.processes import run_python
 
 
 def packed_weight(n, k, group_size, device, symmetric=True, seed=0):
@@ -123,17 +124,35 @@ def test_matches_float64_reference(dtype, m, n, k, group_size, symmetric, device
     assert_matches(y, want, k)
 
 
-def test_rows_do_not_depend_on_the_batch(device):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_do_not_depend_on_the_batch(dtype, device):
     # Every row sums in the same order whatever the number of rows (the
-    # decode path and the buffered one), so a row computed alone equals the
-    # same row in a batch (decode vs prefill).
+    # decode path and the buffered one; for bfloat16 on CPUs with
+    # AVX512_BF16, the pair path's in-register and shared-group tiles), so
+    # a row computed alone equals the same row in a batch (decode vs
+    # prefill).
     _, _, (packed, scale_zero) = packed_weight(40, 300, 64, device)
-    x = torch.randn(100, 300, device=device)
+    x = torch.randn(100, 300, device=device).to(dtype)
     batch = fuseops.int4_weight_only_linear(x, packed, scale_zero, 64)
-    for row in (0, 5, 6, 47, 48, 99):
+    for row in (0, 5, 6, 7, 8, 31, 32, 47, 48, 99):
         alone = fuseops.int4_weight_only_linear(x[row : row + 1], packed, scale_zero, 64)
         assert torch.equal(alone, batch[row : row + 1])
+        some = fuseops.int4_weight_only_linear(x[: row + 1], packed, scale_zero, 64)
+        assert torch.equal(some, batch[: row + 1])
 
+
+# Every build's float32 path returns the same bits; the AVX512 build's
+# bfloat16 pair path (CPUs with AVX512_BF16) differs by float32 rounding and
+# is turned off here (its own test is below).
+_FLOAT_PATHS = {"FUSEOPS_DISABLE_AVX512_BF16": "1"}
+
+_SAVE_CODE = """
+import torch, fuseops
+inputs = torch.load({path!r})
+with torch.inference_mode():
+    want = [fuseops.int4_weight_only_linear(*call) for call in inputs]
+torch.save((inputs, want), {path!r})
+"""
 
 _BUILDS_CODE = """
 import torch, fuseops
@@ -148,7 +167,8 @@ with torch.inference_mode():
 @pytest.fixture(scope="module")
 def builds_calls(tmp_path_factory):
     # The decode path (1 and 2 rows), the buffered one (61 rows), both
-    # quantizers, a short last group and a partial block of channels.
+    # quantizers, a short last group and a partial block of channels; the
+    # results of the build this CPU picks, float32 paths only.
     inputs = []
     for dtype in DTYPES:
         for m, symmetric in [(1, True), (2, False), (61, False)]:
@@ -157,16 +177,59 @@ def builds_calls(tmp_path_factory):
             if m > 1:
                 x[-1, 1] = float("nan")
             inputs.append((x, *weight, 64, torch.randn(37).to(dtype)))
-    with torch.inference_mode():
-        want = [fuseops.int4_weight_only_linear(*call) for call in inputs]
     path = tmp_path_factory.mktemp("int4") / "calls.pt"
-    torch.save((inputs, want), path)
+    torch.save(inputs, path)
+    result = run_python(_SAVE_CODE.format(path=str(path)), _FLOAT_PATHS)
+    assert result.returncode == 0, result.stderr
     return str(path)
 
 
 @pytest.mark.parametrize("capability", [c.lower() for c in CAPABILITY_ORDER])
 def test_same_bits_in_every_cpu_build(capability, builds_calls):
-    run_under_cpu_capability(capability, _BUILDS_CODE.format(path=builds_calls))
+    run_under_cpu_capability(capability, _BUILDS_CODE.format(path=builds_calls), _FLOAT_PATHS)
+
+
+_PAIR_PATH_CODE = """
+import torch, fuseops
+gen = torch.Generator().manual_seed(5)
+worst = 0.0
+for m, n, k, group_size, symmetric in [(1, 37, 300, 64, True), (8, 16, 128, 128, False),
+                                       (13, 40, 70, 32, True), (45, 33, 256, 2, False)]:
+    w = torch.randn(n, k, generator=gen) * 0.05
+    wq, scale, zero = fuseops.quantize_per_group_int4(w, group_size, symmetric)
+    packed, scale_zero = fuseops.pack_int4_weight(wq, scale, zero, group_size)
+    group = torch.arange(k) // group_size
+    exact = (wq.double() - zero.double()[:, group]) * scale.double()[:, group]
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    want = x.double() @ exact.T
+    got = fuseops.int4_weight_only_linear(x, packed, scale_zero, group_size).double()
+    # float32 sums of k products (2^-24 each) and bfloat16's rounding of the result.
+    bound = 2e-6 * k ** 0.5 * max(1.0, want.abs().max().item()) + 2.0 ** -8 * want.abs()
+    worst = max(worst, ((got - want).abs() / bound).max().item())
+# Denormal activations (1e-39 is below bfloat16's smallest normal): the
+# float32 path multiplies them, vdpbf16ps takes them as 0.
+ones = fuseops.pack_int4_weight(*fuseops.quantize_per_group_int4(torch.ones(16, 64), 32, True), 32)
+tiny = fuseops.int4_weight_only_linear(torch.full((1, 64), 1e-39).bfloat16(), *ones, 32)
+print(worst <= 1.0, bool((tiny > 0).all()), bool((tiny == 0).all()))
+"""
+
+
+def test_bfloat16_pair_path_with_and_without_avx512_bf16():
+    # The AVX512 build multiplies bfloat16 rows by vdpbf16ps on CPUs with
+    # AVX512_BF16 (a pair of activations by a pair of decoded weights);
+    # FUSEOPS_DISABLE_AVX512_BF16=1 takes the float32 path there. Both
+    # match float64 within float32 sums; denormal activations tell the
+    # paths apart (python/README.md says so).
+    if not cpu_runs("AVX512"):
+        pytest.skip("this CPU cannot run AVX512 code")
+    float_path = run_python(_PAIR_PATH_CODE, {**_FLOAT_PATHS, "ATEN_CPU_CAPABILITY": "avx512"})
+    assert float_path.returncode == 0, float_path.stderr
+    assert float_path.stdout.split() == ["True", "True", "False"], float_path.stdout
+    with open("/proc/cpuinfo") as f:
+        has_bf16 = "avx512_bf16" in f.read()
+    default = run_python(_PAIR_PATH_CODE, {"ATEN_CPU_CAPABILITY": "avx512"})
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.split() == ["True", str(not has_bf16), str(has_bf16)], default.stdout
 
 
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "3d"])

@@ -34,9 +34,10 @@ def cpu_runs(capability: str) -> bool:
     return capability.upper() in fuseops.build_info()["runnable_cpu_capabilities"]
 
 
-def run_under_cpu_capability(capability: str, code: str) -> None:
+def run_under_cpu_capability(capability: str, code: str, env: dict[str, str] | None = None) -> None:
     """Runs `code` (which calls fuseops ops and checks their results) in a
-    fresh interpreter with ATEN_CPU_CAPABILITY=`capability`, so that fuseops
+    fresh interpreter with ATEN_CPU_CAPABILITY=`capability` (and `env`'s
+    other variables), so that fuseops
     picks that build of its kernels, and proves it did: the child's kernel
     calls must all have run in exactly that build. Fails if the build is
     missing; skips only where this CPU cannot execute it (forcing a
@@ -56,7 +57,9 @@ def run_under_cpu_capability(capability: str, code: str) -> None:
     # The child can import the helpers in tests_py/support (sample_run).
     tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pythonpath = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
-    result = run_python(code, {"ATEN_CPU_CAPABILITY": capability.lower(), "PYTHONPATH": pythonpath})
+    result = run_python(
+        code, {**(env or {}), "ATEN_CPU_CAPABILITY": capability.lower(), "PYTHONPATH": pythonpath}
+    )
     assert result.returncode == 0, result.stderr
     selected, calls = result.stdout.strip().splitlines()[-1].split(" ", 1)
     assert selected == capability

@@ -26,11 +26,17 @@
 // Every lane sums in the same order whatever the number of rows, the path or
 // the CPU build (fused multiply-adds everywhere, std::fma in the DEFAULT
 // build), so every build returns the same bits and a row's result does not
-// depend on the rows around it.
+// depend on the rows around it. The exception: bfloat16 activations on
+// CPUs with AVX512_BF16 take the vdpbf16ps path below at every row count
+// (its sums differ from the float32 path's by float32 rounding; a row still
+// has the same bits whatever the batch), unless FUSEOPS_DISABLE_AVX512_BF16
+// is set.
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <ATen/Dispatch.h>
@@ -119,28 +125,42 @@ struct Group {
   int64_t sums_stride;
 };
 
-// R rows' sums over one group, from the even and odd accumulators: less the
-// zero points' share, scaled and added to `result` (R x 16 floats; `first`:
-// start from 0).
+// R rows' sums over one group (`dots`: each row's products summed, per
+// vector of channels): less the zero points' share, scaled and added to
+// `result` (R x 16 floats; `first`: start from 0).
 //
 // Every loop over rows and vectors here and in the tiles is unrolled in
 // full: an accumulator array indexed in a loop lives in memory, and GCC
 // then loads and stores it around every multiply-add of the hot loop (it did
 // so for two rows: three times the time of one row).
 template <int R>
-C10_ALWAYS_INLINE void finish_group(const Group& group, FloatVec (&even)[R][V],
-                                    FloatVec (&odd)[R][V], float* result, bool first) {
+C10_ALWAYS_INLINE void finish_group(const Group& group, const FloatVec (&dots)[R][V], float* result,
+                                    bool first) {
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const FloatVec x_sum(group.sums[r * group.sums_stride]);
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
-      const FloatVec dot = fused_multiply_add(group.neg_zero[v], x_sum, even[r][v] + odd[r][v]);
+      const FloatVec dot = fused_multiply_add(group.neg_zero[v], x_sum, dots[r][v]);
       const FloatVec before =
           first ? FloatVec(0.0f) : FloatVec::loadu(result + r * kBlockN + v * W);
       fused_multiply_add(group.scale[v], dot, before).store(result + r * kBlockN + v * W);
     }
   }
+}
+
+// The even and odd accumulators of R rows added, then finish_group.
+template <int R>
+C10_ALWAYS_INLINE void finish_even_odd(const Group& group, FloatVec (&even)[R][V],
+                                       const FloatVec (&odd)[R][V], float* result, bool first) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) {
+      even[r][v] = even[r][v] + odd[r][v];
+    }
+  }
+  finish_group<R>(group, even, result, first);
 }
 
 // R rows (x rows `x_stride` floats apart, from the group's first position)
@@ -176,7 +196,7 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
       }
     }
   }
-  finish_group<R>(group, even, odd, result, first);
+  finish_even_odd<R>(group, even, odd, result, first);
 }
 
 // The same over a group already decoded into `decoded` (per position, 16
@@ -208,7 +228,7 @@ C10_ALWAYS_INLINE void buffered_tile(const float* x, int64_t x_stride, const flo
       }
     }
   }
-  finish_group<R>(group, even, odd, result, first);
+  finish_even_odd<R>(group, even, odd, result, first);
 }
 
 // tile<rows> for a run-time rows in [1, R].
@@ -227,6 +247,122 @@ void tile_rows(int rows, const float* x, int64_t x_stride, const uint8_t* w, con
     direct_tile<R>(x, x_stride, w, group, result, first);
   }
 }
+
+#if defined(CPU_CAPABILITY_AVX512)
+// bfloat16 activations on CPUs with AVX512_BF16 (every row count): each
+// 16-byte row of the packed weight becomes 32 bfloat16 by a table lookup
+// (vpermw; the values 0..15 are exact in bfloat16), lane 2c channel c's
+// value at the even position, 2c + 1 at the odd one, and vdpbf16ps adds
+// both products of a row's pair of activations (broadcast as one dword) to
+// channel c's float32 lane: one instruction per row for 32 weights, where
+// the float32 path takes two fused multiply-adds after four conversions.
+// Each product is exact in float32 (8 by 4 significant bits); a lane adds
+// the odd position's product, then the even one's, each add rounded, so the
+// sums differ from the float32 path's (an even and an odd chain) by float32
+// rounding, and the instruction treats bfloat16 and float32 denormals
+// (below about 1.2e-38) as 0.
+//
+// The activations are arranged once per call as dwords (a pair of
+// bfloat16) by tile of kPairTileRows rows: [tile][pair of K][row], so that a
+// tile's broadcasts read one pointer at constant offsets; with a pointer per
+// row, 12 rows spilled accumulators to the stack. Rows per tile: two
+// accumulators for each of 8 rows, beside the weights and the table.
+constexpr int kPairTileRows = 8;
+static_assert(V == 1, "a block of 16 channels is one AVX-512 vector");
+constexpr int64_t kPairChunkRows = 4 * kPairTileRows;
+
+// vpermw's table: word q (0..15) the bfloat16 of q.
+__m512i bfloat16_of_nibbles() {
+  alignas(64) uint16_t words[32] = {};
+  for (int q = 0; q < 16; ++q) {
+    words[q] = c10::BFloat16(static_cast<float>(q)).x;
+  }
+  return _mm512_load_si512(words);
+}
+
+C10_ALWAYS_INLINE __m512i decode_pair_bf16(const uint8_t* p, __m512i table) {
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  // Dword c: the low nibble in its low word, the high nibble in its high word.
+  const __m512i nibbles =
+      _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(0xF)),
+                      _mm512_and_si512(_mm512_slli_epi32(bytes, 12), _mm512_set1_epi32(0xF0000)));
+  return _mm512_permutexvar_epi16(nibbles, table);
+}
+
+// Pair p of a group as 32 bfloat16: read from `decoded` (kBuffered: a
+// chunk's tiles share the group decoded once), else decoded from `w`.
+template <bool kBuffered>
+C10_ALWAYS_INLINE __m512i pair_weights(const uint8_t* w, const c10::BFloat16* decoded,
+                                       __m512i table, int64_t p) {
+  if constexpr (kBuffered) {
+    return _mm512_loadu_si512(decoded + 2 * p * kBlockN);
+  } else {
+    if (p % 4 == 0) {
+      prefetch_ahead(w + p * kBlockN);  // one 64-byte line per 4 pairs
+    }
+    return decode_pair_bf16(w + p * kBlockN, table);
+  }
+}
+
+// Chain C of R rows gains their products with pair p's weights `wv`; `x`:
+// the tile's arranged activations from the group's first pair.
+template <int R, int C>
+C10_ALWAYS_INLINE void add_pair_products(__m512 (&acc)[R][2], __m512i wv, const int32_t* x,
+                                         int64_t p) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    acc[r][C] = dot_bf16_pairs(acc[r][C], wv, _mm512_set1_epi32(x[p * kPairTileRows + r]));
+  }
+}
+
+// R rows of a tile over one group.
+template <int R, bool kBuffered>
+C10_ALWAYS_INLINE void pair_tile(const int32_t* x, const uint8_t* w, const c10::BFloat16* decoded,
+                                 __m512i table, const Group& group, float* result, bool first) {
+  // Two chains per row, the group's even and odd pairs (the last pair of an
+  // odd count goes to the first): vdpbf16ps has the latency of several
+  // additions, and one chain left a one-row call at a third of the bytes'
+  // speed. The split is the same for every row count.
+  __m512 acc[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm512_setzero_ps();
+    acc[r][1] = _mm512_setzero_ps();
+  }
+  int64_t p = 0;
+  for (; p + 1 < group.pairs; p += 2) {
+    add_pair_products<R, 0>(acc, pair_weights<kBuffered>(w, decoded, table, p), x, p);
+    add_pair_products<R, 1>(acc, pair_weights<kBuffered>(w, decoded, table, p + 1), x, p + 1);
+  }
+  if (p < group.pairs) {
+    add_pair_products<R, 0>(acc, pair_weights<kBuffered>(w, decoded, table, p), x, p);
+  }
+  FloatVec dots[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    dots[r][0] = _mm512_add_ps(acc[r][0], acc[r][1]);
+  }
+  finish_group<R>(group, dots, result, first);
+}
+
+template <bool kBuffered, int R = kPairTileRows>
+void pair_tile_rows(int rows, const int32_t* x, const uint8_t* w, const c10::BFloat16* decoded,
+                    __m512i table, const Group& group, float* result, bool first) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      pair_tile_rows<kBuffered, R - 1>(rows, x, w, decoded, table, group, result, first);
+      return;
+    }
+  }
+  pair_tile<R, kBuffered>(x, w, decoded, table, group, result, first);
+}
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int64_t kPairChunkRowsOrZero = kPairChunkRows;
+#else
+constexpr int64_t kPairChunkRowsOrZero = 0;
+#endif
 
 // Activations as float32 rows of whole groups (zeros past K) and their sums
 // over each group: buffers reused from call to call on the calling thread
@@ -257,6 +393,38 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
       x = in;
     }
   }
+  // The pair path's activations, arranged (see kPairTileRows): tile t's
+  // pair P of row r at (t * k_pairs + P) * kPairTileRows + r, zero past K.
+  [[maybe_unused]] const int64_t k_pairs = k_padded / 2;
+  [[maybe_unused]] thread_local std::vector<int32_t> reused_arranged;
+  [[maybe_unused]] std::vector<int32_t> fresh_arranged;
+  [[maybe_unused]] const int32_t* arranged = nullptr;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (kCpuHasAvx512Bf16) {
+      const int64_t tiles = (m_total + kPairTileRows - 1) / kPairTileRows;
+      const size_t dwords = static_cast<size_t>(tiles * k_pairs * kPairTileRows);
+      std::vector<int32_t>& buffer =
+          dwords <= kReusedActivationFloats ? reused_arranged : fresh_arranged;
+      buffer.resize(std::max(buffer.size(), dwords));
+      int32_t* a = buffer.data();
+      at::parallel_for(0, m_total, row_grain(k), [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) {
+          int32_t* row = a + (m / kPairTileRows) * k_pairs * kPairTileRows + m % kPairTileRows;
+          const uint16_t* bits = reinterpret_cast<const uint16_t*>(in + m * k);
+          for (int64_t pair = 0; pair < k_pairs; ++pair) {
+            const uint32_t even = 2 * pair < k ? bits[2 * pair] : 0;
+            const uint32_t odd = 2 * pair + 1 < k ? bits[2 * pair + 1] : 0;
+            row[pair * kPairTileRows] = static_cast<int32_t>(even | (odd << 16));
+          }
+        }
+      });
+      arranged = a;
+    }
+  }
+#endif
+  const bool paired = arranged != nullptr;
+
   thread_local std::vector<float> reused_rows;
   thread_local std::vector<float> reused_sums;
   std::vector<float> fresh_rows;
@@ -271,7 +439,11 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
     for (int64_t m = begin; m < end; ++m) {
       if (widened != nullptr) {
         for (int64_t i = 0; i < k; ++i) {
-          widened[m * k_padded + i] = static_cast<float>(in[m * k + i]);
+          const float value = static_cast<float>(in[m * k + i]);
+          // The pair path's products take denormal activations as 0: so
+          // does its zero points' share.
+          widened[m * k_padded + i] =
+              paired && std::fabs(value) < std::numeric_limits<float>::min() ? 0.0f : value;
         }
         std::fill(widened + m * k_padded + k, widened + (m + 1) * k_padded, 0.0f);
       }
@@ -293,15 +465,23 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
   const float* sz = scale_zero.const_data_ptr<float>();
   const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
-  const bool direct = m_total <= kDirectRows;
-  const int64_t chunk_rows = direct ? m_total : kChunkRows;
+  const bool direct = paired || m_total <= kDirectRows;
+  const int64_t chunk_rows = paired   ? std::min<int64_t>(m_total, kPairChunkRowsOrZero)
+                             : direct ? m_total
+                                      : kChunkRows;
   const int64_t chunks = (m_total + chunk_rows - 1) / chunk_rows;
   const int64_t pairs = group_size / 2;
   const int64_t block_bytes = packed.size(1) * kBlockN;
 
   at::parallel_for(0, blocks * chunks, 1, [&](int64_t begin, int64_t end) {
-    float result[kChunkRows > kDirectRows ? kChunkRows * kBlockN : kDirectRows * kBlockN];
+    float result[std::max({kChunkRows, int64_t{kDirectRows}, kPairChunkRowsOrZero}) * kBlockN];
     std::vector<float> decoded(direct ? 0 : static_cast<size_t>(group_size * kBlockN));
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m512i table = bfloat16_of_nibbles();
+    // The chunk's tiles share a group decoded once, when there are several.
+    std::vector<c10::BFloat16> decoded_pairs(
+        paired && chunk_rows > kPairTileRows ? 2 * pairs * kBlockN : 0);
+#endif
     for (int64_t task = begin; task < end; ++task) {
       const int64_t block = task / chunks;
       const int64_t m_begin = (task % chunks) * chunk_rows;
@@ -321,6 +501,32 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
         }
         const uint8_t* wg = wb + g * pairs * kBlockN;
         const float* xg = x + g * group_size;
+#if defined(CPU_CAPABILITY_AVX512)
+        if (paired) {
+          if (decoded_pairs.empty()) {
+            for (int64_t m = m_begin; m < m_end; m += kPairTileRows) {
+              group.sums = sums + m * groups + g;
+              pair_tile_rows<false>(
+                  static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m)),
+                  arranged + ((m / kPairTileRows) * k_pairs + g * pairs) * kPairTileRows, wg,
+                  nullptr, table, group, result + (m - m_begin) * kBlockN, g == 0);
+            }
+            continue;
+          }
+          for (int64_t p = 0; p < pairs; ++p) {
+            _mm512_storeu_si512(decoded_pairs.data() + 2 * p * kBlockN,
+                                decode_pair_bf16(wg + p * kBlockN, table));
+          }
+          for (int64_t m = m_begin; m < m_end; m += kPairTileRows) {
+            group.sums = sums + m * groups + g;
+            pair_tile_rows<true>(
+                static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m)),
+                arranged + ((m / kPairTileRows) * k_pairs + g * pairs) * kPairTileRows, wg,
+                decoded_pairs.data(), table, group, result + (m - m_begin) * kBlockN, g == 0);
+          }
+          continue;
+        }
+#endif
         if (direct) {
           group.sums = sums + m_begin * groups + g;
           tile_rows<false, kDirectRows>(static_cast<int>(m_end - m_begin), xg + m_begin * k_padded,

@@ -34,9 +34,11 @@ activations per row as the op does and sum the integer products exactly.
 
 Not decomposed (:data:`NOT_DECOMPOSED` says why for each): the backward
 ops (training), the ``out=`` overloads (an exported graph is functional),
-the losses, the quantization and packing ops (they prepare weights once,
-before export), and, still to come, ``causal_conv1d`` and the 2:4 sparse
-linears. :func:`export` raises ``NotImplementedError`` naming any of them
+the losses (``cross_entropy``, the fused LM head, ``jsd``), the
+quantization and packing ops (they prepare weights once, before export),
+and, still to come, ``causal_conv1d_update`` (an in-place state update).
+``moe_experts`` is exported dense: every expert on every token, each
+token keeping its routed experts' weighted results. :func:`export` raises ``NotImplementedError`` naming any of them
 a model calls.
 
 Limits: shapes are static (the fuseops ops' shape functions specialize

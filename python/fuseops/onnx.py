@@ -27,9 +27,11 @@ linears and decode_attention are decomposed into standard operators.
 
 Not translated (:data:`NOT_TRANSLATED` says why for each): the backward
 ops (training), the ``out=`` overloads (an exported graph is functional),
-the losses (``cross_entropy``, the fused LM head), the quantization and
-packing ops (they prepare weights once, before export), and, still to come,
-``causal_conv1d`` and the 2:4 sparse linears.
+the losses (``cross_entropy``, the fused LM head, ``jsd``), the
+quantization and packing ops (they prepare weights once, before export),
+and, still to come, ``causal_conv1d_update`` (an in-place state update).
+``moe_experts`` is exported dense: every expert on every token, each
+token keeping its routed experts' weighted results.
 
 Limits: shapes are static (the fuseops ops' shape functions specialize
 symbolic sizes, so ``torch.export`` with ``dynamic_shapes`` fails on them).

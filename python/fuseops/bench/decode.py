@@ -608,9 +608,11 @@ def _bench_size(name: str, args, copy_gb_s: float) -> dict:
         print(f"{name}: {variant.name}", file=sys.stderr, flush=True)
         row: dict = {"variant": variant.name}
         try:
-            model = variant.prepare(_model(size, variant.dtype, positions))
+            model = _model(size, variant.dtype, positions)
             if parameters is None:
+                # The float model's: a quantized one keeps its weights in buffers.
                 parameters = sum(p.numel() for p in model.parameters())
+            model = variant.prepare(model)
             row["weights_bytes"] = stored_bytes(model)
             row["batches"] = [
                 _bench_batch(model, variant, size, batch, args, copy_gb_s)

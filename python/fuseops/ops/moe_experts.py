@@ -304,12 +304,149 @@ def fuzz(d) -> Sample:
     )
 
 
-# --- export (fuseops/ops/_export.py) ---
+# --- export: ONNX, ExecuTorch and their test calls (fuseops/ops/_export.py) ---
+#
+# An exported graph has static shapes, and the op's sort of the tokens by
+# expert has data-dependent sizes. So both export forms are dense: every
+# expert runs on every token, and each token keeps the results of the
+# experts it is routed to, weighted (E / K times the op's products: a form
+# for exporting small mixture-of-experts models, not for speed). An index
+# outside [0, E), which the op refuses, routes its token nowhere.
 
-NOT_EXPORTED = {
-    ("moe_experts",): "still to come: an ONNX/ExecuTorch graph of data-dependent per-expert "
-    "row counts (a dense form runs every expert on every token)"
-}
+
+def onnx_translations() -> dict:
+    """moe_experts, dense: for each expert, ``MatMul`` of every token by its
+    ``gate_up_proj`` and ``down_proj`` slices (``Gather``), the activation
+    (``Sigmoid`` for SiLU, ONNX ``Gelu``), and the sum over the token's
+    slots routed to it of their weights; a token's result adds the weighted
+    results of its experts only (``Where``), in float32 (float64 for
+    float64 inputs)."""
+    from ._onnx import INT64, cast, dtype_of, gelu_math, ints, op, opmath, silu_math, static_dim
+    from onnxscript import ir
+
+    def moe_experts_onnx(
+        hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation: str = "silu"
+    ):
+        """``fuseops::moe_experts``, every expert on every token, each
+        token's routed results weighted and summed."""
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"fuseops.onnx: moe_experts' activation must be one of {sorted(ACTIVATIONS)}, "
+                f"got {activation!r}"
+            )
+        dtype = dtype_of(hidden)
+        ct = opmath(dtype)
+        experts = static_dim(gate_up_proj, 0, "the experts (gate_up_proj.shape[0])")
+        inter = static_dim(down_proj, 2, "the intermediate size (down_proj.shape[2])")
+        x = cast(hidden, ct)
+        index = op.Cast(top_k_index, to=INT64)
+        weights = cast(top_k_weights, ct)
+        zero = op.Constant(value=ir.tensor(0.0, dtype=ct))
+        out = None
+        for e in range(experts):
+            expert = op.Constant(value=ir.tensor(e, dtype=INT64))
+            routed = op.Equal(index, expert)  # [T, K]
+            weight = op.ReduceSum(op.Where(routed, weights, zero), ints(1), keepdims=1)
+            hit = op.ReduceMax(op.Cast(routed, to=INT64), ints(1), keepdims=1)  # [T, 1]
+            gate_up = op.MatMul(
+                x, op.Transpose(cast(op.Gather(gate_up_proj, expert, axis=0), ct), perm=[1, 0])
+            )
+            gate = op.Slice(gate_up, ints(0), ints(inter), ints(-1))
+            up = op.Slice(gate_up, ints(inter), ints(2 * inter), ints(-1))
+            if activation == "silu":
+                act = silu_math(gate)
+            else:
+                act = gelu_math(gate, "tanh" if activation == "gelu_tanh" else "none")
+            down = cast(op.Gather(down_proj, expert, axis=0), ct)
+            result = op.MatMul(op.Mul(act, up), op.Transpose(down, perm=[1, 0]))
+            term = op.Where(op.Cast(hit, to=ir.DataType.BOOL), op.Mul(result, weight), zero)
+            out = term if out is None else op.Add(out, term)
+        return cast(out, dtype)
+
+    return {torch.ops.fuseops.moe_experts.default: moe_experts_onnx}
+
+
+def executorch_decompositions() -> dict:
+    """moe_experts, dense (see :func:`onnx_translations`): ``torch.mm`` of
+    every token by each expert's weights, the activation, and each token's
+    routed results weighted and summed, in float32 (float64 for float64)."""
+    from ._executorch import gelu_math, opmath, silu_math
+
+    def moe_experts_decomposition(
+        hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation: str = "silu"
+    ):
+        """``fuseops::moe_experts``, every expert on every token, each
+        token's routed results weighted and summed."""
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"fuseops.executorch: moe_experts' activation must be one of "
+                f"{sorted(ACTIVATIONS)}, got {activation!r}"
+            )
+        ct = opmath(hidden.dtype)
+        inter = down_proj.shape[2]
+        x = hidden.to(ct)
+        index = top_k_index.to(torch.int64)
+        weights = top_k_weights.to(ct)
+        out = torch.zeros_like(x)
+        for e in range(gate_up_proj.shape[0]):
+            routed = index == e
+            weight = torch.where(routed, weights, torch.zeros_like(weights)).sum(1, keepdim=True)
+            hit = routed.any(1, keepdim=True)
+            gate_up = x @ gate_up_proj[e].to(ct).t()
+            gate, up = gate_up[:, :inter], gate_up[:, inter:]
+            if activation == "silu":
+                act = silu_math(gate)
+            else:
+                approximate = "tanh" if activation == "gelu_tanh" else "none"
+                act = gelu_math(gate, approximate, "moe_experts")
+            result = (act * up) @ down_proj[e].to(ct).t()
+            out = out + torch.where(hit, result * weight, torch.zeros_like(result))
+        return out.to(hidden.dtype)
+
+    return {torch.ops.fuseops.moe_experts.default: moe_experts_decomposition}
+
+
+def export_cases() -> list:
+    """The calls the export tests run (fuseops/ops/_export.py): each
+    activation, int64 and int32 indices, a token routed to one expert twice
+    and an expert no token is routed to. float32 and float64 within 1e-5
+    (the products' sums run in another order); bfloat16 and float16 within
+    2e-2 of the largest result: the op rounds each product to the dtype when
+    an expert has fewer than 32 rows (transformers' loop does too), the dense
+    form keeps them in float32."""
+    import itertools
+
+    from ._export import EXPORT_DTYPES, ExportCase, gelu_limits
+    from ._export import randn as t
+
+    ops = torch.ops.fuseops
+    cases = []
+    for dtype, activation in itertools.product(EXPORT_DTYPES, ACTIVATIONS):
+        tokens, hidden, inter, experts = 5, 16, 8, 4
+        index = torch.tensor([[0, 2], [1, 1], [2, 0], [0, 1], [2, 1]])
+        if activation == "gelu":
+            index = index.to(torch.int32)
+        weights = t(tokens, 2, dtype=dtype).softmax(-1)
+        args = (
+            t(tokens, hidden, dtype=dtype),
+            index,
+            weights,
+            t(experts, 2 * inter, hidden, dtype=dtype, scale=hidden**-0.5),
+            t(experts, hidden, inter, dtype=dtype, scale=inter**-0.5),
+        )
+        tolerance = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+        cases.append(
+            ExportCase(
+                ops.moe_experts.default,
+                f"{dtype} {activation} {tokens} tokens top-2 of {experts}",
+                args,
+                call=lambda *a, act=activation: ops.moe_experts(*a, act),
+                rtol=tolerance,
+                atol=tolerance,
+                not_run_by=gelu_limits(dtype, "none" if activation == "gelu" else None),
+            )
+        )
+    return cases
 
 
 def autocast_cases() -> list:

@@ -314,6 +314,14 @@ def fuzz(d) -> Sample:
 # outside [0, E), which the op refuses, routes its token nowhere.
 
 
+def _check_export_activation(where: str, activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"{where}: moe_experts' activation must be one of {sorted(ACTIVATIONS)}, "
+            f"got {activation!r}"
+        )
+
+
 def onnx_translations() -> dict:
     """moe_experts, dense: for each expert, ``MatMul`` of every token by its
     ``gate_up_proj`` and ``down_proj`` slices (``Gather``), the activation
@@ -329,11 +337,7 @@ def onnx_translations() -> dict:
     ):
         """``fuseops::moe_experts``, every expert on every token, each
         token's routed results weighted and summed."""
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"fuseops.onnx: moe_experts' activation must be one of {sorted(ACTIVATIONS)}, "
-                f"got {activation!r}"
-            )
+        _check_export_activation("fuseops.onnx", activation)
         dtype = dtype_of(hidden)
         ct = opmath(dtype)
         experts = static_dim(gate_up_proj, 0, "the experts (gate_up_proj.shape[0])")
@@ -377,11 +381,7 @@ def executorch_decompositions() -> dict:
     ):
         """``fuseops::moe_experts``, every expert on every token, each
         token's routed results weighted and summed."""
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"fuseops.executorch: moe_experts' activation must be one of "
-                f"{sorted(ACTIVATIONS)}, got {activation!r}"
-            )
+        _check_export_activation("fuseops.executorch", activation)
         ct = opmath(hidden.dtype)
         inter = down_proj.shape[2]
         x = hidden.to(ct)

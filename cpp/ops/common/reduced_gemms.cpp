@@ -46,4 +46,13 @@ bool reduced_gemms_emulated(at::ScalarType dtype) {
   return dtype == at::kBFloat16 ? !bfloat16_native : !float16_native;
 }
 
+bool bfloat16_dot_products_without_amx() {
+  if (const char* forced = std::getenv("FUSEOPS_REDUCED_GEMMS");
+      forced != nullptr && *forced != '\0') {
+    return false;
+  }
+  static const bool without_amx = cpu_has_any({"avx512_bf16"}) && !cpu_has_any({"amx_bf16"});
+  return without_amx;
+}
+
 }  // namespace fuseops::detail

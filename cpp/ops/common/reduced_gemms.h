@@ -18,4 +18,12 @@ namespace fuseops::detail {
 // rows instead of 4, widened products from 32 rows).
 bool reduced_gemms_emulated(at::ScalarType dtype);
 
+// True on CPUs with AVX512_BF16 and without AMX-BF16 (Zen 4, Cooper Lake)
+// unless FUSEOPS_REDUCED_GEMMS is set (then it decides alone): there ATen's
+// bfloat16 products of a few rows read the weight slower than linear's
+// vdpbf16ps stream (measured on a 2-core Zen 4, 8 rows by weights of 1024
+// columns: ATen 7-12 GB/s, the stream 14-17), so linear streams up to 8
+// bfloat16 rows there too.
+bool bfloat16_dot_products_without_amx();
+
 }  // namespace fuseops::detail

@@ -353,8 +353,15 @@ void linear_kernel_impl(const at::Tensor& out, const at::Tensor& input, const at
                         const at::Tensor& bias) {
   const int64_t rows = input.size(0);
   const at::ScalarType dtype = input.scalar_type();
-  const int64_t stream_rows =
+  int64_t stream_rows =
       detail::reduced_gemms_emulated(dtype) ? kLinearStreamRowsEmulated : kLinearStreamRows;
+#if defined(CPU_CAPABILITY_AVX512)
+  // bfloat16 on CPUs with AVX512_BF16 and no AMX: the vdpbf16ps stream up
+  // to 8 rows too (reduced_gemms.h).
+  if (dtype == at::kBFloat16 && kCpuHasAvx512Bf16 && detail::bfloat16_dot_products_without_amx()) {
+    stream_rows = kLinearStreamRowsEmulated;
+  }
+#endif
   if (rows > stream_rows || dtype == at::kDouble) {
     if (detail::linear_runs_widened(weight, rows)) {
       detail::WidenedWeight widened(weight, rows);

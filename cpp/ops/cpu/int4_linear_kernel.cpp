@@ -503,26 +503,25 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
         const float* xg = x + g * group_size;
 #if defined(CPU_CAPABILITY_AVX512)
         if (paired) {
-          if (decoded_pairs.empty()) {
-            for (int64_t m = m_begin; m < m_end; m += kPairTileRows) {
-              group.sums = sums + m * groups + g;
-              pair_tile_rows<false>(
-                  static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m)),
-                  arranged + ((m / kPairTileRows) * k_pairs + g * pairs) * kPairTileRows, wg,
-                  nullptr, table, group, result + (m - m_begin) * kBlockN, g == 0);
+          const bool shared = !decoded_pairs.empty();
+          if (shared) {
+            for (int64_t p = 0; p < pairs; ++p) {
+              _mm512_storeu_si512(decoded_pairs.data() + 2 * p * kBlockN,
+                                  decode_pair_bf16(wg + p * kBlockN, table));
             }
-            continue;
-          }
-          for (int64_t p = 0; p < pairs; ++p) {
-            _mm512_storeu_si512(decoded_pairs.data() + 2 * p * kBlockN,
-                                decode_pair_bf16(wg + p * kBlockN, table));
           }
           for (int64_t m = m_begin; m < m_end; m += kPairTileRows) {
             group.sums = sums + m * groups + g;
-            pair_tile_rows<true>(
-                static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m)),
-                arranged + ((m / kPairTileRows) * k_pairs + g * pairs) * kPairTileRows, wg,
-                decoded_pairs.data(), table, group, result + (m - m_begin) * kBlockN, g == 0);
+            const int rows = static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m));
+            const int32_t* xt =
+                arranged + ((m / kPairTileRows) * k_pairs + g * pairs) * kPairTileRows;
+            float* tile_result = result + (m - m_begin) * kBlockN;
+            if (shared) {
+              pair_tile_rows<true>(rows, xt, wg, decoded_pairs.data(), table, group, tile_result,
+                                   g == 0);
+            } else {
+              pair_tile_rows<false>(rows, xt, wg, nullptr, table, group, tile_result, g == 0);
+            }
           }
           continue;
         }

@@ -164,7 +164,7 @@ C10_ALWAYS_INLINE void dot_tile(const float* x, const scalar_t* w, int64_t k, in
     FloatVec wv[J][Wv::kVectors];
     for (int j = 0; j < J; ++j) {
       const scalar_t* row = w + j * k + i;
-      __builtin_prefetch(row + ahead, 0, 2);
+      prefetch_into_l2(row + ahead);
       Wv::load(row, wv[j]);
     }
     for (int h = 0; h < Wv::kVectors; ++h) {
@@ -201,7 +201,7 @@ C10_ALWAYS_INLINE void dot_tile(const c10::BFloat16* x, const c10::BFloat16* w, 
     __m512i wv[J];
     for (int j = 0; j < J; ++j) {
       const c10::BFloat16* row = w + j * k + i;
-      __builtin_prefetch(row + ahead, 0, 2);
+      prefetch_into_l2(row + ahead);
       wv[j] = _mm512_loadu_si512(row);
     }
     for (int r = 0; r < R; ++r) {

@@ -24,6 +24,10 @@ C10_ALWAYS_INLINE void prefetch_ahead(const void* p) {
   __builtin_prefetch(static_cast<const char*>(p) + kStreamPrefetchBytes, 0, 3);
 }
 
+// Asks for the cache line at `p` into L2 (linear's prefetch of the next
+// stripe of weight rows, a whole stripe ahead: too far for L1).
+C10_ALWAYS_INLINE void prefetch_into_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+
 // The int4 kernels' scales and zero points ([groups, 2, N] float32) are
 // read 16 channels (one 64-byte line) at a time from 2 * groups rows N * 4
 // bytes apart: a block of 16 channels touches one line in each of those rows,

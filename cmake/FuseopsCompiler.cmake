@@ -79,21 +79,22 @@ endfunction()
 # two copies and every error message (c10::Error's text) crashes the process.
 # tests_py/test_build.py checks the built library's DT_NEEDED entries; this
 # says it at configure time, with the fix.
-function(fuseops_check_shared_cxx_runtime)
-  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-    return()
-  endif()
-  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so
+# With CUDA, the CUDA host compiler (CUDAHOSTCXX) matters as much: CMake puts
+# its library folders on libfuseops.so's link line, and one that holds only
+# libstdc++.a gives the same static copy however good the C++ compiler is.
+function(fuseops_check_shared_cxx_runtime compiler role)
+  execute_process(COMMAND ${compiler} -print-file-name=libstdc++.so
                   OUTPUT_VARIABLE _fuseops_libstdcxx OUTPUT_STRIP_TRAILING_WHITESPACE
                   RESULT_VARIABLE _fuseops_print_result)
   set(_fuseops_flags "${CMAKE_SHARED_LINKER_FLAGS} ${CMAKE_CXX_FLAGS} $ENV{LDFLAGS}")
   if(NOT _fuseops_print_result EQUAL 0 OR NOT IS_ABSOLUTE "${_fuseops_libstdcxx}"
      OR _fuseops_flags MATCHES "-static-libstdc\\+\\+")
     message(WARNING
-      "fuseops: ${CMAKE_CXX_COMPILER} would link libstdc++ statically into libfuseops.so "
+      "fuseops: ${compiler} (the ${role}) would link libstdc++ statically into libfuseops.so "
       "(it finds no shared libstdc++.so, or -static-libstdc++ is in the flags). torch uses "
       "the shared libstdc++.so.6, and two copies of the C++ runtime in one process crash on "
       "the first error message. Use a compiler with a shared libstdc++ (e.g. the "
-      "distribution's g++: CXX=/usr/bin/g++) in a new build folder.")
+      "distribution's g++: CXX=/usr/bin/g++, and CUDAHOSTCXX=/usr/bin/g++ with CUDA) in a "
+      "new build folder.")
   endif()
 endfunction()

@@ -137,8 +137,11 @@ for candidate in ${CXX:-} c++ g++ /usr/bin/g++ /usr/bin/g++-14 /usr/bin/g++-13 /
   fi
 done
 if [ -n "$chosen" ]; then
-  export CXX=$chosen
-  note "C++ compiler $CXX ($("$CXX" -dumpfullversion 2>/dev/null)), libstdc++ $("$CXX" -print-file-name=libstdc++.so)"
+  # nvcc's host compiler too: CMake adds its library folders to the link of
+  # libfuseops.so, and a CUDAHOSTCXX whose folders hold only libstdc++.a
+  # links the static runtime in even with a good CXX.
+  export CXX=$chosen CUDAHOSTCXX=$chosen
+  note "C++ and CUDA host compiler $CXX ($("$CXX" -dumpfullversion 2>/dev/null)), libstdc++ $("$CXX" -print-file-name=libstdc++.so)"
 else
   note "WARNING: no C++ compiler with a shared libstdc++ found: error messages may crash"
 fi
@@ -242,6 +245,8 @@ step build 420 "$py" -m pip install -v --no-build-isolation --no-deps \
   die "the build failed: nothing to test (see $out/build.log)"
 step info 60 "$py" -m fuseops info
 readelf -dW "$("$py" -c 'import fuseops; print(fuseops.library_path)')" >"$out/readelf.txt" 2>&1
+grep -q 'NEEDED.*\[libstdc++\.so\.6\]' "$out/readelf.txt" ||
+  die "libfuseops.so does not need the shared libstdc++.so.6 (see $out/readelf.txt): a static C++ runtime beside torch's crashes on every error message; build with CXX and CUDAHOSTCXX set to a compiler with a shared libstdc++"
 "$py" -c "import fuseops, sys; sys.exit(not fuseops.build_info()['cuda'])" ||
   die "fuseops was built without its CUDA kernels (see $out/build.log)"
 

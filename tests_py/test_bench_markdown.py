@@ -211,6 +211,7 @@ def _batch(batch: int, ms: float, peak) -> dict:
         "bytes_read_per_step": read,
         "gb_per_s": gb_s,
         "percent_of_copy": 100 * gb_s / 20.0,
+        "percent_of_read": 100 * gb_s / 25.0,
         "peak_bytes": peak,
     }
 
@@ -266,7 +267,8 @@ def decode_document() -> dict:
         "repeats": 1,
         "batches": [1, 8],
         "copy_gb_per_s": 20.0,
-        "method": {"timing": "t", "bytes_read": "b", "copy": "c", "peak_memory": "p"},
+        "read_gb_per_s": 25.0,
+        "method": {"timing": "t", "bytes_read": "b", "copy": "c", "read": "r", "peak_memory": "p"},
         "results": [DECODE_SIZE],
         "llama_cpp": "llama.cpp anchor (BF16/Q8_0/Q4_0) skipped: not installed",
     }
@@ -275,6 +277,7 @@ def decode_document() -> dict:
 def test_decode_json_as_markdown(capsys, tmp_path):
     document = decode_document()
     document["results"][0]["rows"][1]["batches"][0]["percent_of_copy"] = None
+    document["results"][0]["rows"][1]["batches"][0]["percent_of_read"] = None
     path = tmp_path / "decode.json"
     path.write_text(json.dumps(document))
     text = render(capsys, "--markdown", str(path))
@@ -287,6 +290,8 @@ def test_decode_json_as_markdown(capsys, tmp_path):
         "1 threads",
         "date 2026-01-02T03:04:05+00:00",
         "load average 3.3 at the start",
+        "copy 20.0 GB/s",
+        "read 25.0 GB/s",
     ):
         assert part in header, part
 
@@ -302,7 +307,7 @@ def test_decode_json_as_markdown(capsys, tmp_path):
         ("fuseops w8a16", "8"),
         ("fuseops w4a16", "ERROR: RuntimeError: no \\| kernel"),
     ]
-    assert rows[-1][2:] == ["-"] * 7
+    assert rows[-1][2:] == ["-"] * 8
     # The decode run's own table formats each figure alike.
     args = argparse.Namespace(decode_prompt=8, decode_new_tokens=4, decode_repeats=1)
     text_rows = [
@@ -316,9 +321,11 @@ def test_decode_json_as_markdown(capsys, tmp_path):
     assert first["ms/token"] == "1.23" and first["MB read/step"] == "12.35"
     assert first["tokens/s"] == f"{source['tokens_per_s']:.1f}"
     assert first["% of copy"] == f"{source['percent_of_copy']:.0f}"
+    assert first["% of read"] == f"{source['percent_of_read']:.0f}"
     assert first["weights MiB"] == "3.0" and first["peak MiB"] == "5.0"
     assert rows[2][-1] == "-"  # no peak recorded
-    assert rows[3][3:7] == ["-", "12.35", "-", "-"]  # no tokens/s, GB/s, % of copy
+    # No tokens/s, GB/s, % of copy or % of read.
+    assert rows[3][3:8] == ["-", "12.35", "-", "-", "-"]
     assert text.rstrip().endswith(document["llama_cpp"])
 
     # Under the table, one tokens/s chart per batch size, of the variants

@@ -457,6 +457,7 @@ def test_bench_decode_command(tmp_path):
         "MB read/step",
         "GB/s",
         "% of copy",
+        "% of read",
         "weights MiB",
         "peak MiB",
     ]
@@ -473,8 +474,9 @@ def test_bench_decode_command(tmp_path):
         assert anchor_line.startswith("llama.cpp anchor (BF16/Q8_0/Q4_0): rows ")
 
     report = json.loads(json_path.read_text())
-    assert report["copy_gb_per_s"] > 0 and report["new_tokens"] == 4
-    assert set(report["method"]) == {"timing", "bytes_read", "copy", "peak_memory"}
+    assert report["copy_gb_per_s"] > 0 and report["read_gb_per_s"] > 0
+    assert report["new_tokens"] == 4
+    assert set(report["method"]) == {"timing", "bytes_read", "copy", "read", "peak_memory"}
     [size] = report["results"]
     assert size["size"] == "tiny" and size["parameters"] > 0
     assert [row["variant"] for row in size["rows"]] == expected
@@ -486,8 +488,12 @@ def test_bench_decode_command(tmp_path):
             assert b["bytes_read_per_step"] > 0 and b["generate_s"] > 0 and b["prefill_s"] > 0
             assert isinstance(b["ms_per_token"], float)
             # None where the timing noise of so short a run left no decode time.
-            for key in ("tokens_per_s", "gb_per_s", "percent_of_copy"):
+            for key in ("tokens_per_s", "gb_per_s", "percent_of_copy", "percent_of_read"):
                 assert b[key] is None or isinstance(b[key], float), (key, b)
+            if b["gb_per_s"] is not None:
+                assert b["percent_of_read"] == pytest.approx(
+                    100 * b["gb_per_s"] / report["read_gb_per_s"]
+                )
     assert (tmp_path / "decode.txt").read_text().strip() == result.stdout.split("\nwrote ")[0]
 
 
@@ -661,7 +667,13 @@ def test_llama_cpp_anchor_line(monkeypatch):
 
 def test_llama_cpp_process_failures_are_the_rows_errors(tmp_path, monkeypatch):
     timing = dict(
-        batches=[1], vocab=VOCAB, prompt=4, new_tokens=2, repeats=1, threads=1, copy_gb_per_s=1.0
+        batches=[1],
+        vocab=VOCAB,
+        prompt=4,
+        new_tokens=2,
+        repeats=1,
+        threads=1,
+        memory={"copy_gb_per_s": 1.0, "read_gb_per_s": 1.0},
     )
     # A real child that fails: no such file (or no llama_cpp to read it with).
     with pytest.raises(RuntimeError, match=r"^the llama.cpp process exited with status 1: .*Error"):

@@ -30,8 +30,9 @@ makes one token for every sequence of the batch: tokens/s is batch * 1000
 buffer the forward reads (quantized layers: their packed weights and
 scales), the embedding counted as one row per sequence, the LM head in
 full; the KV cache and activations are not counted. GB/s is those bytes
-over the step's time, and "% of copy" compares it with a tensor copy timed
-in the same run. Peak memory is the process's resident set high-water
+over the step's time; "% of copy" compares it with a tensor copy timed
+in the same run and "% of read" with a large read (a sum), which is what a
+decode step's weights ask of memory. Peak memory is the process's resident set high-water
 mark during the timed generate calls above the resident set before them
 (the weights are in "weights MiB").
 """
@@ -91,6 +92,9 @@ DEFAULT_REPEATS = 3
 #: Each of the copy's two tensors: far larger than any last-level cache.
 COPY_BYTES = 512 << 20
 COPY_REPEATS = 5
+#: The summed tensor of the read bandwidth: as large as both of the copy's.
+READ_BYTES = 1 << 30
+READ_REPEATS = 5
 
 TIMING_METHOD = (
     "ms per token: (t_N - t_1) / (N - 1), where t_N is the median time of a greedy generate of "
@@ -111,6 +115,12 @@ COPY_METHOD = (
     f"copy bandwidth: dst.copy_(src) of two {COPY_BYTES >> 20} MiB uint8 tensors with torch's "
     f"threads, best of {COPY_REPEATS}, counted as (bytes read + bytes written) / time; "
     "% of copy = the step's GB/s (bytes read only) / the copy's GB/s."
+)
+READ_METHOD = (
+    f"read bandwidth: torch.sum of a {READ_BYTES >> 20} MiB float32 tensor with torch's threads, "
+    f"best of {READ_REPEATS}, counted as bytes read / time: a decode step reads its weights "
+    "and writes next to nothing, so this, not the copy, is the memory's limit for it; "
+    "% of read = the step's GB/s / the read's GB/s."
 )
 PEAK_METHOD = (
     "peak MiB: the process's resident set high-water mark (VmHWM, reset through "
@@ -478,6 +488,24 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / best / 1e9
 
 
+def read_bandwidth() -> float:
+    """GB/s of a sum of a large tensor, bytes read / time (READ_METHOD). A
+    copy also writes, and on some machines writes cost more than reads: the
+    copy's (read + write) / time is then below what the step's reads get."""
+    data = torch.ones(READ_BYTES // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(READ_REPEATS):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return READ_BYTES / best / 1e9
+
+
+def bandwidth() -> dict[str, float]:
+    """The machine's copy and read GB/s, measured now (COPY_METHOD, READ_METHOD)."""
+    return {"copy_gb_per_s": copy_bandwidth(), "read_gb_per_s": read_bandwidth()}
+
+
 LLAMA_CPP_ANCHOR = "llama.cpp anchor (BF16/Q8_0/Q4_0)"
 
 
@@ -550,17 +578,16 @@ def prompt_ids(vocab: int, batch: int, prompt: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, prompt), generator=gen)
 
 
-def _bench_batch(model, variant: Variant, size: Size, batch: int, args, copy_gb_s) -> dict:
+def _bench_batch(model, variant: Variant, size: Size, batch: int, args, memory: dict) -> dict:
     ids = prompt_ids(size.vocab, batch, args.decode_prompt)
     generate = _generator(model, ids, args.decode_new_tokens, variant.static_cache)
-    return _measured(generate, batch, bytes_read_per_step(model, batch), args, copy_gb_s)
+    return _measured(generate, batch, bytes_read_per_step(model, batch), args, memory)
 
 
-def _measured(
-    generate: Callable[[int], object], batch: int, read: int, args, copy_gb_s: float
-) -> dict:
+def _measured(generate: Callable[[int], object], batch: int, read: int, args, memory: dict) -> dict:
     """One batch size's figures (TIMING_METHOD) of `generate(n)`, a greedy
-    decode of exactly n new tokens, each step reading `read` bytes."""
+    decode of exactly n new tokens, each step reading `read` bytes; `memory`
+    is :func:`bandwidth`'s."""
     new_tokens = args.decode_new_tokens
     # Both lengths once: the compiled variants compile their graphs (one per
     # static cache length) here, not in the timed calls.
@@ -582,9 +609,14 @@ def _measured(
         "tokens_per_s": batch / step_s if step_s > 0 else None,
         "bytes_read_per_step": read,
         "gb_per_s": gb_s,
-        "percent_of_copy": 100 * gb_s / copy_gb_s if gb_s is not None else None,
+        "percent_of_copy": _percent(gb_s, memory["copy_gb_per_s"]),
+        "percent_of_read": _percent(gb_s, memory["read_gb_per_s"]),
         "peak_bytes": peak["bytes"],
     }
+
+
+def _percent(gb_s: Optional[float], of: float) -> Optional[float]:
+    return 100 * gb_s / of if gb_s is not None else None
 
 
 def _selected(args, name: str) -> bool:
@@ -597,7 +629,7 @@ def row_names(compile_peer: bool) -> list[str]:
     return [v.name for v in variants(compile_peer)] + [anchor.ROW_PREFIX + q for q, _ in QUANTS]
 
 
-def _bench_size(name: str, args, copy_gb_s: float) -> dict:
+def _bench_size(name: str, args, memory: dict) -> dict:
     size = SIZES[name]
     positions = args.decode_prompt + args.decode_new_tokens
     rows = []
@@ -615,7 +647,7 @@ def _bench_size(name: str, args, copy_gb_s: float) -> dict:
             model = variant.prepare(model)
             row["weights_bytes"] = stored_bytes(model)
             row["batches"] = [
-                _bench_batch(model, variant, size, batch, args, copy_gb_s)
+                _bench_batch(model, variant, size, batch, args, memory)
                 for batch in args.decode_batch
             ]
         except Exception as error:  # one variant's failure is its row's, the run goes on
@@ -625,7 +657,7 @@ def _bench_size(name: str, args, copy_gb_s: float) -> dict:
         if variant.compiled:
             torch._dynamo.reset()
         _release_free_memory()
-    llama_rows, skipped = _llama_cpp_rows(name, args, copy_gb_s)
+    llama_rows, skipped = _llama_cpp_rows(name, args, memory)
     result = {"size": name, "config": asdict(size), "parameters": parameters}
     result["rows"] = rows + llama_rows
     if skipped is not None:
@@ -633,7 +665,7 @@ def _bench_size(name: str, args, copy_gb_s: float) -> dict:
     return result
 
 
-def _llama_cpp_rows(name: str, args, copy_gb_s: float) -> tuple[list[dict], Optional[str]]:
+def _llama_cpp_rows(name: str, args, memory: dict) -> tuple[list[dict], Optional[str]]:
     """The rows "llama.cpp BF16", "llama.cpp Q8_0", "llama.cpp Q4_0" of a
     size (llama_cpp_anchor.py), and why there are none: None where they
     were made or llama_cpp/gguf are missing (the anchor line says so)."""
@@ -675,7 +707,7 @@ def _llama_cpp_rows(name: str, args, copy_gb_s: float) -> tuple[list[dict], Opti
                     new_tokens=args.decode_new_tokens,
                     repeats=args.decode_repeats,
                     threads=threads,
-                    copy_gb_per_s=copy_gb_s,
+                    memory=memory,
                 )
             except Exception as error:  # as a variant's: the row's, the run goes on
                 row["error"] = f"{type(error).__name__}: {error}"
@@ -696,7 +728,7 @@ def _llama_cpp_timed(
     new_tokens: int,
     repeats: int,
     threads: int,
-    copy_gb_per_s: float,
+    memory: dict,
 ) -> list[dict]:
     """The figures of the GGUF file at `path` at each batch size, as a
     variant's (the same prompts, TIMING_METHOD), measured by a child Python
@@ -711,7 +743,7 @@ def _llama_cpp_timed(
         new_tokens=new_tokens,
         repeats=repeats,
         threads=threads,
-        copy_gb_per_s=copy_gb_per_s,
+        memory=memory,
         out=path + ".json",
     )
     child = subprocess.run(
@@ -768,7 +800,7 @@ def _llama_cpp_child() -> None:
                             batch,
                             read,
                             args,
-                            spec["copy_gb_per_s"],
+                            spec["memory"],
                         )
                     )
             figures[-1]["peak_bytes"] = peak["bytes"]
@@ -788,6 +820,7 @@ TABLE_COLUMNS = [
     "MB read/step",
     "GB/s",
     "% of copy",
+    "% of read",
     "weights MiB",
     "peak MiB",
 ]
@@ -808,6 +841,7 @@ def batch_cells(row: dict, b: dict) -> list[str]:
         _number(_scaled(b.get("bytes_read_per_step"), 1e6), 2),
         _number(b.get("gb_per_s"), 1),
         _number(b.get("percent_of_copy"), 0),
+        _number(b.get("percent_of_read"), 0),
         _number(_scaled(row.get("weights_bytes"), 2**20), 1),
         _number(_scaled(b.get("peak_bytes"), 2**20), 1),
     ]
@@ -856,7 +890,7 @@ def _environment() -> dict:
     }
 
 
-def header(env: dict, copy_gb_s: float) -> str:
+def header(env: dict, memory: dict) -> str:
     policy = env["omp_wait_policy"]
     load = env["load_average_at_start"]
     return "\n".join(
@@ -868,8 +902,10 @@ def header(env: dict, copy_gb_s: float) -> str:
             + (policy if policy else "unset (OpenMP's default)")
             + "; decode runs many short parallel regions, so it is sensitive to how "
             "OpenMP's threads wait",
-            f"copy {copy_gb_s:.1f} GB/s ((read + write) / time of a {COPY_BYTES >> 20} MiB "
-            f"tensor copy, best of {COPY_REPEATS})"
+            f"copy {memory['copy_gb_per_s']:.1f} GB/s ((read + write) / time of a "
+            f"{COPY_BYTES >> 20} MiB tensor copy, best of {COPY_REPEATS}); read "
+            f"{memory['read_gb_per_s']:.1f} GB/s (a sum of {READ_BYTES >> 20} MiB, best of "
+            f"{READ_REPEATS})"
             + (f"; load average {load:.1f} at the start" if load is not None else ""),
         ]
     )
@@ -898,8 +934,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     env = _environment()
-    copy_gb_s = copy_bandwidth()
-    results = [_bench_size(name, args, copy_gb_s) for name in args.decode_size]
+    memory = bandwidth()
+    results = [_bench_size(name, args, memory) for name in args.decode_size]
     skipped = {r["size"]: r["llama_cpp_skipped"] for r in results if "llama_cpp_skipped" in r}
     measured = [
         r["size"]
@@ -909,7 +945,7 @@ def run(args: argparse.Namespace) -> int:
         )
     ]
     anchor = llama_cpp_anchor(measured, skipped)
-    text = "\n\n".join([header(env, copy_gb_s)] + [table(r, args) for r in results] + [anchor])
+    text = "\n\n".join([header(env, memory)] + [table(r, args) for r in results] + [anchor])
     print(text)
     os.makedirs(args.out, exist_ok=True)
     json_path = args.json or os.path.join(args.out, "decode.json")
@@ -921,11 +957,12 @@ def run(args: argparse.Namespace) -> int:
                 "new_tokens": args.decode_new_tokens,
                 "repeats": args.decode_repeats,
                 "batches": args.decode_batch,
-                "copy_gb_per_s": copy_gb_s,
+                **memory,
                 "method": {
                     "timing": TIMING_METHOD,
                     "bytes_read": BYTES_METHOD,
                     "copy": COPY_METHOD,
+                    "read": READ_METHOD,
                     "peak_memory": PEAK_METHOD,
                 },
                 "results": results,

@@ -280,6 +280,7 @@ def decode_header(document: dict) -> str:
             f"date {_text(env.get('date'))}",
             f"load average {_load(env)} at the start",
             f"copy {_fixed(document.get('copy_gb_per_s'), 1)} GB/s",
+            f"read {_fixed(document.get('read_gb_per_s'), 1)} GB/s",
         ]
     )
 
@@ -349,7 +350,9 @@ def decode_markdown(document: dict) -> str:
             batches = [b for b in row.get("batches") or [] if isinstance(b, dict)]
             body += [decode.batch_cells(row, b) for b in batches]
         out += ["", decode_size_line(result, document), ""]
-        out += markdown_table(decode.TABLE_COLUMNS, body, numeric=range(1, 9))
+        out += markdown_table(
+            decode.TABLE_COLUMNS, body, numeric=range(1, len(decode.TABLE_COLUMNS))
+        )
         out += decode_charts(result)
     if document.get("llama_cpp"):
         out += ["", str(document["llama_cpp"])]

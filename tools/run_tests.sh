@@ -16,4 +16,5 @@ ctest --test-dir "$build_dir" --output-on-failure -j2
 echo "== pytest"
 # The gdb printer tests build their fixture programs in this CMake build.
 export FUSEOPS_GDB_FIXTURE_DIR="$PWD/$build_dir/tests_cpp/gdb"
-python -m pytest tests_py "$@"
+# --durations: where the suite's time goes, for keeping CI within its budget.
+python -m pytest tests_py --durations=25 "$@"

@@ -369,17 +369,34 @@ def test_jit_trace_records_the_op(sample):
     "sample",
     _params(lambda s: needs_grad(s) and not is_out(s) and not is_backward_op(s), first_per_op=True),
 )
-def test_profiler_names_the_op_forward_and_backward(sample):
+def test_profiler_records_the_op_and_its_shapes_forward_and_backward(sample):
+    """torch.profiler sees the op under its own name, forward and backward,
+    with the shapes of its arguments (record_shapes=True): the dispatcher's
+    event is a CPU event on every device, so the check runs on each."""
     _, _, public_args = fresh(sample)
-    with torch.profiler.profile() as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    ) as prof:
         outs = [o for o in sample_run.as_tuple(sample.wrapper(*public_args)) if o.requires_grad]
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-    names = {event.key for event in prof.key_averages()}
     forward = sample.op._schema.name
     backward = fuseops.ops.backward_op(forward)  # None: ATen's ops compute the gradients
-    assert {forward, backward} - {None} <= names, sorted(
-        n for n in names if n.startswith("fuseops::")
-    )
+    ours = sorted({e.name for e in prof.events() if e.name.startswith("fuseops::")})
+    calls = [e for e in prof.events() if e.name == forward]
+    assert calls, ours
+    # The dispatcher's event of the op (the autograd and device kernels run
+    # inside it) records every argument's shape: a tensor's sizes, [] for
+    # anything else.
+    shapes = [list(a.shape) if isinstance(a, torch.Tensor) else [] for a in sample.args]
+    assert shapes in [e.input_shapes for e in calls], [e.input_shapes for e in calls]
+    if backward is None:
+        return
+    gradients = [e for e in prof.events() if e.name == backward]
+    assert gradients, ours
+    # Backward's first argument is the gradient of the first output.
+    assert any(e.input_shapes and e.input_shapes[0] == list(outs[0].shape) for e in gradients), [
+        e.input_shapes for e in gradients
+    ]
 
 
 # --- every CPU build -----------------------------------------------------------

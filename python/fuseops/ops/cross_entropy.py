@@ -722,7 +722,7 @@ def samples(device) -> list[Sample]:
             )
         )
     # Every argument given: the profiler records the call's arguments as the
-    # wrapper passes them (tests_py/test_profiler.py compares the shapes).
+    # wrapper passes them (the conformance suite's profiler test compares the shapes).
     for stats_options in (
         options + (True, False),
         ("none", -100, 0.0, 1e-2, None, None, False, False),

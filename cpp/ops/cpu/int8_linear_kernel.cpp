@@ -21,10 +21,12 @@
 // Every lane sums in the same order whatever the number of rows or the
 // tiling, and every build uses fused multiply-adds (std::fma in the
 // DEFAULT build), so a row's result does not depend on the rows around it
-// or on the CPU build. The exception: bfloat16 activations in calls of more
-// than one tile of rows, on CPUs with AVX512_BF16, take the vdpbf16ps path
-// below (twice the multiply-adds per instruction); its sums differ from the
-// float32 path's by float32 rounding.
+// or on the CPU build. The exception: bfloat16 activations on CPUs with
+// AVX512_BF16 take the vdpbf16ps path below at every row count (twice the
+// multiply-adds per instruction); its sums differ from the float32 path's
+// by float32 rounding, and a row still has the same bits whatever the
+// batch. (It used to start above one tile of rows, so a row decoded alone
+// and the same row in a prefill could differ in the last bit.)
 
 #include <algorithm>
 #include <cmath>
@@ -132,8 +134,9 @@ void tile_rows(int rows, const float* x, int64_t x_stride, const int8_t* wi, con
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// bfloat16 activations on CPUs with AVX512_BF16, when a call has more rows
-// than one float32 tile: vdpbf16ps multiplies pairs of bfloat16 (the int8
+// bfloat16 activations on CPUs with AVX512_BF16, at every row count (so a
+// row's bits do not depend on the batch: decode and prefill agree):
+// vdpbf16ps multiplies pairs of bfloat16 (the int8
 // weights are exact in bfloat16, and so is each product in float32) and
 // adds both products to a float32 lane, twice the multiply-adds per
 // instruction of the float32 path. A group's weights widen to two vectors
@@ -183,15 +186,64 @@ void pair_tile_rows(int rows, const c10::BFloat16* x, int64_t x_stride, const c1
   pair_tile<R>(x, x_stride, wb, groups, partial, first);
 }
 
+// Half h (0 or 1) of one group of int8 weights as the bfloat16 pairs
+// pair_tile reads: exact, since |q| <= 127 fits bfloat16's 8 bits.
+C10_ALWAYS_INLINE __m512i group_pairs(const int8_t* q, int h) {
+  return narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q + 32 * h),
+                                                load_int8_as_float(q + 32 * h + 16));
+}
+
 // Widens `count` groups of int8 weights to the pairs pair_tile reads.
 void widen_to_pairs(const int8_t* wi, int64_t count, c10::BFloat16* wb) {
   for (int64_t g = 0; g < count; ++g) {
-    const int8_t* q = wi + g * kGroupBytes;
-    narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q), load_int8_as_float(q + 16))
-        .store(wb + g * kGroupBytes);
-    narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q + 32), load_int8_as_float(q + 48))
-        .store(wb + g * kGroupBytes + 32);
+    for (int h = 0; h < 2; ++h) {
+      _mm512_storeu_si512(wb + g * kGroupBytes + 32 * h, group_pairs(wi + g * kGroupBytes, h));
+    }
   }
+}
+
+// pair_tile for a call of at most one float32 tile of rows (decode sizes):
+// each group's pairs made in registers as they are read from memory, not
+// through an L1 buffer that several tiles share. The same pairs and the
+// same instructions in the same order, so the same bits as pair_tile; a
+// step reads the weights once either way.
+template <int R>
+C10_ALWAYS_INLINE void pair_tile_direct(const c10::BFloat16* x, int64_t x_stride, const int8_t* wi,
+                                        int64_t groups, float* partial) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm512_setzero_ps();
+    acc[r][1] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* q = wi + g * kGroupBytes;
+    const __m512i w0 = group_pairs(q, 0);
+    const __m512i w1 = group_pairs(q, 1);
+    for (int r = 0; r < R; ++r) {
+      long long four;
+      std::memcpy(&four, x + r * x_stride + g * kGroupK, sizeof(four));
+      const __m512i xv = _mm512_set1_epi64(four);
+      acc[r][0] = dot_bf16_pairs(acc[r][0], w0, xv);
+      acc[r][1] = dot_bf16_pairs(acc[r][1], w1, xv);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      _mm512_storeu_ps(partial + r * kGroupBytes + 16 * h, acc[r][h]);
+    }
+  }
+}
+
+template <int R = kTileRows>
+void pair_tile_direct_rows(int rows, const c10::BFloat16* x, int64_t x_stride, const int8_t* wi,
+                           int64_t groups, float* partial) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      pair_tile_direct_rows<R - 1>(rows, x, x_stride, wi, groups, partial);
+      return;
+    }
+  }
+  pair_tile_direct<R>(x, x_stride, wi, groups, partial);
 }
 #endif
 
@@ -212,7 +264,7 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
   [[maybe_unused]] const c10::BFloat16* xb = nullptr;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    paired = kCpuHasAvx512Bf16 && m_total > kTileRows;
+    paired = kCpuHasAvx512Bf16;
     if (paired && k == k_padded) {
       xb = in;
     } else if (paired) {
@@ -261,7 +313,12 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
       const int64_t m_begin = (task % chunks) * kChunkRows;
       const int64_t m_end = std::min(m_total, m_begin + kChunkRows);
       const int8_t* wi = w + block * groups * kGroupBytes;
-      if (paired) {
+      if (paired && m_end - m_begin <= kTileRows) {
+#if defined(CPU_CAPABILITY_AVX512)
+        pair_tile_direct_rows(static_cast<int>(m_end - m_begin), xb + m_begin * k_padded, k_padded,
+                              wi, groups, partial.data());
+#endif
+      } else if (paired) {
 #if defined(CPU_CAPABILITY_AVX512)
         for (int64_t g0 = 0; g0 < groups; g0 += kWidenGroups) {
           const int64_t count = std::min(kWidenGroups, groups - g0);

@@ -13,7 +13,10 @@ and float64 cases, one per overload and mix of dtypes
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -165,3 +168,72 @@ def test_patched_tiny_llama_runs_in_executorch(tmp_path):
     quantized_size = _export_tiny_llama("w8a16", tmp_path / "w8a16.pte")
     print(f"tiny Llama .pte: float32 {float_size} bytes, w8a16 {quantized_size} bytes")
     assert quantized_size < float_size
+
+
+def test_bench_executorch_command(tmp_path):
+    """python -m fuseops bench --executorch: a row per variant with the
+    .pte's size and both runtimes' times; the int8 program is the smaller,
+    and its logits are PyTorch's (float32 rounding order apart)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fuseops",
+            "bench",
+            "--executorch",
+            "--executorch-size",
+            "tiny",
+            "--executorch-variants",
+            "float32",
+            "w8a16",
+            "--executorch-prompt",
+            "8",
+            "--executorch-repeats",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    [columns] = [line for line in lines if line.startswith("| variant |")]
+    assert [c.strip() for c in columns.strip("|").split("|")] == [
+        "variant",
+        ".pte MiB",
+        "vs float32",
+        "ExecuTorch ms",
+        "PyTorch ms",
+        "max abs diff",
+    ]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in lines
+        if line.startswith("| ") and not line.startswith(("| variant", "| ---"))
+    ]
+    assert [r[0] for r in rows] == ["float32", "w8a16"]
+    assert rows[0][2] == "1.00x"
+    report = json.loads((tmp_path / "executorch.json").read_text())
+    assert report["size"] == "tiny" and report["prompt_tokens"] == 8
+    float_row, int8_row = report["rows"]
+    assert 0 < int8_row["pte_bytes"] < float_row["pte_bytes"]
+    for row, path in ((float_row, "float32"), (int8_row, "w8a16")):
+        assert row["pte_bytes"] == os.path.getsize(tmp_path / f"llama-tiny-{path}.pte")
+        assert row["executorch_ms"] > 0 and row["pytorch_ms"] > 0
+        # float32 logits of order 1: the graphs differ in rounding order only.
+        assert row["max_abs_diff"] < 1e-4, row
+    assert (tmp_path / "executorch.txt").read_text().strip() == result.stdout.split("\nwrote ")[0]
+
+
+def test_bench_executorch_refuses_an_unknown_variant(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "fuseops", "bench", "--executorch", "--executorch-variants", "w3a3"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "unknown --executorch-variants ['w3a3']" in result.stderr

@@ -14,7 +14,9 @@ rows and their table, JSON, CSV and chart; ``hf_models``, the
 ``--transformers`` run (a Hugging Face model with and without fuseops);
 ``decode``, the ``--decode`` run (``generate`` token by token, fuseops
 patched and quantized against HF and torch.ao); ``llama_cpp_anchor``, its
-llama.cpp rows (the same model as GGUF, decoded by llama.cpp); ``markdown``, ``--markdown``
+llama.cpp rows (the same model as GGUF, decoded by llama.cpp);
+``executorch_programs``, the ``--executorch`` run (a patched model's
+ExecuTorch programs: size and time, float and quantized); ``markdown``, ``--markdown``
 (an earlier run's JSON as GitHub Markdown tables, nothing run).
 """
 
@@ -28,7 +30,18 @@ from typing import Optional
 
 import torch
 
-from . import cases, decode, environment, hf_models, markdown, report, results, runner, timing
+from . import (
+    cases,
+    decode,
+    environment,
+    executorch_programs,
+    hf_models,
+    markdown,
+    report,
+    results,
+    runner,
+    timing,
+)
 from .correctness import parse_dtypes
 
 SHAPE_PRESETS = {
@@ -241,6 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     hf_models.add_arguments(parser)
     decode.add_arguments(parser)
+    executorch_programs.add_arguments(parser)
     markdown.add_arguments(parser)
 
 
@@ -304,6 +318,8 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         return hf_models.run(args)
     if getattr(args, "decode", False):
         return decode.run(args)
+    if getattr(args, "executorch", False):
+        return executorch_programs.run(args)
     device = torch.device(args.device)
     problem = environment.check_device(device)
     if problem:

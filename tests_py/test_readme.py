@@ -30,6 +30,7 @@ NOT_DOCUMENTATION = {
     "dist",
     "bench-results",
     "gpu-results",
+    "gpu-wheels",
     "demo-results",
     "__pycache__",
 }

@@ -225,6 +225,10 @@ gtest_args=()
 gtest_config=$(find /usr/lib /usr/lib64 /usr/local/lib -maxdepth 4 -name GTestConfig.cmake \
   -print -quit 2>/dev/null)
 gtest_sources=${FUSEOPS_GTEST_SOURCE_DIR:-/usr/src/googletest}
+if [ -z "${FUSEOPS_GTEST_SOURCE_DIR:-}" ] && [ ! -f "$gtest_sources/CMakeLists.txt" ] &&
+  [ -f gpu-wheels/googletest/CMakeLists.txt ]; then
+  gtest_sources=gpu-wheels/googletest  # brought by tools/gpu_wheels.sh
+fi
 if [ -n "${FUSEOPS_GTEST_SOURCE_DIR:-}" ] || [ -z "$gtest_config" ]; then
   if [ -f "$gtest_sources/CMakeLists.txt" ]; then
     gtest_args=(-C cmake.define.FETCHCONTENT_SOURCE_DIR_GOOGLETEST="$(cd "$gtest_sources" && pwd)")

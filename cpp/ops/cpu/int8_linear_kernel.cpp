@@ -147,8 +147,33 @@ void tile_rows(int rows, const float* x, int64_t x_stride, const int8_t* wi, con
 // float32 denormals (below about 1.2e-38) as 0.
 constexpr int kPairTileRows = 12;
 
-template <int R>
-C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride, const c10::BFloat16* wb,
+// Half h (0 or 1) of one group of int8 weights as the bfloat16 pairs
+// pair_tile multiplies: exact, since |q| <= 127 fits bfloat16's 8 bits.
+C10_ALWAYS_INLINE __m512i group_pairs(const int8_t* q, int h) {
+  return narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q + 32 * h),
+                                                load_int8_as_float(q + 32 * h + 16));
+}
+
+// Where pair_tile takes group g's pairs from: a group's halves made in
+// registers from the packed int8 weights as they are read from memory
+// (calls of at most one float32 tile of rows: decode sizes), or loaded from
+// the L1 buffer widen_to_pairs fills for the tiles of more rows. The same
+// pairs either way, so the same bits.
+struct PairsFromWeights {
+  const int8_t* wi;
+  C10_ALWAYS_INLINE __m512i operator()(int64_t g, int h) const {
+    return group_pairs(wi + g * kGroupBytes, h);
+  }
+};
+struct PairsFromBuffer {
+  const c10::BFloat16* wb;
+  C10_ALWAYS_INLINE __m512i operator()(int64_t g, int h) const {
+    return _mm512_loadu_si512(wb + g * kGroupBytes + 32 * h);
+  }
+};
+
+template <int R, typename Pairs>
+C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride, Pairs pairs,
                                  int64_t groups, float* partial, bool first) {
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) {
@@ -157,8 +182,8 @@ C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride, const
     }
   }
   for (int64_t g = 0; g < groups; ++g) {
-    const __m512i w0 = _mm512_loadu_si512(wb + g * kGroupBytes);
-    const __m512i w1 = _mm512_loadu_si512(wb + g * kGroupBytes + 32);
+    const __m512i w0 = pairs(g, 0);
+    const __m512i w1 = pairs(g, 1);
     for (int r = 0; r < R; ++r) {
       long long four;
       std::memcpy(&four, x + r * x_stride + g * kGroupK, sizeof(four));
@@ -174,76 +199,25 @@ C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride, const
   }
 }
 
-template <int R = kPairTileRows>
-void pair_tile_rows(int rows, const c10::BFloat16* x, int64_t x_stride, const c10::BFloat16* wb,
-                    int64_t groups, float* partial, bool first) {
+template <typename Pairs, int R = kPairTileRows>
+void pair_tile_rows(int rows, const c10::BFloat16* x, int64_t x_stride, Pairs pairs, int64_t groups,
+                    float* partial, bool first) {
   if constexpr (R > 1) {
     if (rows < R) {
-      pair_tile_rows<R - 1>(rows, x, x_stride, wb, groups, partial, first);
+      pair_tile_rows<Pairs, R - 1>(rows, x, x_stride, pairs, groups, partial, first);
       return;
     }
   }
-  pair_tile<R>(x, x_stride, wb, groups, partial, first);
+  pair_tile<R>(x, x_stride, pairs, groups, partial, first);
 }
 
-// Half h (0 or 1) of one group of int8 weights as the bfloat16 pairs
-// pair_tile reads: exact, since |q| <= 127 fits bfloat16's 8 bits.
-C10_ALWAYS_INLINE __m512i group_pairs(const int8_t* q, int h) {
-  return narrow_from_float<c10::BFloat16, true>(load_int8_as_float(q + 32 * h),
-                                                load_int8_as_float(q + 32 * h + 16));
-}
-
-// Widens `count` groups of int8 weights to the pairs pair_tile reads.
+// Widens `count` groups of int8 weights to the pairs PairsFromBuffer reads.
 void widen_to_pairs(const int8_t* wi, int64_t count, c10::BFloat16* wb) {
   for (int64_t g = 0; g < count; ++g) {
     for (int h = 0; h < 2; ++h) {
       _mm512_storeu_si512(wb + g * kGroupBytes + 32 * h, group_pairs(wi + g * kGroupBytes, h));
     }
   }
-}
-
-// pair_tile for a call of at most one float32 tile of rows (decode sizes):
-// each group's pairs made in registers as they are read from memory, not
-// through an L1 buffer that several tiles share. The same pairs and the
-// same instructions in the same order, so the same bits as pair_tile; a
-// step reads the weights once either way.
-template <int R>
-C10_ALWAYS_INLINE void pair_tile_direct(const c10::BFloat16* x, int64_t x_stride, const int8_t* wi,
-                                        int64_t groups, float* partial) {
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = _mm512_setzero_ps();
-    acc[r][1] = _mm512_setzero_ps();
-  }
-  for (int64_t g = 0; g < groups; ++g) {
-    const int8_t* q = wi + g * kGroupBytes;
-    const __m512i w0 = group_pairs(q, 0);
-    const __m512i w1 = group_pairs(q, 1);
-    for (int r = 0; r < R; ++r) {
-      long long four;
-      std::memcpy(&four, x + r * x_stride + g * kGroupK, sizeof(four));
-      const __m512i xv = _mm512_set1_epi64(four);
-      acc[r][0] = dot_bf16_pairs(acc[r][0], w0, xv);
-      acc[r][1] = dot_bf16_pairs(acc[r][1], w1, xv);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int h = 0; h < 2; ++h) {
-      _mm512_storeu_ps(partial + r * kGroupBytes + 16 * h, acc[r][h]);
-    }
-  }
-}
-
-template <int R = kTileRows>
-void pair_tile_direct_rows(int rows, const c10::BFloat16* x, int64_t x_stride, const int8_t* wi,
-                           int64_t groups, float* partial) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      pair_tile_direct_rows<R - 1>(rows, x, x_stride, wi, groups, partial);
-      return;
-    }
-  }
-  pair_tile_direct<R>(x, x_stride, wi, groups, partial);
 }
 #endif
 
@@ -315,8 +289,8 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
       const int8_t* wi = w + block * groups * kGroupBytes;
       if (paired && m_end - m_begin <= kTileRows) {
 #if defined(CPU_CAPABILITY_AVX512)
-        pair_tile_direct_rows(static_cast<int>(m_end - m_begin), xb + m_begin * k_padded, k_padded,
-                              wi, groups, partial.data());
+        pair_tile_rows(static_cast<int>(m_end - m_begin), xb + m_begin * k_padded, k_padded,
+                       PairsFromWeights{wi}, groups, partial.data(), true);
 #endif
       } else if (paired) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -325,7 +299,8 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
           widen_to_pairs(wi + g0 * kGroupBytes, count, pair_weights.data());
           for (int64_t m = m_begin; m < m_end; m += kPairTileRows) {
             pair_tile_rows(static_cast<int>(std::min<int64_t>(kPairTileRows, m_end - m)),
-                           xb + m * k_padded + g0 * kGroupK, k_padded, pair_weights.data(), count,
+                           xb + m * k_padded + g0 * kGroupK, k_padded,
+                           PairsFromBuffer{pair_weights.data()}, count,
                            partial.data() + (m - m_begin) * kGroupBytes, g0 == 0);
           }
         }

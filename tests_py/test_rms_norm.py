@@ -107,6 +107,26 @@ def test_weight_of_another_dtype():
     assert_close(y, reference.rms_norm(x.float(), w, 1e-6).bfloat16(), torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_weight_in_the_input_dtype_gives_the_bits_of_its_float32_copy(dtype, device):
+    # The CPU kernels read a weight of the input's dtype as it is (no copy
+    # per call); its values widened exactly, so the results are those of the
+    # same weight in float32, bit for bit, in every form of the op.
+    x = torch.randn(5, 300, device=device).to(dtype)
+    residual = torch.randn(5, 300, device=device).to(dtype)
+    w = torch.randn(300, device=device).to(dtype)
+    assert torch.equal(fuseops.rms_norm(x, w, 1e-6), fuseops.rms_norm(x, w.float(), 1e-6))
+    out, out32 = torch.empty_like(x), torch.empty_like(x)
+    fuseops.rms_norm(x, w, 1e-6, out=out)
+    fuseops.rms_norm(x, w.float(), 1e-6, out=out32)
+    assert torch.equal(out, out32)
+    for a, b in zip(
+        fuseops.fused_add_rms_norm(x, residual, w, 1e-6),
+        fuseops.fused_add_rms_norm(x, residual, w.float(), 1e-6),
+    ):
+        assert torch.equal(a, b)
+
+
 def test_nan_and_inf_propagate_as_in_pytorch():
     x = torch.randn(4, 20)
     x[0, 3] = float("nan")

@@ -241,6 +241,33 @@ def test_cache_dtypes(device):
         assert_close(g, w, torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_cache_in_the_input_dtype_gives_the_bits_of_its_float32_copy(dtype, interleaved, device):
+    # The CPU kernel reads cos/sin of the input's dtype as they are (no copy
+    # per call); their values widened exactly, so the results are those of
+    # the same tables in float32, bit for bit: a cache indexed by positions
+    # and one row per token (Hugging Face's form), forward and backward.
+    q = torch.randn(6, 3, 32, device=device).to(dtype)
+    k = torch.randn(6, 1, 32, device=device).to(dtype)
+    positions = torch.tensor([5, 0, 9, 2, 2, 8], device=device)
+    cos, sin = (t.to(dtype) for t in fuseops.rope_cache(24, 10, device=device))
+    rows = (cos[positions], sin[positions])
+    for tables, pos in (((cos, sin), positions), (rows, None)):
+        wide_tables = [t.float() for t in tables]
+        got = fuseops.rope(q, k, *tables, pos, interleaved)
+        want = fuseops.rope(q, k, *wide_tables, pos, interleaved)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        grads = []
+        for c, s in (tables, wide_tables):
+            qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+            sum(
+                o.float().square().sum() for o in fuseops.rope(qq, kk, c, s, pos, interleaved)
+            ).backward()
+            grads.append((qq.grad, kk.grad))
+        assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_hugging_face_drop_in(device):
     # Llama's attention: q [batch, heads, seq, head_dim], position_embeddings
     # (cos, sin) [batch, seq, head_dim] in the activations' dtype.

@@ -54,6 +54,17 @@ at::Tensor kernel_weight(const at::Tensor& weight, at::ScalarType opmath) {
   return weight.defined() ? weight.to(opmath).contiguous() : weight;
 }
 
+// The forward kernels' weight. The CPU ones also read a weight of the
+// input's own dtype as it is (widening it as they load it: the same values),
+// so that a call converts nothing: a decode step's norms, one row each, spent
+// more on the conversion than on the row.
+at::Tensor forward_kernel_weight(const at::Tensor& weight, const at::Tensor& input) {
+  if (weight.defined() && input.device().is_cpu() && weight.scalar_type() == input.scalar_type()) {
+    return weight.contiguous();
+  }
+  return kernel_weight(weight, opmath_dtype(input));
+}
+
 at::Tensor empty_rstd(const at::Tensor& input) {
   return detail::empty_output(input.sizes().slice(0, input.dim() - 1),
                               input.options().dtype(opmath_dtype(input)));
@@ -118,7 +129,7 @@ ForwardResult forward(const char* op, const at::Tensor& input, const at::Tensor&
   }
   kernel({result.out, result.rstd, input.contiguous(),
           residual.defined() ? residual.contiguous() : residual, result.new_residual,
-          kernel_weight(weight, opmath_dtype(input)), resolve_eps(eps, input)});
+          forward_kernel_weight(weight, input), resolve_eps(eps, input)});
   return result;
 }
 
@@ -223,11 +234,11 @@ void rms_norm_out_with(const at::Tensor& input, const std::optional<at::Tensor>&
     return;
   }
   const at::Tensor contiguous_input = input.contiguous();
-  const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
+  const at::Tensor weight_for_kernel = forward_kernel_weight(weight, input);
   const double eps_value = resolve_eps(eps, input);
   // Each row is read whole (for its mean square) before it is written.
-  fill_out(out, {contiguous_input}, {opmath_weight}, [&](const at::Tensor& target) {
-    kernel({target, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), opmath_weight,
+  fill_out(out, {contiguous_input}, {weight_for_kernel}, [&](const at::Tensor& target) {
+    kernel({target, at::Tensor(), contiguous_input, at::Tensor(), at::Tensor(), weight_for_kernel,
             eps_value});
   });
 }
@@ -334,20 +345,20 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
   }
   const at::Tensor contiguous_input = input.contiguous();
   const at::Tensor contiguous_residual = residual.contiguous();
-  const at::Tensor opmath_weight = kernel_weight(weight, opmath_dtype(input));
+  const at::Tensor weight_for_kernel = forward_kernel_weight(weight, input);
   const double eps_value = resolve_eps(eps, input);
   // Each output is written in place when it can be: `out` and
   // `residual_out` may be `input` and `residual` themselves, either way
   // round: the kernel reads each element of both before it writes that
   // element of `residual_out`, and writes `out` from `residual_out`.
   const bool out_direct =
-      writes_directly(out, {contiguous_input, contiguous_residual}, {opmath_weight});
+      writes_directly(out, {contiguous_input, contiguous_residual}, {weight_for_kernel});
   const bool residual_direct =
-      writes_directly(residual_out, {contiguous_input, contiguous_residual}, {opmath_weight});
+      writes_directly(residual_out, {contiguous_input, contiguous_residual}, {weight_for_kernel});
   const at::Tensor out_target = out_direct ? out : empty_contiguous_like(input);
   const at::Tensor residual_target = residual_direct ? residual_out : empty_contiguous_like(input);
   kernel({out_target, at::Tensor(), contiguous_input, contiguous_residual, residual_target,
-          opmath_weight, eps_value});
+          weight_for_kernel, eps_value});
   if (!residual_direct) {
     residual_out.copy_(residual_target);
   }

@@ -20,7 +20,7 @@ struct RmsNormForwardArgs {
   at::Tensor input;
   at::Tensor residual;      // fused_add_rms_norm only, else undefined
   at::Tensor residual_out;  // defined iff residual is: receives input + residual
-  at::Tensor weight;        // (hidden,) in the opmath dtype, or undefined
+  at::Tensor weight;        // (hidden,) in the opmath dtype (CPU: or the input's), or undefined
   double eps;
 };
 

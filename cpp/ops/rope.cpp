@@ -193,7 +193,14 @@ Tables prepare_tables(const Names& n, const at::Tensor& input, const at::Tensor&
                       const at::Tensor& sin, const std::optional<at::Tensor>& positions_opt,
                       int64_t rotary_dim, int64_t tokens, bool compute) {
   const at::IntArrayRef lead = token_dims(input);
-  const at::ScalarType opmath = at::toOpMathType(input.scalar_type());
+  // The tables' dtype: the computation dtype; on the CPU a table of the
+  // input's own dtype too, which its kernel widens as it loads it (the same
+  // values), so that a call converts nothing: a decode step's rope, one token,
+  // spent more on converting its cos/sin rows than on rotating.
+  const at::ScalarType table_dtype =
+      input.device().is_cpu() && cos.scalar_type() == input.scalar_type()
+          ? input.scalar_type()
+          : at::toOpMathType(input.scalar_type());
   const at::Tensor positions = undefined_if_none(positions_opt);
   Tables tables;
   if (positions.defined()) {
@@ -214,13 +221,13 @@ Tables prepare_tables(const Names& n, const at::Tensor& input, const at::Tensor&
     }
     tables.positions = positions.expand(lead).reshape({tokens}).to(at::kLong).contiguous();
     check_positions_in_range(n, tables.positions, cos.size(0));
-    if (cos.scalar_type() == opmath) {
+    if (cos.scalar_type() == table_dtype) {
       tables.cos = cos.contiguous();
       tables.sin = sin.contiguous();
     } else {
       // Only the rows used are converted, not the whole cache.
-      tables.cos = cos.index_select(0, tables.positions).to(opmath).contiguous();
-      tables.sin = sin.index_select(0, tables.positions).to(opmath).contiguous();
+      tables.cos = cos.index_select(0, tables.positions).to(table_dtype).contiguous();
+      tables.sin = sin.index_select(0, tables.positions).to(table_dtype).contiguous();
       tables.positions = at::Tensor();
     }
     return tables;
@@ -233,8 +240,8 @@ Tables prepare_tables(const Names& n, const at::Tensor& input, const at::Tensor&
               at::IntArrayRef(per_token), " (the token dimensions of '", n.input,
               "', then the rotary dim), got ", cos.sizes());
   if (compute) {
-    tables.cos = cos.expand(per_token).reshape({tokens, rotary_dim}).to(opmath).contiguous();
-    tables.sin = sin.expand(per_token).reshape({tokens, rotary_dim}).to(opmath).contiguous();
+    tables.cos = cos.expand(per_token).reshape({tokens, rotary_dim}).to(table_dtype).contiguous();
+    tables.sin = sin.expand(per_token).reshape({tokens, rotary_dim}).to(table_dtype).contiguous();
   }
   return tables;
 }

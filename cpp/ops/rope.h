@@ -15,7 +15,8 @@ namespace fuseops::detail {
 // strides arbitrary); `out` may be the very view `input` (in place: each
 // (token, head) row is read before it is written), likewise `key_out` and
 // `key`. cos and sin are contiguous [rows, rotary_dim] in the computation
-// dtype (float32, float64 for float64 input). Token t uses row
+// dtype (float32, float64 for float64 input); on the CPU also in the input's
+// dtype (bfloat16, float16), as the caller passed them. Token t uses row
 // positions[t] (int64, contiguous, [tokens]) or, with positions undefined,
 // row t. Kernels never see zero tokens.
 struct RopeKernelArgs {

@@ -143,9 +143,10 @@ at::opmath_type<scalar_t> sum_of_squares(const scalar_t* x, int64_t n) {
   return sum_lanes(acc0 + acc1);
 }
 
-// out = x * rstd * weight over one row.
-template <typename scalar_t>
-void scale_row(scalar_t* out, const scalar_t* x, const at::opmath_type<scalar_t>* weight,
+// out = x * rstd * weight over one row; weight_t: the computation dtype, or
+// the input's own (widened as it is loaded: the same values).
+template <typename scalar_t, typename weight_t>
+void scale_row(scalar_t* out, const scalar_t* x, const weight_t* weight,
                at::opmath_type<scalar_t> rstd, int64_t n) {
   using L = Lanes<scalar_t>;
   using OpVec = typename L::OpVec;
@@ -153,7 +154,13 @@ void scale_row(scalar_t* out, const scalar_t* x, const at::opmath_type<scalar_t>
   for_each_step<L>(n, [&](int64_t i, int64_t count) {
     L v = load_step<L>(x + i, count);
     if (weight != nullptr) {
-      const L w = L::load_opmath(weight + i, count);
+      L w;
+      if constexpr (std::is_same_v<weight_t, at::opmath_type<scalar_t>>) {
+        w = L::load_opmath(weight + i, count);
+      } else {
+        static_assert(std::is_same_v<weight_t, scalar_t>);
+        w = load_step<L>(weight + i, count);
+      }
       for (int k = 0; k < L::kParts; ++k) {
         v.part[k] = v.part[k] * r * w.part[k];
       }
@@ -209,7 +216,13 @@ void forward_impl(const detail::RmsNormForwardArgs& args) {
   scalar_t* residual_out =
       args.residual_out.defined() ? args.residual_out.mutable_data_ptr<scalar_t>() : nullptr;
   scalar_t* out = args.out.mutable_data_ptr<scalar_t>();
-  const opmath_t* weight = args.weight.defined() ? args.weight.const_data_ptr<opmath_t>() : nullptr;
+  // The weight in the computation dtype, or in the input's (rms_norm.cpp's
+  // forward_kernel_weight): one of the two is set, or neither (no weight).
+  const bool own_dtype_weight =
+      args.weight.defined() && args.weight.scalar_type() == args.input.scalar_type();
+  const opmath_t* weight =
+      args.weight.defined() && !own_dtype_weight ? args.weight.const_data_ptr<opmath_t>() : nullptr;
+  const scalar_t* own_weight = own_dtype_weight ? args.weight.const_data_ptr<scalar_t>() : nullptr;
   opmath_t* rstd_out = args.rstd.defined() ? args.rstd.mutable_data_ptr<opmath_t>() : nullptr;
   const opmath_t eps = static_cast<opmath_t>(args.eps);
 
@@ -229,7 +242,11 @@ void forward_impl(const detail::RmsNormForwardArgs& args) {
       if (rstd_out != nullptr) {
         rstd_out[row] = rstd;
       }
-      scale_row(out + offset, normalized, weight, rstd, hidden);
+      if (own_weight != nullptr) {
+        scale_row(out + offset, normalized, own_weight, rstd, hidden);
+      } else {
+        scale_row(out + offset, normalized, weight, rstd, hidden);
+      }
     }
   });
 }

@@ -67,14 +67,20 @@ struct Pairs {
   C10_ALWAYS_INLINE static Regs load_table(const opmath_t* p, int64_t count) {
     return {load_table_part(p, count), load_table_part(p + kVec, count - kVec)};
   }
+
+  // A table of the input's own dtype, widened as it is loaded.
+  C10_ALWAYS_INLINE static Regs load_table(const scalar_t* p, int64_t count)
+    requires(!std::is_same_v<scalar_t, opmath_t>)
+  {
+    return load(p, count);
+  }
 };
 
-// One row of head_dim elements: `x` rotated into `o` (which may be `x`).
-template <typename scalar_t, bool kInterleaved, bool kTranspose>
-C10_ALWAYS_INLINE void rotate_row(scalar_t* o, const scalar_t* x,
-                                  const at::opmath_type<scalar_t>* c,
-                                  const at::opmath_type<scalar_t>* s, int64_t rotary_dim,
-                                  int64_t head_dim) {
+// One row of head_dim elements: `x` rotated into `o` (which may be `x`);
+// table_t: the cos/sin rows' dtype, the computation dtype or the input's.
+template <typename scalar_t, bool kInterleaved, bool kTranspose, typename table_t>
+C10_ALWAYS_INLINE void rotate_row(scalar_t* o, const scalar_t* x, const table_t* c,
+                                  const table_t* s, int64_t rotary_dim, int64_t head_dim) {
   using P = Pairs<scalar_t>;
   using Vec = typename P::Vec;
   if constexpr (kInterleaved) {
@@ -128,17 +134,16 @@ C10_ALWAYS_INLINE void rotate_row(scalar_t* o, const scalar_t* x,
   }
 }
 
-template <typename scalar_t, bool kInterleaved, bool kTranspose>
+template <typename scalar_t, bool kInterleaved, bool kTranspose, typename table_t>
 void rope_impl(const detail::RopeKernelArgs& a) {
-  using opmath_t = at::opmath_type<scalar_t>;
   const int64_t tokens = a.input.size(0);
   const int64_t head_dim = a.input.size(2);
   const int64_t q_heads = a.input.size(1);
   const int64_t k_heads = a.key.defined() ? a.key.size(1) : 0;
   const int64_t heads = q_heads + k_heads;
   const int64_t rotary_dim = a.cos.size(1);
-  const opmath_t* cos = a.cos.const_data_ptr<opmath_t>();
-  const opmath_t* sin = a.sin.const_data_ptr<opmath_t>();
+  const table_t* cos = a.cos.const_data_ptr<table_t>();
+  const table_t* sin = a.sin.const_data_ptr<table_t>();
   const int64_t* positions =
       a.positions.defined() ? a.positions.const_data_ptr<int64_t>() : nullptr;
 
@@ -163,8 +168,8 @@ void rope_impl(const detail::RopeKernelArgs& a) {
       const int64_t t = row / heads;
       const int64_t h = row % heads;
       const int64_t table_row = positions != nullptr ? positions[t] : t;
-      const opmath_t* c = cos + table_row * rotary_dim;
-      const opmath_t* s = sin + table_row * rotary_dim;
+      const table_t* c = cos + table_row * rotary_dim;
+      const table_t* s = sin + table_row * rotary_dim;
       const View& v = h < q_heads ? q : k;
       const int64_t head = h < q_heads ? h : h - q_heads;
       rotate_row<scalar_t, kInterleaved, kTranspose>(v.out + t * v.out_token + head * v.out_head,
@@ -174,16 +179,28 @@ void rope_impl(const detail::RopeKernelArgs& a) {
   });
 }
 
+template <typename scalar_t, typename table_t>
+void rope_with_tables(const detail::RopeKernelArgs& args) {
+  if (args.interleaved) {
+    args.transpose ? rope_impl<scalar_t, true, true, table_t>(args)
+                   : rope_impl<scalar_t, true, false, table_t>(args);
+  } else {
+    args.transpose ? rope_impl<scalar_t, false, true, table_t>(args)
+                   : rope_impl<scalar_t, false, false, table_t>(args);
+  }
+}
+
 void rope_kernel_impl(const detail::RopeKernelArgs& args) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, args.input.scalar_type(),
                                   "fuseops::rope", [&] {
-                                    if (args.interleaved) {
-                                      args.transpose ? rope_impl<scalar_t, true, true>(args)
-                                                     : rope_impl<scalar_t, true, false>(args);
-                                    } else {
-                                      args.transpose ? rope_impl<scalar_t, false, true>(args)
-                                                     : rope_impl<scalar_t, false, false>(args);
+                                    using opmath_t = at::opmath_type<scalar_t>;
+                                    if constexpr (!std::is_same_v<scalar_t, opmath_t>) {
+                                      if (args.cos.scalar_type() == args.input.scalar_type()) {
+                                        rope_with_tables<scalar_t, scalar_t>(args);
+                                        return;
+                                      }
                                     }
+                                    rope_with_tables<scalar_t, opmath_t>(args);
                                   });
 }
 

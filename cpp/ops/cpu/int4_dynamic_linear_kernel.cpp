@@ -246,6 +246,23 @@ C10_ALWAYS_INLINE void load_channels(const float* p, int64_t count, FloatVec* ou
   }
 }
 
+C10_ALWAYS_INLINE uint64_t load_word(const int8_t* p) {
+  uint64_t word;
+  std::memcpy(&word, p, sizeof(word));
+  return word;
+}
+
+// The bytes (b0 b1 ... b7) of a little-endian word as (b0 b2 b4 b6 b1 b3 b5
+// b7): each half's bytes moved together by two shifts.
+C10_ALWAYS_INLINE uint64_t evens_then_odds(uint64_t word) {
+  auto gather = [](uint64_t every_other) {
+    every_other = (every_other | (every_other >> 8)) & 0x0000ffff0000ffffull;
+    return (every_other | (every_other >> 16)) & 0x00000000ffffffffull;
+  };
+  constexpr uint64_t kLowBytes = 0x00ff00ff00ff00ffull;
+  return gather(word & kLowBytes) | (gather((word >> 8) & kLowBytes) << 32);
+}
+
 template <typename scalar_t>
 void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Tensor& packed,
                     const at::Tensor& scale_zero, int64_t group_size, const at::Tensor& bias) {
@@ -287,16 +304,24 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
       int8_t* row = xq + m * x_stride;
       std::fill(row, row + x_stride, int8_t{0});
       for (int64_t g = 0; g < groups; ++g) {
-        int32_t sum = 0;
         const int64_t start = g * group_size;
-        const int64_t stop = std::min(k, start + group_size);
-        for (int64_t i = start; i < stop; ++i) {
-          const int64_t j = i - start;
-          // (x0 x2 x4 x6 x1 x3 x5 x7) within each 8.
-          row[g * group_stride + (j / 8) * 8 + (j % 2) * 4 + (j % 8) / 2] = plain[i];
-          sum += plain[i];
+        const int64_t count = std::min(k, start + group_size) - start;
+        const int8_t* from = plain.data() + start;
+        int8_t* to = row + g * group_stride;
+        int32_t sum = 0;
+        for (int64_t j = 0; j < count; ++j) {
+          sum += from[j];
         }
         x_sums[m * groups + g] = sum;
+        // (x0 x2 x4 x6 x1 x3 x5 x7) within each 8: whole eights as one word.
+        const int64_t whole = count - count % 8;
+        for (int64_t j = 0; j < whole; j += 8) {
+          const uint64_t arranged = evens_then_odds(load_word(from + j));
+          std::memcpy(to + j, &arranged, sizeof(arranged));
+        }
+        for (int64_t j = whole; j < count; ++j) {
+          to[j - j % 8 + (j % 2) * 4 + (j % 8) / 2] = from[j];
+        }
       }
     }
   });

@@ -43,6 +43,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ops/cpu/elementwise.h"
+#include "ops/cpu/int4_channels.h"
 #include "ops/cpu/int4_linear.h"
 #include "ops/cpu/int8_vec.h"
 #include "ops/cpu/prefetch.h"
@@ -234,16 +235,6 @@ C10_ALWAYS_INLINE FloatVec load_int32_as_float(const int32_t* p) {
   }
   return FloatVec::loadu(lanes);
 #endif
-}
-
-// The 16 values of one block's channels in a row of scale_zero (`count`
-// of them real, the rest 0) as V vectors.
-C10_ALWAYS_INLINE void load_channels(const float* p, int64_t count, FloatVec* out) {
-  float lanes[kBlockN] = {};
-  std::memcpy(lanes, p, sizeof(float) * static_cast<size_t>(count));
-  for (int v = 0; v < V; ++v) {
-    out[v] = FloatVec::loadu(lanes + v * W);
-  }
 }
 
 C10_ALWAYS_INLINE uint64_t load_word(const int8_t* p) {

@@ -45,6 +45,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ops/cpu/elementwise.h"
+#include "ops/cpu/int4_channels.h"
 #include "ops/cpu/int4_linear.h"
 #include "ops/cpu/int8_vec.h"
 #include "ops/cpu/prefetch.h"
@@ -103,15 +104,6 @@ C10_ALWAYS_INLINE void decode_pair(const uint8_t* p, FloatVec* even, FloatVec* o
 #endif
 }
 
-// The 16 values of one block's channels in a row of scale_zero (`count`
-// of them real, the rest 0) as V vectors.
-C10_ALWAYS_INLINE void load_channels(const float* p, int64_t count, FloatVec* out) {
-  float lanes[kBlockN] = {};
-  std::memcpy(lanes, p, sizeof(float) * static_cast<size_t>(count));
-  for (int v = 0; v < V; ++v) {
-    out[v] = FloatVec::loadu(lanes + v * W);
-  }
-}
 
 // What the tile functions need of one group of one block: its channels'
 // scales and negated zero points, the group's length in pairs of K

@@ -104,7 +104,6 @@ C10_ALWAYS_INLINE void decode_pair(const uint8_t* p, FloatVec* even, FloatVec* o
 #endif
 }
 
-
 // What the tile functions need of one group of one block: its channels'
 // scales and negated zero points, the group's length in pairs of K
 // positions, and where the rows' sums of activations over it are (one

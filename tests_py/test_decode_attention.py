@@ -97,6 +97,31 @@ def test_static_cache_mask_hides_unwritten_slots(device):
     assert got.isfinite().all()
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_rows_see_masked_prefixes_of_their_own(kind, device):
+    # A static cache decoding several tokens per row: the rows of one block
+    # (the 4 query heads of a key/value head, times 3 positions) see
+    # prefixes of different lengths, one row with a hidden run inside its
+    # prefix, and a batch entry sees only 5 keys. The keys no row of a batch
+    # entry sees hold Inf and NaN, as unwritten slots may; the keys are
+    # long enough to be split across tasks, some of which see nothing.
+    q, k, v = qkv(2, 8, 2, 3, 1200, 16, torch.float32, device)
+    visible = torch.zeros(2, 1, 3, 1200, dtype=torch.bool, device=device)
+    for b, lengths in enumerate([[700, 701, 300], [5, 3, 1]]):
+        for i, n in enumerate(lengths):
+            visible[b, 0, i, :n] = True
+    visible[0, 0, 0, 100:200] = False
+    gen = torch.Generator().manual_seed(2)
+    bias = torch.rand(visible.shape, generator=gen, dtype=torch.float64).to(device) - 0.5
+    mask = visible if kind == "bool" else bias.float().masked_fill(~visible, -math.inf)
+    want = reference.decode_attention(q, k, v, mask)
+    unseen = ~visible.any(dim=2, keepdim=True).transpose(2, 3)  # [B, 1, S, 1]
+    k_garbage = k.masked_fill(unseen, math.inf)
+    v_garbage = v.masked_fill(unseen, math.nan)
+    got = fuseops.decode_attention(q, k_garbage, v_garbage, mask)
+    assert_close(got, want, torch.float32)
+
+
 def test_special_rows(device):
     q, k, v = qkv(1, 2, 1, 3, 4, 8, torch.float32, device)
     mask = torch.zeros(1, 1, 3, 4, device=device)

@@ -411,10 +411,35 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
           q_rows[r * dim + d] = static_cast<acc_t>(q[d]) * scale_acc;
         }
       }
+      // The keys each row may see are a prefix of the chunk: up to the
+      // causal limit, and with a mask up to the last key it does not hide.
+      // The keys past every row's prefix get no score: a static cache's
+      // slots not yet written, which the mask hides, are most of a long
+      // cache early in a generation.
+      int64_t scored_keys = 0;
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const int64_t i = (r0 + r) / group;
+        const int64_t h = kv * group + (r0 + r) % group;
+        const int64_t limit = is_causal ? keys - q_len + i : keys - 1;
+        int64_t prefix = std::clamp<int64_t>(limit + 1 - j0, 0, n_keys);
+        if (has_mask) {
+          const int64_t mask_row = b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2);
+          auto hidden = [&](int64_t jj) {
+            const int64_t offset = mask_row + (j0 + jj) * mask.stride(3);
+            return bool_mask ? !mask_bool[offset]
+                             : mask_float[offset] == -std::numeric_limits<float>::infinity();
+          };
+          while (prefix > 0 && hidden(prefix - 1)) {
+            --prefix;
+          }
+        }
+        visible_prefix[r] = prefix;
+        scored_keys = std::max(scored_keys, prefix);
+      }
       // Scores, a block of keys at a time (widened to acc_t when stored
       // narrower).
-      for (int64_t jb = 0; jb < n_keys; jb += kKeyBlock) {
-        const int64_t nb = std::min(kKeyBlock, n_keys - jb);
+      for (int64_t jb = 0; jb < scored_keys; jb += kKeyBlock) {
+        const int64_t nb = std::min(kKeyBlock, scored_keys - jb);
         for (int64_t t = 0; t < nb; ++t) {
           const scalar_t* k_row =
               k_data + b * key.stride(0) + kv * key.stride(1) + (j0 + jb + t) * key.stride(2);
@@ -423,15 +448,14 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
         dot_rows(q_rows.data(), n_rows, dim, row_ptrs.data(), nb, scores.data() + jb, n_keys);
       }
       // Softcap, mask and causal limit; each row's max over the keys it sees.
-      // Without a mask the keys a row sees are a prefix of the chunk (the
-      // causal limit), handled with vectors only.
+      // Without a mask the keys a row sees are all of its prefix, handled
+      // with vectors only.
       for (int64_t r = 0; r < n_rows; ++r) {
         const int64_t i = (r0 + r) / group;
         const int64_t h = kv * group + (r0 + r) % group;
-        const int64_t limit = is_causal ? keys - q_len + i : keys - 1;
         acc_t* row_scores = scores.data() + r * n_keys;
         uint8_t* row_seen_keys = seen.data() + r * n_keys;
-        const int64_t prefix = std::clamp<int64_t>(limit + 1 - j0, 0, n_keys);
+        const int64_t prefix = visible_prefix[r];
         if (cap > 0) {
           softcap_row(row_scores, prefix, cap);
         }
@@ -440,28 +464,35 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
         if (!has_mask) {
           any = prefix > 0;
           m = max_of_row(row_scores, prefix);
-          visible_prefix[r] = prefix;
         } else {
+          // Branch-free passes the compiler vectorizes: which keys the row
+          // sees, their scores plus the mask and -inf for the others; then
+          // the max over them (the hidden keys' -inf changes it only where
+          // the row sees none, when it is -inf anyway).
+          const int64_t step = mask.stride(3);
           const int64_t mask_row = b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2);
-          for (int64_t jj = 0; jj < prefix; ++jj) {
-            const int64_t offset = mask_row + (j0 + jj) * mask.stride(3);
-            bool visible;
-            acc_t score = row_scores[jj];
-            if (bool_mask) {
-              visible = mask_bool[offset];
-            } else {
-              const float bias = mask_float[offset];
-              visible = bias != -std::numeric_limits<float>::infinity();
-              score += static_cast<acc_t>(bias);
+          if (bool_mask) {
+            const bool* row_mask = mask_bool + mask_row + j0 * step;
+            for (int64_t jj = 0; jj < prefix; ++jj) {
+              const bool visible = row_mask[jj * step];
+              row_seen_keys[jj] = visible;
+              row_scores[jj] = visible ? row_scores[jj] : kNegInf;
             }
-            row_seen_keys[jj] = visible;
-            row_scores[jj] = visible ? score : kNegInf;
-            if (visible) {
-              any = true;
-              m = max_nan(m, score);
+          } else {
+            const float* row_mask = mask_float + mask_row + j0 * step;
+            for (int64_t jj = 0; jj < prefix; ++jj) {
+              const float bias = row_mask[jj * step];
+              const bool visible = bias != -std::numeric_limits<float>::infinity();
+              row_seen_keys[jj] = visible;
+              row_scores[jj] = visible ? row_scores[jj] + static_cast<acc_t>(bias) : kNegInf;
             }
           }
-          visible_prefix[r] = prefix;
+          uint8_t seen_some = 0;
+          for (int64_t jj = 0; jj < prefix; ++jj) {
+            seen_some |= row_seen_keys[jj];
+          }
+          any = seen_some != 0;
+          m = max_of_row(row_scores, prefix);
         }
         row_max[r] = m;
         row_seen[r] = any;

@@ -381,6 +381,7 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
     std::vector<acc_t> row_sum(kRowBlock);
     std::vector<uint8_t> row_seen(kRowBlock);
     std::vector<int64_t> visible_prefix(kRowBlock);
+    std::vector<int64_t> mask_start(kRowBlock);  // a row's first mask element in the chunk
     std::vector<uint8_t> contributes(kRowBlock);
     std::vector<const acc_t*> row_ptrs(kKeyBlock);
     std::vector<int64_t> full_keys(kKeyBlock);
@@ -423,9 +424,10 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
         const int64_t limit = is_causal ? keys - q_len + i : keys - 1;
         int64_t prefix = std::clamp<int64_t>(limit + 1 - j0, 0, n_keys);
         if (has_mask) {
-          const int64_t mask_row = b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2);
+          mask_start[r] =
+              b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2) + j0 * mask.stride(3);
           auto hidden = [&](int64_t jj) {
-            const int64_t offset = mask_row + (j0 + jj) * mask.stride(3);
+            const int64_t offset = mask_start[r] + jj * mask.stride(3);
             return bool_mask ? !mask_bool[offset]
                              : mask_float[offset] == -std::numeric_limits<float>::infinity();
           };
@@ -451,8 +453,6 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
       // Without a mask the keys a row sees are all of its prefix, handled
       // with vectors only.
       for (int64_t r = 0; r < n_rows; ++r) {
-        const int64_t i = (r0 + r) / group;
-        const int64_t h = kv * group + (r0 + r) % group;
         acc_t* row_scores = scores.data() + r * n_keys;
         uint8_t* row_seen_keys = seen.data() + r * n_keys;
         const int64_t prefix = visible_prefix[r];
@@ -470,16 +470,15 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
           // the max over them (the hidden keys' -inf changes it only where
           // the row sees none, when it is -inf anyway).
           const int64_t step = mask.stride(3);
-          const int64_t mask_row = b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2);
           if (bool_mask) {
-            const bool* row_mask = mask_bool + mask_row + j0 * step;
+            const bool* row_mask = mask_bool + mask_start[r];
             for (int64_t jj = 0; jj < prefix; ++jj) {
               const bool visible = row_mask[jj * step];
               row_seen_keys[jj] = visible;
               row_scores[jj] = visible ? row_scores[jj] : kNegInf;
             }
           } else {
-            const float* row_mask = mask_float + mask_row + j0 * step;
+            const float* row_mask = mask_float + mask_start[r];
             for (int64_t jj = 0; jj < prefix; ++jj) {
               const float bias = row_mask[jj * step];
               const bool visible = bias != -std::numeric_limits<float>::infinity();

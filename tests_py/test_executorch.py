@@ -9,6 +9,12 @@ the cases' tensors being the program's inputs; the tolerances are those of
 support/export_check.py. Every float32 case runs; of the float16, bfloat16
 and float64 cases, one per overload and mix of dtypes
 (``export_check.select_cases``; see test_op_runs_in_executorch_as_fuseops).
+
+With ``kernels="fuseops"`` the ops stay in the program and fuseops' own
+kernels run them (``fuseops.executorch.load_kernels``): every op's cases in
+one program, equal bit for bit to the ops; the tiny Llama, float and
+quantized; and a fresh process that needs ``load_kernels`` to run such a
+program.
 """
 
 from __future__ import annotations
@@ -170,10 +176,113 @@ def test_patched_tiny_llama_runs_in_executorch(tmp_path):
     assert quantized_size < float_size
 
 
+# --- fuseops' own kernels in the program (kernels="fuseops") ----------------------
+
+
+def kernel_ops_called(program) -> set[str]:
+    """The fuseops_executorch ops (out variants) the lowered program calls."""
+    return {name for name in fuseops_ops_left(program) if name.startswith(fet.KERNEL_NAMESPACE)}
+
+
+def test_every_op_runs_on_fuseops_kernels():
+    """Every op with a decomposition, exported with kernels="fuseops" in one
+    program of every op's selected export cases: the program calls fuseops'
+    kernel for each overload instead of a decomposition, and its outputs are
+    the op's, bit for bit (the same kernels on the same inputs; NaN where the
+    op gives NaN)."""
+    cases = [
+        case
+        for name in export_check.op_names(TABLE)
+        for case in export_check.export_cases(name, "executorch")
+    ]
+    selected = export_check.select_cases(cases, (torch.float32,))
+    assert {case.op for case in selected} == set(TABLE) == set(fet.kernel_ops())
+    inputs = [t.contiguous() for case in selected for t in case.args]
+    with torch.no_grad():
+        model = export_check.Calls(selected).eval()
+        expected = model(*inputs)
+        program = fet.export(model, tuple(inputs), kernels="fuseops")
+    assert kernel_ops_called(program) == {
+        f"{fet.KERNEL_NAMESPACE}.{op._schema.name.split('::')[1]}.out"
+        for op in {fet.kernel_ops()[case.op] for case in selected}
+    }
+    assert not fuseops_ops_left(program) - kernel_ops_called(program)
+    got = run_pte(program, inputs)
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True, msg=f"output {i}")
+
+
+@pytest.mark.parametrize("quantize", [None, "w8a16", "w4a8"])
+def test_patched_tiny_llama_runs_on_fuseops_kernels(quantize):
+    """The tiny Llama, float and quantized, exported with kernels="fuseops":
+    its fuseops ops run as fuseops' kernels (the quantized linears on their
+    packed weights, no dequantization in the graph), the logits PyTorch's
+    (float32 rounding order apart, as in test_patched_tiny_llama_runs_in_executorch)."""
+    model, input_ids, expected = export_check.tiny_llama(quantize)
+    with torch.no_grad():
+        program = fet.export(model, (input_ids,), kernels="fuseops")
+    linear = {None: "linear", "w8a16": "int8_weight_only_linear", "w4a8": "int4_dynamic_linear"}
+    called = kernel_ops_called(program)
+    assert f"{fet.KERNEL_NAMESPACE}.fuseops_{linear[quantize]}.out" in called, called
+    assert f"{fet.KERNEL_NAMESPACE}.fuseops_rms_norm.out" in called, called
+    (logits,) = run_pte(program, [input_ids])
+    tolerance = 1e-5 * expected.abs().max().item()
+    torch.testing.assert_close(logits, expected, rtol=0, atol=tolerance)
+
+
+def test_a_program_of_fuseops_kernels_needs_load_kernels(tmp_path):
+    """In a fresh process ExecuTorch refuses the program, naming the missing
+    kernel, until fuseops.executorch.load_kernels() registers fuseops'
+    kernels (a second call does nothing); then it runs and returns the op's
+    result."""
+
+    class Norm(torch.nn.Module):
+        def forward(self, x):
+            return fuseops.rms_norm(x, None, 1e-6)
+
+    x = randn(3, 16)
+    fet.export(Norm(), (x,), tmp_path / "norm.pte", kernels="fuseops")
+    torch.save({"x": x, "y": fuseops.rms_norm(x, None, 1e-6)}, tmp_path / "io.pt")
+    script = f"""
+import torch, fuseops.executorch as fet
+from executorch.runtime import Runtime
+io = torch.load({str(tmp_path / "io.pt")!r})
+try:
+    Runtime.get().load_program({str(tmp_path / "norm.pte")!r}).load_method("forward")
+    print("loaded without fuseops' kernels")
+except RuntimeError:
+    print("refused")
+fet.load_kernels()
+fet.load_kernels()
+method = Runtime.get().load_program({str(tmp_path / "norm.pte")!r}).load_method("forward")
+(y,) = method.execute([io["x"]])
+torch.testing.assert_close(y, io["y"], rtol=0, atol=0)
+print("ran")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["refused", "ran"], result.stdout
+    assert "Missing operator" in result.stderr
+    assert f"{fet.KERNEL_NAMESPACE}::fuseops_rms_norm.out" in result.stderr
+
+
+def test_kernels_argument_is_checked():
+    with pytest.raises(ValueError, match=r"fuseops\.executorch\.export: kernels must be one of"):
+        fet.export(torch.nn.Identity(), (torch.ones(2),), kernels="xnnpack")
+
+
+def test_load_kernels_says_when_fuseops_was_built_without_them(monkeypatch, tmp_path):
+    monkeypatch.setattr(fet, "kernel_library_path", lambda: str(tmp_path / "missing.so"))
+    with pytest.raises(RuntimeError, match=r"built without its ExecuTorch kernels"):
+        fet.load_kernels()
+
+
 def test_bench_executorch_command(tmp_path):
     """python -m fuseops bench --executorch: a row per variant with the
-    .pte's size and both runtimes' times; the int8 program is the smaller,
-    and its logits are PyTorch's (float32 rounding order apart)."""
+    .pte's size and both runtimes' times; the int8 programs (decomposed, and
+    run by fuseops' kernels) are the smaller, and their logits are
+    PyTorch's (float32 rounding order apart)."""
     result = subprocess.run(
         [
             sys.executable,
@@ -186,6 +295,7 @@ def test_bench_executorch_command(tmp_path):
             "--executorch-variants",
             "float32",
             "w8a16",
+            "w8a16+fuseops",
             "--executorch-prompt",
             "8",
             "--executorch-repeats",
@@ -214,13 +324,20 @@ def test_bench_executorch_command(tmp_path):
         for line in lines
         if line.startswith("| ") and not line.startswith(("| variant", "| ---"))
     ]
-    assert [r[0] for r in rows] == ["float32", "w8a16"]
+    assert [r[0] for r in rows] == ["float32", "w8a16", "w8a16+fuseops"]
     assert rows[0][2] == "1.00x"
     report = json.loads((tmp_path / "executorch.json").read_text())
     assert report["size"] == "tiny" and report["prompt_tokens"] == 8
-    float_row, int8_row = report["rows"]
+    float_row, int8_row, kernels_row = report["rows"]
     assert 0 < int8_row["pte_bytes"] < float_row["pte_bytes"]
-    for row, path in ((float_row, "float32"), (int8_row, "w8a16")):
+    # The packed weights either way; the kernels' program has no
+    # dequantization graph.
+    assert 0 < kernels_row["pte_bytes"] < float_row["pte_bytes"]
+    for row, path in (
+        (float_row, "float32"),
+        (int8_row, "w8a16"),
+        (kernels_row, "w8a16+fuseops"),
+    ):
         assert row["pte_bytes"] == os.path.getsize(tmp_path / f"llama-tiny-{path}.pte")
         assert row["executorch_ms"] > 0 and row["pytorch_ms"] > 0
         # float32 logits of order 1: the graphs differ in rounding order only.

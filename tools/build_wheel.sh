@@ -10,7 +10,9 @@
 # its libgomp, and for a CUDA torch the nvidia-* libraries beside it) stay out
 # of the wheel: fuseops finds them through its RPATH in the torch package next
 # door, the very files torch itself loads (a second copy of libgomp would be a
-# second OpenMP runtime).
+# second OpenMP runtime). So does the executorch package's runtime, where
+# executorch is installed when the wheel is built (fuseops' ExecuTorch
+# kernels, cpp/executorch).
 #
 # Environment: FUSEOPS_VENV (default .venv; it must hold torch and the build
 # tools, as tools/setup.sh makes it), FUSEOPS_BUILD_DIR (default build/dist,
@@ -47,16 +49,19 @@ echo "== building the wheel (build dir: $build_dir)"
 wheel=$(ls "$unrepaired"/fuseops-*.whl)
 
 # Every library the torch package and its nvidia-* dependencies ship, by file
-# name (auditwheel matches these against the DT_NEEDED sonames).
+# name (auditwheel matches these against the DT_NEEDED sonames), and the
+# executorch package's: libfuseops_executorch.so registers its kernels with
+# that package's libexecutorch.so, the runtime's own registry, which a copy
+# in the wheel would not be.
 excludes=()
 while IFS= read -r name; do
   excludes+=(--exclude "$name")
 done < <("$py" - <<'PY'
 import glob, os, torch
-torch_dir = os.path.dirname(torch.__file__)
+site = os.path.dirname(os.path.dirname(torch.__file__))
 names = set()
-for pattern in ("lib/*.so*", "../nvidia/*/lib/*.so*", "../nvidia/lib/*.so*"):
-    names.update(os.path.basename(p) for p in glob.glob(os.path.join(torch_dir, pattern)))
+for pattern in ("torch/lib/*.so*", "nvidia/*/lib/*.so*", "nvidia/lib/*.so*", "executorch/lib/*.so*"):
+    names.update(os.path.basename(p) for p in glob.glob(os.path.join(site, pattern)))
 print("\n".join(sorted(names)))
 PY
 )

@@ -9,7 +9,10 @@ from a config, float32), exported by :func:`fuseops.executorch.export`
 (fuseops' ops decomposed to ATen, XNNPACK's partitioner where ExecuTorch has
 it). A quantized model keeps its packed int8/int4 weights in the program and
 dequantizes them in the graph: the file is smaller; the forward is what
-ExecuTorch's kernels make of that graph.
+ExecuTorch's kernels make of that graph. A variant named ``<mode>+fuseops``
+(``w8a16+fuseops``) is exported with ``kernels="fuseops"`` instead: the
+fuseops ops stay in the program and fuseops' own kernels run them
+(:func:`fuseops.executorch.load_kernels`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,20 @@ import torch
 from . import decode
 
 DEFAULT_SIZE = "small"
-DEFAULT_VARIANTS = ("float32", "w8a16", "w8a8", "w4a16", "w4a8")
+DEFAULT_VARIANTS = (
+    "float32",
+    "w8a16",
+    "w8a8",
+    "w4a16",
+    "w4a8",
+    "float32+fuseops",
+    "w8a16+fuseops",
+    "w8a8+fuseops",
+    "w4a16+fuseops",
+    "w4a8+fuseops",
+)
+#: The suffix of a variant whose program runs fuseops' kernels.
+FUSEOPS_KERNELS = "+fuseops"
 DEFAULT_PROMPT = 32
 DEFAULT_REPEATS = 3
 
@@ -67,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         default=list(DEFAULT_VARIANTS),
-        help="float32 and apply(quantize=...) modes (default: " + " ".join(DEFAULT_VARIANTS) + ")",
+        help="float32 and apply(quantize=...) modes, each decomposed to ExecuTorch's kernels, "
+        f"or with {FUSEOPS_KERNELS} run by fuseops' kernels (default: "
+        + " ".join(DEFAULT_VARIANTS)
+        + ")",
     )
     parser.add_argument(
         "--executorch-prompt",
@@ -113,12 +132,14 @@ def measure(size: str, variant: str, prompt: int, repeats: int, path: str) -> di
 
     spec = decode.SIZES[size]
     model = decode._model(spec, torch.float32, prompt)
-    quantize: Optional[str] = None if variant == "float32" else variant
+    mode = variant.removesuffix(FUSEOPS_KERNELS)
+    kernels = "fuseops" if mode != variant else "executorch"
+    quantize: Optional[str] = None if mode == "float32" else mode
     fuseops.transformers.apply(model, quantize=quantize)
     module = _Logits(model).eval()
     ids = decode.prompt_ids(spec.vocab, 1, prompt)
     with torch.no_grad():
-        program = fuseops.executorch.export(module, (ids,), path)
+        program = fuseops.executorch.export(module, (ids,), path, kernels=kernels)
         expected = module(ids)
         pytorch_ms = _median_ms(lambda: module(ids), repeats)
     method = Runtime.get().load_program(program.buffer).load_method("forward")
@@ -178,11 +199,16 @@ def run(args: argparse.Namespace) -> int:
     import fuseops.transformers
 
     modes = list(fuseops.transformers.quantize_modes())
-    unknown = [v for v in args.executorch_variants if v != "float32" and v not in modes]
+    unknown = [
+        v
+        for v in args.executorch_variants
+        if v.removesuffix(FUSEOPS_KERNELS) != "float32"
+        and v.removesuffix(FUSEOPS_KERNELS) not in modes
+    ]
     if unknown:
         print(
             f"fuseops bench --executorch: unknown --executorch-variants {unknown}; float32 or "
-            f"one of {modes}",
+            f"one of {modes}, each optionally with {FUSEOPS_KERNELS}",
             file=sys.stderr,
         )
         return 2

@@ -5,7 +5,9 @@ a prompt, no cache) in ExecuTorch's runtime and in PyTorch on the same
 machine, and how far the program's logits are from PyTorch's (TIMING_METHOD).
 
 The model is the ``--decode`` run's (``--executorch-size``: random weights
-from a config, float32), exported by :func:`fuseops.executorch.export`
+from a config, float32), quantized by ``apply(quantize=...)`` or, for the
+2:4 modes that apply does not take, by ``fuseops.quantize_`` after
+``apply``, and exported by :func:`fuseops.executorch.export`
 (fuseops' ops decomposed to ATen, XNNPACK's partitioner where ExecuTorch has
 it). A quantized model keeps its packed int8/int4 weights in the program and
 dequantizes them in the graph: the file is smaller; the forward is what
@@ -35,11 +37,17 @@ DEFAULT_VARIANTS = (
     "w8a8",
     "w4a16",
     "w4a8",
+    "2:4",
+    "2:4+w8a16",
+    "2:4+w8a8",
     "float32+fuseops",
     "w8a16+fuseops",
     "w8a8+fuseops",
     "w4a16+fuseops",
     "w4a8+fuseops",
+    "2:4+fuseops",
+    "2:4+w8a16+fuseops",
+    "2:4+w8a8+fuseops",
 )
 #: The suffix of a variant whose program runs fuseops' kernels.
 FUSEOPS_KERNELS = "+fuseops"
@@ -83,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         default=list(DEFAULT_VARIANTS),
-        help="float32 and apply(quantize=...) modes, each decomposed to ExecuTorch's kernels, "
+        help="float32 and fuseops.quantize_ modes (through apply(quantize=...) where it "
+        "takes them), each decomposed to ExecuTorch's kernels, "
         f"or with {FUSEOPS_KERNELS} run by fuseops' kernels (default: "
         + " ".join(DEFAULT_VARIANTS)
         + ")",
@@ -135,7 +144,11 @@ def measure(size: str, variant: str, prompt: int, repeats: int, path: str) -> di
     mode = variant.removesuffix(FUSEOPS_KERNELS)
     kernels = "fuseops" if mode != variant else "executorch"
     quantize: Optional[str] = None if mode == "float32" else mode
-    fuseops.transformers.apply(model, quantize=quantize)
+    if quantize is None or quantize in fuseops.transformers.quantize_modes():
+        fuseops.transformers.apply(model, quantize=quantize)
+    else:  # the 2:4 modes, which apply does not take
+        fuseops.transformers.apply(model)
+        fuseops.quantize_(model, quantize)
     module = _Logits(model).eval()
     ids = decode.prompt_ids(spec.vocab, 1, prompt)
     with torch.no_grad():
@@ -196,9 +209,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    import fuseops.transformers
+    import fuseops.quantization
 
-    modes = list(fuseops.transformers.quantize_modes())
+    modes = list(fuseops.quantization.QUANTIZE_MODES)
     unknown = [
         v
         for v in args.executorch_variants

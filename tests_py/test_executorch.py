@@ -19,7 +19,6 @@ program.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -283,74 +282,10 @@ def test_bench_executorch_command(tmp_path):
     .pte's size and both runtimes' times; the int8 programs (decomposed, and
     run by fuseops' kernels) are the smaller, and their logits are
     PyTorch's (float32 rounding order apart)."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fuseops",
-            "bench",
-            "--executorch",
-            "--executorch-size",
-            "tiny",
-            "--executorch-variants",
-            "float32",
-            "w8a16",
-            "w8a16+fuseops",
-            "--executorch-prompt",
-            "8",
-            "--executorch-repeats",
-            "1",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    export_check.check_bench_command(
+        "executorch", ".pte", "ExecuTorch", ["float32", "w8a16", "w8a16+fuseops"], tmp_path
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    [columns] = [line for line in lines if line.startswith("| variant |")]
-    assert [c.strip() for c in columns.strip("|").split("|")] == [
-        "variant",
-        ".pte MiB",
-        "vs float32",
-        "ExecuTorch ms",
-        "PyTorch ms",
-        "max abs diff",
-    ]
-    rows = [
-        [c.strip() for c in line.strip("|").split("|")]
-        for line in lines
-        if line.startswith("| ") and not line.startswith(("| variant", "| ---"))
-    ]
-    assert [r[0] for r in rows] == ["float32", "w8a16", "w8a16+fuseops"]
-    assert rows[0][2] == "1.00x"
-    report = json.loads((tmp_path / "executorch.json").read_text())
-    assert report["size"] == "tiny" and report["prompt_tokens"] == 8
-    float_row, int8_row, kernels_row = report["rows"]
-    assert 0 < int8_row["pte_bytes"] < float_row["pte_bytes"]
-    # The packed weights either way; the kernels' program has no
-    # dequantization graph.
-    assert 0 < kernels_row["pte_bytes"] < float_row["pte_bytes"]
-    for row, path in (
-        (float_row, "float32"),
-        (int8_row, "w8a16"),
-        (kernels_row, "w8a16+fuseops"),
-    ):
-        assert row["pte_bytes"] == os.path.getsize(tmp_path / f"llama-tiny-{path}.pte")
-        assert row["executorch_ms"] > 0 and row["pytorch_ms"] > 0
-        # float32 logits of order 1: the graphs differ in rounding order only.
-        assert row["max_abs_diff"] < 1e-4, row
-    assert (tmp_path / "executorch.txt").read_text().strip() == result.stdout.split("\nwrote ")[0]
 
 
 def test_bench_executorch_refuses_an_unknown_variant(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "fuseops", "bench", "--executorch", "--executorch-variants", "w3a3"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 2
-    assert "unknown --executorch-variants ['w3a3']" in result.stderr
+    export_check.check_bench_refuses_an_unknown_variant("executorch", tmp_path)

@@ -179,3 +179,17 @@ def test_torch_onnx_export_takes_the_table():
     )
     (y,) = run_onnx(program, [x])
     torch.testing.assert_close(y, model(x), rtol=2e-6, atol=2e-6)
+
+
+def test_bench_onnx_command(tmp_path):
+    """python -m fuseops bench --onnx: a row per variant with the .onnx
+    file's size and ONNX Runtime's and PyTorch's times; the int8 program is
+    the smaller, and its logits are PyTorch's (float32 rounding order
+    apart)."""
+    export_check.check_bench_command(
+        "onnx", ".onnx", "ONNX Runtime", ["float32", "w8a16"], tmp_path
+    )
+
+
+def test_bench_onnx_refuses_an_unknown_variant(tmp_path):
+    export_check.check_bench_refuses_an_unknown_variant("onnx", tmp_path)

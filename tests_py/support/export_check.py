@@ -31,6 +31,11 @@ the comparison catches one.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -237,3 +242,82 @@ def tiny_llama(quantize, **apply_kwargs):
     with torch.no_grad():
         expected = wrapper(input_ids)
     return wrapper, input_ids, expected
+
+
+def check_bench_command(flag: str, suffix: str, title: str, variants: list, tmp_path) -> None:
+    """``python -m fuseops bench --<flag>`` on the tiny model with
+    `variants` (float32 first, then int8 ones): a row per variant with the
+    program file's size (`suffix`) and both runtimes' times (`title`'s and
+    PyTorch's); the int8 programs are the smaller, their logits PyTorch's
+    (float32 rounding order apart); the JSON and text files hold the same."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fuseops",
+            "bench",
+            f"--{flag}",
+            f"--{flag}-size",
+            "tiny",
+            f"--{flag}-variants",
+            *variants,
+            f"--{flag}-prompt",
+            "8",
+            f"--{flag}-repeats",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    [columns] = [line for line in lines if line.startswith("| variant |")]
+    assert [c.strip() for c in columns.strip("|").split("|")] == [
+        "variant",
+        f"{suffix} MiB",
+        "vs float32",
+        f"{title} ms",
+        "PyTorch ms",
+        "max abs diff",
+    ]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in lines
+        if line.startswith("| ") and not line.startswith(("| variant", "| ---"))
+    ]
+    assert [r[0] for r in rows] == variants
+    assert rows[0][2] == "1.00x"
+    report = json.loads((tmp_path / f"{flag}.json").read_text())
+    assert report["size"] == "tiny" and report["prompt_tokens"] == 8
+    assert report["runtime"] == title
+    float_row, *int8_rows = report["rows"]
+    for row, variant in zip(report["rows"], variants):
+        assert row["variant"] == variant
+        path = tmp_path / f"llama-tiny-{variant}{suffix}"
+        # An ONNX model may keep its weights in a data file beside it.
+        data = tmp_path / f"llama-tiny-{variant}{suffix}.data"
+        assert row["program_bytes"] == os.path.getsize(path) + (
+            os.path.getsize(data) if data.exists() else 0
+        )
+        assert row["runtime_ms"] > 0 and row["pytorch_ms"] > 0
+        # float32 logits of order 1: the graphs differ in rounding order only.
+        assert row["max_abs_diff"] < 1e-4, row
+    # The packed int8 weights, whichever computes them.
+    for row in int8_rows:
+        assert 0 < row["program_bytes"] < float_row["program_bytes"], row
+    assert (tmp_path / f"{flag}.txt").read_text().strip() == result.stdout.split("\nwrote ")[0]
+
+
+def check_bench_refuses_an_unknown_variant(flag: str, tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fuseops", "bench", f"--{flag}", f"--{flag}-variants", "w3a3"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert f"unknown --{flag}-variants ['w3a3']" in result.stderr

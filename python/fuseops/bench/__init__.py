@@ -15,8 +15,8 @@ rows and their table, JSON, CSV and chart; ``hf_models``, the
 ``decode``, the ``--decode`` run (``generate`` token by token, fuseops
 patched and quantized against HF and torch.ao); ``llama_cpp_anchor``, its
 llama.cpp rows (the same model as GGUF, decoded by llama.cpp);
-``executorch_programs``, the ``--executorch`` run (a patched model's
-ExecuTorch programs: size and time, float and quantized); ``markdown``, ``--markdown``
+``programs``, the ``--executorch`` and ``--onnx`` runs (a patched model's
+ExecuTorch and ONNX programs: size and time, float and quantized); ``markdown``, ``--markdown``
 (an earlier run's JSON as GitHub Markdown tables, nothing run).
 """
 
@@ -34,9 +34,9 @@ from . import (
     cases,
     decode,
     environment,
-    executorch_programs,
     hf_models,
     markdown,
+    programs,
     report,
     results,
     runner,
@@ -254,7 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     hf_models.add_arguments(parser)
     decode.add_arguments(parser)
-    executorch_programs.add_arguments(parser)
+    programs.add_arguments(parser)
     markdown.add_arguments(parser)
 
 
@@ -318,8 +318,9 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         return hf_models.run(args)
     if getattr(args, "decode", False):
         return decode.run(args)
-    if getattr(args, "executorch", False):
-        return executorch_programs.run(args)
+    for name, runtime in programs.RUNTIMES.items():
+        if getattr(args, name, False):
+            return programs.run(args, runtime)
     device = torch.device(args.device)
     problem = environment.check_device(device)
     if problem:

@@ -8,7 +8,7 @@ gelu, silu and relu fall through; the add of bias_gelu / fused_add_rms_norm
 and the multiply of swiglu / geglu promote mixed inputs to float32; conv1d
 runs in the autocast dtype; cross_entropy and kl_div (jsd's analogue) run
 in float32. The parity cases, each beside its op (``autocast_cases()`` in
-``fuseops/ops/<op>.py``, ``fuseops/ops/_autocast.py``), feed each op what it
+``fuseops/ops/cases/<op>.py``, ``fuseops/ops/cases/_autocast.py``), feed each op what it
 meets in an autocast model: float32 activations, bfloat16 activations
 (after a Linear) with float32 parameters, and mixed pairs."""
 
@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 import fuseops
-from fuseops.ops import MODULES
-from fuseops.ops._autocast import D, LOW, rand, weight
+from fuseops.ops.cases import MODULES
+from fuseops.ops.cases._autocast import D, LOW, rand, weight
 
-# Each op module's parity cases (autocast_cases(), beside the op), by op.
+# Each op's parity cases (autocast_cases() in fuseops/ops/cases/<op>.py), by op.
 CASES: dict[str, list] = {}
 for _module in MODULES:
     for _case in getattr(_module, "autocast_cases", list)():
@@ -148,8 +148,6 @@ def test_out_overloads_are_not_cast():
 
 
 def conformance_samples():
-    from fuseops.ops import MODULES
-
     return [s for module in MODULES for s in module.samples("cpu") if not s.large]
 
 

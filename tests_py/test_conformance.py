@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map
 
 import fuseops
+import fuseops.ops.cases
 from support import sample_run
 from support.cpu_builds import CAPABILITY_ORDER, run_under_cpu_capability
 from support.errors import expect_error_mentions
@@ -33,7 +34,7 @@ def _all_samples() -> dict:
     cuda = list(range(torch.cuda.device_count()))
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(0)
-        return {device: fuseops.ops.samples(device) for device in DEVICES}
+        return {device: fuseops.ops.cases.samples(device) for device in DEVICES}
 
 
 SAMPLES = _all_samples()

@@ -1,6 +1,6 @@
-"""Property-based fuzzing of every op, from each op module's ``fuzz(d)``
-(python/fuseops/ops/_fuzz.py): nothing here names an op, so a new op module
-is fuzzed as soon as it declares one.
+"""Property-based fuzzing of every op, from each op's ``fuzz(d)``
+(python/fuseops/ops/cases/_fuzz.py): nothing here names an op, so a new op
+is fuzzed as soon as its cases module declares one.
 
 test_fuzz_valid: random valid calls (shapes with zero-size and size-1
 dimensions, every dtype, permuted, step-sliced and stride-0 expanded
@@ -64,7 +64,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fuseops
-from fuseops.ops._fuzz import Draw
+from fuseops.ops.cases import op_name
+from fuseops.ops.cases._fuzz import Draw
 
 from support import sample_run
 
@@ -82,12 +83,12 @@ TOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.bfloat16: 2**-7, torch.fl
 GRAD_TOL = 1e-7
 ERRORS = (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError)
 
-MODULES = [m for m in fuseops.ops.MODULES if hasattr(m, "fuzz")]
+MODULES = [m for m in fuseops.ops.cases.MODULES if hasattr(m, "fuzz")]
 COUNTS: collections.Counter = collections.Counter()
 
 
 def module_id(module) -> str:
-    return module.__name__.rsplit(".", 1)[1]
+    return op_name(module)
 
 
 class _CountsReport:

@@ -151,3 +151,33 @@ def test_import_fuseops_leaves_the_export_backends_alone():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_import_fuseops_leaves_the_op_cases_alone():
+    """The calls that test and measure the ops (fuseops.ops.cases) are not
+    on ``import fuseops``'s path; ``fuseops.ops.cases`` brings them all."""
+    from support.processes import run_python
+
+    result = run_python(
+        "import sys, fuseops\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fuseops.ops.cases')))\n"
+        "import fuseops.ops.cases\n"
+        "print(len([m for m in sys.modules if m.startswith('fuseops.ops.cases.')]))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    before, after = result.stdout.split()
+    assert before == "[]", result.stdout
+    assert int(after) > 16, result.stdout
+
+
+def test_every_op_module_has_a_cases_module_of_its_name():
+    import fuseops.ops
+    import fuseops.ops.cases as cases
+
+    assert [cases.op_name(m) for m in cases.MODULES] == [
+        cases.op_name(m) for m in fuseops.ops.MODULES
+    ]
+    for module in cases.MODULES:
+        for declaration in ("samples", "fuzz", "bench_cases"):
+            assert callable(getattr(module, declaration, None)), (module.__name__, declaration)
+    assert cases.of(fuseops.ops.MODULES[0]) is cases.MODULES[0]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fuseops
+import fuseops.ops.cases
 from support import sample_run
 from support.cpu_builds import run_under_cpu_capability
 from test_conformance import SAMPLES, fresh
@@ -95,10 +96,10 @@ def test_thread_count_determinism_is_as_documented():
 
 
 def row_reductions():
-    """Each op module's row_reduction_cases() (beside the op): the ops whose
-    gradients or losses sum over rows, with enough rows for every thread to
-    get several blocks."""
-    for module in fuseops.ops.MODULES:
+    """Each op's row_reduction_cases() (fuseops/ops/cases/<op>.py): the ops
+    whose gradients or losses sum over rows, with enough rows for every
+    thread to get several blocks."""
+    for module in fuseops.ops.cases.MODULES:
         yield from getattr(module, "row_reduction_cases", list)()
 
 
@@ -133,6 +134,7 @@ def test_row_reductions_across_thread_counts():
 NAN_CHILD = r"""
 import torch
 import fuseops
+import fuseops.ops.cases
 
 CANONICAL = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 

@@ -571,7 +571,7 @@ def _bench_targets(rows, vocab, sequences_per_group, device, gen):
 
 
 def _bench_head(target, vocab, dtype, device, gen):
-    from .ops.cross_entropy import _linear_inputs
+    from .ops.cases.cross_entropy import _linear_inputs
 
     x, w, _ = _linear_inputs(target.numel(), vocab, dtype, device, gen)
     return x, w
@@ -639,7 +639,7 @@ def bench_cases():
     """DPO (chosen and rejected sequences, the reference log-probabilities
     given) and GRPO (TRL's defaults) from hidden states and an LM head,
     against the same losses on materialised logits."""
-    from .ops._bench_case import Case, Traffic
+    from .ops.cases._bench_case import Case, Traffic
 
     return [
         Case(

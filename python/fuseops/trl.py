@@ -233,8 +233,8 @@ def bench_cases():
     materialised logits."""
     import importlib.util
 
-    from .ops._bench_case import Case, Traffic
-    from .ops.cross_entropy import _linear_inputs
+    from .ops.cases._bench_case import Case, Traffic
+    from .ops.cases.cross_entropy import _linear_inputs
 
     has_trl = importlib.util.find_spec("trl") is not None
     return [

@@ -40,6 +40,7 @@ import pytest
 import torch
 
 import fuseops.ops
+import fuseops.ops.cases
 from fuseops.ops import _export
 
 HALF = (torch.float16, torch.bfloat16)
@@ -55,7 +56,7 @@ def export_cases(name: str, backend: str) -> list:
     (drawn with the current random state)."""
     return [
         case
-        for module in fuseops.ops.MODULES
+        for module in fuseops.ops.cases.MODULES
         if hasattr(module, "export_cases")
         for case in module.export_cases()
         if case.name == name and backend not in dict(case.not_run_by)

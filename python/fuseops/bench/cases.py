@@ -1,6 +1,6 @@
 """The benchmark's case registry: one small declarative entry per op, defined
-by the op's own module (``fuseops.ops.<module>.bench_cases()``, with the
-types of ``fuseops.ops._bench_case``, re-exported here) and collected here,
+by the op's own module (``fuseops.ops.cases.<module>.bench_cases()``, with the
+types of ``fuseops.ops.cases._bench_case``, re-exported here) and collected here,
 module by module in name order.
 
 An entry names the fuseops function and its reference by attribute (looked up
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional, Sequence
 
-from ..ops._bench_case import (  # noqa: F401  (re-exported)
+from ..ops.cases._bench_case import (  # noqa: F401  (re-exported)
     EPS,
     InputMaker,
     TRAFFIC_METHOD,
@@ -35,12 +35,13 @@ from ..ops._bench_case import (  # noqa: F401  (re-exported)
 
 
 def _collect() -> list[Case]:
-    from .. import ops, preference, trl
+    from .. import preference, trl
+    from ..ops import cases
 
     # The op modules' cases, then those of the integrations built on them.
     return [
         replace(case, family=module.__name__.rsplit(".", 1)[-1])
-        for module in (*ops.MODULES, preference, trl)
+        for module in (*cases.MODULES, preference, trl)
         for case in module.bench_cases()
     ]
 

@@ -5,16 +5,14 @@ ops: the public wrappers over ``torch.ops.fuseops`` (named in its
 ``__all__``; ``fuseops`` imports them by name), the plain-PyTorch references
 (the module's functions named ``<op>_reference``; ``fuseops.reference``
 imports them as ``<op>``; both import lists are written by
-``tools/generate_exports.py``), ``bench_cases()`` (its rows of ``python -m fuseops
-bench``) and ``samples(device)`` (the calls the conformance suite puts
-through opcheck, the compilers, the Meta kernels, the pybind module, ``out=``
-and every CPU build), and its export forms: ``onnx_translations()`` and
+``tools/generate_exports.py``), its export forms: ``onnx_translations()`` and
 ``executorch_decompositions()`` (collected by ``fuseops.onnx`` and
-``fuseops.executorch``), ``export_cases()`` (the calls their tests export)
-or ``NOT_EXPORTED`` (why an op has none), described in ``_export.py``; and
-``BACKWARD_OPS`` where an op's gradients are not computed by
-``<op>_backward`` (:func:`backward_op`). A new
-op is a new module plus a run of ``tools/generate_exports.py``.
+``fuseops.executorch``), or ``NOT_EXPORTED`` (why an op has none), described
+in ``_export.py``; and ``BACKWARD_OPS`` where an op's gradients are not
+computed by ``<op>_backward`` (:func:`backward_op`). The calls that test and
+measure its ops (samples, fuzz cases, bench rows, export cases) live in
+``fuseops.ops.cases.<op>``, out of ``import fuseops``'s way. A new op is a
+new module, its cases module, and a run of ``tools/generate_exports.py``.
 
 Every ``out=`` may share memory with the inputs (the result is that of the
 inputs before the call); an ``out=`` whose elements overlap each other, two
@@ -29,25 +27,20 @@ import pkgutil
 from types import ModuleType
 from typing import Optional
 
-from ._sample import Sample
-
 
 def _discover() -> tuple[ModuleType, ...]:
     # Sorted by name, so that everything collected from the modules (exports,
     # bench rows, samples) comes in the same order on every machine.
     names = sorted(
-        info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")
+        info.name
+        for info in pkgutil.iter_modules(__path__)
+        if not info.name.startswith("_") and not info.ispkg
     )
     return tuple(importlib.import_module(f"{__name__}.{name}") for name in names)
 
 
 #: The op modules, sorted by name.
 MODULES = _discover()
-
-
-def samples(device) -> list[Sample]:
-    """Every op module's samples on `device`, module by module."""
-    return [sample for module in MODULES for sample in module.samples(device)]
 
 
 def backward_op(forward: str) -> Optional[str]:
@@ -65,4 +58,4 @@ def backward_op(forward: str) -> Optional[str]:
     return f"fuseops::{name.removesuffix('_forward')}_backward"
 
 
-__all__ = ["MODULES", "Sample", "backward_op", "samples"]
+__all__ = ["MODULES", "backward_op"]

@@ -4,7 +4,7 @@ collected into one table per backend; the fuseops ops a graph calls without
 one; why an op has none; and the calls their tests
 export.
 
-Each op module (``fuseops/ops/<op>.py``) declares, beside its samples:
+Each op module (``fuseops/ops/<op>.py``) declares:
 
 - ``onnx_translations()``: ``{torch.ops.fuseops.<op>.<overload>: ONNX
   function}`` for its inference ops, the functions written with the opset-23
@@ -17,6 +17,8 @@ Each op module (``fuseops/ops/<op>.py``) declares, beside its samples:
   for a reason of their own (losses, weight preparation, still to come);
   the backward ops and the ``out=`` overloads have none by rule
   (:func:`rule_reason`);
+and its cases module (``fuseops/ops/cases/<op>.py``):
+
 - ``export_cases()``: :class:`ExportCase` calls of each exported overload
   (dtypes, shapes, options), which ``tests_py/test_onnx.py`` and
   ``tests_py/test_executorch.py`` export, run and compare with the op.

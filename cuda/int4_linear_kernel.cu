@@ -90,6 +90,8 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
   const int64_t m_total = input.size(0);
   const int64_t k = input.size(1);
   const int64_t n = scale_zero.size(2);
+  // bfloat16 scale_zero is read as the float32 it widens to (exact).
+  const at::Tensor scale_zero_float = scale_zero.to(at::kFloat);
   const int64_t total = m_total * n;
   const int64_t blocks = blocks_for(total);
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -97,7 +99,7 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_weight_only_linear", [&] {
         int4_weight_only_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
             out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-            packed.const_data_ptr<uint8_t>(), scale_zero.const_data_ptr<float>(),
+            packed.const_data_ptr<uint8_t>(), scale_zero_float.const_data_ptr<float>(),
             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k,
             scale_zero.size(0), group_size);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -155,6 +157,8 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const int64_t m_total = input.size(0);
   const int64_t k = input.size(1);
   const int64_t n = scale_zero.size(2);
+  // bfloat16 scale_zero is read as the float32 it widens to (exact).
+  const at::Tensor scale_zero_float = scale_zero.to(at::kFloat);
   const int64_t groups = scale_zero.size(0);
   const int64_t x_stride = groups * group_size;
   const int64_t total = m_total * n;
@@ -167,7 +171,7 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
         int4_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
             out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
             x.scales.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
-            scale_zero.const_data_ptr<float>(),
+            scale_zero_float.const_data_ptr<float>(),
             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k, x_stride,
             groups, group_size);
         C10_CUDA_KERNEL_LAUNCH_CHECK();

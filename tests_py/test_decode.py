@@ -441,6 +441,8 @@ def test_bench_decode_command(tmp_path):
         "fuseops w8a8",
     ]
     expected += [f"fuseops {m}" for m in ("w4a16", "w4a8") if m in quantization.QUANTIZE_MODES]
+    if "w4a8" in quantization.QUANTIZE_MODES:
+        expected.append("fuseops w4a8, float32 scales")
     expected.append("fuseops w8a16, projections separate")
     expected.append("fuseops w8a16, SDPA attention")
     expected.append("torch.ao dynamic int8 (float32 activations)")
@@ -495,6 +497,13 @@ def test_bench_decode_command(tmp_path):
                     100 * b["gb_per_s"] / report["read_gb_per_s"]
                 )
     assert (tmp_path / "decode.txt").read_text().strip() == result.stdout.split("\nwrote ")[0]
+    if "w4a8" in quantization.QUANTIZE_MODES:
+        # bfloat16 scale_zero (Int4Linear's default) against float32: the
+        # packed weights alike, the scales and zero points half the bytes.
+        by_name = {row["variant"]: row for row in size["rows"]}
+        bf16, f32 = by_name["fuseops w4a8"], by_name["fuseops w4a8, float32 scales"]
+        assert bf16["weights_bytes"] < f32["weights_bytes"]
+        assert bf16["batches"][0]["bytes_read_per_step"] < f32["batches"][0]["bytes_read_per_step"]
 
 
 # --- the llama.cpp anchor: the model as GGUF, decoded by llama.cpp ---

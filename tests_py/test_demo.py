@@ -275,7 +275,8 @@ def test_quantized_inference_of_the_trained_model_in_every_mode():
             # and channel.
             def int4_bytes(n, k):
                 groups = -(-k // 128)
-                return (-(-n // 16) * 16) * groups * 128 // 2 + groups * 2 * n * 4
+                # scale_zero in bfloat16 (Int4Linear's default): 2 bytes each.
+                return (-(-n // 16) * 16) * groups * 128 // 2 + groups * 2 * n * 2
 
             shapes = [(3 * d, d), (d, d), (hidden, d), (hidden, d), (d, hidden)]
             assert row["linear_weight_bytes"] == sum(int4_bytes(n, k) for n, k in shapes)

@@ -390,8 +390,9 @@ def test_int4_linear_module_from_float_and_state_dict(device):
     x = torch.randn(4, 70, device=device)
     with torch.no_grad():
         y = module(x)
-        quantized = fuseops.quantize_per_group_int4(linear.weight, 32)
-        want = x.double() @ dequantized(*quantized, 32).T + linear.bias.double()
+        # The weight its buffers hold (scales rounded to bfloat16).
+        weight = fuseops.dequantize_int4_weight(module.packed, module.scale_zero, 32, 70)
+        want = x.double() @ weight.T + linear.bias.double()
         assert_matches(y, want, 70)
         assert ((y - linear(x)).norm() / linear(x).norm()).item() < 0.2
     assert set(module.state_dict()) == {"packed", "scale_zero", "bias"}
@@ -403,8 +404,8 @@ def test_int4_linear_module_from_float_and_state_dict(device):
     with torch.no_grad():
         assert torch.equal(restored(x), y)
     assert "group_size=32" in repr(module) and "mode='w4a16'" in repr(module)
-    module.to(torch.bfloat16)
-    assert module.scale_zero.dtype == torch.float32 and module.bias.dtype == torch.bfloat16
+    module.to(torch.float16)
+    assert module.scale_zero.dtype == torch.bfloat16 and module.bias.dtype == torch.float16
     assert module.packed.dtype == torch.uint8
     with pytest.raises(ValueError, match="group_size must be a positive even number"):
         fuseops.nn.Int4Linear(8, 8, group_size=3)
@@ -414,6 +415,48 @@ def test_int4_linear_module_from_float_and_state_dict(device):
     assert other.group_size == 32
     with torch.no_grad():
         assert torch.equal(other(x), y)
+
+
+def test_int4_linear_scales_in_bfloat16_or_float32(device):
+    """Int4Linear stores scale_zero in bfloat16 by default: the scales
+    rounded once (each dequantized weight within 2^-8 of the float32 scales'
+    one, relatively), the zero points exact; scale_dtype=torch.float32 keeps
+    quantize_per_group_int4's scales. The ops widen bfloat16 scale_zero to
+    float32 exactly: the same bits as its float32 copy, on both ops."""
+    linear = torch.nn.Linear(300, 37, device=device)  # a partial block of channels
+    rounded = fuseops.nn.Int4Linear.from_float(linear, group_size=64)
+    exact = fuseops.nn.Int4Linear.from_float(linear, group_size=64, scale_dtype=torch.float32)
+    assert rounded.scale_zero.dtype == torch.bfloat16 and exact.scale_zero.dtype == torch.float32
+    assert "scale_dtype=torch.bfloat16" in repr(rounded)
+    assert torch.equal(rounded.packed, exact.packed)
+    assert torch.equal(rounded.scale_zero[:, 1].float(), exact.scale_zero[:, 1])
+    quantized = fuseops.quantize_per_group_int4(linear.weight.detach(), 64)
+    assert torch.equal(exact.scale_zero[:, 0], quantized[1].t())
+    w_rounded = fuseops.dequantize_int4_weight(rounded.packed, rounded.scale_zero, 64, 300)
+    w_exact = fuseops.dequantize_int4_weight(exact.packed, exact.scale_zero, 64, 300)
+    assert ((w_rounded - w_exact).abs() <= 2**-8 * w_exact.abs()).all()
+    assert not torch.equal(w_rounded, w_exact), "no scale was rounded"
+    widened = rounded.scale_zero.float()
+    for op in (fuseops.int4_weight_only_linear, fuseops.int4_dynamic_linear):
+        for dtype in (torch.float32, torch.bfloat16):
+            for rows in (1, 5):
+                x = torch.randn(rows, 300, device=device).to(dtype)
+                y = op(x, rounded.packed, rounded.scale_zero, 64)
+                assert torch.equal(y, op(x, rounded.packed, widened, 64)), (op, dtype, rows)
+    # A state_dict loads as saved: its scale dtype comes with it.
+    restored = fuseops.nn.Int4Linear(300, 37, device=device, group_size=64)
+    restored.load_state_dict(exact.state_dict())
+    assert restored.scale_dtype == torch.float32
+    x = torch.randn(3, 300, device=device)
+    with torch.no_grad():
+        assert torch.equal(restored(x), exact(x))
+    exact.to(torch.bfloat16)
+    assert exact.scale_zero.dtype == torch.float32
+    with pytest.raises(ValueError, match="scale_dtype must be torch.bfloat16 or torch.float32"):
+        fuseops.nn.Int4Linear(8, 8, scale_dtype=torch.float16)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16)).to(device)
+    fuseops.quantize_(model, "w4a8", group_size=32, scale_dtype=torch.float32)
+    assert model[0].scale_zero.dtype == torch.float32 and model[0].mode == "w4a8"
 
 
 def test_quantize_w4a16_swaps_linear_layers(device):

@@ -205,8 +205,9 @@ void check_int4_weight(const char* op, const at::Tensor& packed, const at::Tenso
               ": argument 'packed' must have shape [ceil(N/16), groups * group_size / 2, 16] "
               "(from fuseops.pack_int4_weight), got ",
               packed.sizes());
-  TORCH_CHECK(scale_zero.scalar_type() == at::kFloat, op,
-              ": argument 'scale_zero' must have dtype float32, got ", scale_zero.scalar_type());
+  TORCH_CHECK(scale_zero.scalar_type() == at::kFloat || scale_zero.scalar_type() == at::kBFloat16,
+              op, ": argument 'scale_zero' must have dtype float32 or bfloat16, got ",
+              scale_zero.scalar_type());
   TORCH_CHECK(scale_zero.dim() == 3 && scale_zero.size(1) == 2, op,
               ": argument 'scale_zero' must have shape [groups, 2, N] (from "
               "fuseops.pack_int4_weight), got ",

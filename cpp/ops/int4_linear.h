@@ -15,7 +15,8 @@ namespace fuseops::detail {
 inline constexpr int64_t kInt4BlockN = 16;
 
 // out [M, N] (contiguous, input's dtype) = input [M, K] (contiguous) times
-// the packed weight (contiguous), scale_zero (contiguous float32 [G, 2, N])
+// the packed weight (contiguous), scale_zero (contiguous float32 or bfloat16
+// [G, 2, N])
 // applied per group, plus bias (contiguous [N], input's dtype, or
 // undefined). M, N, K > 0; group_size even, G * group_size >= K.
 using Int4WeightOnlyLinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,

@@ -41,8 +41,9 @@ class _QuantizedLinear(torch.nn.Module):
     bias in the activations' dtype, and the repr."""
 
     MODES: tuple[str, ...] = ()
-    #: Buffers the kernels take in float32 whatever the module's dtype.
-    FLOAT32_BUFFERS: tuple[str, ...] = ("scale",)
+    #: Buffers that keep their dtype (what the kernels take) whatever the
+    #: module's dtype.
+    FIXED_DTYPE_BUFFERS: tuple[str, ...] = ("scale",)
 
     def _check_mode(self, mode: str) -> None:
         if mode not in self.MODES:
@@ -79,9 +80,9 @@ class _QuantizedLinear(torch.nn.Module):
         raise NotImplementedError
 
     def _apply(self, fn, recurse=True):
-        # module.to(dtype) casts floating buffers; the scales stay float32
+        # module.to(dtype) casts floating buffers; the scales keep their dtype
         # (what the kernels take) and only follow device moves.
-        kept = {name: self._buffers[name] for name in self.FLOAT32_BUFFERS}
+        kept = {name: self._buffers[name] for name in self.FIXED_DTYPE_BUFFERS}
         super()._apply(fn, recurse)
         for name, buffer in kept.items():
             self._buffers[name] = buffer.to(device=self._buffers[name].device)
@@ -176,16 +177,25 @@ class Int4Linear(_QuantizedLinear):
 
     The weight lives in buffers, the form ``fuseops.pack_int4_weight``
     returns: ``packed`` (uint8 ``[ceil(N/16), groups * group_size / 2, 16]``,
-    two values per byte) and ``scale_zero`` (float32 ``[groups, 2, N]``),
-    plus ``bias`` (the layer's, in its dtype, or None), so ``state_dict()``
-    saves and ``load_state_dict()`` restores them like any buffers; the
-    group size is read back from their shapes, so a state_dict saved with
-    another group size than the module was built with loads and sets it. No gradients: run it
-    under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    two values per byte) and ``scale_zero`` (``[groups, 2, N]``) in
+    ``scale_dtype``: bfloat16 by default, half the bytes of float32, which a
+    decode step streams with the weights (at groups of 128, 4.25 bits per
+    weight instead of 4.5). The scales are then rounded to bfloat16 after
+    quantization (a relative error of at most 2^-8 on each group's weights,
+    next to int4's rounding of up to 1/16 of the group's largest value);
+    the zero points stay exact. ``scale_dtype=torch.float32`` keeps them as
+    ``quantize_per_group_int4`` computes them. ``bias`` is the layer's, in
+    its dtype, or None. ``state_dict()`` saves and ``load_state_dict()``
+    restores them like any buffers; the group size and the scales' dtype
+    are read back from them, so a state_dict saved with another group size
+    or scale dtype than the module was built with loads as saved and sets
+    them. No gradients: run it under ``torch.no_grad()`` or
+    ``torch.inference_mode()``.
     """
 
     MODES = ("w4a16", "w4a8")
-    FLOAT32_BUFFERS = ("scale_zero",)
+    FIXED_DTYPE_BUFFERS = ("scale_zero",)
+    SCALE_DTYPES = (torch.bfloat16, torch.float32)
 
     def __init__(
         self,
@@ -197,12 +207,17 @@ class Int4Linear(_QuantizedLinear):
         mode: str = "w4a16",
         group_size: int = 128,
         symmetric: bool = True,
+        scale_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__()
         self._check_mode(mode)
         if group_size <= 0 or group_size % 2:
             raise ValueError(
                 f"Int4Linear: group_size must be a positive even number, got {group_size}"
+            )
+        if scale_dtype not in self.SCALE_DTYPES:
+            raise ValueError(
+                f"Int4Linear: scale_dtype must be torch.bfloat16 or torch.float32, got {scale_dtype}"
             )
         self.mode = mode
         self.in_features = in_features
@@ -215,7 +230,7 @@ class Int4Linear(_QuantizedLinear):
             torch.zeros(blocks, groups * group_size // 2, 16, dtype=torch.uint8, device=device),
         )
         self.register_buffer(
-            "scale_zero", torch.zeros(groups, 2, out_features, dtype=torch.float32, device=device)
+            "scale_zero", torch.zeros(groups, 2, out_features, dtype=scale_dtype, device=device)
         )
         self.register_buffer(
             "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
@@ -228,23 +243,40 @@ class Int4Linear(_QuantizedLinear):
         group_size: int = 128,
         symmetric: bool = True,
         mode: str = "w4a16",
+        scale_dtype: torch.dtype = torch.bfloat16,
     ) -> "Int4Linear":
         """The layer's weight quantized in groups of `group_size` along K
-        (``fuseops.quantize_per_group_int4``) and packed; its bias kept."""
-        return cls._from_float(linear, mode, group_size=group_size, symmetric=symmetric)
+        (``fuseops.quantize_per_group_int4``) and packed, the scales and
+        zero points in `scale_dtype`; its bias kept."""
+        return cls._from_float(
+            linear, mode, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype
+        )
+
+    @property
+    def scale_dtype(self) -> torch.dtype:
+        return self.scale_zero.dtype
 
     def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         quantized = quantize_per_group_int4(weight, self.group_size, self.symmetric)
         packed, scale_zero = pack_int4_weight(*quantized, self.group_size)
-        return {"packed": packed, "scale_zero": scale_zero}
+        return {"packed": packed, "scale_zero": scale_zero.to(self.scale_dtype)}
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The group size is in the buffers' shapes (groups = scale_zero's
-        # first dimension, groups * group_size / 2 = packed's second): a
-        # state_dict saved with another group size than this module was
-        # built with loads, and the module takes it on.
+        # first dimension, groups * group_size / 2 = packed's second), the
+        # scales' dtype in scale_zero's: a state_dict saved with another
+        # group size or scale dtype than this module was built with loads as
+        # saved, and the module takes them on.
         packed = state_dict.get(prefix + "packed")
         scale_zero = state_dict.get(prefix + "scale_zero")
+        mine = self._buffers["scale_zero"]
+        if (
+            isinstance(scale_zero, torch.Tensor)
+            and mine is not None
+            and scale_zero.dtype in self.SCALE_DTYPES
+            and scale_zero.dtype != mine.dtype
+        ):
+            self._buffers["scale_zero"] = mine.to(scale_zero.dtype)
         if packed is not None and scale_zero is not None and scale_zero.dim() == 3:
             groups = scale_zero.shape[0]
             if groups and packed.dim() == 3 and (2 * packed.shape[1]) % groups == 0:
@@ -262,7 +294,11 @@ class Int4Linear(_QuantizedLinear):
         return linear(x, self.packed, self.scale_zero, self.group_size, self._bias(x))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", group_size={self.group_size}, symmetric={self.symmetric}"
+        return (
+            super().extra_repr()
+            + f", group_size={self.group_size}, symmetric={self.symmetric}"
+            + f", scale_dtype={self.scale_dtype}"
+        )
 
 
 class Sparse24Linear(_QuantizedLinear):
@@ -410,6 +446,7 @@ def quantize_(
     mode: str = "w8a16",
     skip: Optional[Iterable[str] | Callable[[str, torch.nn.Module], bool]] = None,
     group_size: int = 128,
+    scale_dtype: torch.dtype = torch.bfloat16,
 ) -> list[Quantized]:
     """Replaces, in place, the ``torch.nn.Linear`` layers of `model` (exact
     type) by ``fuseops.nn.Int8Linear`` in `mode`, and returns what it
@@ -422,7 +459,9 @@ def quantize_(
     ``fuseops.nn.Int8Linear``; ``"w4a16"`` (int4 weights, one scale per
     group of `group_size` input features, symmetric; float activations)
     and ``"w4a8"`` (the same weights, activations quantized per token on the
-    fly: ``int4_dynamic_linear``) give ``fuseops.nn.Int4Linear``; ``"2:4"`` (weights pruned to 2:4 sparsity,
+    fly: ``int4_dynamic_linear``) give ``fuseops.nn.Int4Linear``, its scales
+    and zero points stored in `scale_dtype` (bfloat16 or float32, see
+    ``Int4Linear``); ``"2:4"`` (weights pruned to 2:4 sparsity,
     kept values in the layer's dtype), ``"2:4+w8a16"`` (pruned, then int8
     per channel) and ``"2:4+w8a8"`` (the same int8 weights, activations
     quantized per token on the fly: ``sparse_2_4_dynamic_linear``) give
@@ -456,7 +495,9 @@ def quantize_(
                 setattr(
                     parent,
                     child_name,
-                    Int4Linear.from_float(child, group_size=group_size, mode=mode),
+                    Int4Linear.from_float(
+                        child, group_size=group_size, mode=mode, scale_dtype=scale_dtype
+                    ),
                 )
             else:
                 setattr(parent, child_name, Int8Linear.from_float(child, mode=mode))

@@ -952,7 +952,8 @@ def apply(
     quantized per token on the fly; ``"w4a16"``, where
     ``fuseops.quantization.QUANTIZE_MODES`` has it, int4 weights with one
     scale per `group_size` input features (`group_size` is used by the int4
-    modes only); ``"w4a8"``: the same int4 weights, activations quantized
+    modes only; scales and zero points in bfloat16, ``fuseops.nn.Int4Linear``'s
+    default); ``"w4a8"``: the same int4 weights, activations quantized
     per token on the fly (the fastest decode on CPUs with AVX512_VNNI). :func:`quantize_modes` lists the modes this installation
     has; another value raises ``ValueError`` naming them. The patched model
     then runs under ``torch.no_grad()`` or ``torch.inference_mode()``

@@ -46,7 +46,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_group_int4(const at:
 //   scale_zero  float32 [G, 2, N]: scale_zero[g, 0, n] = scale[n, g],
 //               scale_zero[g, 1, n] = zero[n, g] (as a float), so a group's
 //               scales and zero points of 16 consecutive channels are one
-//               vector each.
+//               vector each. The linear ops also take it in bfloat16
+//               (scale_zero.to(kBFloat16): half its bytes, the scales
+//               rounded to 8 bits; zero points 0-15 stay exact).
 //
 // N is scale_zero's last dimension; K is the activations' last dimension
 // (checked against the packed shape); group_size is passed to the linear op.

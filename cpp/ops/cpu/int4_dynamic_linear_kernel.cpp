@@ -318,7 +318,7 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
   });
 
   const uint8_t* w = packed.const_data_ptr<uint8_t>();
-  const float* sz = scale_zero.const_data_ptr<float>();
+  const ScaleZeroRows scale_zero_rows(scale_zero);
   const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
   const int64_t chunk_rows = m_total <= kTileRows ? m_total : kChunkRows;
@@ -339,12 +339,7 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
       for (int64_t g = 0; g < groups; ++g) {
         FloatVec scale[V];
         FloatVec neg_zero[V];
-        prefetch_next_block_channels(sz, n, g, channel0 + kBlockN);
-        load_channels(sz + (2 * g) * n + channel0, channels, scale);
-        load_channels(sz + (2 * g + 1) * n + channel0, channels, neg_zero);
-        for (int v = 0; v < V; ++v) {
-          neg_zero[v] = neg_zero[v].neg();
-        }
+        scale_zero_rows.load(g, channel0, channels, scale, neg_zero);
         for (int64_t m = m_begin; m < m_end; m += kTileRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m_end - m));
           const GroupDot d{wb + g * pairs * kBlockN, pairs, xq + m * x_stride + g * group_stride,

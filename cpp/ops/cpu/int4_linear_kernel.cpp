@@ -453,7 +453,7 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
   }
 
   const uint8_t* w = packed.const_data_ptr<uint8_t>();
-  const float* sz = scale_zero.const_data_ptr<float>();
+  const ScaleZeroRows scale_zero_rows(scale_zero);
   const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
   const bool direct = paired || m_total <= kDirectRows;
@@ -484,12 +484,7 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
         Group group;
         group.pairs = pairs;
         group.sums_stride = groups;
-        prefetch_next_block_channels(sz, n, g, channel0 + kBlockN);
-        load_channels(sz + (2 * g) * n + channel0, channels, group.scale);
-        load_channels(sz + (2 * g + 1) * n + channel0, channels, group.neg_zero);
-        for (int v = 0; v < V; ++v) {
-          group.neg_zero[v] = group.neg_zero[v].neg();
-        }
+        scale_zero_rows.load(g, channel0, channels, group.scale, group.neg_zero);
         const uint8_t* wg = wb + g * pairs * kBlockN;
         const float* xg = x + g * group_size;
 #if defined(CPU_CAPABILITY_AVX512)

@@ -28,18 +28,4 @@ C10_ALWAYS_INLINE void prefetch_ahead(const void* p) {
 // stripe of weight rows, a whole stripe ahead: too far for L1).
 C10_ALWAYS_INLINE void prefetch_into_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
-// The int4 kernels' scales and zero points ([groups, 2, N] float32) are
-// read 16 channels (one 64-byte line) at a time from 2 * groups rows N * 4
-// bytes apart: a block of 16 channels touches one line in each of those rows,
-// a pattern the hardware prefetcher does not follow. While a task works on
-// one block, this asks for the same lines of the next block (the 64 bytes
-// after the current ones), a whole block of weight bytes ahead.
-C10_ALWAYS_INLINE void prefetch_next_block_channels(const float* scale_zero, int64_t n,
-                                                    int64_t group, int64_t next_channel0) {
-  if (next_channel0 < n) {
-    __builtin_prefetch(scale_zero + (2 * group) * n + next_channel0, 0, 3);
-    __builtin_prefetch(scale_zero + (2 * group + 1) * n + next_channel0, 0, 3);
-  }
-}
-
 }  // namespace fuseops::cpu

@@ -271,6 +271,23 @@ def _fuseops(
     return prepare
 
 
+def _float32_scales(
+    prepare: Callable[[torch.nn.Module], torch.nn.Module],
+) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    # The int4 layers' scales and zero points in float32 instead of
+    # Int4Linear's default bfloat16: what the smaller scale_zero gains.
+    def widened(model: torch.nn.Module) -> torch.nn.Module:
+        from fuseops.nn import Int4Linear
+
+        model = prepare(model)
+        for module in model.modules():
+            if isinstance(module, Int4Linear):
+                module._buffers["scale_zero"] = module.scale_zero.float()
+        return model
+
+    return widened
+
+
 def _compiled_decoding(
     prepare: Callable[[torch.nn.Module], torch.nn.Module],
 ) -> Callable[[torch.nn.Module], torch.nn.Module]:
@@ -331,6 +348,19 @@ def variants(compile_peer: bool) -> list[Variant]:
                     f"fuseops {mode or 'bf16'}, compile_decoding",
                     bf16,
                     _compiled_decoding(_fuseops(mode)),
+                    compiled=True,
+                )
+            )
+    if "w4a8" in fuseops.transformers.quantize_modes():
+        # What bfloat16 scale_zero (Int4Linear's default) gains over float32.
+        float32_scales = _float32_scales(_fuseops("w4a8"))
+        chosen.append(Variant("fuseops w4a8, float32 scales", bf16, float32_scales))
+        if compile_peer:
+            chosen.append(
+                Variant(
+                    "fuseops w4a8, float32 scales, compile_decoding",
+                    bf16,
+                    _compiled_decoding(float32_scales),
                     compiled=True,
                 )
             )

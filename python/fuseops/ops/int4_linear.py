@@ -13,8 +13,11 @@ comes back exactly); asymmetric spreads ``[min(w, 0), max(w, 0)]`` over 15
 steps. ``pack_int4_weight`` then packs two values per byte in the layout the
 kernels stream, ``packed[b, p, c] = wq[16b + c, 2p] | wq[16b + c, 2p + 1] << 4``
 (uint8 ``[ceil(N/16), groups * group_size / 2, 16]``, zeros past N and K),
-with the scales and zero points as float32 ``scale_zero [groups, 2, N]``. Both
-are ordinary tensors: a module keeps them as buffers, ``state_dict``
+with the scales and zero points as float32 ``scale_zero [groups, 2, N]``. The
+linear ops also take ``scale_zero`` in bfloat16 (``scale_zero.to(torch.bfloat16)``:
+half its bytes, which a decode step streams with the weights; the scales
+rounded to 8 bits, the zero points 0-15 exact), and compute with the float32
+values it widens to, exactly. Both are ordinary tensors: a module keeps them as buffers, ``state_dict``
 round-trips them, and ``torch.compile``/``torch.export`` see plain tensors.
 
 These are inference ops: they have no derivative, and called on tensors that

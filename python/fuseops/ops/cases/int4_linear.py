@@ -227,6 +227,16 @@ def samples(device) -> list[Sample]:
                         large=True,
                     )
                 )
+            # scale_zero in bfloat16 (what Int4Linear stores by default).
+            for m in (1, 5):
+                result.append(
+                    Sample(
+                        ops.int4_weight_only_linear.default,
+                        (t((m, 300), dtype), wp, szp.to(torch.bfloat16), 64, t((37,), dtype)),
+                        int4_weight_only_linear,
+                        large=True,
+                    )
+                )
     # W4A8: the same weights; group sizes that are and are not multiples of
     # 8 (the VNNI path's step), rows in one tile and in several chunks.
     dyn = ops.int4_dynamic_linear.default
@@ -254,6 +264,14 @@ def samples(device) -> list[Sample]:
                         large=True,
                     )
                 )
+            result.append(
+                Sample(
+                    dyn,
+                    (t((3, 300), dtype), wp, szp.to(torch.bfloat16), group_size, None),
+                    int4_dynamic_linear,
+                    large=True,
+                )
+            )
     return result
 
 
@@ -276,6 +294,8 @@ def fuzz(d) -> Sample:
     x = d.tensor(d.shape(0, 2) + (k,))
     bias = d.maybe(lambda: d.tensor((n,), x.dtype))
     packed, scale_zero = pack_int4_weight(*quantized, group_size)
+    if d.flag():
+        scale_zero = scale_zero.to(torch.bfloat16)
     d.math_dtype = torch.float32  # float64 x is summed in float32
     if d.flag():
         return Sample(
@@ -313,8 +333,11 @@ def export_cases() -> list:
         for i, (dtype, (m, n, k, group_size)) in enumerate(
             itertools.product(EXPORT_DTYPES, shapes)
         ):
-            symmetric, bias = i % 2 == 0, i % 4 < 2
-            args = (t(2, m, k, dtype=dtype), *weight(n, k, group_size, symmetric))
+            symmetric, bias, bfloat16_scales = i % 2 == 0, i % 4 < 2, i % 3 == 1
+            packed, scale_zero = weight(n, k, group_size, symmetric)
+            if bfloat16_scales:
+                scale_zero = scale_zero.to(torch.bfloat16)
+            args: tuple = (t(2, m, k, dtype=dtype), packed, scale_zero)
             if bias:
                 args += (t(n, dtype=dtype),)
             call = (
@@ -322,7 +345,10 @@ def export_cases() -> list:
                 if bias
                 else (lambda x, p, sz, g=group_size: op(x, p, sz, g, None))
             )
-            label = f"{dtype} {m}x{k} @ {n} group {group_size} symmetric={symmetric} bias={bias}"
+            label = (
+                f"{dtype} {m}x{k} @ {n} group {group_size} symmetric={symmetric} bias={bias}"
+                f" scale_zero {scale_zero.dtype}"
+            )
             cases.append(ExportCase(op, label, args, call, **tolerance))
         return cases
 

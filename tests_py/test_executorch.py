@@ -266,6 +266,46 @@ print("ran")
     assert f"{fet.KERNEL_NAMESPACE}::fuseops_rms_norm.out" in result.stderr
 
 
+def test_load_kernels_after_a_refused_kernel_registers_the_rest(tmp_path):
+    """A kernel the library refuses (an out= overload, which returns
+    nothing) fails load_kernels() naming it, without a C++ backtrace; the kernels registered before it stay, and
+    the next call registers the others without registering any twice (which
+    ExecuTorch would refuse). Fresh process: registration is per process."""
+
+    class Norm(torch.nn.Module):
+        def forward(self, x):
+            return fuseops.rms_norm(x, None, 1e-6)
+
+    x = randn(3, 16)
+    fet.export(Norm(), (x,), tmp_path / "norm.pte", kernels="fuseops")
+    torch.save({"x": x, "y": fuseops.rms_norm(x, None, 1e-6)}, tmp_path / "io.pt")
+    script = f"""
+import torch, fuseops.executorch as fet
+from executorch.runtime import Runtime
+io = torch.load({str(tmp_path / "io.pt")!r})
+good = dict(fet.kernel_ops())
+order = list(good)
+refused = torch.ops.fuseops.rms_norm.out
+fet.kernel_ops = lambda: {{**{{op: good[op] for op in order[:3]}}, refused: None, **good}}
+try:
+    fet.load_kernels()
+    print("accepted")
+except RuntimeError as e:
+    message = str(e)
+    named = "fuseops_rms_norm_out" in message and "fuseops::rms_norm" in message
+    print("refused" if named and "Exception raised" not in message else message)
+fet.kernel_ops = lambda: good
+fet.load_kernels()
+method = Runtime.get().load_program({str(tmp_path / "norm.pte")!r}).load_method("forward")
+(y,) = method.execute([io["x"]])
+torch.testing.assert_close(y, io["y"], rtol=0, atol=0)
+print("ran")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["refused", "ran"], result.stdout
+
+
 def test_kernels_argument_is_checked():
     with pytest.raises(ValueError, match=r"fuseops\.executorch\.export: kernels must be one of"):
         fet.export(torch.nn.Identity(), (torch.ones(2),), kernels="xnnpack")

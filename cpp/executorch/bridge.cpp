@@ -100,6 +100,10 @@ int add_op(const char* op, const char* overload, char* error, size_t error_size)
     std::lock_guard<std::mutex> lock(ops_mutex);
     ops.push_back(Op{*handle, out, schema.arguments().size(), schema.returns().size()});
     return static_cast<int>(ops.size() - 1);
+  } catch (const c10::Error& e) {
+    // The message, without the C++ backtrace torch's errors carry.
+    write_error(error, error_size, e.what_without_backtrace());
+    return -1;
   } catch (const std::exception& e) {
     write_error(error, error_size, e.what());
     return -1;
@@ -151,6 +155,10 @@ bool call(int slot, const Value* values, size_t count, char* error, size_t error
       outputs[i].copy_(result);
     }
     return true;
+  } catch (const c10::Error& e) {
+    // The message, without the C++ backtrace torch's errors carry.
+    write_error(error, error_size, e.what_without_backtrace());
+    return false;
   } catch (const std::exception& e) {
     write_error(error, error_size, e.what());
     return false;

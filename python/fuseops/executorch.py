@@ -136,6 +136,10 @@ _kernel_lock = threading.Lock()
 _kernel_library = None  # torch.library.Library defining the kernel ops
 _kernel_ops: dict[Any, Any] = {}
 _kernels_loaded = False
+#: The kernels registered with ExecuTorch in this process, by name: each
+#: once, also when an earlier call failed partway (ExecuTorch refuses a
+#: kernel registered twice).
+_kernels_registered: set[str] = set()
 
 
 def _kernel_op_name(op) -> str:
@@ -219,7 +223,8 @@ def load_kernels() -> None:
     loading such a program (:func:`export` calls it); a second call does
     nothing. Raises ``RuntimeError`` when fuseops was built without its
     ExecuTorch kernels (the executorch package was not installed when it was
-    built) or a kernel is refused."""
+    built) or a kernel is refused; the kernels registered before it stay
+    registered, and a later call registers only the others."""
     global _kernels_loaded
     path = kernel_library_path()
     if not os.path.exists(path):
@@ -245,10 +250,13 @@ def load_kernels() -> None:
             name = op._schema.name.split("::")[1]
             overload = "" if op._overloadname == "default" else op._overloadname
             kernel = f"{KERNEL_NAMESPACE}::{_kernel_op_name(op)}.out"
+            if kernel in _kernels_registered:
+                continue
             if register(name.encode(), overload.encode(), kernel.encode(), error, len(error)):
                 raise RuntimeError(
                     f"fuseops.executorch.load_kernels: {kernel}: {error.value.decode()}"
                 )
+            _kernels_registered.add(kernel)
         _kernels_loaded = True
 
 

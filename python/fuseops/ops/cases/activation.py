@@ -6,16 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import activation as family
 from ._sample import DTYPES, Sample, tensor
-from ..activation import (
-    SPECIAL_VALUES,
-    bias_gelu,
-    bias_gelu_backward,
-    gelu,
-    gelu_backward,
-    silu,
-    silu_backward,
-)
 
 
 def _gelu_out(x, *, approximate, out):
@@ -88,41 +80,47 @@ def samples(device) -> list[Sample]:
         return tensor(shape, dtype, device, layout, grad, scale=3.0)
 
     x, b = t((5, 7)), t((7,))
-    specials = torch.tensor(SPECIAL_VALUES, device=device)
+    specials = torch.tensor(family.SPECIAL_VALUES, device=device)
     result = [
-        Sample(ops.gelu.default, (x, "none"), gelu),
-        Sample(ops.gelu.default, (t((4, 3), grad=True), "tanh"), gelu),
-        Sample(ops.gelu.default, (t((5, 7), torch.bfloat16, "transposed"), "none"), gelu),
-        Sample(ops.gelu.default, (t((2, 3, 4), torch.float64, "expanded", True), "none"), gelu),
-        Sample(ops.gelu.default, (t((0, 3), torch.float16), "tanh"), gelu),
-        Sample(ops.gelu.default, (t(()), "none"), gelu),
-        Sample(ops.gelu.out, (x, "tanh"), gelu, {"out": torch.empty(5, 7, device=device)}),
-        Sample(ops.gelu_backward.default, (t((5, 7)), x, "tanh"), gelu_backward),
+        Sample(ops.gelu.default, (x, "none"), family.gelu),
+        Sample(ops.gelu.default, (t((4, 3), grad=True), "tanh"), family.gelu),
+        Sample(ops.gelu.default, (t((5, 7), torch.bfloat16, "transposed"), "none"), family.gelu),
+        Sample(
+            ops.gelu.default, (t((2, 3, 4), torch.float64, "expanded", True), "none"), family.gelu
+        ),
+        Sample(ops.gelu.default, (t((0, 3), torch.float16), "tanh"), family.gelu),
+        Sample(ops.gelu.default, (t(()), "none"), family.gelu),
+        Sample(ops.gelu.out, (x, "tanh"), family.gelu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(ops.gelu_backward.default, (t((5, 7)), x, "tanh"), family.gelu_backward),
         Sample(
             ops.gelu_backward.out,
             (t((5, 7)), x, "tanh"),
-            gelu_backward,
+            family.gelu_backward,
             {"out": torch.empty(5, 7, device=device)},
         ),
         Sample(
             ops.gelu_backward.default,
             (t((5, 7), grad=True), t((5, 7), grad=True), "none"),
-            gelu_backward,
+            family.gelu_backward,
         ),
-        Sample(ops.silu.default, (t((4, 3), grad=True),), silu),
-        Sample(ops.silu.default, (t((3, 8), torch.float16, "sliced", True),), silu),
-        Sample(ops.silu.out, (x,), silu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(ops.silu.default, (t((4, 3), grad=True),), family.silu),
+        Sample(ops.silu.default, (t((3, 8), torch.float16, "sliced", True),), family.silu),
+        Sample(ops.silu.out, (x,), family.silu, {"out": torch.empty(5, 7, device=device)}),
         Sample(
-            ops.silu_backward.default, (t((5, 7), grad=True), t((5, 7), grad=True)), silu_backward
+            ops.silu_backward.default,
+            (t((5, 7), grad=True), t((5, 7), grad=True)),
+            family.silu_backward,
         ),
         Sample(
             ops.silu_backward.out,
             (t((5, 7)), x),
-            silu_backward,
+            family.silu_backward,
             {"out": torch.empty(5, 7, device=device)},
         ),
         Sample(
-            ops.bias_gelu.default, (t((5, 7), grad=True), t((7,), grad=True), "tanh"), bias_gelu
+            ops.bias_gelu.default,
+            (t((5, 7), grad=True), t((7,), grad=True), "tanh"),
+            family.bias_gelu,
         ),
         Sample(
             ops.bias_gelu.default,
@@ -131,22 +129,27 @@ def samples(device) -> list[Sample]:
                 t((7,), torch.bfloat16, "sliced", True),
                 "none",
             ),
-            bias_gelu,
+            family.bias_gelu,
         ),
-        Sample(ops.bias_gelu.default, (t((0, 7)), b, "none"), bias_gelu),
+        Sample(ops.bias_gelu.default, (t((0, 7)), b, "none"), family.bias_gelu),
         Sample(
-            ops.bias_gelu.out, (x, b, "none"), bias_gelu, {"out": torch.empty(5, 7, device=device)}
+            ops.bias_gelu.out,
+            (x, b, "none"),
+            family.bias_gelu,
+            {"out": torch.empty(5, 7, device=device)},
         ),
-        Sample(ops.bias_gelu_backward.default, (t((5, 7)), x, b, "none"), bias_gelu_backward),
+        Sample(
+            ops.bias_gelu_backward.default, (t((5, 7)), x, b, "none"), family.bias_gelu_backward
+        ),
         Sample(
             ops.bias_gelu_backward.default,
             (t((4, 5), torch.float16), t((4, 5), torch.float16), t((5,), torch.float16), "tanh"),
-            bias_gelu_backward,
+            family.bias_gelu_backward,
         ),
         Sample(
             ops.bias_gelu_backward.out,
             (t((5, 7)), x, b, "tanh"),
-            bias_gelu_backward,
+            family.bias_gelu_backward,
             {
                 "grad_input": torch.empty(5, 7, device=device),
                 "grad_bias": torch.empty(7, device=device),
@@ -156,9 +159,13 @@ def samples(device) -> list[Sample]:
     # Every CPU build on the special values, and on 301 rows of 67 (several
     # tasks per thread, a vector tail in every row).
     result += [
-        Sample(ops.gelu.default, (specials.clone().requires_grad_(), "none"), gelu, large=True),
-        Sample(ops.gelu.default, (specials.clone().requires_grad_(), "tanh"), gelu, large=True),
-        Sample(ops.silu.default, (specials.clone().requires_grad_(),), silu, large=True),
+        Sample(
+            ops.gelu.default, (specials.clone().requires_grad_(), "none"), family.gelu, large=True
+        ),
+        Sample(
+            ops.gelu.default, (specials.clone().requires_grad_(), "tanh"), family.gelu, large=True
+        ),
+        Sample(ops.silu.default, (specials.clone().requires_grad_(),), family.silu, large=True),
     ]
     for dtype in DTYPES:
         for approximate in ("none", "tanh"):
@@ -166,17 +173,19 @@ def samples(device) -> list[Sample]:
                 Sample(
                     ops.gelu.default,
                     (t((301, 67), dtype, grad=True), approximate),
-                    gelu,
+                    family.gelu,
                     large=True,
                 ),
                 Sample(
                     ops.bias_gelu.default,
                     (t((301, 67), dtype, grad=True), t((67,), dtype, grad=True), approximate),
-                    bias_gelu,
+                    family.bias_gelu,
                     large=True,
                 ),
             ]
-        result.append(Sample(ops.silu.default, (t((301, 67), dtype, grad=True),), silu, large=True))
+        result.append(
+            Sample(ops.silu.default, (t((301, 67), dtype, grad=True),), family.silu, large=True)
+        )
     return result
 
 
@@ -186,12 +195,14 @@ def fuzz(d) -> Sample:
     x = d.tensor(d.shape(min_dims=1 if kind >= 4 else 0), scale=3.0, grad=True)
     g, b = d.tensor(x.shape, x.dtype, grad=True), d.tensor(x.shape[-1:], x.dtype, 3.0, grad=True)
     return [
-        lambda: Sample(ops.gelu.default, (x, approximate), gelu),
-        lambda: Sample(ops.gelu_backward.default, (g, x, approximate), gelu_backward),
-        lambda: Sample(ops.silu.default, (x,), silu),
-        lambda: Sample(ops.silu_backward.default, (g, x), silu_backward),
-        lambda: Sample(ops.bias_gelu.default, (x, b, approximate), bias_gelu),
-        lambda: Sample(ops.bias_gelu_backward.default, (g, x, b, approximate), bias_gelu_backward),
+        lambda: Sample(ops.gelu.default, (x, approximate), family.gelu),
+        lambda: Sample(ops.gelu_backward.default, (g, x, approximate), family.gelu_backward),
+        lambda: Sample(ops.silu.default, (x,), family.silu),
+        lambda: Sample(ops.silu_backward.default, (g, x), family.silu_backward),
+        lambda: Sample(ops.bias_gelu.default, (x, b, approximate), family.bias_gelu),
+        lambda: Sample(
+            ops.bias_gelu_backward.default, (g, x, b, approximate), family.bias_gelu_backward
+        ),
     ][kind]()
 
 
@@ -206,10 +217,10 @@ def export_cases() -> list:
         cases += elementwise_cases(
             ops.gelu.default,
             lambda x, a=approximate: ops.gelu(x, a),
-            SPECIAL_VALUES,
+            family.SPECIAL_VALUES,
             approximate,
         )
-    cases += elementwise_cases(ops.silu.default, None, SPECIAL_VALUES)
+    cases += elementwise_cases(ops.silu.default, None, family.SPECIAL_VALUES)
     cases += [
         ExportCase(
             ops.bias_gelu.default,
@@ -234,14 +245,14 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "gelu",
-            lambda x: gelu(x),
+            lambda x: family.gelu(x),
             lambda x: F.gelu(x),
             [(rand(4, D),), (rand(4, D, dtype=LOW),)],
         ),
-        AutocastCase("silu", silu, F.silu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
+        AutocastCase("silu", family.silu, F.silu, [(rand(4, D),), (rand(4, D, dtype=LOW),)]),
         AutocastCase(
             "bias_gelu",
-            lambda x, b: bias_gelu(x, b, "tanh"),
+            lambda x, b: family.bias_gelu(x, b, "tanh"),
             lambda x, b: F.gelu(x + b, approximate="tanh"),
             [
                 (rand(4, D), rand(D)),
@@ -257,4 +268,4 @@ def row_reduction_cases() -> list:
     from ._threads import RowReductionCase, leaves
 
     x, b = leaves((4096, 256), (256,))
-    return [RowReductionCase("bias_gelu", lambda: bias_gelu(x, b), (x, b))]
+    return [RowReductionCase("bias_gelu", lambda: family.bias_gelu(x, b), (x, b))]

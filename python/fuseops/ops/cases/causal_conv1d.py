@@ -25,12 +25,7 @@ if TYPE_CHECKING:
         differentiable: Sequence[int]
 
 
-from ..causal_conv1d import (
-    causal_conv1d,
-    causal_conv1d_backward,
-    causal_conv1d_forward,
-    causal_conv1d_update,
-)
+from .. import causal_conv1d as family
 
 
 def _batch_seqlen(rows: int) -> tuple[int, int]:
@@ -101,7 +96,7 @@ def samples(device) -> list[Sample]:
         return Sample(
             ops.causal_conv1d.default,
             (x, w, b, init, activation),
-            causal_conv1d,
+            family.causal_conv1d,
             wrapper_args=(x, w, b, init, False, activation),
             **kwargs,
         )
@@ -110,7 +105,7 @@ def samples(device) -> list[Sample]:
         return Sample(
             ops.causal_conv1d_forward.default,
             (x, w, b, init, activation),
-            causal_conv1d,
+            family.causal_conv1d,
             wrapper_args=(x, w, b, init, True, activation),
         )
 
@@ -155,7 +150,7 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.causal_conv1d.out,
             (x, w, b, init, "silu"),
-            causal_conv1d,
+            family.causal_conv1d,
             {"out": torch.empty(2, 6, 9, device=device)},
             wrapper_args=(x, w, b, init, False, "silu"),
         ),
@@ -173,12 +168,12 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.causal_conv1d_backward.default,
             (t((2, 6, 9)), x, w, b, init, t((2, 6, 3)), "silu"),
-            causal_conv1d_backward,
+            family.causal_conv1d_backward,
         ),
         Sample(
             ops.causal_conv1d_backward.default,
             (t((2, 6, 9)), x, w, None, None, None, None),
-            causal_conv1d_backward,
+            family.causal_conv1d_backward,
         ),
         # First: a state that each call leaves as it was (x repeats the
         # state's constant rows), as the compiler tests call the op twice on
@@ -186,17 +181,17 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.causal_conv1d_update.default,
             (steady, steady_state, w, b, "silu"),
-            causal_conv1d_update,
+            family.causal_conv1d_update,
         ),
         Sample(
             ops.causal_conv1d_update.default,
             (t((2, 6)), t((2, 6, 3)), w, b, "silu"),
-            causal_conv1d_update,
+            family.causal_conv1d_update,
         ),
         Sample(
             ops.causal_conv1d_update.default,
             (t((2, 6, 3)), t((2, 6, 5)), w, None, None),
-            causal_conv1d_update,
+            family.causal_conv1d_update,
         ),
         Sample(
             ops.causal_conv1d_update.default,
@@ -207,7 +202,7 @@ def samples(device) -> list[Sample]:
                 None,
                 "silu",
             ),
-            causal_conv1d_update,
+            family.causal_conv1d_update,
         ),
     ]
     for dtype in DTYPES:
@@ -254,14 +249,18 @@ def fuzz(d) -> Sample:
         step = d.tensor((batch, dim) + ((d.int(1, 3),) if d.flag() else ()), x.dtype)
         w, b = w.detach(), b if b is None else b.detach()  # an inference step
         return Sample(
-            ops.causal_conv1d_update.default, (step, state, w, b, activation), causal_conv1d_update
+            ops.causal_conv1d_update.default,
+            (step, state, w, b, activation),
+            family.causal_conv1d_update,
         )
     init = d.maybe(lambda: d.tensor((batch, dim, width - 1), x.dtype, grad=True))
     if d.flag():
         return Sample(
-            ops.causal_conv1d_forward.default, (x, w, b, init, activation), causal_conv1d_forward
+            ops.causal_conv1d_forward.default,
+            (x, w, b, init, activation),
+            family.causal_conv1d_forward,
         )
-    return Sample(ops.causal_conv1d.default, (x, w, b, init, activation), causal_conv1d)
+    return Sample(ops.causal_conv1d.default, (x, w, b, init, activation), family.causal_conv1d)
 
 
 def export_cases() -> list:
@@ -315,7 +314,7 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "causal_conv1d",
-            lambda x, w, b: causal_conv1d(x, w, b, activation="silu"),
+            lambda x, w, b: family.causal_conv1d(x, w, b, activation="silu"),
             causal_conv1d_torch,
             [
                 (rand(2, D, 10), rand(D, 4), rand(D)),
@@ -333,6 +332,6 @@ def row_reduction_cases() -> list:
     x, w, b = leaves((4, 512, 2048), (512, 4), (512,))
     return [
         RowReductionCase(
-            "causal_conv1d", lambda: causal_conv1d(x, w, b, None, False, "silu"), (x, w, b)
+            "causal_conv1d", lambda: family.causal_conv1d(x, w, b, None, False, "silu"), (x, w, b)
         )
     ]

@@ -6,17 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import cross_entropy as family
 from ._sample import DTYPES, Sample, tensor
-from ..cross_entropy import (
-    cross_entropy,
-    cross_entropy_backward,
-    cross_entropy_forward,
-    cross_entropy_inplace,
-    linear_cross_entropy,
-    linear_cross_entropy_backward,
-    linear_cross_entropy_forward,
-    linear_cross_entropy_stats,
-)
 
 
 def _logits_target(rows, vocab, dtype, device, gen):
@@ -107,14 +98,16 @@ def samples(device) -> list[Sample]:
     ce = ops.cross_entropy.default
     w10 = torch.rand(10, device=device) + 0.5
     x, tg = t((6, 10)), target((6,), 10)
-    _, lse, total = cross_entropy_forward(x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0)
+    _, lse, total = family.cross_entropy_forward(x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0)
     result = [
-        Sample(ce, (x, tg, None, "mean", -100, 0.0, 0.0, None), cross_entropy),
-        Sample(ce, (t((6, 10), grad=True), tg, w10, "mean", -100, 0.1, 1e-3, 3.0), cross_entropy),
+        Sample(ce, (x, tg, None, "mean", -100, 0.0, 0.0, None), family.cross_entropy),
+        Sample(
+            ce, (t((6, 10), grad=True), tg, w10, "mean", -100, 0.1, 1e-3, 3.0), family.cross_entropy
+        ),
         Sample(
             ce,
             (t((6, 10), torch.float64, "transposed", True), tg, None, "sum", -100, 0.0, 0.0, None),
-            cross_entropy,
+            family.cross_entropy,
         ),
         Sample(
             ce,
@@ -128,7 +121,7 @@ def samples(device) -> list[Sample]:
                 0.0,
                 None,
             ),
-            cross_entropy,
+            family.cross_entropy,
         ),
         Sample(
             ce,
@@ -142,12 +135,12 @@ def samples(device) -> list[Sample]:
                 1e-2,
                 5.0,
             ),
-            cross_entropy,
+            family.cross_entropy,
         ),
         Sample(
             ce,
             (t((0, 9), grad=True), target((0,), 9), None, "sum", -100, 0.0, 0.0, None),
-            cross_entropy,
+            family.cross_entropy,
         ),
         Sample(
             ce,
@@ -161,12 +154,12 @@ def samples(device) -> list[Sample]:
                 0.0,
                 None,
             ),
-            cross_entropy,
+            family.cross_entropy,
         ),
         Sample(
             ops.cross_entropy_inplace.default,
             (t((6, 10)), tg, w10, "mean", -100, 0.1, 1e-3, 3.0),
-            cross_entropy_inplace,
+            family.cross_entropy_inplace,
         ),
         Sample(
             ops.cross_entropy_inplace.default,
@@ -180,22 +173,22 @@ def samples(device) -> list[Sample]:
                 0.0,
                 None,
             ),
-            cross_entropy_inplace,
+            family.cross_entropy_inplace,
         ),
         Sample(
             ops.cross_entropy_forward.default,
             (x, tg, w10, "mean", -100, 0.1, 1e-3, 3.0),
-            cross_entropy_forward,
+            family.cross_entropy_forward,
         ),
         Sample(
             ops.cross_entropy_forward.default,
             (t((6, 10), grad=True), tg, None, "none", -100, 0.0, 0.0, None),
-            cross_entropy_forward,
+            family.cross_entropy_forward,
         ),
         Sample(
             ops.cross_entropy_backward.default,
             (torch.randn((), device=device), x, tg, w10, lse, total, "mean", -100, 0.1, 1e-3, 3.0),
-            cross_entropy_backward,
+            family.cross_entropy_backward,
         ),
     ]
     lx, lw, lb, lt = (
@@ -209,7 +202,7 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.linear_cross_entropy.default,
             (lx, lw, lb, lt, None) + options,
-            linear_cross_entropy,
+            family.linear_cross_entropy,
             wrapper_args=(lx, lw, lt, lb, None) + options,
         )
     )
@@ -218,7 +211,7 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.linear_cross_entropy.default,
             (lx, lw, lb, lt, None) + none_options,
-            linear_cross_entropy,
+            family.linear_cross_entropy,
             wrapper_args=(lx, lw, lt, lb, None) + none_options,
         )
     )
@@ -233,7 +226,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.linear_cross_entropy_forward.default,
                 (fx, fw, None, ft, cw) + forward_options,
-                linear_cross_entropy_forward,
+                family.linear_cross_entropy_forward,
                 wrapper_args=(fx, fw, ft, None, cw) + forward_options,
             )
         )
@@ -250,7 +243,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.linear_cross_entropy_stats.default,
                 (lx, lw, lb, lt, None) + stats_options,
-                linear_cross_entropy_stats,
+                family.linear_cross_entropy_stats,
                 wrapper_args=(lx, lw, lt, lb, None) + stats_options,
             )
         )
@@ -262,7 +255,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.linear_cross_entropy_backward.default,
                 (grad, fx, fw, None, ft, cw) + backward_options,
-                linear_cross_entropy_backward,
+                family.linear_cross_entropy_backward,
                 wrapper_args=(grad, fx, fw, ft, None, cw) + backward_options,
             )
         )
@@ -282,7 +275,7 @@ def samples(device) -> list[Sample]:
                             0.0,
                             None,
                         ),
-                        cross_entropy,
+                        family.cross_entropy,
                         large=True,
                     )
                 )
@@ -318,7 +311,7 @@ def fuzz(d) -> Sample:
         return Sample(
             ops.linear_cross_entropy.default,
             (x, w, bias, args[2], weight) + args[5:] + (normalizer,),
-            linear_cross_entropy,
+            family.linear_cross_entropy,
             wrapper_args=args + (normalizer,),
         )
     logits = d.tensor(d.shape(0, 2, hi=6) + (vocab,), scale=2.0, grad=True, writable=True)
@@ -326,10 +319,12 @@ def fuzz(d) -> Sample:
     weight = d.maybe(lambda: d.tensor((vocab,), logits.dtype).abs())
     if d.flag():
         return Sample(
-            ops.cross_entropy.default, (logits, target, weight, reduction) + options, cross_entropy
+            ops.cross_entropy.default,
+            (logits, target, weight, reduction) + options,
+            family.cross_entropy,
         )
     inputs = (logits.detach(), target, weight, reduction) + options
-    return Sample(ops.cross_entropy_inplace.default, inputs, cross_entropy_inplace)
+    return Sample(ops.cross_entropy_inplace.default, inputs, family.cross_entropy_inplace)
 
 
 def autocast_cases() -> list:
@@ -351,7 +346,7 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "linear_cross_entropy",
-            lambda x, w, b, t: linear_cross_entropy(x, w, t, b, label_smoothing=0.1),
+            lambda x, w, b, t: family.linear_cross_entropy(x, w, t, b, label_smoothing=0.1),
             lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t, label_smoothing=0.1),
             [
                 (rand(8, D, dtype=LOW), rand(2 * D, D), None, target(2 * D)),
@@ -362,7 +357,7 @@ def autocast_cases() -> list:
         AutocastCase(
             "linear_cross_entropy_stats",
             lambda x, w, b, t: tuple(
-                linear_cross_entropy(
+                family.linear_cross_entropy(
                     x, w, t, b, z_loss=1e-3, return_z_loss=True, return_token_accuracy=True
                 )[:3]
             ),
@@ -374,7 +369,7 @@ def autocast_cases() -> list:
         ),
         AutocastCase(
             "cross_entropy",
-            lambda x, t: cross_entropy(x, t, label_smoothing=0.1),
+            lambda x, t: family.cross_entropy(x, t, label_smoothing=0.1),
             lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
             [(rand(4, D), target(D, 4)), (rand(4, D, dtype=LOW), target(D, 4))],
         ),
@@ -389,8 +384,8 @@ def row_reduction_cases() -> list:
     logits, x, w = leaves((4096, 1000), (4096, 256), (1000, 256))
     target = torch.randint(0, 1000, (4096,), generator=torch.Generator().manual_seed(0))
     return [
-        RowReductionCase("cross_entropy", lambda: cross_entropy(logits, target), (logits,)),
+        RowReductionCase("cross_entropy", lambda: family.cross_entropy(logits, target), (logits,)),
         RowReductionCase(
-            "linear_cross_entropy", lambda: linear_cross_entropy(x, w, target), (x, w)
+            "linear_cross_entropy", lambda: family.linear_cross_entropy(x, w, target), (x, w)
         ),
     ]

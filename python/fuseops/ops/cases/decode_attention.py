@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import decode_attention as family
 from ._sample import Sample, tensor
-from ..decode_attention import decode_attention
 
 # --- bench: Llama-3-8B-like heads (32 query heads over 8 key/value heads,
 # head size 128), one new token; rows = batch, hidden = cached tokens.
@@ -81,7 +81,7 @@ def samples(device) -> list[Sample]:
 
     def call(args, mask=None, causal=False, scale=None, softcap=0.0, large=False):
         full = (*args, mask, causal, scale, softcap)
-        return Sample(op, full, decode_attention, large=large)
+        return Sample(op, full, family.decode_attention, large=large)
 
     bool_mask = torch.rand(2, 1, 1, 9, device=device) > 0.4
     bool_mask[..., 0] = True
@@ -125,7 +125,7 @@ def fuzz(d) -> Sample:
     return Sample(
         torch.ops.fuseops.decode_attention.default,
         (query, key, value, mask, d.flag(), scale, softcap),
-        decode_attention,
+        family.decode_attention,
     )
 
 

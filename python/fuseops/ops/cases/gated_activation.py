@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import gated_activation as family
 from ._sample import DTYPES, Sample, tensor
-from ..gated_activation import geglu, geglu_backward, swiglu, swiglu_backward
 
 
 def bench_cases():
@@ -56,7 +56,7 @@ def samples(device) -> list[Sample]:
 
     def packed_geglu(op, tensors, approximate, kwargs=None, large=False):
         # geglu's wrappers take a packed input as (..., input, None, approximate).
-        wrapper = geglu_backward if op._schema.name.endswith("_backward") else geglu
+        wrapper = family.geglu_backward if op._schema.name.endswith("_backward") else family.geglu
         return Sample(
             op,
             (*tensors, approximate),
@@ -72,45 +72,59 @@ def samples(device) -> list[Sample]:
     # Halves of one packed tensor, read in place.
     view_gate, view_up = (h.detach().requires_grad_() for h in t((6, 10)).chunk(2, -1))
     result = [
-        Sample(ops.swiglu.default, (gate, up), swiglu),
-        Sample(ops.swiglu.default, (view_gate, view_up), swiglu),
+        Sample(ops.swiglu.default, (gate, up), family.swiglu),
+        Sample(ops.swiglu.default, (view_gate, view_up), family.swiglu),
         Sample(
             ops.swiglu.default,
             (t((4, 6), torch.float64, "expanded", True), t((4, 6), torch.float64, grad=True)),
-            swiglu,
+            family.swiglu,
         ),
-        Sample(ops.swiglu.default, (t((0, 3), torch.float16), t((0, 3), torch.float16)), swiglu),
-        Sample(ops.swiglu.out, (gate, up), swiglu, {"out": torch.empty(5, 7, device=device)}),
-        Sample(ops.swiglu.packed, (t((5, 14), grad=True),), swiglu),
-        Sample(ops.swiglu.packed, (t((5, 14), torch.bfloat16, "transposed"),), swiglu),
-        Sample(ops.swiglu.packed_out, (packed,), swiglu, {"out": torch.empty(5, 7, device=device)}),
-        Sample(ops.swiglu_backward.default, (grad, gate, up), swiglu_backward),
+        Sample(
+            ops.swiglu.default, (t((0, 3), torch.float16), t((0, 3), torch.float16)), family.swiglu
+        ),
+        Sample(
+            ops.swiglu.out, (gate, up), family.swiglu, {"out": torch.empty(5, 7, device=device)}
+        ),
+        Sample(ops.swiglu.packed, (t((5, 14), grad=True),), family.swiglu),
+        Sample(ops.swiglu.packed, (t((5, 14), torch.bfloat16, "transposed"),), family.swiglu),
+        Sample(
+            ops.swiglu.packed_out,
+            (packed,),
+            family.swiglu,
+            {"out": torch.empty(5, 7, device=device)},
+        ),
+        Sample(ops.swiglu_backward.default, (grad, gate, up), family.swiglu_backward),
         Sample(
             ops.swiglu_backward.out,
             (grad, gate, up),
-            swiglu_backward,
+            family.swiglu_backward,
             {
                 "grad_gate": torch.empty(5, 7, device=device),
                 "grad_up": torch.empty(5, 7, device=device),
             },
         ),
-        Sample(ops.swiglu_backward.packed, (grad, packed), swiglu_backward),
-        Sample(ops.geglu.default, (t((5, 7), grad=True), up, "tanh"), geglu),
+        Sample(ops.swiglu_backward.packed, (grad, packed), family.swiglu_backward),
+        Sample(ops.geglu.default, (t((5, 7), grad=True), up, "tanh"), family.geglu),
         Sample(
             ops.geglu.default,
             (t((2, 3, 4), torch.float16, "sliced"), t((2, 3, 4), torch.float16), "none"),
-            geglu,
+            family.geglu,
         ),
-        Sample(ops.geglu.out, (gate, up, "none"), geglu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(
+            ops.geglu.out,
+            (gate, up, "none"),
+            family.geglu,
+            {"out": torch.empty(5, 7, device=device)},
+        ),
         packed_geglu(ops.geglu.packed, (t((5, 14), grad=True),), "tanh"),
         packed_geglu(
             ops.geglu.packed_out, (packed,), "none", {"out": torch.empty(5, 7, device=device)}
         ),
-        Sample(ops.geglu_backward.default, (grad, gate, up, "tanh"), geglu_backward),
+        Sample(ops.geglu_backward.default, (grad, gate, up, "tanh"), family.geglu_backward),
         Sample(
             ops.geglu_backward.out,
             (grad, gate, up, "tanh"),
-            geglu_backward,
+            family.geglu_backward,
             {
                 "grad_gate": torch.empty(5, 7, device=device),
                 "grad_up": torch.empty(5, 7, device=device),
@@ -127,7 +141,7 @@ def samples(device) -> list[Sample]:
     # every half row.
     for dtype in DTYPES:
         result.append(
-            Sample(ops.swiglu.packed, (t((301, 134), dtype, grad=True),), swiglu, large=True)
+            Sample(ops.swiglu.packed, (t((301, 134), dtype, grad=True),), family.swiglu, large=True)
         )
         for approximate in ("none", "tanh"):
             result.append(
@@ -145,11 +159,14 @@ def fuzz(d) -> Sample:
     up = d.tensor(shape, gate.dtype, grad=True)
     packed = d.tensor(shape[:-1] + (2 * shape[-1],), gate.dtype, 3.0, grad=True)
     return [
-        lambda: Sample(ops.swiglu.default, (gate, up), swiglu),
-        lambda: Sample(ops.swiglu.packed, (packed,), swiglu),
-        lambda: Sample(ops.geglu.default, (gate, up, approximate), geglu),
+        lambda: Sample(ops.swiglu.default, (gate, up), family.swiglu),
+        lambda: Sample(ops.swiglu.packed, (packed,), family.swiglu),
+        lambda: Sample(ops.geglu.default, (gate, up, approximate), family.geglu),
         lambda: Sample(
-            ops.geglu.packed, (packed, approximate), geglu, wrapper_args=(packed, None, approximate)
+            ops.geglu.packed,
+            (packed, approximate),
+            family.geglu,
+            wrapper_args=(packed, None, approximate),
         ),
     ][d.int(0, 3)]()
 
@@ -198,7 +215,7 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "swiglu",
-            swiglu,
+            family.swiglu,
             lambda g, u: F.silu(g) * u,
             [
                 (rand(4, D), rand(4, D)),
@@ -208,7 +225,7 @@ def autocast_cases() -> list:
         ),
         AutocastCase(
             "geglu",
-            geglu,
+            family.geglu,
             lambda g, u: F.gelu(g) * u,
             [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
         ),

@@ -11,21 +11,16 @@ from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
     from ._bench_case import CaseFields
-from ..int4_linear import (
-    dequantize_int4_weight,
-    int4_dynamic_linear,
-    int4_weight_only_linear,
-    pack_int4_weight,
-    quantize_per_group_int4,
-    unpack_int4_weight,
-)
+from .. import int4_linear as family
 
 
 def _f_linear(x, packed, scale_zero, group_size):
     from ._bench_case import peer_form
 
     def dequantized():
-        w = dequantize_int4_weight(packed, scale_zero, group_size, x.shape[-1], torch.float32)
+        w = family.dequantize_int4_weight(
+            packed, scale_zero, group_size, x.shape[-1], torch.float32
+        )
         return w.to(x.dtype)
 
     return torch.nn.functional.linear(x, peer_form(packed, ("float", x.dtype), dequantized))
@@ -43,7 +38,7 @@ def _weight_int4pack_mm(x, packed, scale_zero, group_size):
     from ._bench_case import peer_form
 
     def int4pack():
-        q = unpack_int4_weight(packed, n, k).to(torch.int32)
+        q = family.unpack_int4_weight(packed, n, k).to(torch.int32)
         q = torch.nn.functional.pad(q, (0, k_padded - k, 0, n_padded - n), value=8)
         weight = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
         scale = torch.nn.functional.pad(scale_zero[:, 0, :], (0, n_padded - n))
@@ -64,7 +59,7 @@ def _x_and_weight(rows, hidden, dtype, device, gen):
     quantized from a random one in groups of 128."""
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
     w = torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
-    packed, scale_zero = pack_int4_weight(*quantize_per_group_int4(w, 128), 128)
+    packed, scale_zero = family.pack_int4_weight(*family.quantize_per_group_int4(w, 128), 128)
     return x, packed, scale_zero
 
 
@@ -139,38 +134,44 @@ def samples(device) -> list[Sample]:
         return (torch.randn(n, k, generator=gen) * scale).to(device)
 
     def packed(n, k, group_size, symmetric=True):
-        q = quantize_per_group_int4(weight(n, k), group_size, symmetric)
-        return pack_int4_weight(*q, group_size)
+        q = family.quantize_per_group_int4(weight(n, k), group_size, symmetric)
+        return family.pack_int4_weight(*q, group_size)
 
     def t(shape, dtype=torch.float32, layout="contiguous"):
         return tensor(shape, dtype, device, layout)
 
-    quantized = quantize_per_group_int4(weight(37, 10), 4)
+    quantized = family.quantize_per_group_int4(weight(37, 10), 4)
     result = [
         Sample(
-            ops.quantize_per_group_int4.default, (weight(37, 10), 4, True), quantize_per_group_int4
+            ops.quantize_per_group_int4.default,
+            (weight(37, 10), 4, True),
+            family.quantize_per_group_int4,
         ),
         Sample(
-            ops.quantize_per_group_int4.default, (weight(5, 70), 32, False), quantize_per_group_int4
+            ops.quantize_per_group_int4.default,
+            (weight(5, 70), 32, False),
+            family.quantize_per_group_int4,
         ),
         Sample(
             ops.quantize_per_group_int4.default,
             (weight(3, 16).to(torch.bfloat16), 16, True),
-            quantize_per_group_int4,
+            family.quantize_per_group_int4,
         ),
         Sample(
-            ops.quantize_per_group_int4.default, (weight(0, 5), 4, True), quantize_per_group_int4
+            ops.quantize_per_group_int4.default,
+            (weight(0, 5), 4, True),
+            family.quantize_per_group_int4,
         ),
-        Sample(ops.pack_int4_weight.default, (*quantized, 4), pack_int4_weight),
-        Sample(
-            ops.pack_int4_weight.default,
-            (*quantize_per_group_int4(weight(16, 64), 32, False), 32),
-            pack_int4_weight,
-        ),
+        Sample(ops.pack_int4_weight.default, (*quantized, 4), family.pack_int4_weight),
         Sample(
             ops.pack_int4_weight.default,
-            (*quantize_per_group_int4(weight(0, 5), 2), 2),
-            pack_int4_weight,
+            (*family.quantize_per_group_int4(weight(16, 64), 32, False), 32),
+            family.pack_int4_weight,
+        ),
+        Sample(
+            ops.pack_int4_weight.default,
+            (*family.quantize_per_group_int4(weight(0, 5), 2), 2),
+            family.pack_int4_weight,
         ),
     ]
     w37, sz37 = packed(37, 10, 4)
@@ -179,37 +180,37 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.int4_weight_only_linear.default,
             (t((3, 10)), w37, sz37, 4, None),
-            int4_weight_only_linear,
+            family.int4_weight_only_linear,
         ),
         Sample(
             ops.int4_weight_only_linear.default,
             (t((3, 10)), w_asym, sz_asym, 4, t((37,))),
-            int4_weight_only_linear,
+            family.int4_weight_only_linear,
         ),
         Sample(
             ops.int4_weight_only_linear.default,
             (t((2, 4, 10), torch.bfloat16, "transposed"), w37, sz37, 4, t((37,), torch.bfloat16)),
-            int4_weight_only_linear,
+            family.int4_weight_only_linear,
         ),
         Sample(
             ops.int4_weight_only_linear.default,
             (t((5, 10), torch.float16, "sliced"), w37, sz37, 4, None),
-            int4_weight_only_linear,
+            family.int4_weight_only_linear,
         ),
         Sample(
             ops.int4_weight_only_linear.default,
             (t((10,), torch.float64), w37, sz37, 4, None),
-            int4_weight_only_linear,
+            family.int4_weight_only_linear,
         ),
         Sample(
             ops.int4_weight_only_linear.default,
             (t((0, 10)), w37, sz37, 4, None),
-            int4_weight_only_linear,
+            family.int4_weight_only_linear,
         ),
         Sample(
             ops.int4_weight_only_linear.default,
             (t((3, 0)), *packed(5, 0, 2), 2, t((5,))),
-            int4_weight_only_linear,
+            family.int4_weight_only_linear,
         ),
     ]
     # Every CPU build: the decode path (rows in registers) and the buffered
@@ -223,7 +224,7 @@ def samples(device) -> list[Sample]:
                     Sample(
                         ops.int4_weight_only_linear.default,
                         (t((m, 300), dtype), wp, szp, 64, t((37,), dtype)),
-                        int4_weight_only_linear,
+                        family.int4_weight_only_linear,
                         large=True,
                     )
                 )
@@ -233,7 +234,7 @@ def samples(device) -> list[Sample]:
                     Sample(
                         ops.int4_weight_only_linear.default,
                         (t((m, 300), dtype), wp, szp.to(torch.bfloat16), 64, t((37,), dtype)),
-                        int4_weight_only_linear,
+                        family.int4_weight_only_linear,
                         large=True,
                     )
                 )
@@ -241,16 +242,16 @@ def samples(device) -> list[Sample]:
     # 8 (the VNNI path's step), rows in one tile and in several chunks.
     dyn = ops.int4_dynamic_linear.default
     result += [
-        Sample(dyn, (t((3, 10)), w37, sz37, 4, None), int4_dynamic_linear),
-        Sample(dyn, (t((3, 10)), w_asym, sz_asym, 4, t((37,))), int4_dynamic_linear),
+        Sample(dyn, (t((3, 10)), w37, sz37, 4, None), family.int4_dynamic_linear),
+        Sample(dyn, (t((3, 10)), w_asym, sz_asym, 4, t((37,))), family.int4_dynamic_linear),
         Sample(
             dyn,
             (t((2, 4, 10), torch.bfloat16, "transposed"), w37, sz37, 4, t((37,), torch.bfloat16)),
-            int4_dynamic_linear,
+            family.int4_dynamic_linear,
         ),
-        Sample(dyn, (t((10,), torch.float64), w37, sz37, 4, None), int4_dynamic_linear),
-        Sample(dyn, (t((0, 10)), w37, sz37, 4, None), int4_dynamic_linear),
-        Sample(dyn, (t((3, 0)), *packed(5, 0, 2), 2, t((5,))), int4_dynamic_linear),
+        Sample(dyn, (t((10,), torch.float64), w37, sz37, 4, None), family.int4_dynamic_linear),
+        Sample(dyn, (t((0, 10)), w37, sz37, 4, None), family.int4_dynamic_linear),
+        Sample(dyn, (t((3, 0)), *packed(5, 0, 2), 2, t((5,))), family.int4_dynamic_linear),
     ]
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         for group_size, symmetric in ((64, True), (12, False)):
@@ -260,7 +261,7 @@ def samples(device) -> list[Sample]:
                     Sample(
                         dyn,
                         (t((m, 300), dtype), wp, szp, group_size, t((37,), dtype)),
-                        int4_dynamic_linear,
+                        family.int4_dynamic_linear,
                         large=True,
                     )
                 )
@@ -268,7 +269,7 @@ def samples(device) -> list[Sample]:
                 Sample(
                     dyn,
                     (t((3, 300), dtype), wp, szp.to(torch.bfloat16), group_size, None),
-                    int4_dynamic_linear,
+                    family.int4_dynamic_linear,
                     large=True,
                 )
             )
@@ -285,15 +286,17 @@ def fuzz(d) -> Sample:
         return Sample(
             ops.quantize_per_group_int4.default,
             (d.tensor((n, k)), group_size, symmetric),
-            quantize_per_group_int4,
+            family.quantize_per_group_int4,
         )
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(d.int(0, 1000)))
-    quantized = quantize_per_group_int4(w.to(d.device), group_size, symmetric)
+    quantized = family.quantize_per_group_int4(w.to(d.device), group_size, symmetric)
     if kind == 1:
-        return Sample(ops.pack_int4_weight.default, (*quantized, group_size), pack_int4_weight)
+        return Sample(
+            ops.pack_int4_weight.default, (*quantized, group_size), family.pack_int4_weight
+        )
     x = d.tensor(d.shape(0, 2) + (k,))
     bias = d.maybe(lambda: d.tensor((n,), x.dtype))
-    packed, scale_zero = pack_int4_weight(*quantized, group_size)
+    packed, scale_zero = family.pack_int4_weight(*quantized, group_size)
     if d.flag():
         scale_zero = scale_zero.to(torch.bfloat16)
     d.math_dtype = torch.float32  # float64 x is summed in float32
@@ -301,12 +304,12 @@ def fuzz(d) -> Sample:
         return Sample(
             ops.int4_dynamic_linear.default,
             (x, packed, scale_zero, group_size, bias),
-            int4_dynamic_linear,
+            family.int4_dynamic_linear,
         )
     return Sample(
         ops.int4_weight_only_linear.default,
         (x, packed, scale_zero, group_size, bias),
-        int4_weight_only_linear,
+        family.int4_weight_only_linear,
     )
 
 
@@ -324,8 +327,10 @@ def export_cases() -> list:
     ops = torch.ops.fuseops
 
     def weight(n, k, group_size, symmetric):
-        wq, scale, zero = quantize_per_group_int4(torch.randn(n, k) * 0.05, group_size, symmetric)
-        return pack_int4_weight(wq, scale, zero, group_size)
+        wq, scale, zero = family.quantize_per_group_int4(
+            torch.randn(n, k) * 0.05, group_size, symmetric
+        )
+        return family.pack_int4_weight(wq, scale, zero, group_size)
 
     def linear_cases(op, **tolerance):
         cases = []

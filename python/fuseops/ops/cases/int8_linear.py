@@ -11,19 +11,14 @@ from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
     from ._bench_case import CaseFields
-from ..int8_linear import (
-    int8_dynamic_linear,
-    int8_weight_only_linear,
-    pack_int8_weight,
-    unpack_int8_weight,
-)
+from .. import int8_linear as family
 
 
 def _peer_weight(packed, scale, n, k, dtype, form):
     from ._bench_case import peer_form
 
     def make():
-        wq = unpack_int8_weight(packed, n, k).contiguous()
+        wq = family.unpack_int8_weight(packed, n, k).contiguous()
         if form == "float":
             return ((wq.to(torch.float32) * scale[:, None]).to(dtype),)
         return (wq, scale.to(dtype))
@@ -52,7 +47,7 @@ def _dynamic_peer_weight(packed, scale, n, k, engine):
         import torch.ao.nn.quantized.dynamic as nnqd
 
         torch.backends.quantized.engine = engine
-        wq = unpack_int8_weight(packed, n, k).contiguous()
+        wq = family.unpack_int8_weight(packed, n, k).contiguous()
         # torch.ao's quantized tensors are deprecated (a UserWarning).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -84,7 +79,7 @@ def _int_mm(x, packed, scale, colsum):
 
     def make():
         xq, x_scale = torch.ops.fuseops.quantize_per_token_int8(x)
-        wq = unpack_int8_weight(packed, scale.shape[0], x.shape[-1]).contiguous()
+        wq = family.unpack_int8_weight(packed, scale.shape[0], x.shape[-1]).contiguous()
         return xq, x_scale.unsqueeze(-1), wq
 
     # Kept with the activations; `packed` belongs to the same input set.
@@ -97,14 +92,14 @@ def _x_and_weight(rows, hidden, dtype, device, gen):
     quantized from a random one."""
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
     w = torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
-    packed, scale, _ = pack_int8_weight(*torch.ops.fuseops.quantize_per_channel_int8(w))
+    packed, scale, _ = family.pack_int8_weight(*torch.ops.fuseops.quantize_per_channel_int8(w))
     return x, packed, scale
 
 
 def _x_and_dynamic_weight(rows, hidden, dtype, device, gen):
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
     w = torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
-    return (x, *pack_int8_weight(*torch.ops.fuseops.quantize_per_channel_int8(w)))
+    return (x, *family.pack_int8_weight(*torch.ops.fuseops.quantize_per_channel_int8(w)))
 
 
 def _f_linear_dynamic(x, packed, scale, colsum):
@@ -201,78 +196,84 @@ def samples(device) -> list[Sample]:
         return wq, scale
 
     def packed(n, k):
-        return pack_int8_weight(*weight(n, k))[:2]
+        return family.pack_int8_weight(*weight(n, k))[:2]
 
     def t(shape, dtype=torch.float32, layout="contiguous"):
         return tensor(shape, dtype, device, layout)
 
     w37, s37 = packed(37, 10)
     result = [
-        Sample(ops.pack_int8_weight.default, weight(37, 10), pack_int8_weight),
-        Sample(ops.pack_int8_weight.default, weight(16, 4), pack_int8_weight),
-        Sample(ops.pack_int8_weight.default, weight(0, 5), pack_int8_weight),
+        Sample(ops.pack_int8_weight.default, weight(37, 10), family.pack_int8_weight),
+        Sample(ops.pack_int8_weight.default, weight(16, 4), family.pack_int8_weight),
+        Sample(ops.pack_int8_weight.default, weight(0, 5), family.pack_int8_weight),
         Sample(
             ops.int8_weight_only_linear.default,
             (t((3, 10)), w37, s37, None),
-            int8_weight_only_linear,
+            family.int8_weight_only_linear,
         ),
         Sample(
             ops.int8_weight_only_linear.default,
             (t((3, 10)), w37, s37, t((37,))),
-            int8_weight_only_linear,
+            family.int8_weight_only_linear,
         ),
         Sample(
             ops.int8_weight_only_linear.default,
             (t((2, 4, 10), torch.bfloat16, "transposed"), w37, s37, t((37,), torch.bfloat16)),
-            int8_weight_only_linear,
+            family.int8_weight_only_linear,
         ),
         Sample(
             ops.int8_weight_only_linear.default,
             (t((5, 10), torch.float16, "sliced"), w37, s37, None),
-            int8_weight_only_linear,
+            family.int8_weight_only_linear,
         ),
         Sample(
             ops.int8_weight_only_linear.default,
             (t((10,), torch.float64), w37, s37, None),
-            int8_weight_only_linear,
+            family.int8_weight_only_linear,
         ),
         Sample(
             ops.int8_weight_only_linear.default,
             (t((0, 10)), w37, s37, None),
-            int8_weight_only_linear,
+            family.int8_weight_only_linear,
         ),
         Sample(
             ops.int8_weight_only_linear.default,
             (t((3, 0)), *packed(5, 0), t((5,))),
-            int8_weight_only_linear,
+            family.int8_weight_only_linear,
         ),
     ]
-    wd = pack_int8_weight(*weight(37, 10))
+    wd = family.pack_int8_weight(*weight(37, 10))
     zero_rows = t((4, 10))
     zero_rows[1] = 0  # scale 1, the bias alone
     result += [
-        Sample(ops.int8_dynamic_linear.default, (t((3, 10)), *wd, None), int8_dynamic_linear),
-        Sample(ops.int8_dynamic_linear.default, (zero_rows, *wd, t((37,))), int8_dynamic_linear),
+        Sample(
+            ops.int8_dynamic_linear.default, (t((3, 10)), *wd, None), family.int8_dynamic_linear
+        ),
+        Sample(
+            ops.int8_dynamic_linear.default, (zero_rows, *wd, t((37,))), family.int8_dynamic_linear
+        ),
         Sample(
             ops.int8_dynamic_linear.default,
             (t((2, 4, 10), torch.bfloat16, "transposed"), *wd, t((37,), torch.bfloat16)),
-            int8_dynamic_linear,
+            family.int8_dynamic_linear,
         ),
         Sample(
             ops.int8_dynamic_linear.default,
             (t((5, 10), torch.float16, "sliced"), *wd, None),
-            int8_dynamic_linear,
+            family.int8_dynamic_linear,
         ),
         Sample(
             ops.int8_dynamic_linear.default,
             (t((10,), torch.float64), *wd, None),
-            int8_dynamic_linear,
+            family.int8_dynamic_linear,
         ),
-        Sample(ops.int8_dynamic_linear.default, (t((0, 10)), *wd, None), int8_dynamic_linear),
+        Sample(
+            ops.int8_dynamic_linear.default, (t((0, 10)), *wd, None), family.int8_dynamic_linear
+        ),
         Sample(
             ops.int8_dynamic_linear.default,
-            (t((3, 0)), *pack_int8_weight(*weight(5, 0)), t((5,))),
-            int8_dynamic_linear,
+            (t((3, 0)), *family.pack_int8_weight(*weight(5, 0)), t((5,))),
+            family.int8_dynamic_linear,
         ),
     ]
     # Every CPU build: more rows than a register tile and than a task's
@@ -284,19 +285,19 @@ def samples(device) -> list[Sample]:
                 Sample(
                     ops.int8_weight_only_linear.default,
                     (t((m, 129), dtype), wp, sp, t((37,), dtype)),
-                    int8_weight_only_linear,
+                    family.int8_weight_only_linear,
                     large=True,
                 )
             )
         # W8A8: one tile, several, several chunks and slices of 128 groups
         # (K = 600: 150 groups).
-        wd = pack_int8_weight(*weight(37, 600))
+        wd = family.pack_int8_weight(*weight(37, 600))
         for m in (1, 5, 61):
             result.append(
                 Sample(
                     ops.int8_dynamic_linear.default,
                     (t((m, 600), dtype), *wd, t((37,), dtype)),
-                    int8_dynamic_linear,
+                    family.int8_dynamic_linear,
                     large=True,
                 )
             )
@@ -309,17 +310,21 @@ def fuzz(d) -> Sample:
     wq, scale = d.integers((n, k), -127, 128, torch.int8), d.tensor((n,), torch.float32, 0.02)
     kind = d.int(0, 2)
     if kind == 0:
-        return Sample(ops.pack_int8_weight.default, (wq, scale), pack_int8_weight)
+        return Sample(ops.pack_int8_weight.default, (wq, scale), family.pack_int8_weight)
     x = d.tensor(d.shape(0, 2) + (k,))
     bias = d.maybe(lambda: d.tensor((n,), x.dtype))
-    packed, scale, colsum = pack_int8_weight(wq, scale)
+    packed, scale, colsum = family.pack_int8_weight(wq, scale)
     d.math_dtype = torch.float32  # float64 x is summed in float32
     if kind == 1:
         return Sample(
-            ops.int8_weight_only_linear.default, (x, packed, scale, bias), int8_weight_only_linear
+            ops.int8_weight_only_linear.default,
+            (x, packed, scale, bias),
+            family.int8_weight_only_linear,
         )
     return Sample(
-        ops.int8_dynamic_linear.default, (x, packed, scale, colsum, bias), int8_dynamic_linear
+        ops.int8_dynamic_linear.default,
+        (x, packed, scale, colsum, bias),
+        family.int8_dynamic_linear,
     )
 
 
@@ -337,7 +342,7 @@ def export_cases() -> list:
     ops = torch.ops.fuseops
 
     def weight(n, k):
-        return pack_int8_weight(*quantize_per_channel_int8(torch.randn(n, k) * 0.05))
+        return family.pack_int8_weight(*quantize_per_channel_int8(torch.randn(n, k) * 0.05))
 
     cases = []
     for dtype, (m, n, k), bias in itertools.product(

@@ -8,16 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import jsd as family
 from ._sample import DTYPES, Sample, tensor
-from ..jsd import (
-    fused_linear_jsd,
-    fused_linear_jsd_backward,
-    fused_linear_jsd_forward,
-    jsd,
-    jsd_backward,
-    jsd_forward,
-    kl_div,
-)
 
 
 def _student_teacher(rows, vocab, dtype, device, gen):
@@ -102,11 +94,11 @@ def samples(device) -> list[Sample]:
         return lbl
 
     x, y, lb = t((6, 10)), t((6, 10)), label((6,), 10)
-    _, row_stats = jsd_forward(x, y, lb, 0.5, 2.0, -100, "batchmean")
+    _, row_stats = family.jsd_forward(x, y, lb, 0.5, 2.0, -100, "batchmean")
     student = t((6, 10), grad=True)
     result = [
-        Sample(op, (x, y, lb, 0.5, 1.0, -100, "batchmean"), jsd),
-        Sample(op, (t((6, 10), grad=True), y, lb, 0.1, 2.0, -100, "batchmean"), jsd),
+        Sample(op, (x, y, lb, 0.5, 1.0, -100, "batchmean"), family.jsd),
+        Sample(op, (t((6, 10), grad=True), y, lb, 0.1, 2.0, -100, "batchmean"), family.jsd),
         Sample(
             op,
             (
@@ -118,7 +110,7 @@ def samples(device) -> list[Sample]:
                 -100,
                 "sum",
             ),
-            jsd,
+            family.jsd,
         ),
         Sample(
             op,
@@ -131,7 +123,7 @@ def samples(device) -> list[Sample]:
                 -100,
                 "none",
             ),
-            jsd,
+            family.jsd,
         ),
         Sample(
             op,
@@ -144,30 +136,34 @@ def samples(device) -> list[Sample]:
                 2,
                 "mean",
             ),
-            jsd,
+            family.jsd,
         ),
-        Sample(op, (t((0, 9), grad=True), t((0, 9)), None, 0.5, 1.0, -100, "batchmean"), jsd),
+        Sample(
+            op, (t((0, 9), grad=True), t((0, 9)), None, 0.5, 1.0, -100, "batchmean"), family.jsd
+        ),
         Sample(
             op,
             (t((5, 8), layout="expanded", grad=True), t((5, 8)), None, 0.5, 1.0, -100, "sum"),
-            jsd,
+            family.jsd,
         ),
         Sample(
             op,
             (student, y, lb, 0.0, 1.0, -100, "batchmean"),
-            kl_div,
+            family.kl_div,
             wrapper_args=(student, y, lb),
         ),
-        Sample(ops.jsd_forward.default, (x, y, lb, 0.5, 2.0, -100, "batchmean"), jsd_forward),
+        Sample(
+            ops.jsd_forward.default, (x, y, lb, 0.5, 2.0, -100, "batchmean"), family.jsd_forward
+        ),
         Sample(
             ops.jsd_forward.default,
             (t((6, 10), grad=True), y, None, 1.0, 1.0, -100, "none"),
-            jsd_forward,
+            family.jsd_forward,
         ),
         Sample(
             ops.jsd_backward.default,
             (torch.randn((), device=device), x, y, lb, row_stats, 0.5, 2.0, -100, "batchmean"),
-            jsd_backward,
+            family.jsd_backward,
         ),
     ]
     result += _fused_linear_samples(t, label)
@@ -188,7 +184,7 @@ def samples(device) -> list[Sample]:
                             -100,
                             reduction,
                         ),
-                        jsd,
+                        family.jsd,
                         large=True,
                     )
                 )
@@ -204,9 +200,9 @@ def _fused_linear_samples(t, label) -> list[Sample]:
     xt, wt = t((70, 5), scale=1.0), t((40, 5), scale=0.5)
     lb = label((70,), 40)
     result = [
-        Sample(op, (xs, ws, xt, wt, lb, 0.5, 1.0, -100, "batchmean"), fused_linear_jsd),
-        Sample(op, (xs, ws, xt, wt, None, 0.0, 2.0, -100, "sum"), fused_linear_jsd),
-        Sample(op, (xs, ws, xt, wt, lb, 1.0, 1.0, -100, "none"), fused_linear_jsd),
+        Sample(op, (xs, ws, xt, wt, lb, 0.5, 1.0, -100, "batchmean"), family.fused_linear_jsd),
+        Sample(op, (xs, ws, xt, wt, None, 0.0, 2.0, -100, "sum"), family.fused_linear_jsd),
+        Sample(op, (xs, ws, xt, wt, lb, 1.0, 1.0, -100, "none"), family.fused_linear_jsd),
         Sample(
             op,
             (
@@ -220,7 +216,7 @@ def _fused_linear_samples(t, label) -> list[Sample]:
                 -100,
                 "mean",
             ),
-            fused_linear_jsd,
+            family.fused_linear_jsd,
         ),
         Sample(
             op,
@@ -235,17 +231,17 @@ def _fused_linear_samples(t, label) -> list[Sample]:
                 -100,
                 "none",
             ),
-            fused_linear_jsd,
+            family.fused_linear_jsd,
         ),
         Sample(
             op,
             (t((0, 8), grad=True), t((10, 8), grad=True), t((0, 8)), t((10, 8))),
-            fused_linear_jsd,
+            family.fused_linear_jsd,
         ),
         Sample(
             ops.fused_linear_jsd_forward.default,
             (xs.detach(), ws.detach(), xt, wt, lb, 0.5, 1.0, -100, "batchmean"),
-            fused_linear_jsd_forward,
+            family.fused_linear_jsd_forward,
         ),
     ]
     for grad, reduction in (
@@ -256,7 +252,7 @@ def _fused_linear_samples(t, label) -> list[Sample]:
             Sample(
                 ops.fused_linear_jsd_backward.default,
                 (grad, xs.detach(), ws.detach(), xt, wt, lb, 0.5, 2.0, -100, reduction),
-                fused_linear_jsd_backward,
+                family.fused_linear_jsd_backward,
             )
         )
     # Every CPU build: the row kernel on rows with a vector tail, chunks of
@@ -283,7 +279,7 @@ def _fused_linear_samples(t, label) -> list[Sample]:
                         -100,
                         "batchmean",
                     ),
-                    fused_linear_jsd,
+                    family.fused_linear_jsd,
                     large=True,
                 )
             )
@@ -307,7 +303,7 @@ def fuzz(d) -> Sample:
         d.choice(("batchmean", "sum", "mean", "none")),
     )
     if d.flag():
-        return Sample(torch.ops.fuseops.jsd.default, args, jsd)
+        return Sample(torch.ops.fuseops.jsd.default, args, family.jsd)
     rows, hidden_s, hidden_t = d.size(), d.int(1, 9), d.int(1, 9)
     student_input = d.tensor((rows, hidden_s), grad=True)
     layers = (
@@ -317,7 +313,9 @@ def fuzz(d) -> Sample:
         d.tensor((vocab, hidden_t), student_input.dtype, 0.5),
         d.maybe(lambda: d.integers((rows,), 0, vocab, d.choice((torch.int64, torch.int32)))),
     )
-    return Sample(torch.ops.fuseops.fused_linear_jsd.default, layers + args[3:], fused_linear_jsd)
+    return Sample(
+        torch.ops.fuseops.fused_linear_jsd.default, layers + args[3:], family.fused_linear_jsd
+    )
 
 
 def autocast_cases() -> list:
@@ -345,13 +343,13 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "jsd",
-            lambda s, t: jsd(s, t),
+            lambda s, t: family.jsd(s, t),
             jsd_torch,
             [(rand(4, D), rand(4, D)), (rand(4, D, dtype=LOW), rand(4, D))],
         ),
         AutocastCase(
             "fused_linear_jsd",
-            lambda xs, ws, xt, wt, lbl: fused_linear_jsd(xs, ws, xt, wt, lbl),
+            lambda xs, ws, xt, wt, lbl: family.fused_linear_jsd(xs, ws, xt, wt, lbl),
             fused_linear_torch,
             [
                 # bfloat16 hidden states, float32 heads (Trainer(bf16=True));
@@ -383,4 +381,4 @@ def row_reduction_cases() -> list:
     student, teacher = leaves((4096, 1000), (4096, 1000))
     teacher = teacher.detach()
     label = torch.randint(0, 1000, (4096,), generator=torch.Generator().manual_seed(0))
-    return [RowReductionCase("jsd", lambda: jsd(student, teacher, label), (student,))]
+    return [RowReductionCase("jsd", lambda: family.jsd(student, teacher, label), (student,))]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import layer_norm as family
 from ._sample import DTYPES, Sample, tensor
-from ..layer_norm import layer_norm, layer_norm_backward, layer_norm_forward
 
 
 def bench_cases():
@@ -37,21 +37,23 @@ def samples(device) -> list[Sample]:
         return tensor(shape, dtype, device, layout, grad)
 
     x, w, b = t((5, 24)), t((24,)), t((24,))
-    _, mean, rstd = layer_norm_forward(x, w, b, 1e-5)
+    _, mean, rstd = family.layer_norm_forward(x, w, b, 1e-5)
     result = [
-        Sample(ops.layer_norm.default, (x, w, b, 1e-5), layer_norm),
-        Sample(ops.layer_norm.default, (x, None, None, 1e-6), layer_norm),
+        Sample(ops.layer_norm.default, (x, w, b, 1e-5), family.layer_norm),
+        Sample(ops.layer_norm.default, (x, None, None, 1e-6), family.layer_norm),
         Sample(
             ops.layer_norm.default,
             (t((6, 20), torch.bfloat16, "transposed"), None, t((20,), torch.bfloat16), 1e-5),
-            layer_norm,
+            family.layer_norm,
         ),
         Sample(
             ops.layer_norm.default,
             (t((3, 4, 24), grad=True), t((24,), grad=True), t((24,), grad=True), 1e-5),
-            layer_norm,
+            family.layer_norm,
         ),
-        Sample(ops.layer_norm.default, (t((3, 24), grad=True), None, None, 1e-5), layer_norm),
+        Sample(
+            ops.layer_norm.default, (t((3, 24), grad=True), None, None, 1e-5), family.layer_norm
+        ),
         Sample(
             ops.layer_norm.default,
             (
@@ -60,51 +62,55 @@ def samples(device) -> list[Sample]:
                 None,
                 1e-5,
             ),
-            layer_norm,
+            family.layer_norm,
         ),
         Sample(
             ops.layer_norm.default,
             (t((2, 3, 16), torch.float16, "sliced"), None, None, 1e-5),
-            layer_norm,
+            family.layer_norm,
         ),
         Sample(
             ops.layer_norm.default,
             (t((0, 16), grad=True), t((16,), grad=True), t((16,), grad=True), 1e-5),
-            layer_norm,
+            family.layer_norm,
         ),
         Sample(
             ops.layer_norm.out,
             (x, w, b, 1e-5),
-            layer_norm,
+            family.layer_norm,
             {"out": torch.empty(5, 24, device=device)},
         ),
-        Sample(ops.layer_norm_forward.default, (x, w, None, 1e-5), layer_norm_forward),
+        Sample(ops.layer_norm_forward.default, (x, w, None, 1e-5), family.layer_norm_forward),
         Sample(
             ops.layer_norm_forward.default,
             (t((4, 5, 16), torch.float16), t((16,), torch.float16), None, 1e-5),
-            layer_norm_forward,
+            family.layer_norm_forward,
         ),
         Sample(
             ops.layer_norm_forward.default,
             (t((3, 24), grad=True), t((24,), grad=True), b, 1e-5),
-            layer_norm_forward,
+            family.layer_norm_forward,
         ),
         # Statistics as torch.native_layer_norm keeps them (a trailing 1).
         Sample(
             ops.layer_norm_backward.default,
             (t((5, 24)), x, w, mean[:, None], rstd[:, None]),
-            layer_norm_backward,
+            family.layer_norm_backward,
         ),
         Sample(
-            ops.layer_norm_backward.default, (t((5, 24)), x, w, mean, rstd), layer_norm_backward
+            ops.layer_norm_backward.default,
+            (t((5, 24)), x, w, mean, rstd),
+            family.layer_norm_backward,
         ),
         Sample(
-            ops.layer_norm_backward.default, (t((5, 24)), x, None, mean, rstd), layer_norm_backward
+            ops.layer_norm_backward.default,
+            (t((5, 24)), x, None, mean, rstd),
+            family.layer_norm_backward,
         ),
         Sample(
             ops.layer_norm_backward.out,
             (t((5, 24)), x, w, mean, rstd),
-            layer_norm_backward,
+            family.layer_norm_backward,
             {
                 "grad_input": torch.empty(5, 24, device=device),
                 "grad_weight": torch.empty(24, device=device),
@@ -123,7 +129,7 @@ def samples(device) -> list[Sample]:
                         t(shape[-1:], dtype, grad=True),
                         1e-5,
                     ),
-                    layer_norm,
+                    family.layer_norm,
                     large=True,
                 )
             )
@@ -136,12 +142,14 @@ def fuzz(d) -> Sample:
     x = d.tensor(d.shape(min_dims=1), grad=True)
     w, b = (d.maybe(lambda: d.tensor(x.shape[-1:], x.dtype, grad=True)) for _ in "wb")
     if d.flag():
-        return Sample(ops.layer_norm.default, (x, w, b, eps), layer_norm)
-    _, mean, rstd = layer_norm_forward(x.detach(), None if w is None else w.detach(), None, eps)
+        return Sample(ops.layer_norm.default, (x, w, b, eps), family.layer_norm)
+    _, mean, rstd = family.layer_norm_forward(
+        x.detach(), None if w is None else w.detach(), None, eps
+    )
     return Sample(
         ops.layer_norm_backward.default,
         (d.tensor(x.shape, x.dtype), x, w, mean, rstd),
-        layer_norm_backward,
+        family.layer_norm_backward,
     )
 
 
@@ -185,7 +193,7 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "layer_norm",
-            lambda x, w, b: layer_norm(x, w, b, 1e-5),
+            lambda x, w, b: family.layer_norm(x, w, b, 1e-5),
             lambda x, w, b: F.layer_norm(x, (D,), w, b, 1e-5),
             [(rand(4, D), weight(), rand(D)), (rand(4, D, dtype=LOW), weight(), rand(D))],
         )
@@ -198,4 +206,4 @@ def row_reduction_cases() -> list:
     from ._threads import RowReductionCase, leaves
 
     x, w, b = leaves((4096, 1024), (1024,), (1024,))
-    return [RowReductionCase("layer_norm", lambda: layer_norm(x, w, b, 1e-5), (x, w, b))]
+    return [RowReductionCase("layer_norm", lambda: family.layer_norm(x, w, b, 1e-5), (x, w, b))]

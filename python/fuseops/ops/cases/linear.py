@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import linear as family
 from ._sample import DTYPES, Sample, tensor
-from ..linear import linear
 
 
 def _x_and_weight(rows, hidden, dtype, device, gen):
@@ -85,7 +85,7 @@ def samples(device) -> list[Sample]:
             tensor((n, k), dtype, device, layout, grad),
             tensor((n,), dtype, device, "contiguous", grad) if bias else None,
         )
-        return Sample(op, args, linear, large=large)
+        return Sample(op, args, family.linear, large=large)
 
     result = [
         call((1, 8), 8, 5),
@@ -112,7 +112,7 @@ def fuzz(d) -> Sample:
     x = d.tensor((*d.shape(max_dims=2), k), grad=True)
     weight = d.tensor((n, k), x.dtype, grad=True)
     bias = d.maybe(lambda: d.tensor((n,), x.dtype, grad=True))
-    return Sample(torch.ops.fuseops.linear.default, (x, weight, bias), linear)
+    return Sample(torch.ops.fuseops.linear.default, (x, weight, bias), family.linear)
 
 
 def export_cases() -> list:
@@ -146,7 +146,7 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "linear",
-            linear,
+            family.linear,
             F.linear,
             [
                 (rand(2, D), rand(3 * D, D), rand(3 * D)),

@@ -5,15 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import moe_experts as family
 from ._sample import DTYPES, Sample, tensor
-from ..moe_experts import (
-    ACTIVATIONS,
-    moe_experts,
-    moe_experts_backward,
-    moe_experts_forward,
-    moe_experts_grouped_mm,
-    moe_experts_reference,
-)
 
 #: The bench's experts: 8, each token to 2 of them (Mixtral's routing),
 #: intermediate size 2.75 x hidden rounded to 64.
@@ -64,7 +57,7 @@ def bench_cases():
             _routed_experts,
             forward_traffic=_MoeShapes(),
             backward_traffic=_MoeShapes(backward=True),
-            native=moe_experts_grouped_mm,
+            native=family.moe_experts_grouped_mm,
             native_label="torch._grouped_mm",
             has_out=False,
             differentiable=(0, 2, 3, 4),
@@ -107,18 +100,18 @@ def samples(device) -> list[Sample]:
         x = tensor((tokens, hidden), dtype, device, grad=grad)
         args = (x, index, weights.requires_grad_(grad), gate_up, down, activation)
         if backward is None:
-            return Sample(ops.moe_experts.default, args, moe_experts, large=large)
+            return Sample(ops.moe_experts.default, args, family.moe_experts, large=large)
         if backward == "forward":
-            return Sample(ops.moe_experts_forward.default, args, moe_experts_forward)
+            return Sample(ops.moe_experts_forward.default, args, family.moe_experts_forward)
         grad_out = tensor((tokens, hidden), dtype, device)
         kept = None
         if backward == "kept":
             with torch.no_grad():
-                kept = moe_experts_forward(*args)[1]
+                kept = family.moe_experts_forward(*args)[1]
         return Sample(
             ops.moe_experts_backward.default,
             (grad_out, *args, backward != "frozen", kept),
-            moe_experts_backward,
+            family.moe_experts_backward,
         )
 
     result = [
@@ -155,11 +148,11 @@ def fuzz(d) -> Sample:
     weights = d.tensor((tokens, top_k), d.choice((x.dtype, torch.float32)), grad=True)
     gate_up = d.tensor((experts, 2 * inter, hidden), x.dtype, 0.5, grad=True)
     down = d.tensor((experts, hidden, inter), x.dtype, 0.5, grad=True)
-    activation = d.choice(tuple(ACTIVATIONS))
+    activation = d.choice(tuple(family.ACTIVATIONS))
     return Sample(
         torch.ops.fuseops.moe_experts.default,
         (x, index, weights, gate_up, down, activation),
-        moe_experts,
+        family.moe_experts,
     )
 
 
@@ -178,7 +171,7 @@ def export_cases() -> list:
 
     ops = torch.ops.fuseops
     cases = []
-    for dtype, activation in itertools.product(EXPORT_DTYPES, ACTIVATIONS):
+    for dtype, activation in itertools.product(EXPORT_DTYPES, family.ACTIVATIONS):
         tokens, hidden, inter, experts = 5, 16, 8, 4
         index = torch.tensor([[0, 2], [1, 1], [2, 0], [0, 1], [2, 1]])
         if activation == "gelu":
@@ -227,4 +220,6 @@ def autocast_cases() -> list:
             (rand(3, D, D) / D**0.5).to(dtype),
         )
 
-    return [AutocastCase("moe_experts", moe_experts, moe_experts_reference, [routed(LOW)])]
+    return [
+        AutocastCase("moe_experts", family.moe_experts, family.moe_experts_reference, [routed(LOW)])
+    ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import quantize as family
 from ._sample import DTYPES, Sample, tensor
-from ..quantize import dequantize_int8, quantize_per_channel_int8, quantize_per_token_int8
 
 
 def bench_cases():
@@ -39,43 +39,47 @@ def samples(device) -> list[Sample]:
     zero_row[2] = 0
     q = torch.randint(-127, 128, (3, 5, 7), dtype=torch.int8, device=device)
     result = [
-        Sample(ops.quantize_per_channel_int8.default, (t((6, 33)),), quantize_per_channel_int8),
-        Sample(ops.quantize_per_channel_int8.default, (zero_row,), quantize_per_channel_int8),
+        Sample(
+            ops.quantize_per_channel_int8.default, (t((6, 33)),), family.quantize_per_channel_int8
+        ),
+        Sample(
+            ops.quantize_per_channel_int8.default, (zero_row,), family.quantize_per_channel_int8
+        ),
         Sample(
             ops.quantize_per_channel_int8.default,
             (t((5, 8), torch.bfloat16, "transposed"),),
-            quantize_per_channel_int8,
+            family.quantize_per_channel_int8,
         ),
         Sample(
             ops.quantize_per_channel_int8.default,
             (t((0, 8), torch.float16),),
-            quantize_per_channel_int8,
+            family.quantize_per_channel_int8,
         ),
         Sample(
             ops.quantize_per_token_int8.default,
             (t((2, 3, 17), torch.float64, "sliced"),),
-            quantize_per_token_int8,
+            family.quantize_per_token_int8,
         ),
         Sample(
             ops.quantize_per_token_int8.default,
             (t((4, 6), torch.float16, "expanded"),),
-            quantize_per_token_int8,
+            family.quantize_per_token_int8,
         ),
-        Sample(ops.quantize_per_token_int8.default, (t((3, 0)),), quantize_per_token_int8),
+        Sample(ops.quantize_per_token_int8.default, (t((3, 0)),), family.quantize_per_token_int8),
         Sample(
             ops.dequantize_int8.default,
             (q, torch.rand(3, 5, device=device) + 0.1, -1, None),
-            dequantize_int8,
+            family.dequantize_int8,
         ),
         Sample(
             ops.dequantize_int8.default,
             (q, torch.rand(5, 7, device=device) + 0.1, 0, torch.bfloat16),
-            dequantize_int8,
+            family.dequantize_int8,
         ),
         Sample(
             ops.dequantize_int8.default,
             (q.transpose(0, 2), torch.rand(7, 3, device=device), 1, torch.float64),
-            dequantize_int8,
+            family.dequantize_int8,
         ),
     ]
     # Every CPU build on rows with a vector tail, several tasks per thread.
@@ -84,7 +88,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.quantize_per_channel_int8.default,
                 (t((301, 67), dtype),),
-                quantize_per_channel_int8,
+                family.quantize_per_channel_int8,
                 large=True,
             )
         )
@@ -92,7 +96,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.quantize_per_token_int8.default,
                 (t((3, 97, 45), dtype),),
-                quantize_per_token_int8,
+                family.quantize_per_token_int8,
                 large=True,
             )
         )
@@ -101,7 +105,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.dequantize_int8.default,
                 (big_q, torch.rand(301, device=device), -1, dtype),
-                dequantize_int8,
+                family.dequantize_int8,
                 large=True,
             )
         )
@@ -109,7 +113,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.dequantize_int8.default,
                 (big_q, torch.rand(67, device=device), 0, dtype),
-                dequantize_int8,
+                family.dequantize_int8,
                 large=True,
             )
         )
@@ -123,16 +127,16 @@ def fuzz(d) -> Sample:
         return Sample(
             ops.quantize_per_channel_int8.default,
             (d.tensor(d.shape(2, 2), scale=3.0),),
-            quantize_per_channel_int8,
+            family.quantize_per_channel_int8,
         )
     if kind == 1:
         return Sample(
             ops.quantize_per_token_int8.default,
             (d.tensor(d.shape(1, 3), scale=3.0),),
-            quantize_per_token_int8,
+            family.quantize_per_token_int8,
         )
     q = d.integers(d.shape(1, 3), -127, 128, torch.int8)
     dim = d.int(-q.dim(), q.dim() - 1)
     scale = d.tensor(q.shape[: dim % q.dim()] + q.shape[dim % q.dim() + 1 :], torch.float32)
     dtype = d.choice((None,) + DTYPES)
-    return Sample(ops.dequantize_int8.default, (q, scale, dim, dtype), dequantize_int8)
+    return Sample(ops.dequantize_int8.default, (q, scale, dim, dtype), family.dequantize_int8)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import relu as family
 from ._sample import DTYPES, Sample, tensor
-from ..relu import relu, relu_backward
 
 
 def bench_cases():
@@ -44,27 +44,38 @@ def samples(device) -> list[Sample]:
         ("contiguous", torch.float32, (0, 3), True),
         ("contiguous", torch.float32, (), False),
     ]:
-        result.append(Sample(ops.relu.default, (tensor(shape, dtype, device, layout, grad),), relu))
+        result.append(
+            Sample(ops.relu.default, (tensor(shape, dtype, device, layout, grad),), family.relu)
+        )
     result += [
-        Sample(ops.relu.out, (x,), relu, {"out": torch.empty(5, 7, device=device)}),
-        Sample(ops.relu_backward.default, (tensor((5, 7), device=device), relu(x)), relu_backward),
+        Sample(ops.relu.out, (x,), family.relu, {"out": torch.empty(5, 7, device=device)}),
+        Sample(
+            ops.relu_backward.default,
+            (tensor((5, 7), device=device), family.relu(x)),
+            family.relu_backward,
+        ),
         Sample(
             ops.relu_backward.out,
-            (tensor((5, 7), device=device), relu(x)),
-            relu_backward,
+            (tensor((5, 7), device=device), family.relu(x)),
+            family.relu_backward,
             {"out": torch.empty(5, 7, device=device)},
         ),
         Sample(
             ops.relu_backward.default,
-            (tensor((7, 5), device=device, layout="transposed", grad=True), relu(x.t())),
-            relu_backward,
+            (tensor((7, 5), device=device, layout="transposed", grad=True), family.relu(x.t())),
+            family.relu_backward,
         ),
     ]
     # Every CPU build on the special values, and on 301 rows of 67 (several
     # tasks per thread, a vector tail in every row).
-    result.append(Sample(ops.relu.default, (specials.requires_grad_(),), relu, large=True))
+    result.append(Sample(ops.relu.default, (specials.requires_grad_(),), family.relu, large=True))
     result += [
-        Sample(ops.relu.default, (tensor((301, 67), dtype, device, grad=True),), relu, large=True)
+        Sample(
+            ops.relu.default,
+            (tensor((301, 67), dtype, device, grad=True),),
+            family.relu,
+            large=True,
+        )
         for dtype in DTYPES
     ]
     return result
@@ -74,11 +85,11 @@ def fuzz(d) -> Sample:
     """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
     x = d.tensor(d.shape(), grad=True)
     if d.flag():
-        return Sample(torch.ops.fuseops.relu.default, (x,), relu)
+        return Sample(torch.ops.fuseops.relu.default, (x,), family.relu)
     return Sample(
         torch.ops.fuseops.relu_backward.default,
-        (d.tensor(x.shape, x.dtype, grad=True), relu(x.detach())),
-        relu_backward,
+        (d.tensor(x.shape, x.dtype, grad=True), family.relu(x.detach())),
+        family.relu_backward,
     )
 
 
@@ -96,4 +107,4 @@ def autocast_cases() -> list:
 
     from ._autocast import LOW, AutocastCase, D, rand
 
-    return [AutocastCase("relu", relu, F.relu, [(rand(4, D),), (rand(4, D, dtype=LOW),)])]
+    return [AutocastCase("relu", family.relu, F.relu, [(rand(4, D),), (rand(4, D, dtype=LOW),)])]

@@ -6,15 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import rms_norm as family
 from ._sample import DTYPES, Sample, tensor
-from ..rms_norm import (
-    fused_add_rms_norm,
-    fused_add_rms_norm_backward,
-    fused_add_rms_norm_forward,
-    rms_norm,
-    rms_norm_backward,
-    rms_norm_forward,
-)
 
 
 def _native_fused_add_rms_norm(x, residual, weight, *, eps):
@@ -70,50 +63,63 @@ def samples(device) -> list[Sample]:
         return tensor(shape, dtype, device, layout, grad)
 
     x, r, w = t((5, 24)), t((5, 24)), t((24,))
-    _, rstd = rms_norm_forward(x, w)
-    _, new_residual, rstd2 = fused_add_rms_norm_forward(x, r, w)
+    _, rstd = family.rms_norm_forward(x, w)
+    _, new_residual, rstd2 = family.fused_add_rms_norm_forward(x, r, w)
     result = [
-        Sample(ops.rms_norm.default, (x, w, 1e-6), rms_norm),
-        Sample(ops.rms_norm.default, (x, None, None), rms_norm),
+        Sample(ops.rms_norm.default, (x, w, 1e-6), family.rms_norm),
+        Sample(ops.rms_norm.default, (x, None, None), family.rms_norm),
         Sample(
-            ops.rms_norm.default, (t((6, 24), torch.bfloat16, "transposed"), None, 1e-5), rms_norm
+            ops.rms_norm.default,
+            (t((6, 24), torch.bfloat16, "transposed"), None, 1e-5),
+            family.rms_norm,
         ),
         Sample(
-            ops.rms_norm.default, (t((3, 4, 24), grad=True), t((24,), grad=True), 1e-6), rms_norm
+            ops.rms_norm.default,
+            (t((3, 4, 24), grad=True), t((24,), grad=True), 1e-6),
+            family.rms_norm,
         ),
         Sample(
             ops.rms_norm.default,
             (t((4, 16), torch.float64, "expanded", True), None, None),
-            rms_norm,
+            family.rms_norm,
         ),
         Sample(
             ops.rms_norm.default,
             (t((3, 16), torch.float16, "sliced"), t((16,), torch.float16, "sliced"), 1e-6),
-            rms_norm,
+            family.rms_norm,
         ),
         # A weight of another floating dtype than the input.
-        Sample(ops.rms_norm.default, (t((4, 8), torch.bfloat16), t((8,)), 1e-6), rms_norm),
-        Sample(ops.rms_norm.default, (t((0, 16), grad=True), t((16,), grad=True), 1e-6), rms_norm),
+        Sample(ops.rms_norm.default, (t((4, 8), torch.bfloat16), t((8,)), 1e-6), family.rms_norm),
         Sample(
-            ops.rms_norm.out, (x, w, 1e-6), rms_norm, {"out": torch.empty(5, 24, device=device)}
+            ops.rms_norm.default,
+            (t((0, 16), grad=True), t((16,), grad=True), 1e-6),
+            family.rms_norm,
         ),
-        Sample(ops.rms_norm_forward.default, (x, w, None), rms_norm_forward),
+        Sample(
+            ops.rms_norm.out,
+            (x, w, 1e-6),
+            family.rms_norm,
+            {"out": torch.empty(5, 24, device=device)},
+        ),
+        Sample(ops.rms_norm_forward.default, (x, w, None), family.rms_norm_forward),
         Sample(
             ops.rms_norm_forward.default,
             (t((4, 5), torch.float16), t((5,), torch.float16), None),
-            rms_norm_forward,
+            family.rms_norm_forward,
         ),
         Sample(
             ops.rms_norm_forward.default,
             (t((5, 24), grad=True), t((24,), grad=True), 1e-6),
-            rms_norm_forward,
+            family.rms_norm_forward,
         ),
-        Sample(ops.rms_norm_backward.default, (t((5, 24)), x, w, rstd), rms_norm_backward),
-        Sample(ops.rms_norm_backward.default, (t((5, 24)), x, None, rstd), rms_norm_backward),
+        Sample(ops.rms_norm_backward.default, (t((5, 24)), x, w, rstd), family.rms_norm_backward),
+        Sample(
+            ops.rms_norm_backward.default, (t((5, 24)), x, None, rstd), family.rms_norm_backward
+        ),
         Sample(
             ops.rms_norm_backward.out,
             (t((5, 24)), x, w, rstd),
-            rms_norm_backward,
+            family.rms_norm_backward,
             {
                 "grad_input": torch.empty(5, 24, device=device),
                 "grad_weight": torch.empty(24, device=device),
@@ -122,13 +128,13 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.rms_norm_backward.out,
             (t((5, 24)), x, None, rstd),
-            rms_norm_backward,
+            family.rms_norm_backward,
             {
                 "grad_input": torch.empty(5, 24, device=device),
                 "grad_weight": torch.empty(0, device=device),
             },
         ),
-        Sample(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), fused_add_rms_norm),
+        Sample(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), family.fused_add_rms_norm),
         Sample(
             ops.fused_add_rms_norm.default,
             (
@@ -137,39 +143,41 @@ def samples(device) -> list[Sample]:
                 t((24,), grad=True),
                 None,
             ),
-            fused_add_rms_norm,
+            family.fused_add_rms_norm,
         ),
         Sample(
             ops.fused_add_rms_norm.out,
             (x, r, w, 1e-6),
-            fused_add_rms_norm,
+            family.fused_add_rms_norm,
             {
                 "out": torch.empty(5, 24, device=device),
                 "residual_out": torch.empty(5, 24, device=device),
             },
         ),
         Sample(
-            ops.fused_add_rms_norm_forward.default, (x, r, None, 1e-6), fused_add_rms_norm_forward
+            ops.fused_add_rms_norm_forward.default,
+            (x, r, None, 1e-6),
+            family.fused_add_rms_norm_forward,
         ),
         Sample(
             ops.fused_add_rms_norm_forward.default,
             (t((5, 24), grad=True), t((5, 24), grad=True), t((24,), grad=True), 1e-6),
-            fused_add_rms_norm_forward,
+            family.fused_add_rms_norm_forward,
         ),
         Sample(
             ops.fused_add_rms_norm_backward.default,
             (t((5, 24)), t((5, 24)), new_residual, w, rstd2),
-            fused_add_rms_norm_backward,
+            family.fused_add_rms_norm_backward,
         ),
         Sample(
             ops.fused_add_rms_norm_backward.default,
             (t((5, 24)), None, new_residual, w, rstd2),
-            fused_add_rms_norm_backward,
+            family.fused_add_rms_norm_backward,
         ),
         Sample(
             ops.fused_add_rms_norm_backward.out,
             (t((5, 24)), t((5, 24)), new_residual, w, rstd2),
-            fused_add_rms_norm_backward,
+            family.fused_add_rms_norm_backward,
             {
                 "grad_input": torch.empty(5, 24, device=device),
                 "grad_weight": torch.empty(24, device=device),
@@ -178,7 +186,7 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.fused_add_rms_norm_backward.out,
             (t((5, 24)), None, new_residual, None, rstd2),
-            fused_add_rms_norm_backward,
+            family.fused_add_rms_norm_backward,
             {
                 "grad_input": torch.empty(5, 24, device=device),
                 "grad_weight": torch.empty(0, device=device),
@@ -191,7 +199,7 @@ def samples(device) -> list[Sample]:
             Sample(
                 ops.rms_norm.default,
                 (t((300, 1027), dtype, grad=True), t((1027,), dtype, grad=True), 1e-6),
-                rms_norm,
+                family.rms_norm,
                 large=True,
             ),
             Sample(
@@ -202,10 +210,12 @@ def samples(device) -> list[Sample]:
                     t((1027,), dtype, grad=True),
                     1e-6,
                 ),
-                fused_add_rms_norm,
+                family.fused_add_rms_norm,
                 large=True,
             ),
-            Sample(ops.rms_norm.default, (t((1027,), dtype), None, 1e-6), rms_norm, large=True),
+            Sample(
+                ops.rms_norm.default, (t((1027,), dtype), None, 1e-6), family.rms_norm, large=True
+            ),
         ]
     return result
 
@@ -219,23 +229,25 @@ def fuzz(d) -> Sample:
     w = d.maybe(lambda: d.tensor(x.shape[-1:], d.choice((x.dtype, d.dtype())), grad=True))
     kind = d.int(0, 3)
     if kind == 0:
-        return Sample(ops.rms_norm.default, (x, w, eps), rms_norm)
+        return Sample(ops.rms_norm.default, (x, w, eps), family.rms_norm)
     if kind == 1:
         residual = d.tensor(x.shape, x.dtype, grad=True)
-        return Sample(ops.fused_add_rms_norm.default, (x, residual, w, eps), fused_add_rms_norm)
-    rstd = rms_norm_forward(x.detach(), None if w is None else w.detach(), eps)[1]
+        return Sample(
+            ops.fused_add_rms_norm.default, (x, residual, w, eps), family.fused_add_rms_norm
+        )
+    rstd = family.rms_norm_forward(x.detach(), None if w is None else w.detach(), eps)[1]
     if kind == 2:
         return Sample(
             ops.rms_norm_backward.default,
             (d.tensor(x.shape, x.dtype), x, w, rstd),
-            rms_norm_backward,
+            family.rms_norm_backward,
         )
     # x as new_residual; the gradient of new_residual may be absent.
     grad_new_residual = d.maybe(lambda: d.tensor(x.shape, x.dtype))
     return Sample(
         ops.fused_add_rms_norm_backward.default,
         (d.tensor(x.shape, x.dtype), grad_new_residual, x, w, rstd),
-        fused_add_rms_norm_backward,
+        family.fused_add_rms_norm_backward,
     )
 
 
@@ -300,13 +312,13 @@ def autocast_cases() -> list:
     return [
         AutocastCase(
             "rms_norm",
-            lambda x, w: rms_norm(x, w, 1e-6),
+            lambda x, w: family.rms_norm(x, w, 1e-6),
             lambda x, w: F.rms_norm(x, (D,), w, 1e-6),
             [(rand(4, D), weight()), (rand(4, D, dtype=LOW), weight())],
         ),
         AutocastCase(
             "fused_add_rms_norm",
-            lambda x, r, w: fused_add_rms_norm(x, r, w, 1e-6),
+            lambda x, r, w: family.fused_add_rms_norm(x, r, w, 1e-6),
             fused_add_rms_norm_torch,
             [
                 (rand(4, D), rand(4, D), weight()),
@@ -322,4 +334,4 @@ def row_reduction_cases() -> list:
     from ._threads import RowReductionCase, leaves
 
     x, w = leaves((4096, 1024), (1024,))
-    return [RowReductionCase("rms_norm", lambda: rms_norm(x, w, 1e-6), (x, w))]
+    return [RowReductionCase("rms_norm", lambda: family.rms_norm(x, w, 1e-6), (x, w))]

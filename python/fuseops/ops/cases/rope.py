@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import rope as family
 from ._sample import DTYPES, Sample, tensor
-from ..rope import HEAD_DIM, KV_GROUP, rope, rope_backward, rope_cache
 
 
 def _heads(hidden: int) -> tuple[int, int]:
-    heads = max(1, hidden // HEAD_DIM)
-    return heads, max(1, heads // KV_GROUP)
+    heads = max(1, hidden // family.HEAD_DIM)
+    return heads, max(1, heads // family.KV_GROUP)
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,14 @@ class _QkTraffic:
 
     def bytes(self, rows: int, hidden: int, element_size: int) -> int:
         heads, kv_heads = _heads(hidden)
-        return element_size * self.passes * rows * (heads + kv_heads) * HEAD_DIM
+        return element_size * self.passes * rows * (heads + kv_heads) * family.HEAD_DIM
 
 
 def _bench_inputs(rows, hidden, dtype, device, gen):
     heads, kv_heads = _heads(hidden)
-    q = torch.randn(rows, heads, HEAD_DIM, dtype=dtype, device=device, generator=gen)
-    k = torch.randn(rows, kv_heads, HEAD_DIM, dtype=dtype, device=device, generator=gen)
-    cos, sin = rope_cache(HEAD_DIM, rows, device=device)
+    q = torch.randn(rows, heads, family.HEAD_DIM, dtype=dtype, device=device, generator=gen)
+    k = torch.randn(rows, kv_heads, family.HEAD_DIM, dtype=dtype, device=device, generator=gen)
+    cos, sin = family.rope_cache(family.HEAD_DIM, rows, device=device)
     positions = torch.arange(rows, device=device)
     return q, k, cos, sin, positions
 
@@ -77,7 +77,9 @@ def fuzz(d) -> Sample:
         d.integers(tokens, 0, max_pos, d.choice((torch.int64, torch.int32))) if cached else None
     )
     rest = (cos, sin, positions, interleaved)
-    forward, wrapper = (ops.rope, rope) if d.flag() else (ops.rope_backward, rope_backward)
+    forward, wrapper = (
+        (ops.rope, family.rope) if d.flag() else (ops.rope_backward, family.rope_backward)
+    )
     if k is None:
         return Sample(forward.single, (q, *rest), wrapper, wrapper_args=(q, None, *rest))
     return Sample(forward.default, (q, k, *rest), wrapper)
@@ -89,8 +91,8 @@ def samples(device) -> list[Sample]:
     def t(shape, dtype=torch.float32, layout="contiguous", grad=False):
         return tensor(shape, dtype, device, layout, grad)
 
-    cos, sin = rope_cache(16, 32, device=device)
-    cos_i, sin_i = rope_cache(8, 32, interleaved=True, device=device)
+    cos, sin = family.rope_cache(16, 32, device=device)
+    cos_i, sin_i = family.rope_cache(8, 32, interleaved=True, device=device)
     positions = torch.tensor([3, 0, 31, 7, 7], device=device)
     batch_positions = torch.tensor([[0, 1, 2], [5, 9, 30]], device=device, dtype=torch.int32)
     q, k = t((5, 4, 16)), t((5, 2, 16))
@@ -101,7 +103,7 @@ def samples(device) -> list[Sample]:
     per_token_cos, per_token_sin = cos[positions], sin[positions]
 
     def single(op, tensors, rest, kwargs=None, large=False):
-        wrapper = rope_backward if op._schema.name.endswith("_backward") else rope
+        wrapper = family.rope_backward if op._schema.name.endswith("_backward") else family.rope
         return Sample(
             op,
             (*tensors, *rest),
@@ -112,13 +114,13 @@ def samples(device) -> list[Sample]:
         )
 
     result = [
-        Sample(ops.rope.default, (q, k, cos, sin, positions, False), rope),
+        Sample(ops.rope.default, (q, k, cos, sin, positions, False), family.rope),
         Sample(
             ops.rope.default,
             (t((5, 4, 16), grad=True), t((5, 1, 16), grad=True), cos_i, sin_i, positions, True),
-            rope,
+            family.rope,
         ),
-        Sample(ops.rope.default, (view_q, view_k, cos, sin, positions, False), rope),
+        Sample(ops.rope.default, (view_q, view_k, cos, sin, positions, False), family.rope),
         Sample(
             ops.rope.default,
             (
@@ -129,7 +131,7 @@ def samples(device) -> list[Sample]:
                 batch_positions,
                 False,
             ),
-            rope,
+            family.rope,
         ),
         Sample(
             ops.rope.default,
@@ -141,7 +143,7 @@ def samples(device) -> list[Sample]:
                 positions,
                 False,
             ),
-            rope,
+            family.rope,
         ),
         Sample(
             ops.rope.default,
@@ -153,12 +155,12 @@ def samples(device) -> list[Sample]:
                 None,
                 False,
             ),
-            rope,
+            family.rope,
         ),
         Sample(
             ops.rope.default,
             (t((0, 3, 16), grad=True), t((0, 1, 16), grad=True), cos, sin, positions[:0], False),
-            rope,
+            family.rope,
         ),
         single(
             ops.rope.single,
@@ -173,7 +175,7 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.rope.out,
             (q, k, cos, sin, positions, False),
-            rope,
+            family.rope,
             {
                 "out": torch.empty(5, 4, 16, device=device),
                 "key_out": torch.empty(5, 2, 16, device=device),
@@ -188,12 +190,12 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.rope_backward.default,
             (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False),
-            rope_backward,
+            family.rope_backward,
         ),
         Sample(
             ops.rope_backward.default,
             (t((5, 4, 16), grad=True), t((5, 2, 16)), cos_i, sin_i, positions, True),
-            rope_backward,
+            family.rope_backward,
         ),
         single(
             ops.rope_backward.single,
@@ -203,7 +205,7 @@ def samples(device) -> list[Sample]:
         Sample(
             ops.rope_backward.out,
             (t((5, 4, 16)), t((5, 2, 16)), cos, sin, positions, False),
-            rope_backward,
+            family.rope_backward,
             {
                 "out": torch.empty(5, 4, 16, device=device),
                 "key_out": torch.empty(5, 2, 16, device=device),
@@ -220,8 +222,8 @@ def samples(device) -> list[Sample]:
     # tail in every half row) and a partial rotary of 40, both layouts. The
     # float64 reference converts every tensor input to float64, so these use
     # per-token cos/sin rows (no integer positions).
-    full_cos, full_sin = rope_cache(70, 301, device=device)
-    part_cos, part_sin = rope_cache(40, 301, interleaved=True, device=device)
+    full_cos, full_sin = family.rope_cache(70, 301, device=device)
+    part_cos, part_sin = family.rope_cache(40, 301, interleaved=True, device=device)
     for dtype in DTYPES:
         result += [
             Sample(
@@ -234,7 +236,7 @@ def samples(device) -> list[Sample]:
                     None,
                     False,
                 ),
-                rope,
+                family.rope,
                 large=True,
             ),
             Sample(
@@ -247,7 +249,7 @@ def samples(device) -> list[Sample]:
                     None,
                     True,
                 ),
-                rope,
+                family.rope,
                 large=True,
             ),
         ]
@@ -260,8 +262,8 @@ def export_cases() -> list:
     from .._export import randn as t
 
     rope = torch.ops.fuseops.rope
-    cos, sin = rope_cache(16, 32)
-    cos_i, sin_i = rope_cache(8, 32, interleaved=True)
+    cos, sin = family.rope_cache(16, 32)
+    cos_i, sin_i = family.rope_cache(8, 32, interleaved=True)
     positions = torch.tensor([3, 0, 31, 7, 7])
     batch_positions = torch.tensor([[0, 1, 2], [5, 9, 30]], dtype=torch.int32)
     cases = []

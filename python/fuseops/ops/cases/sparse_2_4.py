@@ -12,14 +12,7 @@ from ._sample import Sample, tensor
 
 if TYPE_CHECKING:
     from ._bench_case import CaseFields
-from ..sparse_2_4 import (
-    colsum_2_4,
-    pack_2_4,
-    prune_2_4,
-    sparse_2_4_dynamic_linear,
-    sparse_2_4_linear,
-    unpack_2_4,
-)
+from .. import sparse_2_4 as family
 
 
 def _dense_peer(values, meta, scale, k, form):
@@ -29,7 +22,7 @@ def _dense_peer(values, meta, scale, k, form):
     from ._bench_case import peer_form
 
     def make():
-        dense = unpack_2_4(values, meta, k)
+        dense = family.unpack_2_4(values, meta, k)
         if form in ("int8", "int8_dynamic"):
             from ..int8_linear import pack_int8_weight
 
@@ -75,20 +68,20 @@ def _x_and_float_weight(rows, hidden, dtype, device, gen):
     w = (torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02).to(
         dtype
     )
-    return (x, *pack_2_4(prune_2_4(w)))
+    return (x, *family.pack_2_4(family.prune_2_4(w)))
 
 
 def _x_and_int8_weight(rows, hidden, dtype, device, gen):
     x = torch.randn(rows, hidden, dtype=torch.float32, device=device, generator=gen).to(dtype)
-    w = prune_2_4(
+    w = family.prune_2_4(
         torch.randn(hidden, hidden, dtype=torch.float32, device=device, generator=gen) * 0.02
     )
-    return (x, *pack_2_4(*torch.ops.fuseops.quantize_per_channel_int8(w)))
+    return (x, *family.pack_2_4(*torch.ops.fuseops.quantize_per_channel_int8(w)))
 
 
 def _x_and_dynamic_weight(rows, hidden, dtype, device, gen):
     x, values, meta, scale = _x_and_int8_weight(rows, hidden, dtype, device, gen)
-    return x, values, meta, scale, colsum_2_4(values)
+    return x, values, meta, scale, family.colsum_2_4(values)
 
 
 def bench_cases():
@@ -199,125 +192,129 @@ def samples(device) -> list[Sample]:
         return tensor(shape, dtype, device, layout)
 
     def float_weight(n, k, dtype=torch.float32):
-        return prune_2_4(t((n, k), dtype))
+        return family.prune_2_4(t((n, k), dtype))
 
     def int8_weight(n, k):
         wq = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
-        keep = prune_2_4(torch.randn(n, k, generator=gen)) != 0
+        keep = family.prune_2_4(torch.randn(n, k, generator=gen)) != 0
         scale = torch.rand(n, generator=gen) * 0.02 + 1e-3
         return (wq * keep).to(device), scale.to(device)
 
     sparse_rows = float_weight(6, 12)
     sparse_rows[1] = 0  # groups with fewer than 2 nonzeros keep zeros
     result = [
-        Sample(ops.prune_2_4.default, (t((6, 12)),), prune_2_4),
-        Sample(ops.prune_2_4.default, (t((5, 8), torch.bfloat16, "transposed"),), prune_2_4),
-        Sample(ops.prune_2_4.default, (t((3, 16), torch.float16, "sliced"),), prune_2_4),
-        Sample(ops.prune_2_4.default, (t((0, 8), torch.float64),), prune_2_4),
-        Sample(ops.pack_2_4.default, (float_weight(6, 12), None), pack_2_4),
-        Sample(ops.pack_2_4.default, (sparse_rows, t((6,)).abs()), pack_2_4),
-        Sample(ops.pack_2_4.default, (float_weight(4, 16, torch.bfloat16), None), pack_2_4),
-        Sample(ops.pack_2_4.default, (*int8_weight(5, 20),), pack_2_4),
-        Sample(ops.pack_2_4.default, (float_weight(0, 8, torch.float16), None), pack_2_4),
+        Sample(ops.prune_2_4.default, (t((6, 12)),), family.prune_2_4),
+        Sample(ops.prune_2_4.default, (t((5, 8), torch.bfloat16, "transposed"),), family.prune_2_4),
+        Sample(ops.prune_2_4.default, (t((3, 16), torch.float16, "sliced"),), family.prune_2_4),
+        Sample(ops.prune_2_4.default, (t((0, 8), torch.float64),), family.prune_2_4),
+        Sample(ops.pack_2_4.default, (float_weight(6, 12), None), family.pack_2_4),
+        Sample(ops.pack_2_4.default, (sparse_rows, t((6,)).abs()), family.pack_2_4),
+        Sample(ops.pack_2_4.default, (float_weight(4, 16, torch.bfloat16), None), family.pack_2_4),
+        Sample(ops.pack_2_4.default, (*int8_weight(5, 20),), family.pack_2_4),
+        Sample(ops.pack_2_4.default, (float_weight(0, 8, torch.float16), None), family.pack_2_4),
     ]
-    w37 = pack_2_4(float_weight(37, 12))
-    w37_bf16 = pack_2_4(float_weight(37, 12, torch.bfloat16))
-    w37_f16 = pack_2_4(float_weight(37, 12, torch.float16))
-    w37_f64 = pack_2_4(float_weight(37, 12, torch.float64))
-    q37 = pack_2_4(*int8_weight(37, 12))
+    w37 = family.pack_2_4(float_weight(37, 12))
+    w37_bf16 = family.pack_2_4(float_weight(37, 12, torch.bfloat16))
+    w37_f16 = family.pack_2_4(float_weight(37, 12, torch.float16))
+    w37_f64 = family.pack_2_4(float_weight(37, 12, torch.float64))
+    q37 = family.pack_2_4(*int8_weight(37, 12))
     result += [
-        Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *w37, None), sparse_2_4_linear),
-        Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *w37, t((37,))), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *w37, None), family.sparse_2_4_linear),
+        Sample(
+            ops.sparse_2_4_linear.default, (t((3, 12)), *w37, t((37,))), family.sparse_2_4_linear
+        ),
         Sample(
             ops.sparse_2_4_linear.default,
             (t((2, 4, 12), torch.bfloat16, "transposed"), *w37_bf16, t((37,), torch.bfloat16)),
-            sparse_2_4_linear,
+            family.sparse_2_4_linear,
         ),
         Sample(
             ops.sparse_2_4_linear.default,
             (t((5, 12), torch.float16, "sliced"), *w37_f16, None),
-            sparse_2_4_linear,
+            family.sparse_2_4_linear,
         ),
         Sample(
             ops.sparse_2_4_linear.default,
             (t((12,), torch.float64), *w37_f64, None),
-            sparse_2_4_linear,
+            family.sparse_2_4_linear,
         ),
-        Sample(ops.sparse_2_4_linear.default, (t((0, 12)), *w37, None), sparse_2_4_linear),
+        Sample(ops.sparse_2_4_linear.default, (t((0, 12)), *w37, None), family.sparse_2_4_linear),
         Sample(
             ops.sparse_2_4_linear.default,
-            (t((3, 0)), *pack_2_4(t((5, 0))), t((5,))),
-            sparse_2_4_linear,
+            (t((3, 0)), *family.pack_2_4(t((5, 0))), t((5,))),
+            family.sparse_2_4_linear,
         ),
-        Sample(ops.sparse_2_4_linear.default, (t((3, 12)), *q37, t((37,))), sparse_2_4_linear),
+        Sample(
+            ops.sparse_2_4_linear.default, (t((3, 12)), *q37, t((37,))), family.sparse_2_4_linear
+        ),
         Sample(
             ops.sparse_2_4_linear.default,
             (t((4, 12), torch.bfloat16), *q37, None),
-            sparse_2_4_linear,
+            family.sparse_2_4_linear,
         ),
         Sample(
             ops.sparse_2_4_linear.default,
             (t((2, 12), torch.float64), *q37, None),
-            sparse_2_4_linear,
+            family.sparse_2_4_linear,
         ),
     ]
-    d37 = (*q37, colsum_2_4(q37[0]))
+    d37 = (*q37, family.colsum_2_4(q37[0]))
     zero_rows = t((4, 12))
     zero_rows[1] = 0  # scale 1, the bias alone
     result += [
         Sample(
             ops.sparse_2_4_dynamic_linear.default,
             (t((3, 12)), *d37, None),
-            sparse_2_4_dynamic_linear,
+            family.sparse_2_4_dynamic_linear,
         ),
         Sample(
             ops.sparse_2_4_dynamic_linear.default,
             (zero_rows, *d37, t((37,))),
-            sparse_2_4_dynamic_linear,
+            family.sparse_2_4_dynamic_linear,
         ),
         Sample(
             ops.sparse_2_4_dynamic_linear.default,
             (t((2, 4, 12), torch.bfloat16, "transposed"), *d37, t((37,), torch.bfloat16)),
-            sparse_2_4_dynamic_linear,
+            family.sparse_2_4_dynamic_linear,
         ),
         Sample(
             ops.sparse_2_4_dynamic_linear.default,
             (t((5, 12), torch.float16, "sliced"), *d37, None),
-            sparse_2_4_dynamic_linear,
+            family.sparse_2_4_dynamic_linear,
         ),
         Sample(
             ops.sparse_2_4_dynamic_linear.default,
             (t((12,), torch.float64), *d37, None),
-            sparse_2_4_dynamic_linear,
+            family.sparse_2_4_dynamic_linear,
         ),
         Sample(
             ops.sparse_2_4_dynamic_linear.default,
             (t((0, 12)), *d37, None),
-            sparse_2_4_dynamic_linear,
+            family.sparse_2_4_dynamic_linear,
         ),
         Sample(
             ops.sparse_2_4_dynamic_linear.default,
             (
                 t((3, 0)),
-                *pack_2_4(*int8_weight(5, 0)),
+                *family.pack_2_4(*int8_weight(5, 0)),
                 torch.zeros(5, dtype=torch.int32, device=device),
                 t((5,)),
             ),
-            sparse_2_4_dynamic_linear,
+            family.sparse_2_4_dynamic_linear,
         ),
     ]
     # Every CPU build: more rows than a register tile and a task's chunk,
     # partial tiles and blocks of channels, a tail of features shorter than
     # a vector (K = 140: 8 x 16 + 12).
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        wf = pack_2_4(float_weight(37, 140, dtype))
-        wq = pack_2_4(*int8_weight(37, 140))
+        wf = family.pack_2_4(float_weight(37, 140, dtype))
+        wq = family.pack_2_4(*int8_weight(37, 140))
         for m in (1, 5, 61):
             result.append(
                 Sample(
                     ops.sparse_2_4_linear.default,
                     (t((m, 140), dtype), *wf, t((37,), dtype)),
-                    sparse_2_4_linear,
+                    family.sparse_2_4_linear,
                     large=True,
                 )
             )
@@ -325,18 +322,18 @@ def samples(device) -> list[Sample]:
                 Sample(
                     ops.sparse_2_4_linear.default,
                     (t((m, 140), dtype), *wq, t((37,), dtype)),
-                    sparse_2_4_linear,
+                    family.sparse_2_4_linear,
                     large=True,
                 )
             )
         # W8A8: K = 200 (3 steps of 64 features + 8; 12 vectors of 16 + 8).
-        wd = pack_2_4(*int8_weight(37, 200))
+        wd = family.pack_2_4(*int8_weight(37, 200))
         for m in (1, 5, 61):
             result.append(
                 Sample(
                     ops.sparse_2_4_dynamic_linear.default,
-                    (t((m, 200), dtype), *wd, colsum_2_4(wd[0]), t((37,), dtype)),
-                    sparse_2_4_dynamic_linear,
+                    (t((m, 200), dtype), *wd, family.colsum_2_4(wd[0]), t((37,), dtype)),
+                    family.sparse_2_4_dynamic_linear,
                     large=True,
                 )
             )
@@ -347,31 +344,36 @@ def fuzz(d) -> Sample:
     """One random call for tests_py/test_fuzz.py (``d``: fuseops.ops._fuzz.Draw)."""
     ops, n, k, kind = torch.ops.fuseops, d.size(20), 4 * d.size(10), d.int(0, 3)
     if kind == 0:
-        return Sample(ops.prune_2_4.default, (d.tensor((n, k)),), prune_2_4)
+        return Sample(ops.prune_2_4.default, (d.tensor((n, k)),), family.prune_2_4)
     if kind == 3 or d.flag():  # int8 values, 2 of every 4 kept, with their scale
-        keep = prune_2_4(d.tensor((n, k), torch.float32)) != 0
+        keep = family.prune_2_4(d.tensor((n, k), torch.float32)) != 0
         weight, scale = (
             d.integers((n, k), -127, 128, torch.int8) * keep,
             d.tensor((n,), torch.float32, 0.02),
         )
         x_dtype = None
     else:
-        weight, scale = prune_2_4(d.tensor((n, k))), d.maybe(lambda: d.tensor((n,), torch.float32))
+        weight, scale = (
+            family.prune_2_4(d.tensor((n, k))),
+            d.maybe(lambda: d.tensor((n,), torch.float32)),
+        )
         x_dtype = weight.dtype
     if kind == 1:
-        return Sample(ops.pack_2_4.default, (weight, scale), pack_2_4)
+        return Sample(ops.pack_2_4.default, (weight, scale), family.pack_2_4)
     x = d.tensor(d.shape(0, 2) + (k,), x_dtype)
     bias = d.maybe(lambda: d.tensor((n,), x.dtype))
     if kind == 3:  # W8A8: float64 x is quantized from float32, summed exactly
-        values, meta, scale = pack_2_4(weight, scale)
+        values, meta, scale = family.pack_2_4(weight, scale)
         d.math_dtype = torch.float32
         return Sample(
             ops.sparse_2_4_dynamic_linear.default,
-            (x, values, meta, scale, colsum_2_4(values), bias),
-            sparse_2_4_dynamic_linear,
+            (x, values, meta, scale, family.colsum_2_4(values), bias),
+            family.sparse_2_4_dynamic_linear,
         )
     return Sample(
-        ops.sparse_2_4_linear.default, (x, *pack_2_4(weight, scale), bias), sparse_2_4_linear
+        ops.sparse_2_4_linear.default,
+        (x, *family.pack_2_4(weight, scale), bias),
+        family.sparse_2_4_linear,
     )
 
 
@@ -389,16 +391,16 @@ def export_cases() -> list:
     ops = torch.ops.fuseops
 
     def pruned(n, k):
-        return prune_2_4(torch.randn(n, k) * 0.05)
+        return family.prune_2_4(torch.randn(n, k) * 0.05)
 
     def int8_packed(n, k):
-        return pack_2_4(*quantize_per_channel_int8(pruned(n, k)))
+        return family.pack_2_4(*quantize_per_channel_int8(pruned(n, k)))
 
     cases = []
     for dtype, (m, n, k), bias in itertools.product(
         EXPORT_DTYPES, ((3, 20, 36), (1, 16, 64)), (False, True)
     ):
-        float_packed = pack_2_4(pruned(n, k).to(dtype))
+        float_packed = family.pack_2_4(pruned(n, k).to(dtype))
         for kind, packed in (("float", float_packed), ("int8", int8_packed(n, k))):
             args = (t(2, m, k, dtype=dtype), *packed) + ((t(n, dtype=dtype),) if bias else ())
             label = f"{dtype} {kind} values {m}x{k} @ {n} bias={bias}"
@@ -406,7 +408,7 @@ def export_cases() -> list:
                 ExportCase(ops.sparse_2_4_linear.default, label, args, rtol=1e-5, atol=1e-5)
             )
         values, meta, scale = int8_packed(n, k)
-        args = (t(2, m, k, dtype=dtype), values, meta, scale, colsum_2_4(values))
+        args = (t(2, m, k, dtype=dtype), values, meta, scale, family.colsum_2_4(values))
         args += (t(n, dtype=dtype),) if bias else ()
         cases.append(
             ExportCase(

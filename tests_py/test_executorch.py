@@ -230,11 +230,10 @@ def test_patched_tiny_llama_runs_on_fuseops_kernels(quantize):
     torch.testing.assert_close(logits, expected, rtol=0, atol=tolerance)
 
 
-def test_a_program_of_fuseops_kernels_needs_load_kernels(tmp_path):
-    """In a fresh process ExecuTorch refuses the program, naming the missing
-    kernel, until fuseops.executorch.load_kernels() registers fuseops'
-    kernels (a second call does nothing); then it runs and returns the op's
-    result."""
+def _norm_program_script(tmp_path) -> str:
+    """Exports an rms_norm program on fuseops' kernels to tmp_path/norm.pte
+    with its input and result in tmp_path/io.pt, and returns the first
+    lines of a script that reads them (io) in a fresh process."""
 
     class Norm(torch.nn.Module):
         def forward(self, x):
@@ -243,10 +242,22 @@ def test_a_program_of_fuseops_kernels_needs_load_kernels(tmp_path):
     x = randn(3, 16)
     fet.export(Norm(), (x,), tmp_path / "norm.pte", kernels="fuseops")
     torch.save({"x": x, "y": fuseops.rms_norm(x, None, 1e-6)}, tmp_path / "io.pt")
-    script = f"""
+    return f"""
 import torch, fuseops.executorch as fet
 from executorch.runtime import Runtime
 io = torch.load({str(tmp_path / "io.pt")!r})
+"""
+
+
+def test_a_program_of_fuseops_kernels_needs_load_kernels(tmp_path):
+    """In a fresh process ExecuTorch refuses the program, naming the missing
+    kernel, until fuseops.executorch.load_kernels() registers fuseops'
+    kernels (a second call does nothing); then it runs and returns the op's
+    result."""
+
+    script = (
+        _norm_program_script(tmp_path)
+        + f"""
 try:
     Runtime.get().load_program({str(tmp_path / "norm.pte")!r}).load_method("forward")
     print("loaded without fuseops' kernels")
@@ -259,6 +270,7 @@ method = Runtime.get().load_program({str(tmp_path / "norm.pte")!r}).load_method(
 torch.testing.assert_close(y, io["y"], rtol=0, atol=0)
 print("ran")
 """
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["refused", "ran"], result.stdout
@@ -268,21 +280,14 @@ print("ran")
 
 def test_load_kernels_after_a_refused_kernel_registers_the_rest(tmp_path):
     """A kernel the library refuses (an out= overload, which returns
-    nothing) fails load_kernels() naming it, without a C++ backtrace; the kernels registered before it stay, and
-    the next call registers the others without registering any twice (which
-    ExecuTorch would refuse). Fresh process: registration is per process."""
+    nothing) fails load_kernels() naming it, without a C++ backtrace; the
+    kernels registered before it stay, and the next call registers the
+    others without registering any twice (which ExecuTorch would refuse).
+    Fresh process: registration is per process."""
 
-    class Norm(torch.nn.Module):
-        def forward(self, x):
-            return fuseops.rms_norm(x, None, 1e-6)
-
-    x = randn(3, 16)
-    fet.export(Norm(), (x,), tmp_path / "norm.pte", kernels="fuseops")
-    torch.save({"x": x, "y": fuseops.rms_norm(x, None, 1e-6)}, tmp_path / "io.pt")
-    script = f"""
-import torch, fuseops.executorch as fet
-from executorch.runtime import Runtime
-io = torch.load({str(tmp_path / "io.pt")!r})
+    script = (
+        _norm_program_script(tmp_path)
+        + f"""
 good = dict(fet.kernel_ops())
 order = list(good)
 refused = torch.ops.fuseops.rms_norm.out
@@ -301,6 +306,7 @@ method = Runtime.get().load_program({str(tmp_path / "norm.pte")!r}).load_method(
 torch.testing.assert_close(y, io["y"], rtol=0, atol=0)
 print("ran")
 """
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["refused", "ran"], result.stdout

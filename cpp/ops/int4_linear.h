@@ -15,10 +15,9 @@ namespace fuseops::detail {
 inline constexpr int64_t kInt4BlockN = 16;
 
 // out [M, N] (contiguous, input's dtype) = input [M, K] (contiguous) times
-// the packed weight (contiguous), scale_zero (contiguous float32 or bfloat16
-// [G, 2, N])
-// applied per group, plus bias (contiguous [N], input's dtype, or
-// undefined). M, N, K > 0; group_size even, G * group_size >= K.
+// the packed weight (contiguous), scale_zero (contiguous [G, 2, N], float32
+// or bfloat16) applied per group, plus bias (contiguous [N], input's dtype,
+// or undefined). M, N, K > 0; group_size even, G * group_size >= K.
 using Int4WeightOnlyLinearKernel = void (*)(const at::Tensor& out, const at::Tensor& input,
                                             const at::Tensor& packed, const at::Tensor& scale_zero,
                                             int64_t group_size, const at::Tensor& bias);

@@ -39,10 +39,22 @@
 namespace fuseops::cuda {
 namespace {
 
-template <typename scalar_t>
+// Calls fn with a value of scale_zero's element type (float32 or bfloat16,
+// which the shared checks allow); the kernels read either as the float32
+// it widens to (exact), so both give the same bits.
+template <typename Fn>
+void with_scale_type(const at::Tensor& scale_zero, const Fn& fn) {
+  if (scale_zero.scalar_type() == at::kBFloat16) {
+    fn(c10::BFloat16());
+  } else {
+    fn(float());
+  }
+}
+
+template <typename scalar_t, typename scale_t>
 __global__ void int4_weight_only_linear_cuda(
     scalar_t* __restrict__ out, const scalar_t* __restrict__ x, const uint8_t* __restrict__ packed,
-    const float* __restrict__ scale_zero, const scalar_t* __restrict__ bias, int64_t m_total,
+    const scale_t* __restrict__ scale_zero, const scalar_t* __restrict__ bias, int64_t m_total,
     int64_t n, int64_t k, int64_t groups, int64_t group_size) {
   using opmath_t = at::opmath_type<scalar_t>;
   const int64_t total = m_total * n;
@@ -57,8 +69,8 @@ __global__ void int4_weight_only_linear_cuda(
     const scalar_t* row = x + m * k;
     float result = 0.0f;
     for (int64_t g = 0; g < groups; ++g) {
-      const float scale = scale_zero[(2 * g) * n + ch];
-      const float zero = scale_zero[(2 * g + 1) * n + ch];
+      const float scale = static_cast<float>(scale_zero[(2 * g) * n + ch]);
+      const float zero = static_cast<float>(scale_zero[(2 * g + 1) * n + ch]);
       float even = 0.0f;
       float odd = 0.0f;
       float x_sum = 0.0f;
@@ -90,27 +102,28 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
   const int64_t m_total = input.size(0);
   const int64_t k = input.size(1);
   const int64_t n = scale_zero.size(2);
-  // bfloat16 scale_zero is read as the float32 it widens to (exact).
-  const at::Tensor scale_zero_float = scale_zero.to(at::kFloat);
   const int64_t total = m_total * n;
   const int64_t blocks = blocks_for(total);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_weight_only_linear", [&] {
-        int4_weight_only_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-            packed.const_data_ptr<uint8_t>(), scale_zero_float.const_data_ptr<float>(),
-            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k,
-            scale_zero.size(0), group_size);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        with_scale_type(scale_zero, [&](auto scale_type) {
+          using scale_t = decltype(scale_type);
+          int4_weight_only_linear_cuda<scalar_t, scale_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+              out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+              packed.const_data_ptr<uint8_t>(), scale_zero.const_data_ptr<scale_t>(),
+              bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k,
+              scale_zero.size(0), group_size);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
       });
 }
 
-template <typename scalar_t>
+template <typename scalar_t, typename scale_t>
 __global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __restrict__ xq,
                                          const float* __restrict__ x_scale,
                                          const uint8_t* __restrict__ packed,
-                                         const float* __restrict__ scale_zero,
+                                         const scale_t* __restrict__ scale_zero,
                                          const scalar_t* __restrict__ bias, int64_t m_total,
                                          int64_t n, int64_t k, int64_t x_stride, int64_t groups,
                                          int64_t group_size) {
@@ -127,8 +140,8 @@ __global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_
     const int8_t* row = xq + m * x_stride;
     float result = 0.0f;
     for (int64_t g = 0; g < groups; ++g) {
-      const float scale = scale_zero[(2 * g) * n + ch];
-      const float zero = scale_zero[(2 * g + 1) * n + ch];
+      const float scale = static_cast<float>(scale_zero[(2 * g) * n + ch]);
+      const float zero = static_cast<float>(scale_zero[(2 * g + 1) * n + ch]);
       int dot = 0;
       int x_sum = 0;
       for (int64_t p = 0; p < pairs; ++p) {
@@ -157,8 +170,6 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const int64_t m_total = input.size(0);
   const int64_t k = input.size(1);
   const int64_t n = scale_zero.size(2);
-  // bfloat16 scale_zero is read as the float32 it widens to (exact).
-  const at::Tensor scale_zero_float = scale_zero.to(at::kFloat);
   const int64_t groups = scale_zero.size(0);
   const int64_t x_stride = groups * group_size;
   const int64_t total = m_total * n;
@@ -168,13 +179,16 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_dynamic_linear", [&] {
         // Whole groups, zeros past K.
         const QuantizedRows x = quantize_activation_rows<scalar_t>(input, x_stride, stream);
-        int4_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
-            x.scales.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
-            scale_zero_float.const_data_ptr<float>(),
-            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k, x_stride,
-            groups, group_size);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        with_scale_type(scale_zero, [&](auto scale_type) {
+          using scale_t = decltype(scale_type);
+          int4_dynamic_linear_cuda<scalar_t, scale_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+              out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
+              x.scales.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
+              scale_zero.const_data_ptr<scale_t>(),
+              bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k, x_stride,
+              groups, group_size);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
       });
 }
 

@@ -8,11 +8,18 @@
 // than the threads on many machines, so the keys are also cut into chunks
 // (flash-decoding; the split depends on the shapes only): each task keeps
 // its chunk's running max, sum and weighted values, and a second pass
-// merges the chunks of a row. Scores,
-// softmax and sums are float32 (float64 for float64 inputs), dot products in
-// Vectorized lanes.
+// merges the chunks of a row. Scores, softmax and sums are float32 (float64
+// for float64 inputs).
+//
+// At one new token a block has G rows (4 for a 16/4-head model), so each
+// key or value element carries G multiply-adds: the kernel is bound by its
+// instructions per key, not by the arithmetic. On AVX2 and AVX-512 the
+// scores put keys in lanes (one shuffle tree sums a vector of keys' dot
+// products, where a horizontal sum each took about ten instructions), and
+// the values are widened in registers as the sums read them.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -199,93 +206,252 @@ void dot_block(const acc_t* q, int64_t dim, const acc_t* const* k_rows, int64_t 
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+constexpr bool kKeysInLanes = true;
+
+// Lane t of the result: the sum of acc[t]'s lanes, for a full vector of
+// accumulators. A fixed tree of shuffles and adds (three instructions a
+// level): 45 instructions for 16 sums where one horizontal sum each takes
+// about ten.
+#if defined(CPU_CAPABILITY_AVX512)
+C10_ALWAYS_INLINE __m512 transpose_sum(const Vectorized<float> (&acc)[16]) {
+  __m512 halves[8];  // [2i]'s sum in 128-bit chunks 0 and 1, [2i + 1]'s in 2 and 3
+  for (int i = 0; i < 8; ++i) {
+    const __m512 a = acc[2 * i];
+    const __m512 b = acc[2 * i + 1];
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  __m512 quarters[4];  // chunk c: [4i + c]'s sum in its 4 lanes
+  for (int i = 0; i < 4; ++i) {
+    const __m512 a = halves[2 * i];
+    const __m512 b = halves[2 * i + 1];
+    quarters[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+  }
+  // Chunk c: [c] in lanes 0 and 2, [4 + c] in 1 and 3 (then [8 + c], [12 + c]).
+  const __m512 pairs0 = _mm512_add_ps(_mm512_unpacklo_ps(quarters[0], quarters[1]),
+                                      _mm512_unpackhi_ps(quarters[0], quarters[1]));
+  const __m512 pairs1 = _mm512_add_ps(_mm512_unpacklo_ps(quarters[2], quarters[3]),
+                                      _mm512_unpackhi_ps(quarters[2], quarters[3]));
+  const __m512d p0 = _mm512_castps_pd(pairs0);
+  const __m512d p1 = _mm512_castps_pd(pairs1);
+  // Lane 4c + m: [c + 4m].
+  const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p0, p1)),
+                                    _mm512_castpd_ps(_mm512_unpackhi_pd(p0, p1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, sums);
+}
+#else
+C10_ALWAYS_INLINE __m256 transpose_sum(const Vectorized<float> (&acc)[8]) {
+  __m256 halves[4];  // [2i]'s sum in 128-bit chunk 0, [2i + 1]'s in chunk 1
+  for (int i = 0; i < 4; ++i) {
+    const __m256 a = acc[2 * i];
+    const __m256 b = acc[2 * i + 1];
+    halves[i] =
+        _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  // Chunk c: [c] in lanes 0 and 2, [2 + c] in 1 and 3 (then [4 + c], [6 + c]).
+  const __m256 pairs0 = _mm256_add_ps(_mm256_unpacklo_ps(halves[0], halves[1]),
+                                      _mm256_unpackhi_ps(halves[0], halves[1]));
+  const __m256 pairs1 = _mm256_add_ps(_mm256_unpacklo_ps(halves[2], halves[3]),
+                                      _mm256_unpackhi_ps(halves[2], halves[3]));
+  const __m256d p0 = _mm256_castps_pd(pairs0);
+  const __m256d p1 = _mm256_castps_pd(pairs1);
+  // Lane 4c + m: [c + 2m].
+  const __m256 sums = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p0, p1)),
+                                    _mm256_castpd_ps(_mm256_unpackhi_pd(p0, p1)));
+  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+
+// out[t] = q . k_rows[t] for one float32 query row and a vector's width of
+// key rows: the keys in lanes, so the sums need one transpose_sum for all
+// of them instead of a horizontal sum each.
+C10_ALWAYS_INLINE void dot_keys(const float* q, int64_t dim, const float* const* k_rows,
+                                float* out) {
+  using Vec = Vectorized<float>;
+  constexpr int64_t V = Vec::size();
+  Vec acc[V];
+#pragma GCC unroll 16
+  for (int64_t t = 0; t < V; ++t) {
+    acc[t] = Vec(0);
+  }
+  for (int64_t d = 0; d < dim; d += V) {
+    const int64_t c = std::min(V, dim - d);
+    const Vec qv = load_part(q + d, c);
+#pragma GCC unroll 16
+    for (int64_t t = 0; t < V; ++t) {
+      acc[t] = at::vec::fmadd(qv, load_part(k_rows[t] + d, c), acc[t]);
+    }
+  }
+  Vec(transpose_sum(acc)).store(out);
+}
+#else
+constexpr bool kKeysInLanes = false;
+#endif
+
+// out[r * out_stride + j] = q[r] . k_rows[j] for `n_rows` query rows and
+// `n_keys` key rows.
 template <typename acc_t>
 void dot_rows(const acc_t* q, int64_t n_rows, int64_t dim, const acc_t* const* k_rows,
               int64_t n_keys, acc_t* out, int64_t out_stride) {
+  int64_t j0 = 0;
+  if constexpr (kKeysInLanes && std::is_same_v<acc_t, float>) {
+    constexpr int64_t V = Vectorized<float>::size();
+    for (; j0 + V <= n_keys; j0 += V) {
+      for (int64_t r = 0; r < n_rows; ++r) {
+        dot_keys(q + r * dim, dim, k_rows + j0, out + r * out_stride + j0);
+      }
+    }
+    if (j0 == n_keys) {
+      return;
+    }
+  }
   for (int64_t r = 0; r < n_rows; r += 4) {
     const acc_t* qr = q + r * dim;
-    acc_t* o = out + r * out_stride;
+    acc_t* o = out + r * out_stride + j0;
+    const acc_t* const* k = k_rows + j0;
+    const int64_t n = n_keys - j0;
     switch (std::min<int64_t>(4, n_rows - r)) {
       case 4:
-        dot_block<acc_t, 4>(qr, dim, k_rows, n_keys, o, out_stride);
+        dot_block<acc_t, 4>(qr, dim, k, n, o, out_stride);
         break;
       case 3:
-        dot_block<acc_t, 3>(qr, dim, k_rows, n_keys, o, out_stride);
+        dot_block<acc_t, 3>(qr, dim, k, n, o, out_stride);
         break;
       case 2:
-        dot_block<acc_t, 2>(qr, dim, k_rows, n_keys, o, out_stride);
+        dot_block<acc_t, 2>(qr, dim, k, n, o, out_stride);
         break;
       default:
-        dot_block<acc_t, 1>(qr, dim, k_rows, n_keys, o, out_stride);
+        dot_block<acc_t, 1>(qr, dim, k, n, o, out_stride);
     }
   }
 }
 
-// acc[r * v_dim + d] += p[r * p_stride + j] * v_rows[j][d] over the keys j
-// listed in `keys` (n of them), for NR rows: two vectors of each of the NR
-// accumulator rows stay in registers while the keys stream by.
-template <typename acc_t, int NR>
-void accumulate_block(const acc_t* p, int64_t p_stride, const int64_t* keys, int64_t n,
-                      const acc_t* const* v_rows, int64_t v_dim, acc_t* acc) {
+// `count` (at most a vector's) elements of a stored value row as acc_t
+// lanes, zeros past `count`: bfloat16 widened by its bits (exact), float16
+// by the conversion instruction, in registers.
+template <typename scalar_t, typename acc_t>
+C10_ALWAYS_INLINE Vectorized<acc_t> load_widened(const scalar_t* p, int64_t count) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t V = Vec::size();
-  for (int64_t d = 0; d < v_dim; d += 2 * V) {
-    const int64_t c0 = std::min(V, v_dim - d);
-    const int64_t c1 = std::clamp<int64_t>(v_dim - d - V, 0, V);
-    Vec a0[NR];
-    Vec a1[NR];
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return load_part(p, count);
+  } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m256i raw =
+        count == V ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                   : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << count) - 1), p);
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    } else {
+      return _mm512_cvtph_ps(raw);
+    }
+#elif defined(CPU_CAPABILITY_AVX2)
+    alignas(16) uint16_t part[V] = {};
+    const void* from = p;
+    if (count < V) {
+      std::memcpy(part, p, count * sizeof(scalar_t));
+      from = part;
+    }
+    const __m128i raw = _mm_loadu_si128(static_cast<const __m128i*>(from));
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+    } else {
+      return _mm256_cvtph_ps(raw);
+    }
+#else
+    alignas(64) acc_t part[V] = {};
+    for (int64_t i = 0; i < count; ++i) {
+      part[i] = static_cast<acc_t>(p[i]);
+    }
+    return Vec::loadu(part);
+#endif
+  }
+}
+
+// Vectors of a value row summed together by accumulate_block: a whole row
+// of 64 float32 on AVX-512 (four vectors for each of four rows, 16 of the
+// 32 registers), two vectors on AVX2's 16 registers.
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int kStripVectors = 4;
+#else
+constexpr int kStripVectors = 2;
+#endif
+
+// acc[r * v_dim + d] += p[r * p_stride + keys[t]] * v_rows[t][d] for t < n
+// and NR rows: a strip of kStripVectors vectors of each of the NR
+// accumulator rows stays in registers while the value rows (as stored,
+// widened in registers) stream by.
+template <typename scalar_t, typename acc_t, int NR>
+void accumulate_block(const acc_t* p, int64_t p_stride, const int64_t* keys, int64_t n,
+                      const scalar_t* const* v_rows, int64_t v_dim, acc_t* acc) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t V = Vec::size();
+  for (int64_t d = 0; d < v_dim; d += kStripVectors * V) {
+    int64_t count[kStripVectors];
+    for (int s = 0; s < kStripVectors; ++s) {
+      count[s] = std::clamp<int64_t>(v_dim - d - s * V, 0, V);
+    }
+    Vec a[NR][kStripVectors];
     for (int r = 0; r < NR; ++r) {
-      a0[r] = load_part(acc + r * v_dim + d, c0);
-      a1[r] = c1 > 0 ? load_part(acc + r * v_dim + d + V, c1) : Vec(0);
+      for (int s = 0; s < kStripVectors; ++s) {
+        a[r][s] = count[s] > 0 ? load_part(acc + r * v_dim + d + s * V, count[s]) : Vec(0);
+      }
     }
     for (int64_t t = 0; t < n; ++t) {
       const int64_t j = keys[t];
-      const Vec v0 = load_part(v_rows[j] + d, c0);
-      const Vec v1 = c1 > 0 ? load_part(v_rows[j] + d + V, c1) : Vec(0);
+      Vec v[kStripVectors];
+      for (int s = 0; s < kStripVectors; ++s) {
+        v[s] =
+            count[s] > 0 ? load_widened<scalar_t, acc_t>(v_rows[t] + d + s * V, count[s]) : Vec(0);
+      }
       for (int r = 0; r < NR; ++r) {
         const Vec w(p[r * p_stride + j]);
-        a0[r] = at::vec::fmadd(w, v0, a0[r]);
-        a1[r] = at::vec::fmadd(w, v1, a1[r]);
+        for (int s = 0; s < kStripVectors; ++s) {
+          a[r][s] = at::vec::fmadd(w, v[s], a[r][s]);
+        }
       }
     }
     for (int r = 0; r < NR; ++r) {
-      a0[r].store(acc + r * v_dim + d, c0);
-      if (c1 > 0) {
-        a1[r].store(acc + r * v_dim + d + V, c1);
+      for (int s = 0; s < kStripVectors; ++s) {
+        if (count[s] > 0) {
+          a[r][s].store(acc + r * v_dim + d + s * V, count[s]);
+        }
       }
     }
   }
 }
 
-template <typename acc_t>
+template <typename scalar_t, typename acc_t>
 void accumulate_rows(const acc_t* p, int64_t n_rows, int64_t p_stride, const int64_t* keys,
-                     int64_t n, const acc_t* const* v_rows, int64_t v_dim, acc_t* acc) {
+                     int64_t n, const scalar_t* const* v_rows, int64_t v_dim, acc_t* acc) {
   for (int64_t r = 0; r < n_rows; r += 4) {
     const acc_t* pr = p + r * p_stride;
     acc_t* ar = acc + r * v_dim;
     switch (std::min<int64_t>(4, n_rows - r)) {
       case 4:
-        accumulate_block<acc_t, 4>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+        accumulate_block<scalar_t, acc_t, 4>(pr, p_stride, keys, n, v_rows, v_dim, ar);
         break;
       case 3:
-        accumulate_block<acc_t, 3>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+        accumulate_block<scalar_t, acc_t, 3>(pr, p_stride, keys, n, v_rows, v_dim, ar);
         break;
       case 2:
-        accumulate_block<acc_t, 2>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+        accumulate_block<scalar_t, acc_t, 2>(pr, p_stride, keys, n, v_rows, v_dim, ar);
         break;
       default:
-        accumulate_block<acc_t, 1>(pr, p_stride, keys, n, v_rows, v_dim, ar);
+        accumulate_block<scalar_t, acc_t, 1>(pr, p_stride, keys, n, v_rows, v_dim, ar);
     }
   }
 }
 
 // A row of `n` elements as acc_t: the row itself when it already is (and
-// `copy` is false), else copied (widened) into `buffer`. The value rows are
-// always copied: the register-blocked sum reads a block's rows in strips of
-// a few vectors, an order the hardware prefetcher does not follow in
-// memory, but does in L1 after one sequential copy.
+// `copy` is false), else copied (widened) into `buffer`. The key rows are
+// always copied: the scores read a block's rows in strips of a vector, an
+// order the hardware prefetcher does not follow in memory, but does in L1
+// after one sequential copy.
 template <typename scalar_t, typename acc_t>
-const acc_t* widened(const scalar_t* row, int64_t n, acc_t* buffer, bool copy = false) {
+C10_ALWAYS_INLINE const acc_t* widened(const scalar_t* row, int64_t n, acc_t* buffer,
+                                       bool copy = false) {
   if constexpr (std::is_same_v<scalar_t, acc_t>) {
     if (!copy) {
       return row;
@@ -355,6 +521,15 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
   const float* mask_float = has_mask && !bool_mask ? mask.const_data_ptr<float>() : nullptr;
   const acc_t scale_acc = static_cast<acc_t>(scale);
   const acc_t cap = static_cast<acc_t>(softcap);
+  // Strides read once: Tensor::stride() is a call that checks the tensor's
+  // strides policy, which the per-key loops would otherwise repeat.
+  const std::array<int64_t, 3> q_stride = {query.stride(0), query.stride(1), query.stride(2)};
+  const std::array<int64_t, 3> k_stride = {key.stride(0), key.stride(1), key.stride(2)};
+  const std::array<int64_t, 3> v_stride = {value.stride(0), value.stride(1), value.stride(2)};
+  std::array<int64_t, 4> mask_stride = {};
+  if (has_mask) {
+    mask_stride = {mask.stride(0), mask.stride(1), mask.stride(2), mask.stride(3)};
+  }
 
   // One row's partial result over one key chunk: running max, sum of
   // exponentials, whether the row may see any key of the chunk, and the
@@ -385,6 +560,8 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
     std::vector<uint8_t> contributes(kRowBlock);
     std::vector<const acc_t*> row_ptrs(kKeyBlock);
     std::vector<int64_t> full_keys(kKeyBlock);
+    std::vector<const scalar_t*> full_rows(kKeyBlock);
+    std::vector<uint8_t> seers(kKeyBlock);  // rows (at most kRowBlock) that see a key
     std::vector<acc_t> block_buffer(kKeyBlock * std::max(dim, v_dim));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t split = task % splits;
@@ -402,12 +579,13 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
         j1 = std::min(j1, std::max<int64_t>(j0, keys - q_len + i_last + 1));
       }
       const int64_t n_keys = j1 - j0;
+      const scalar_t* k_head = k_data + b * k_stride[0] + kv * k_stride[1] + j0 * k_stride[2];
+      const scalar_t* v_head = v_data + b * v_stride[0] + kv * v_stride[1] + j0 * v_stride[2];
 
       for (int64_t r = 0; r < n_rows; ++r) {
         const int64_t i = (r0 + r) / group;
         const int64_t h = kv * group + (r0 + r) % group;
-        const scalar_t* q =
-            q_data + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
+        const scalar_t* q = q_data + b * q_stride[0] + h * q_stride[1] + i * q_stride[2];
         for (int64_t d = 0; d < dim; ++d) {
           q_rows[r * dim + d] = static_cast<acc_t>(q[d]) * scale_acc;
         }
@@ -425,9 +603,9 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
         int64_t prefix = std::clamp<int64_t>(limit + 1 - j0, 0, n_keys);
         if (has_mask) {
           mask_start[r] =
-              b * mask.stride(0) + h * mask.stride(1) + i * mask.stride(2) + j0 * mask.stride(3);
+              b * mask_stride[0] + h * mask_stride[1] + i * mask_stride[2] + j0 * mask_stride[3];
           auto hidden = [&](int64_t jj) {
-            const int64_t offset = mask_start[r] + jj * mask.stride(3);
+            const int64_t offset = mask_start[r] + jj * mask_stride[3];
             return bool_mask ? !mask_bool[offset]
                              : mask_float[offset] == -std::numeric_limits<float>::infinity();
           };
@@ -443,9 +621,8 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
       for (int64_t jb = 0; jb < scored_keys; jb += kKeyBlock) {
         const int64_t nb = std::min(kKeyBlock, scored_keys - jb);
         for (int64_t t = 0; t < nb; ++t) {
-          const scalar_t* k_row =
-              k_data + b * key.stride(0) + kv * key.stride(1) + (j0 + jb + t) * key.stride(2);
-          row_ptrs[t] = widened(k_row, dim, block_buffer.data() + t * dim, /*copy=*/true);
+          row_ptrs[t] = widened(k_head + (jb + t) * k_stride[2], dim, block_buffer.data() + t * dim,
+                                /*copy=*/true);
         }
         dot_rows(q_rows.data(), n_rows, dim, row_ptrs.data(), nb, scores.data() + jb, n_keys);
       }
@@ -469,7 +646,7 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
           // sees, their scores plus the mask and -inf for the others; then
           // the max over them (the hidden keys' -inf changes it only where
           // the row sees none, when it is -inf anyway).
-          const int64_t step = mask.stride(3);
+          const int64_t step = mask_stride[3];
           if (bool_mask) {
             const bool* row_mask = mask_bool + mask_start[r];
             for (int64_t jj = 0; jj < prefix; ++jj) {
@@ -518,31 +695,45 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
       };
       for (int64_t jb = 0; jb < last_key; jb += kKeyBlock) {
         const int64_t nb = std::min(kKeyBlock, last_key - jb);
+        // How many rows see each key of the block: a pass per row over the
+        // block's keys (loops the compiler vectorizes), not a test per row
+        // and key.
+        std::fill(seers.begin(), seers.begin() + nb, uint8_t(0));
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const int64_t seen_keys =
+              contributes[r] ? std::clamp<int64_t>(visible_prefix[r] - jb, 0, nb) : 0;
+          if (has_mask) {
+            const uint8_t* row_seen_keys = seen.data() + r * n_keys + jb;
+            for (int64_t t = 0; t < seen_keys; ++t) {
+              seers[t] += row_seen_keys[t];
+            }
+          } else {
+            for (int64_t t = 0; t < seen_keys; ++t) {
+              seers[t] += 1;
+            }
+          }
+        }
         int64_t n_full = 0;
         for (int64_t t = 0; t < nb; ++t) {
           const int64_t jj = jb + t;
-          int64_t seers = 0;
-          for (int64_t r = 0; r < n_rows; ++r) {
-            seers += seen_by(r, jj);
-          }
-          if (seers == 0) {
+          if (seers[t] == 0) {
             continue;
           }
-          const scalar_t* v_row =
-              v_data + b * value.stride(0) + kv * value.stride(1) + (j0 + jj) * value.stride(2);
-          row_ptrs[t] = widened(v_row, v_dim, block_buffer.data() + t * v_dim, /*copy=*/true);
-          if (seers == n_rows) {
+          const scalar_t* v_row = v_head + jj * v_stride[2];
+          if (seers[t] == n_rows) {
+            full_rows[n_full] = v_row;
             full_keys[n_full++] = t;
           } else {
+            const acc_t* widened_row = widened(v_row, v_dim, block_buffer.data());
             for (int64_t r = 0; r < n_rows; ++r) {
               if (seen_by(r, jj)) {
-                axpy(acc.data() + r * v_dim, scores[r * n_keys + jj], row_ptrs[t], v_dim);
+                axpy(acc.data() + r * v_dim, scores[r * n_keys + jj], widened_row, v_dim);
               }
             }
           }
         }
         accumulate_rows(scores.data() + jb, n_rows, n_keys, full_keys.data(), n_full,
-                        row_ptrs.data(), v_dim, acc.data());
+                        full_rows.data(), v_dim, acc.data());
       }
       if (splits == 1) {
         for (int64_t r = 0; r < n_rows; ++r) {

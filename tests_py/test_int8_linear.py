@@ -34,9 +34,11 @@ import torch
 import fuseops
 from fuseops import reference
 
+from support.cpu_builds import cpu_runs
 from support.errors import expect_error_mentions
 from support.int8_math import ROUNDING, assert_dynamic_matches, dynamic_reference
 from support.params import DTYPES
+from support.processes import run_python
 
 
 def quantized_weight(n, k, device, gen_seed=0):
@@ -84,6 +86,65 @@ def test_weight_only_matches_float64_reference(dtype, m, n, k, with_bias, device
     if with_bias:
         want = want + bias.double()
     assert_matches(y, want, k)
+
+
+_PAIR_PATH_CODE = """
+import torch, fuseops
+gen = torch.Generator().manual_seed(5)
+worst = 0.0
+for m, n, k in [(1, 37, 300), (8, 16, 128), (13, 40, 70), (45, 33, 256)]:
+    wq, scale = fuseops.quantize_per_channel_int8(torch.randn(n, k, generator=gen) * 0.05)
+    packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    want = x.double() @ (wq.double() * scale.double()[:, None]).T
+    got = fuseops.int8_weight_only_linear(x, packed, s).double()
+    # float32 sums of k products (2^-24 each) and bfloat16's rounding of the result.
+    bound = 2e-6 * k ** 0.5 * max(1.0, want.abs().max().item()) + 2.0 ** -8 * want.abs()
+    worst = max(worst, ((got - want).abs() / bound).max().item())
+# Denormal activations (1e-39 is below bfloat16's smallest normal): the
+# float32 path multiplies them, vdpbf16ps takes them as 0.
+wq, scale = fuseops.quantize_per_channel_int8(torch.ones(16, 64))
+packed, s, _ = fuseops.pack_int8_weight(wq, scale)
+tiny = fuseops.int8_weight_only_linear(torch.full((1, 64), 1e-39).bfloat16(), packed, s)
+print(worst <= 1.0, bool((tiny > 0).all()), bool((tiny == 0).all()))
+"""
+
+
+def test_bfloat16_pair_path_where_chosen_and_forced():
+    # The AVX512 build multiplies bfloat16 rows by vdpbf16ps on weights
+    # widened to bfloat16 pairs on CPUs with AVX512_BF16 and no AMX;
+    # FUSEOPS_WEIGHT_PAIRS=1 takes that path on any CPU with AVX512_BF16 and
+    # FUSEOPS_WEIGHT_PAIRS=0 the float32 path. Both match float64 within
+    # float32 sums; denormal activations tell them apart.
+    if not cpu_runs("AVX512"):
+        pytest.skip("this CPU cannot run AVX512 code")
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    has_bf16 = "avx512_bf16" in flags
+    pairs_by_default = has_bf16 and "amx_bf16" not in flags
+    for env, pairs in [
+        ({"FUSEOPS_WEIGHT_PAIRS": "0"}, False),
+        ({"FUSEOPS_WEIGHT_PAIRS": "1"}, has_bf16),
+        ({}, pairs_by_default),
+    ]:
+        result = run_python(_PAIR_PATH_CODE, {**env, "ATEN_CPU_CAPABILITY": "avx512"})
+        assert result.returncode == 0, (env, result.stderr)
+        assert result.stdout.split() == ["True", str(not pairs), str(pairs)], (env, result.stdout)
+
+
+def test_weight_pairs_switch_refuses_other_values():
+    # Read by the AVX512 build's bfloat16 calls.
+    if not cpu_runs("AVX512"):
+        pytest.skip("this CPU cannot run AVX512 code")
+    result = run_python(
+        "import torch, fuseops\n"
+        "wq, scale = fuseops.quantize_per_channel_int8(torch.ones(16, 64))\n"
+        "packed, s, _ = fuseops.pack_int8_weight(wq, scale)\n"
+        "fuseops.int8_weight_only_linear(torch.ones(1, 64).bfloat16(), packed, s)\n",
+        {"FUSEOPS_WEIGHT_PAIRS": "yes", "ATEN_CPU_CAPABILITY": "avx512"},
+    )
+    assert result.returncode != 0
+    assert "FUSEOPS_WEIGHT_PAIRS" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -55,4 +55,18 @@ bool bfloat16_dot_products_without_amx() {
   return without_amx;
 }
 
+bool bfloat16_weight_pairs() {
+  if (const char* forced = std::getenv("FUSEOPS_WEIGHT_PAIRS");
+      forced != nullptr && *forced != '\0') {
+    const std::string_view choice(forced);
+    TORCH_CHECK(choice == "1" || choice == "0",
+                "fuseops: the environment variable FUSEOPS_WEIGHT_PAIRS must be '1', '0' or "
+                "unset, got '",
+                std::string(choice), "'");
+    return choice == "1";
+  }
+  static const bool without_amx = !cpu_has_any({"amx_bf16"});
+  return without_amx;
+}
+
 }  // namespace fuseops::detail

@@ -26,4 +26,16 @@ bool reduced_gemms_emulated(at::ScalarType dtype);
 // bfloat16 rows there too.
 bool bfloat16_dot_products_without_amx();
 
+// Whether the int8 and int4 weight-only kernels (int8_weight_only_linear,
+// int4_weight_only_linear) multiply bfloat16 activations by vdpbf16ps on
+// weights widened to bfloat16 pairs, on CPUs with AVX512_BF16: true where
+// the CPU has no AMX-BF16 (Zen 4: the pairs were the faster path), false
+// where it has (a Xeon with AMX: the float32 path was faster, one row of
+// 512 x 1024 weights in cache, one thread: int8 25.8 against 14.3 G weights
+// per second, int4 19.9 against 17.3). FUSEOPS_WEIGHT_PAIRS ("1" or "0";
+// read at every call, so that the tests run both paths on either kind of
+// CPU) overrides the detection; the kernels also need AVX512_BF16 itself
+// (kCpuHasAvx512Bf16).
+bool bfloat16_weight_pairs();
+
 }  // namespace fuseops::detail

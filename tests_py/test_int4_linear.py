@@ -216,24 +216,20 @@ print(worst <= 1.0, bool((tiny > 0).all()), bool((tiny == 0).all()))
 
 def test_bfloat16_pair_path_with_and_without_avx512_bf16():
     # The AVX512 build multiplies bfloat16 rows by vdpbf16ps (a pair of
-    # activations by a pair of decoded weights) on CPUs with AVX512_BF16
-    # and no AMX, where it is the faster path; FUSEOPS_WEIGHT_PAIRS=1 takes
-    # it on any CPU with AVX512_BF16, FUSEOPS_WEIGHT_PAIRS=0 or
-    # FUSEOPS_DISABLE_AVX512_BF16=1 the float32 path. Both match float64
-    # within float32 sums; denormal activations tell the paths apart
-    # (python/README.md says so).
+    # activations by a pair of decoded weights) on CPUs with AVX512_BF16;
+    # FUSEOPS_WEIGHT_PAIRS=0 or FUSEOPS_DISABLE_AVX512_BF16=1 takes the
+    # float32 path. Both match float64 within float32 sums; denormal
+    # activations tell the paths apart (python/README.md says so).
     if not cpu_runs("AVX512"):
         pytest.skip("this CPU cannot run AVX512 code")
     avx512 = {"ATEN_CPU_CAPABILITY": "avx512"}
     with open("/proc/cpuinfo") as f:
-        flags = f.read()
-    has_bf16 = "avx512_bf16" in flags
-    pairs_by_default = has_bf16 and "amx_bf16" not in flags
+        has_bf16 = "avx512_bf16" in f.read()
     for env, pairs in [
         (_FLOAT_PATHS, False),
         ({"FUSEOPS_WEIGHT_PAIRS": "0"}, False),
         ({"FUSEOPS_WEIGHT_PAIRS": "1"}, has_bf16),
-        ({}, pairs_by_default),
+        ({}, has_bf16),
     ]:
         result = run_python(_PAIR_PATH_CODE, {**env, **avx512})
         assert result.returncode == 0, (env, result.stderr)

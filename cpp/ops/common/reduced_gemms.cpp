@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -24,6 +25,20 @@ bool cpu_has_any(std::initializer_list<const char*> features) {
     }
   }
   return false;
+}
+
+// FUSEOPS_WEIGHT_PAIRS's choice, if set.
+std::optional<bool> weight_pairs_override() {
+  const char* forced = std::getenv("FUSEOPS_WEIGHT_PAIRS");
+  if (forced == nullptr || *forced == '\0') {
+    return std::nullopt;
+  }
+  const std::string_view choice(forced);
+  TORCH_CHECK(choice == "1" || choice == "0",
+              "fuseops: the environment variable FUSEOPS_WEIGHT_PAIRS must be '1', '0' or unset, "
+              "got '",
+              std::string(choice), "'");
+  return choice == "1";
 }
 
 }  // namespace
@@ -55,18 +70,11 @@ bool bfloat16_dot_products_without_amx() {
   return without_amx;
 }
 
-bool bfloat16_weight_pairs() {
-  if (const char* forced = std::getenv("FUSEOPS_WEIGHT_PAIRS");
-      forced != nullptr && *forced != '\0') {
-    const std::string_view choice(forced);
-    TORCH_CHECK(choice == "1" || choice == "0",
-                "fuseops: the environment variable FUSEOPS_WEIGHT_PAIRS must be '1', '0' or "
-                "unset, got '",
-                std::string(choice), "'");
-    return choice == "1";
-  }
+bool int8_weight_pairs() {
   static const bool without_amx = !cpu_has_any({"amx_bf16"});
-  return without_amx;
+  return weight_pairs_override().value_or(without_amx);
 }
+
+bool int4_weight_pairs() { return weight_pairs_override().value_or(true); }
 
 }  // namespace fuseops::detail

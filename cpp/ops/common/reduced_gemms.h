@@ -28,14 +28,20 @@ bool bfloat16_dot_products_without_amx();
 
 // Whether the int8 and int4 weight-only kernels (int8_weight_only_linear,
 // int4_weight_only_linear) multiply bfloat16 activations by vdpbf16ps on
-// weights widened to bfloat16 pairs, on CPUs with AVX512_BF16: true where
-// the CPU has no AMX-BF16 (Zen 4: the pairs were the faster path), false
-// where it has (a Xeon with AMX: the float32 path was faster, one row of
-// 512 x 1024 weights in cache, one thread: int8 25.8 against 14.3 G weights
-// per second, int4 19.9 against 17.3). FUSEOPS_WEIGHT_PAIRS ("1" or "0";
-// read at every call, so that the tests run both paths on either kind of
-// CPU) overrides the detection; the kernels also need AVX512_BF16 itself
-// (kCpuHasAvx512Bf16).
-bool bfloat16_weight_pairs();
+// weights widened to bfloat16 pairs (on CPUs with AVX512_BF16: the kernels
+// also test kCpuHasAvx512Bf16), or widen both to float32. By default:
+// - int8: the pairs where the CPU has no AMX-BF16 (Zen 4, where they were
+//   faster), float32 where it has: on a Xeon with AMX, float32 was faster
+//   at every row count (one row of 512 x 1024 weights in cache, one thread:
+//   25.8 against 14.3 G weights per second; 5632 x 2048 from memory, two
+//   threads: 745 against 1035 us at one row, 1545 against 1770 at eight);
+// - int4: the pairs on every CPU with AVX512_BF16: on the same Xeon float32
+//   was faster at one and four rows (374 against 408 us, 556 against 726)
+//   but slower at eight (1724 against 1217), and a decode step at batch 8
+//   lost more (18.1 -> 23.2 ms) than one at batch 1 gained (6.2 -> 6.1).
+// FUSEOPS_WEIGHT_PAIRS ("1" or "0"; read at every call, so that the tests
+// run both paths on either kind of CPU) overrides both.
+bool int8_weight_pairs();
+bool int4_weight_pairs();
 
 }  // namespace fuseops::detail

@@ -394,7 +394,7 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
   [[maybe_unused]] const int32_t* arranged = nullptr;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (detail::bfloat16_weight_pairs() && kCpuHasAvx512Bf16) {
+    if (detail::int4_weight_pairs() && kCpuHasAvx512Bf16) {
       const int64_t tiles = (m_total + kPairTileRows - 1) / kPairTileRows;
       const size_t dwords = static_cast<size_t>(tiles * k_pairs * kPairTileRows);
       std::vector<int32_t>& buffer =

@@ -18,10 +18,11 @@ namespace fuseops::cpu {
 // How far ahead of the current read of a stream to prefetch.
 inline constexpr int64_t kStreamPrefetchBytes = 1024;
 
-// Asks for the cache line kStreamPrefetchBytes past `p`. A prefetch never
-// faults, so past the end of the stream it costs nothing but the hint.
+// Asks for the cache line kAhead bytes past `p`. A prefetch never faults,
+// so past the end of the stream it costs nothing but the hint.
+template <int64_t kAhead = kStreamPrefetchBytes>
 C10_ALWAYS_INLINE void prefetch_ahead(const void* p) {
-  __builtin_prefetch(static_cast<const char*>(p) + kStreamPrefetchBytes, 0, 3);
+  __builtin_prefetch(static_cast<const char*>(p) + kAhead, 0, 3);
 }
 
 // Asks for the cache line at `p` into L2 (linear's prefetch of the next

@@ -488,9 +488,10 @@ def test_bench_decode_command(tmp_path):
         assert [b["batch"] for b in row["batches"]] == [1, 8]
         for b in row["batches"]:
             assert b["bytes_read_per_step"] > 0 and b["generate_s"] > 0 and b["prefill_s"] > 0
-            assert isinstance(b["ms_per_token"], float)
             # None where the timing noise of so short a run left no decode time.
-            for key in ("tokens_per_s", "gb_per_s", "percent_of_copy", "percent_of_read"):
+            for key in ("ms_per_token", "tokens_per_s", "gb_per_s"):
+                assert b[key] is None or b[key] > 0, (key, b)
+            for key in ("percent_of_copy", "percent_of_read"):
                 assert b[key] is None or isinstance(b[key], float), (key, b)
             if b["gb_per_s"] is not None:
                 assert b["percent_of_read"] == pytest.approx(
@@ -528,6 +529,23 @@ def _ggml_rope(q, positions, base):
     out[..., 0::2] = even * theta.cos() - odd * theta.sin()
     out[..., 1::2] = even * theta.sin() + odd * theta.cos()
     return out
+
+
+def test_step_figures_of_a_run_noise_left_without_decode_time():
+    memory = {"copy_gb_per_s": 20.0, "read_gb_per_s": 10.0}
+    # 4 tokens: 3 steps of 10 ms after a 50 ms prefill; 4e6 bytes per step.
+    measured = decode.step_figures(0.050, 0.080, 4, 2, 4_000_000, memory)
+    assert measured["ms_per_token"] == pytest.approx(10.0)
+    assert measured["tokens_per_s"] == pytest.approx(200.0)
+    assert measured["gb_per_s"] == pytest.approx(0.4)
+    assert measured["percent_of_copy"] == pytest.approx(2.0)
+    assert measured["percent_of_read"] == pytest.approx(4.0)
+    # t_N below (or at) t_1: no step time, rather than a negative one.
+    for total in (0.049, 0.050):
+        unmeasured = decode.step_figures(0.050, total, 4, 2, 4_000_000, memory)
+        assert unmeasured["bytes_read_per_step"] == 4_000_000
+        assert all(unmeasured[key] is None for key in unmeasured if key != "bytes_read_per_step")
+        assert decode.batch_cells({"variant": "v"}, unmeasured)[2:4] == ["-", "-"]
 
 
 def test_bench_decode_variants_selects_rows_and_compile_decoding_runs(tmp_path):

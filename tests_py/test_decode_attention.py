@@ -59,8 +59,13 @@ def test_matches_float64_reference(dtype, shape, device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_causal_mask_and_softcap(dtype, device):
-    q, k, v = qkv(2, 8, 2, 6, 20, 32, dtype, device, v_dim=24)
+@pytest.mark.parametrize(
+    "dims",
+    [(32, 24), (2, 80)],  # values wider than a key block of key rows: its buffer's other use
+)
+def test_causal_mask_and_softcap(dtype, dims, device):
+    dim, v_dim = dims
+    q, k, v = qkv(2, 8, 2, 6, 20, dim, dtype, device, v_dim=v_dim)
     gen = torch.Generator().manual_seed(1)
     mask = (torch.rand(2, 1, 6, 20, generator=gen) > 0.3).to(device)
     for kwargs in (

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -27,18 +28,37 @@ bool cpu_has_any(std::initializer_list<const char*> features) {
   return false;
 }
 
-// FUSEOPS_WEIGHT_PAIRS's choice, if set.
-std::optional<bool> weight_pairs_override() {
-  const char* forced = std::getenv("FUSEOPS_WEIGHT_PAIRS");
-  if (forced == nullptr || *forced == '\0') {
+// The value of the environment variable `name` when set and not empty, which
+// must be one of `allowed`; a clear error otherwise. Read at every call, so a
+// process (or a test) can change its choice between calls; getenv is a scan of
+// a few dozen strings, small against the products these switches choose.
+std::optional<std::string_view> env_choice(const char* name,
+                                           std::initializer_list<std::string_view> allowed) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
     return std::nullopt;
   }
-  const std::string_view choice(forced);
-  TORCH_CHECK(choice == "1" || choice == "0",
-              "fuseops: the environment variable FUSEOPS_WEIGHT_PAIRS must be '1', '0' or unset, "
-              "got '",
-              std::string(choice), "'");
-  return choice == "1";
+  const std::string_view choice(value);
+  for (const std::string_view option : allowed) {
+    if (choice == option) {
+      return choice;
+    }
+  }
+  std::ostringstream options;
+  for (const std::string_view option : allowed) {
+    options << "'" << option << "', ";
+  }
+  TORCH_CHECK(false, "fuseops: the environment variable ", name, " must be ", options.str(),
+              "or unset, got '", std::string(choice), "'");
+}
+
+// FUSEOPS_WEIGHT_PAIRS's choice, if set.
+std::optional<bool> weight_pairs_override() {
+  const auto choice = env_choice("FUSEOPS_WEIGHT_PAIRS", {"1", "0"});
+  if (!choice) {
+    return std::nullopt;
+  }
+  return *choice == "1";
 }
 
 }  // namespace
@@ -47,14 +67,8 @@ bool reduced_gemms_emulated(at::ScalarType dtype) {
   if (dtype != at::kBFloat16 && dtype != at::kHalf) {
     return false;
   }
-  if (const char* forced = std::getenv("FUSEOPS_REDUCED_GEMMS");
-      forced != nullptr && *forced != '\0') {
-    const std::string_view choice(forced);
-    TORCH_CHECK(choice == "emulated" || choice == "native",
-                "fuseops: the environment variable FUSEOPS_REDUCED_GEMMS must be 'emulated', "
-                "'native' or unset, got '",
-                std::string(choice), "'");
-    return choice == "emulated";
+  if (const auto choice = env_choice("FUSEOPS_REDUCED_GEMMS", {"emulated", "native"})) {
+    return *choice == "emulated";
   }
   static const bool bfloat16_native = cpu_has_any({"avx512_bf16", "amx_bf16"});
   static const bool float16_native = cpu_has_any({"avx512_fp16", "amx_fp16"});
@@ -62,8 +76,7 @@ bool reduced_gemms_emulated(at::ScalarType dtype) {
 }
 
 bool bfloat16_dot_products_without_amx() {
-  if (const char* forced = std::getenv("FUSEOPS_REDUCED_GEMMS");
-      forced != nullptr && *forced != '\0') {
+  if (env_choice("FUSEOPS_REDUCED_GEMMS", {"emulated", "native"})) {
     return false;
   }
   static const bool without_amx = cpu_has_any({"avx512_bf16"}) && !cpu_has_any({"amx_bf16"});

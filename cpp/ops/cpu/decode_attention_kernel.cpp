@@ -562,7 +562,9 @@ void decode_attention_typed(const at::Tensor& out, const at::Tensor& query, cons
     std::vector<int64_t> full_keys(kKeyBlock);
     std::vector<const scalar_t*> full_rows(kKeyBlock);
     std::vector<uint8_t> seers(kKeyBlock);  // rows (at most kRowBlock) that see a key
-    std::vector<acc_t> block_buffer(kKeyBlock * std::max(dim, v_dim));
+    // Widened key rows of one block for the scores, then (at another time) one
+    // widened value row.
+    std::vector<acc_t> block_buffer(std::max(kKeyBlock * dim, v_dim));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t split = task % splits;
       const int64_t block = task / splits;

@@ -629,19 +629,34 @@ def _measured(generate: Callable[[int], object], batch: int, read: int, args, me
             prefill.append(_timed(lambda: generate(1)))
             total.append(_timed(lambda: generate(new_tokens)))
     prefill_s, total_s = statistics.median(prefill), statistics.median(total)
-    step_s = (total_s - prefill_s) / (new_tokens - 1)
-    gb_s = read / step_s / 1e9 if step_s > 0 else None
     return {
         "batch": batch,
         "prefill_s": prefill_s,
         "generate_s": total_s,
+        **step_figures(prefill_s, total_s, new_tokens, batch, read, memory),
+        "peak_bytes": peak["bytes"],
+    }
+
+
+def step_figures(
+    prefill_s: float, total_s: float, new_tokens: int, batch: int, read: int, memory: dict
+) -> dict:
+    """A decode step's figures from a generate of 1 token (`prefill_s`) and
+    one of `new_tokens` (`total_s`). Where timing noise leaves no decode time
+    (a run so short that t_N <= t_1), the step was not measured: every figure
+    is None, never a negative or infinite time."""
+    step_s = (total_s - prefill_s) / (new_tokens - 1) if new_tokens > 1 else 0.0
+    if step_s <= 0:
+        unmeasured = ("ms_per_token", "tokens_per_s", "gb_per_s", "percent_of_copy")
+        return dict.fromkeys(unmeasured + ("percent_of_read",)) | {"bytes_read_per_step": read}
+    gb_s = read / step_s / 1e9
+    return {
         "ms_per_token": step_s * 1e3,
-        "tokens_per_s": batch / step_s if step_s > 0 else None,
+        "tokens_per_s": batch / step_s,
         "bytes_read_per_step": read,
         "gb_per_s": gb_s,
         "percent_of_copy": _percent(gb_s, memory["copy_gb_per_s"]),
         "percent_of_read": _percent(gb_s, memory["read_gb_per_s"]),
-        "peak_bytes": peak["bytes"],
     }
 
 

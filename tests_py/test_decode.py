@@ -116,13 +116,22 @@ def greedy(model, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
 # --- greedy generation: the patched model makes HF's tokens ---
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_greedy_generate_makes_hf_tokens(batch):
+def test_greedy_generate_makes_hf_tokens(batch, cache):
+    # With a static cache, each decode step's attention layers run
+    # fuseops.rope_cache_attention (rotary, cache write, attention in one
+    # call); HF's model with the same cache is the reference.
     ref = tiny_model()
     patched = copy.deepcopy(ref)
     assert fot.apply(patched)
     ids, mask = prompts(batch)
-    want, got = greedy(ref, ids, mask), greedy(patched, ids, mask)
+    want = greedy(ref, ids, mask, cache_implementation=cache)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = greedy(patched, ids, mask, cache_implementation=cache)
+    fused = sum(e.name == "fuseops::rope_cache_attention" for e in prof.events())
+    # Every step after the prefill, in every layer.
+    assert fused == (NEW_TOKENS - 1) * CONFIG["num_hidden_layers"] * (cache == "static"), fused
     assert got.sequences.shape == (batch, ids.shape[1] + NEW_TOKENS)
     torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)
     # Equal tokens mean something only if no step was a near tie.
@@ -176,8 +185,16 @@ def test_compile_decoding_runs_compiled_steps_with_the_eager_results(quantize):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         got = greedy(compiled, ids, mask, new_tokens=6)
     regions = sum(e.name.startswith("Torch-Compiled Region") for e in prof.events())
-    # The prefill eager, each of the 5 later steps one compiled graph.
+    # The prefill eager, each of the 5 later steps one compiled graph, whose
+    # attention layers call fuseops.rope_cache_attention.
     assert regions == 5, regions
+    fused = sum(
+        e.name == "fuseops::rope_cache_attention"
+        and e.cpu_parent is not None
+        and e.cpu_parent.name.startswith("## Call CompiledFxGraph")
+        for e in prof.events()
+    )
+    assert fused == 5 * CONFIG["num_hidden_layers"], fused
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     want = greedy(eager, ids, mask, new_tokens=6, cache_implementation="static")
     torch.testing.assert_close(got.sequences, want.sequences, rtol=0, atol=0)

@@ -447,6 +447,35 @@ def test_generate_greedy_with_cache(family):
     torch.testing.assert_close(patched.generate(ids, **kwargs), expected, rtol=0, atol=0)
 
 
+# The families whose attention forward is one of the templates of
+# fuseops.transformers._CACHED_ATTENTION_TEMPLATES (Llama's, Mistral's, Qwen
+# 2's, Qwen 3's) in this transformers and whose test configs make full
+# static-cache layers: their decode steps run fuseops.rope_cache_attention.
+# Mistral and Ministral share a template, but their configs here have a
+# sliding window (a rolling cache layer: HF's update); Qwen2-MoE too, but
+# transformers' own Qwen2-MoE fails to generate with a static cache.
+FUSED_STEP = {"dots1", "gemma", "glm", "glm4", "granite", "llama", "mixtral", "qwen2", "qwen3"}
+FUSED_STEP |= {"qwen3_moe"}
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"bert", "qwen2_moe"}))
+def test_generate_greedy_with_static_cache(family):
+    ref, patched = pair(family)
+    ids, _ = batch(seq=6, batch_size=1)
+    kwargs = dict(
+        max_new_tokens=6,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=0,
+        cache_implementation="static",
+    )
+    expected = ref.eval().generate(ids, **kwargs)
+    got = []
+    ran = fuseops_ops_run(lambda: got.append(patched.eval().generate(ids, **kwargs)))
+    assert ("rope_cache_attention" in ran) == (family in FUSED_STEP), ran
+    torch.testing.assert_close(got[0], expected, rtol=0, atol=0)
+
+
 def _is_router(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in {"gate", "wg", "router", "shared_expert_gate"}
 

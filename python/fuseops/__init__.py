@@ -114,6 +114,9 @@ from .ops.rope import (
     rope_backward,
     rope_cache,
 )
+from .ops.rope_cache_attention import (
+    rope_cache_attention,
+)
 from .ops.sparse_2_4 import (
     colsum_2_4,
     pack_2_4,
@@ -196,6 +199,7 @@ __all__ = [
     "rope_",
     "rope_backward",
     "rope_cache",
+    "rope_cache_attention",
     "silu",
     "silu_backward",
     "sparse_2_4_dynamic_linear",

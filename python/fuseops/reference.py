@@ -81,6 +81,9 @@ from .ops.rope import (
     rope_cache_reference as rope_cache,
     rope_reference as rope,
 )
+from .ops.rope_cache_attention import (
+    rope_cache_attention_reference as rope_cache_attention,
+)
 from .ops.sparse_2_4 import (
     pack_2_4_reference as pack_2_4,
     prune_2_4_reference as prune_2_4,
@@ -128,6 +131,7 @@ __all__ = [
     "rope",
     "rope_backward",
     "rope_cache",
+    "rope_cache_attention",
     "silu",
     "silu_backward",
     "sparse_2_4_dynamic_linear",

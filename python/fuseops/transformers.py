@@ -68,6 +68,7 @@ from .ops.moe_experts import moe_experts
 from .ops.rms_norm import rms_norm
 from .ops.rope import apply_rotary_pos_emb as _fuseops_apply_rotary_pos_emb
 from .ops.rope import rope as _fuseops_rope
+from .ops.rope_cache_attention import rope_cache_attention
 
 #: Attribute set on every patched module (its value: what was patched).
 MARKER = "_fuseops_patched"
@@ -427,6 +428,144 @@ def _rope_forward_of(function: types.FunctionType, rotary: str = "half") -> type
     patched.__qualname__ = function.__qualname__
     patched.__doc__ = function.__doc__
     return patched
+
+
+# The attention forwards whose steps _cached_attention_forward reproduces:
+# q/k/v projections viewed as [batch, tokens, heads, head_dim] (Qwen 3's
+# per-head q_norm and k_norm there), transposed, apply_rotary_pos_emb, the
+# cache's update, the attention interface, o_proj. A class is taken when its
+# forward compiles to exactly the code of one of these (module, class) pairs
+# in the installed transformers (Gemma, Granite, GLM, Qwen2-MoE and others
+# share Llama's); any other keeps its own forward with fuseops' rotary.
+# Mistral's and Qwen 2's pass sliding_window to the attention interface,
+# which the mask already encodes for a full cache layer.
+_CACHED_ATTENTION_TEMPLATES = (
+    ("llama", "LlamaAttention", False),
+    ("mistral", "MistralAttention", False),
+    ("qwen2", "Qwen2Attention", False),
+    ("qwen3", "Qwen3Attention", True),  # q_norm, k_norm per head
+)
+
+
+def _code_key(function) -> Optional[tuple]:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    return (code.co_code, code.co_names, code.co_consts, code.co_varnames, code.co_argcount)
+
+
+@functools.lru_cache(maxsize=None)
+def _template_keys() -> dict:
+    """Code key -> whether that template has per-head q/k norms."""
+    import importlib
+
+    keys = {}
+    for module_name, class_name, qk_norm in _CACHED_ATTENTION_TEMPLATES:
+        try:
+            module = importlib.import_module(
+                f"transformers.models.{module_name}.modeling_{module_name}"
+            )
+        except ImportError:
+            continue
+        key = _code_key(getattr(getattr(module, class_name, None), "forward", None))
+        if key is not None:
+            keys[key] = qk_norm
+    return keys
+
+
+def _fused_step_layer(
+    module, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs
+):
+    """The static cache layer a fused decode step writes, or None where the
+    step keeps the class's own forward: no cache or not a full static layer
+    (a sliding-window layer's buffer rolls), more new tokens than
+    DECODE_ATTENTION_MAX_QUERY, another attention implementation, a
+    gradient to record, dropout, or inputs the fused op does not take."""
+    from transformers.cache_utils import StaticLayer
+
+    layers = getattr(past_key_values, "layers", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    if layers is None or layer_idx is None or layer_idx >= len(layers):
+        return None
+    layer = layers[layer_idx]
+    if type(layer) is not StaticLayer or not layer.is_initialized:
+        return None
+    if (
+        position_embeddings is None
+        or hidden_states.dim() != 3
+        or hidden_states.shape[1] > DECODE_ATTENTION_MAX_QUERY
+        or module.config._attn_implementation != ATTENTION
+        or (module.training and module.attention_dropout > 0)
+        or (attention_mask is not None and attention_mask.dim() != 4)
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("s_aux") is not None
+    ):
+        return None
+    if torch.is_grad_enabled() and (
+        hidden_states.requires_grad or any(p.requires_grad for p in module.parameters())
+    ):
+        return None
+    return layer
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_attention_forward_of(
+    function: types.FunctionType, rotary: str, qk_norm: bool
+) -> Callable:
+    """The forward of an attention class of a template
+    (_CACHED_ATTENTION_TEMPLATES): a decode step against a full static
+    cache layer runs fuseops.rope_cache_attention (rotary, cache write and
+    attention in one call); every other call the class's own forward with
+    fuseops' rotary (_rope_forward_of)."""
+    rope_forward = _rope_forward_of(function, rotary)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        past_key_values=None,
+        **kwargs,
+    ):
+        layer = _fused_step_layer(
+            self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs
+        )
+        if layer is None:
+            return rope_forward(
+                self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs
+            )
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(hidden_shape)
+        key = self.k_proj(hidden_states).view(hidden_shape)
+        if qk_norm:
+            query, key = self.q_norm(query), self.k_norm(key)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings  # type: ignore[misc]  # (checked by _fused_step_layer)
+        if rotary == "interleaved_half":
+            # GLM's cos/sin rows, as _hf_apply_rotary_pos_emb_interleaved_half reads them.
+            half = cos.shape[-1] // 2
+            cos = cos[..., :half].repeat_interleave(2, dim=-1)
+            sin = sin[..., :half].repeat_interleave(2, dim=-1)
+        out = rope_cache_attention(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value,
+            cos,
+            sin,
+            layer.keys,
+            layer.values,
+            layer.cumulative_length,
+            attention_mask,
+            scale=self.scaling,
+            interleaved=rotary != "half",
+        )
+        out = out.transpose(1, 2).reshape(*input_shape, -1)
+        return self.o_proj(out), None
+
+    forward.__qualname__ = function.__qualname__
+    forward.__doc__ = function.__doc__
+    return forward
 
 
 # ---------------------------------------------------------------------------
@@ -1089,7 +1228,21 @@ def apply(
             code = getattr(function, "__code__", None)
             if code is not None and "apply_rotary_pos_emb" in code.co_names:
                 new = "fuseops.rope" + ("" if family.rotary == "half" else " (interleaved)")
-                record(name, module, _rope_forward_of(function, family.rotary), "rope", new)
+                qk_norm = _template_keys().get(_code_key(function))
+                if qk_norm is None:
+                    record(name, module, _rope_forward_of(function, family.rotary), "rope", new)
+                else:
+                    new += (
+                        f"; fuseops.rope_cache_attention (static cache, <= "
+                        f"{DECODE_ATTENTION_MAX_QUERY} new tokens, no gradient)"
+                    )
+                    record(
+                        name,
+                        module,
+                        _cached_attention_forward_of(function, family.rotary, qk_norm),
+                        "rope",
+                        new,
+                    )
         elif (
             wanted["experts"]
             and _stacked_experts(module)

@@ -168,14 +168,21 @@ C10_ALWAYS_INLINE __m512i group_pairs(const int8_t* q, int h) {
 // (calls of at most one float32 tile of rows: decode sizes), or loaded from
 // the L1 buffer widen_to_pairs fills for the tiles of more rows. The same
 // pairs either way, so the same bits.
+// From memory, the weights are prefetched as the float32 path's are (one
+// line a group, kWidenedStreamPrefetchBytes ahead: widening a line takes
+// about as many instructions there); from the L1 buffer, not at all.
 struct PairsFromWeights {
   const int8_t* wi;
+  C10_ALWAYS_INLINE void prefetch(int64_t g) const {
+    prefetch_ahead<kWidenedStreamPrefetchBytes>(wi + g * kGroupBytes);
+  }
   C10_ALWAYS_INLINE __m512i operator()(int64_t g, int h) const {
     return group_pairs(wi + g * kGroupBytes, h);
   }
 };
 struct PairsFromBuffer {
   const c10::BFloat16* wb;
+  C10_ALWAYS_INLINE void prefetch(int64_t) const {}
   C10_ALWAYS_INLINE __m512i operator()(int64_t g, int h) const {
     return _mm512_loadu_si512(wb + g * kGroupBytes + 32 * h);
   }
@@ -191,6 +198,7 @@ C10_ALWAYS_INLINE void pair_tile(const c10::BFloat16* x, int64_t x_stride, Pairs
     }
   }
   for (int64_t g = 0; g < groups; ++g) {
+    pairs.prefetch(g);
     const __m512i w0 = pairs(g, 0);
     const __m512i w1 = pairs(g, 1);
     for (int r = 0; r < R; ++r) {

@@ -461,6 +461,7 @@ def test_bench_decode_command(tmp_path):
     if "w4a8" in quantization.QUANTIZE_MODES:
         expected.append("fuseops w4a8, float32 scales")
     expected.append("fuseops w8a16, projections separate")
+    expected.append("fuseops w8a16, static cache")
     expected.append("fuseops w8a16, SDPA attention")
     expected.append("torch.ao dynamic int8 (float32 activations)")
     if not LLAMA_CPP_MISSING:

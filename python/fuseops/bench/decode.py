@@ -6,7 +6,8 @@ static cache, and it and fuseops' models with a compiled decode step,
 ``fuseops.transformers.compile_decoding``), the same model after ``fuseops.transformers.apply``, with
 ``quantize="w8a16"``, ``"w8a8"`` and, where the installation has it,
 ``"w4a16"`` (q/k/v and gate/up merged, apply's default when quantizing;
-w8a16 once more with them separate, to show what the merge gains),
+w8a16 once more with them separate, to show what the merge gains, and
+with a static cache, whose steps run ``fuseops.rope_cache_attention``),
 torch.ao's dynamic int8 ``Linear`` on a float32 copy and, where
 llama-cpp-python and gguf are installed, llama.cpp on the same weights in
 GGUF BF16, Q8_0 and Q4_0 (``llama_cpp_anchor.py``).
@@ -366,6 +367,12 @@ def variants(compile_peer: bool) -> list[Variant]:
             )
     # What merging q/k/v and gate/up (apply's default when quantizing) gains.
     chosen.append(Variant("fuseops w8a16, projections separate", bf16, _fuseops("w8a16", False)))
+    # A static cache in eager generate: each step's attention layers run
+    # fuseops.rope_cache_attention (rotary, cache write and attention in one
+    # call), where the dynamic cache concatenates every layer's keys.
+    chosen.append(
+        Variant("fuseops w8a16, static cache", bf16, _fuseops("w8a16"), static_cache=True)
+    )
     # What fuseops.decode_attention (apply's default) gains over HF's SDPA path.
     chosen.append(
         Variant("fuseops w8a16, SDPA attention", bf16, _fuseops("w8a16", attention=False))

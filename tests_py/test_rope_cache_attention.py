@@ -57,7 +57,7 @@ def unfused(a, position, mask=None, **kwargs):
     query, key = fuseops.apply_rotary_pos_emb(a["query"], a["key"], a["cos"], a["sin"])
     key_cache[:, :, position:keys] = key
     value_cache[:, :, position:keys] = a["value"]
-    if mask is not None and mask.shape[-1] != 1:
+    if mask is not None and mask.dim() > 0 and mask.shape[-1] != 1:
         mask = mask[..., :keys]
     out = fuseops.decode_attention(
         query, key_cache[:, :, :keys], value_cache[:, :, :keys], mask, True, **kwargs
@@ -93,7 +93,10 @@ def test_masks_partial_rotary_softcap_against_float64(dtype, device):
     gen = torch.Generator().manual_seed(3)
     bool_mask = torch.rand(b, 1, q_len, slots, generator=gen) > 0.3
     bias = torch.randn(1, hq, q_len, slots, generator=gen).masked_fill(~bool_mask[:1], -math.inf)
-    for mask in (bool_mask, bool_mask[..., : position + q_len], bias, None):
+    # Masks over the whole cache, over the keys up to the last new token,
+    # additive, 0-d (broadcast to every key), none.
+    scalar = torch.tensor(True)
+    for mask in (bool_mask, bool_mask[..., : position + q_len], bias, scalar, None):
         a = step_inputs(b, hq, hkv, q_len, slots, dim, dtype, device, rotary=8)
         wide = {k: v.double() for k, v in a.items()}
         kwargs = dict(softcap=3.0, scale=0.4)

@@ -122,8 +122,11 @@ Shapes check_all(const at::Tensor& query, const at::Tensor& key, const at::Tenso
     check_same_device(kOp, "attn_mask", mask, "query", query);
     TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), kOp,
                 ": argument 'attn_mask' must be bool or floating, got ", mask.scalar_type());
+    // A 0-d mask broadcasts to every key; otherwise its last dimension is
+    // checked against the cache where the position is known.
+    const int64_t mask_keys = mask.dim() > 0 ? mask.size(-1) : 1;
     TORCH_CHECK(
-        broadcasts_to(mask, {s.batch, s.q_heads, s.q_len, mask.size(-1)}) && mask.dim() >= 1, kOp,
+        broadcasts_to(mask, {s.batch, s.q_heads, s.q_len, mask_keys}), kOp,
         ": argument 'attn_mask' of shape ", mask.sizes(),
         " is not broadcastable to [batch, query_heads, new_tokens, keys] = [", s.batch, ", ",
         s.q_heads, ", ", s.q_len, ", keys]");
@@ -173,10 +176,11 @@ at::Tensor rope_cache_attention_composite(const at::Tensor& query, const at::Ten
   const int64_t keys = position + s.q_len;
   at::Tensor visible_mask;
   if (mask.defined()) {
-    TORCH_CHECK(mask.size(-1) == 1 || mask.size(-1) == s.slots || mask.size(-1) == keys, kOp,
+    const int64_t mask_keys = mask.dim() > 0 ? mask.size(-1) : 1;
+    TORCH_CHECK(mask_keys == 1 || mask_keys == s.slots || mask_keys == keys, kOp,
                 ": argument 'attn_mask' must cover the cache's slots (", s.slots,
                 ") or the keys up to the last new token (", keys, "), got shape ", mask.sizes());
-    visible_mask = mask.size(-1) == s.slots && s.slots != keys ? mask.narrow(-1, 0, keys) : mask;
+    visible_mask = mask_keys == s.slots && s.slots != keys ? mask.narrow(-1, 0, keys) : mask;
   }
   // [B, L, H, D] views, rope's layout (tokens, then heads); the rotated
   // query into its own tensor, the rotated keys into their cache slots.

@@ -92,7 +92,7 @@ def rope_cache_attention_reference(
         value_cache[:, :, position:keys] = value
         cache_length += new
     mask = attn_mask
-    if mask is not None and mask.shape[-1] != 1:
+    if mask is not None and mask.dim() > 0 and mask.shape[-1] != 1:
         mask = mask[..., :keys]
     return decode_attention_reference(
         rotated_query.transpose(1, 2),

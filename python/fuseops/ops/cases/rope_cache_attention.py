@@ -9,6 +9,7 @@ import torch
 
 from .. import rope_cache_attention as family
 from ._sample import Sample, tensor
+from .decode_attention import _HEAD_DIM, _KV_HEADS, _Q_HEADS, _CacheTraffic
 
 
 def _rotary(b, q_len, rotary, dtype, device, interleaved=False, gen=None):
@@ -23,18 +24,11 @@ def _rotary(b, q_len, rotary, dtype, device, interleaved=False, gen=None):
     return angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
 
 
-# --- bench: Llama-3-8B-like heads (32 query heads over 8 key/value heads,
-# head size 128), one new token; rows = batch, hidden = cached tokens. Each
-# timed call first sets the cache's length back to `hidden` (both rows do),
-# so that every call does the same step.
-_Q_HEADS, _KV_HEADS, _HEAD_DIM = 32, 8, 128
-
-
-class _StepTraffic:
-    """The cached keys and values read once (the new rows are negligible)."""
-
-    def bytes(self, rows: int, hidden: int, element_size: int) -> int:
-        return 2 * rows * _KV_HEADS * hidden * _HEAD_DIM * element_size
+# --- bench: decode_attention's shapes (Llama-3-8B-like heads: 32 query
+# heads over 8 key/value heads of 128, one new token; rows = batch, hidden =
+# cached tokens) and traffic (the cached keys and values read once). Each
+# timed call first sets the cache's length back to `hidden` (every row
+# does), so that every call does the same step.
 
 
 def _step_inputs(rows, hidden, dtype, device, gen):
@@ -93,7 +87,7 @@ def bench_cases():
             _step(family.rope_cache_attention),
             _step(family.rope_cache_attention_reference),
             _step_inputs,
-            forward_traffic=_StepTraffic(),
+            forward_traffic=_CacheTraffic(),
             backward_traffic=Traffic(rows=0),
             native=_step(_hf_static_cache_step),
             native_label="HF's static-cache step: rotate_half, index_copy_, SDPA over the cache",

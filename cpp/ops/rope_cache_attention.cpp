@@ -125,11 +125,10 @@ Shapes check_all(const at::Tensor& query, const at::Tensor& key, const at::Tenso
     // A 0-d mask broadcasts to every key; otherwise its last dimension is
     // checked against the cache where the position is known.
     const int64_t mask_keys = mask.dim() > 0 ? mask.size(-1) : 1;
-    TORCH_CHECK(
-        broadcasts_to(mask, {s.batch, s.q_heads, s.q_len, mask_keys}), kOp,
-        ": argument 'attn_mask' of shape ", mask.sizes(),
-        " is not broadcastable to [batch, query_heads, new_tokens, keys] = [", s.batch, ", ",
-        s.q_heads, ", ", s.q_len, ", keys]");
+    TORCH_CHECK(broadcasts_to(mask, {s.batch, s.q_heads, s.q_len, mask_keys}), kOp,
+                ": argument 'attn_mask' of shape ", mask.sizes(),
+                " is not broadcastable to [batch, query_heads, new_tokens, keys] = [", s.batch,
+                ", ", s.q_heads, ", ", s.q_len, ", keys]");
   }
   if (scale.has_value()) {
     TORCH_CHECK(std::isfinite(*scale), kOp, ": argument 'scale' must be finite, got ", *scale);

@@ -201,15 +201,6 @@ at::Tensor bias_gelu_autograd(const at::Tensor& input, const at::Tensor& bias,
   return BiasGeluFunction::apply(input, bias, std::string(approximate));
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor& grad_output,
-                                                               const at::Tensor& input,
-                                                               const at::Tensor& bias,
-                                                               c10::string_view approximate) {
-  autograd_detail::check_no_derivative("fuseops::bias_gelu_backward", {grad_output, input, bias});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::bias_gelu_backward(grad_output, input, bias, approximate);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
@@ -218,7 +209,8 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("silu", TORCH_FN(silu_autograd));
   m.impl("silu_backward", TORCH_FN(silu_backward_autograd));
   m.impl("bias_gelu", TORCH_FN(bias_gelu_autograd));
-  m.impl("bias_gelu_backward", TORCH_FN(bias_gelu_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::bias_gelu_backward",
+                                          &fuseops::bias_gelu_backward>(m);
 }
 
 }  // namespace fuseops

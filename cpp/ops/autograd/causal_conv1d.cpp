@@ -99,18 +99,6 @@ std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward_autograd(
   return {result[0], result[1]};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> causal_conv1d_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& x, const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& initial_states,
-    const std::optional<at::Tensor>& grad_final_states, Activation activation) {
-  autograd_detail::check_no_derivative(
-      "fuseops::causal_conv1d_backward",
-      {grad_output, x, weight, bias, initial_states, grad_final_states});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::causal_conv1d_backward(grad_output, x, weight, bias, initial_states,
-                                         grad_final_states, activation);
-}
-
 at::Tensor causal_conv1d_update_autograd(const at::Tensor& x, at::Tensor& conv_state,
                                          const at::Tensor& weight,
                                          const std::optional<at::Tensor>& bias,
@@ -134,7 +122,8 @@ at::Tensor causal_conv1d_update_autograd(const at::Tensor& x, at::Tensor& conv_s
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("causal_conv1d", TORCH_FN(causal_conv1d_autograd));
   m.impl("causal_conv1d_forward", TORCH_FN(causal_conv1d_forward_autograd));
-  m.impl("causal_conv1d_backward", TORCH_FN(causal_conv1d_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::causal_conv1d_backward",
+                                          &fuseops::causal_conv1d_backward>(m);
   m.impl("causal_conv1d_update", TORCH_FN(causal_conv1d_update_autograd));
 }
 

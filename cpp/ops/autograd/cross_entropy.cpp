@@ -277,20 +277,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_autograd(
   return {r[0], r[1], r[2]};
 }
 
-at::Tensor cross_entropy_backward_autograd(const at::Tensor& grad_output, const at::Tensor& logits,
-                                           const at::Tensor& target,
-                                           const std::optional<at::Tensor>& weight,
-                                           const at::Tensor& lse, const at::Tensor& total_weight,
-                                           std::string_view reduction, int64_t ignore_index,
-                                           double label_smoothing, double z_loss,
-                                           std::optional<double> softcap) {
-  autograd_detail::check_no_derivative("fuseops::cross_entropy_backward",
-                                       {grad_output, logits, weight, lse, total_weight});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::cross_entropy_backward(grad_output, logits, target, weight, lse, total_weight,
-                                         reduction, ignore_index, label_smoothing, z_loss, softcap);
-}
-
 at::Tensor cross_entropy_inplace_autograd(at::Tensor& logits, const at::Tensor& target,
                                           const std::optional<at::Tensor>& weight,
                                           std::string_view reduction, int64_t ignore_index,
@@ -344,46 +330,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   return {r[0], r[1], r[2], r[3]};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-linear_cross_entropy_forward_autograd(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
-    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer, bool predict, bool weight_grad,
-    bool softmax_stats) {
-  autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_forward",
-                                       {input, weight, bias, class_weight});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::linear_cross_entropy_forward(input, weight, bias, target, class_weight, reduction,
-                                               ignore_index, label_smoothing, z_loss, softcap,
-                                               normalizer, predict, weight_grad, softmax_stats);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias, const at::Tensor& target,
-    const std::optional<at::Tensor>& class_weight, std::string_view reduction, int64_t ignore_index,
-    double label_smoothing, double z_loss, std::optional<double> softcap,
-    std::optional<double> normalizer) {
-  autograd_detail::check_no_derivative("fuseops::linear_cross_entropy_backward",
-                                       {grad_output, input, weight, bias, class_weight});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::linear_cross_entropy_backward(grad_output, input, weight, bias, target,
-                                                class_weight, reduction, ignore_index,
-                                                label_smoothing, z_loss, softcap, normalizer);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("cross_entropy", TORCH_FN(cross_entropy_autograd));
   m.impl("cross_entropy_forward", TORCH_FN(cross_entropy_forward_autograd));
-  m.impl("cross_entropy_backward", TORCH_FN(cross_entropy_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::cross_entropy_backward",
+                                          &fuseops::cross_entropy_backward>(m);
   m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace_autograd));
   m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy_autograd));
   m.impl("linear_cross_entropy_stats", TORCH_FN(linear_cross_entropy_stats_autograd));
-  m.impl("linear_cross_entropy_forward", TORCH_FN(linear_cross_entropy_forward_autograd));
-  m.impl("linear_cross_entropy_backward", TORCH_FN(linear_cross_entropy_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::linear_cross_entropy_forward",
+                                          &fuseops::linear_cross_entropy_forward>(m);
+  autograd_detail::register_no_derivative<"fuseops::linear_cross_entropy_backward",
+                                          &fuseops::linear_cross_entropy_backward>(m);
 }
 
 }  // namespace fuseops

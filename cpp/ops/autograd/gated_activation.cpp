@@ -116,33 +116,6 @@ at::Tensor geglu_packed_autograd(const at::Tensor& input, c10::string_view appro
 
 using TensorPair = std::tuple<at::Tensor, at::Tensor>;
 
-TensorPair swiglu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& gate,
-                                    const at::Tensor& up) {
-  autograd_detail::check_no_derivative("fuseops::swiglu_backward", {grad_output, gate, up});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::swiglu_backward(grad_output, gate, up);
-}
-
-at::Tensor swiglu_packed_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input) {
-  autograd_detail::check_no_derivative("fuseops::swiglu_backward.packed", {grad_output, input});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::swiglu_packed_backward(grad_output, input);
-}
-
-TensorPair geglu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& gate,
-                                   const at::Tensor& up, c10::string_view approximate) {
-  autograd_detail::check_no_derivative("fuseops::geglu_backward", {grad_output, gate, up});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::geglu_backward(grad_output, gate, up, approximate);
-}
-
-at::Tensor geglu_packed_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input,
-                                          c10::string_view approximate) {
-  autograd_detail::check_no_derivative("fuseops::geglu_backward.packed", {grad_output, input});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::geglu_packed_backward(grad_output, input, approximate);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
@@ -150,10 +123,12 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("swiglu.packed", TORCH_FN(swiglu_packed_autograd));
   m.impl("geglu", TORCH_FN(geglu_autograd));
   m.impl("geglu.packed", TORCH_FN(geglu_packed_autograd));
-  m.impl("swiglu_backward", TORCH_FN(swiglu_backward_autograd));
-  m.impl("swiglu_backward.packed", TORCH_FN(swiglu_packed_backward_autograd));
-  m.impl("geglu_backward", TORCH_FN(geglu_backward_autograd));
-  m.impl("geglu_backward.packed", TORCH_FN(geglu_packed_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::swiglu_backward", &fuseops::swiglu_backward>(m);
+  autograd_detail::register_no_derivative<"fuseops::swiglu_backward.packed",
+                                          &fuseops::swiglu_packed_backward>(m);
+  autograd_detail::register_no_derivative<"fuseops::geglu_backward", &fuseops::geglu_backward>(m);
+  autograd_detail::register_no_derivative<"fuseops::geglu_backward.packed",
+                                          &fuseops::geglu_packed_backward>(m);
 }
 
 }  // namespace fuseops

@@ -113,18 +113,6 @@ std::tuple<at::Tensor, at::Tensor> jsd_forward_autograd(const at::Tensor& studen
   return {r[0], r[1]};
 }
 
-at::Tensor jsd_backward_autograd(const at::Tensor& grad_output, const at::Tensor& student_logits,
-                                 const at::Tensor& teacher_logits,
-                                 const std::optional<at::Tensor>& label,
-                                 const at::Tensor& row_stats, double beta, double temperature,
-                                 int64_t ignore_index, std::string_view reduction) {
-  autograd_detail::check_no_derivative("fuseops::jsd_backward",
-                                       {grad_output, student_logits, teacher_logits, row_stats});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::jsd_backward(grad_output, student_logits, teacher_logits, label, row_stats, beta,
-                               temperature, ignore_index, reduction);
-}
-
 // Returns the loss. For reduction "none" the forward keeps its inputs and the
 // backward recomputes the logits; otherwise the forward computes the
 // gradients (for a grad_output of 1) and the backward scales them in place,
@@ -216,43 +204,17 @@ at::Tensor fused_linear_jsd_autograd(const at::Tensor& student_input,
       Options{beta, temperature, ignore_index, std::string(reduction)});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_jsd_forward_autograd(
-    const at::Tensor& student_input, const at::Tensor& student_weight,
-    const at::Tensor& teacher_input, const at::Tensor& teacher_weight,
-    const std::optional<at::Tensor>& label, double beta, double temperature, int64_t ignore_index,
-    std::string_view reduction) {
-  autograd_detail::check_no_derivative(
-      "fuseops::fused_linear_jsd_forward",
-      {student_input, student_weight, teacher_input, teacher_weight});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::fused_linear_jsd_forward(student_input, student_weight, teacher_input,
-                                           teacher_weight, label, beta, temperature, ignore_index,
-                                           reduction);
-}
-
-std::tuple<at::Tensor, at::Tensor> fused_linear_jsd_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& student_input,
-    const at::Tensor& student_weight, const at::Tensor& teacher_input,
-    const at::Tensor& teacher_weight, const std::optional<at::Tensor>& label, double beta,
-    double temperature, int64_t ignore_index, std::string_view reduction) {
-  autograd_detail::check_no_derivative(
-      "fuseops::fused_linear_jsd_backward",
-      {grad_output, student_input, student_weight, teacher_input, teacher_weight});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::fused_linear_jsd_backward(grad_output, student_input, student_weight,
-                                            teacher_input, teacher_weight, label, beta, temperature,
-                                            ignore_index, reduction);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("jsd", TORCH_FN(jsd_autograd));
   m.impl("jsd_forward", TORCH_FN(jsd_forward_autograd));
-  m.impl("jsd_backward", TORCH_FN(jsd_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::jsd_backward", &fuseops::jsd_backward>(m);
   m.impl("fused_linear_jsd", TORCH_FN(fused_linear_jsd_autograd));
-  m.impl("fused_linear_jsd_forward", TORCH_FN(fused_linear_jsd_forward_autograd));
-  m.impl("fused_linear_jsd_backward", TORCH_FN(fused_linear_jsd_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::fused_linear_jsd_forward",
+                                          &fuseops::fused_linear_jsd_forward>(m);
+  autograd_detail::register_no_derivative<"fuseops::fused_linear_jsd_backward",
+                                          &fuseops::fused_linear_jsd_backward>(m);
 }
 
 }  // namespace fuseops

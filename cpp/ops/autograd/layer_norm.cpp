@@ -85,21 +85,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_autograd(
   return {result[0], result[1], result[2]};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const at::Tensor& mean, const at::Tensor& rstd) {
-  autograd_detail::check_no_derivative("fuseops::layer_norm_backward",
-                                       {grad_output, input, weight, mean, rstd});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::layer_norm_backward(grad_output, input, weight, mean, rstd);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("layer_norm", TORCH_FN(layer_norm_autograd));
   m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_autograd));
-  m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::layer_norm_backward",
+                                          &fuseops::layer_norm_backward>(m);
 }
 
 }  // namespace fuseops

@@ -73,36 +73,14 @@ at::Tensor moe_experts_autograd(const at::Tensor& hidden, const at::Tensor& top_
                                    std::string(activation));
 }
 
-std::tuple<at::Tensor, at::Tensor> moe_experts_forward_autograd(
-    const at::Tensor& hidden, const at::Tensor& top_k_index, const at::Tensor& top_k_weights,
-    const at::Tensor& gate_up_proj, const at::Tensor& down_proj, c10::string_view activation) {
-  autograd_detail::check_no_derivative(
-      "fuseops::moe_experts_forward",
-      {hidden, top_k_index, top_k_weights, gate_up_proj, down_proj});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::moe_experts_forward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
-                                      activation);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& hidden, const at::Tensor& top_k_index,
-    const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-    c10::string_view activation, bool expert_grads, const std::optional<at::Tensor>& gate_up_out) {
-  autograd_detail::check_no_derivative(
-      "fuseops::moe_experts_backward",
-      {grad_output, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gate_up_out});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::moe_experts_backward(grad_output, hidden, top_k_index, top_k_weights,
-                                       gate_up_proj, down_proj, activation, expert_grads,
-                                       gate_up_out);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("moe_experts", TORCH_FN(moe_experts_autograd));
-  m.impl("moe_experts_forward", TORCH_FN(moe_experts_forward_autograd));
-  m.impl("moe_experts_backward", TORCH_FN(moe_experts_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::moe_experts_forward",
+                                          &fuseops::moe_experts_forward>(m);
+  autograd_detail::register_no_derivative<"fuseops::moe_experts_backward",
+                                          &fuseops::moe_experts_backward>(m);
 }
 
 }  // namespace fuseops

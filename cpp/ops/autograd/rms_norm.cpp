@@ -207,27 +207,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_autogr
   return {result[0], result[1], result[2]};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_autograd(
-    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd) {
-  autograd_detail::check_no_derivative("fuseops::rms_norm_backward",
-                                       {grad_output, input, weight, rstd});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::rms_norm_backward(grad_output, input, weight, rstd);
-}
-
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward_autograd(
-    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_new_residual,
-    const at::Tensor& new_residual, const std::optional<at::Tensor>& weight,
-    const at::Tensor& rstd) {
-  autograd_detail::check_no_derivative(
-      "fuseops::fused_add_rms_norm_backward",
-      {grad_output, grad_new_residual, new_residual, weight, rstd});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::fused_add_rms_norm_backward(grad_output, grad_new_residual, new_residual, weight,
-                                              rstd);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
@@ -235,8 +214,10 @@ TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
   m.impl("rms_norm_forward", TORCH_FN(rms_norm_forward_autograd));
   m.impl("fused_add_rms_norm", TORCH_FN(fused_add_rms_norm_autograd));
   m.impl("fused_add_rms_norm_forward", TORCH_FN(fused_add_rms_norm_forward_autograd));
-  m.impl("rms_norm_backward", TORCH_FN(rms_norm_backward_autograd));
-  m.impl("fused_add_rms_norm_backward", TORCH_FN(fused_add_rms_norm_backward_autograd));
+  autograd_detail::register_no_derivative<"fuseops::rms_norm_backward",
+                                          &fuseops::rms_norm_backward>(m);
+  autograd_detail::register_no_derivative<"fuseops::fused_add_rms_norm_backward",
+                                          &fuseops::fused_add_rms_norm_backward>(m);
 }
 
 }  // namespace fuseops

@@ -65,14 +65,8 @@ from .llama_cpp_anchor import QUANTS
 from .environment import cpu_model
 
 
-@dataclass(frozen=True)
-class Size:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
+#: A model size of this benchmark: a Llama's dimensions.
+Size = hf_models.LlamaShape
 
 
 SIZES = {
@@ -272,34 +266,45 @@ def _fuseops(
     return prepare
 
 
+def _then(
+    prepare: Callable[[torch.nn.Module], torch.nn.Module],
+    step: Callable[[torch.nn.Module], None],
+) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    # A variant's preparation followed by one more in-place change of the model.
+    def prepared(model: torch.nn.Module) -> torch.nn.Module:
+        model = prepare(model)
+        step(model)
+        return model
+
+    return prepared
+
+
+def _widen_int4_scales(model: torch.nn.Module) -> None:
+    # The int4 layers' scales and zero points in float32 instead of
+    # Int4Linear's default bfloat16: what the smaller scale_zero gains.
+    from fuseops.nn import Int4Linear
+
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            module._buffers["scale_zero"] = module.scale_zero.float()
+
+
 def _float32_scales(
     prepare: Callable[[torch.nn.Module], torch.nn.Module],
 ) -> Callable[[torch.nn.Module], torch.nn.Module]:
-    # The int4 layers' scales and zero points in float32 instead of
-    # Int4Linear's default bfloat16: what the smaller scale_zero gains.
-    def widened(model: torch.nn.Module) -> torch.nn.Module:
-        from fuseops.nn import Int4Linear
+    return _then(prepare, _widen_int4_scales)
 
-        model = prepare(model)
-        for module in model.modules():
-            if isinstance(module, Int4Linear):
-                module._buffers["scale_zero"] = module.scale_zero.float()
-        return model
 
-    return widened
+def _compile_decoding(model: torch.nn.Module) -> None:
+    import fuseops.transformers
+
+    fuseops.transformers.compile_decoding(model)
 
 
 def _compiled_decoding(
     prepare: Callable[[torch.nn.Module], torch.nn.Module],
 ) -> Callable[[torch.nn.Module], torch.nn.Module]:
-    def compiled(model: torch.nn.Module) -> torch.nn.Module:
-        import fuseops.transformers
-
-        model = prepare(model)
-        fuseops.transformers.compile_decoding(model)
-        return model
-
-    return compiled
+    return _then(prepare, _compile_decoding)
 
 
 def _torch_ao_dynamic(model: torch.nn.Module) -> torch.nn.Module:
@@ -387,14 +392,7 @@ def _model(size: Size, dtype: torch.dtype, positions: int):
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=size.vocab,
-        hidden_size=size.hidden,
-        intermediate_size=size.intermediate,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads,
-        max_position_embeddings=max(2048, positions),
-        tie_word_embeddings=False,
+        **size.config_options(positions),
         # Random weights: no token ends a sequence, every generate makes
         # exactly max_new_tokens tokens (see the module's docstring).
         bos_token_id=None,

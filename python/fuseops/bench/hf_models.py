@@ -30,7 +30,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -39,13 +39,34 @@ from .timing import PEAK_MEMORY_METHOD, peak_memory
 
 
 @dataclass(frozen=True)
-class Preset:
+class LlamaShape:
+    """A Llama model's dimensions (the decode benchmark's model sizes, and
+    the start of this benchmark's presets)."""
+
     hidden: int
     layers: int
     heads: int
     kv_heads: int
     intermediate: int
     vocab: int
+
+    def config_options(self, max_positions: int) -> dict:
+        """A transformers config's keyword arguments for these dimensions,
+        with untied embeddings and room for ``max_positions`` tokens."""
+        return dict(
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=max(2048, max_positions),
+            tie_word_embeddings=False,
+        )
+
+
+@dataclass(frozen=True)
+class Preset(LlamaShape):
     seq: int
     batch: int
     steps: int  # timed training steps (after one warm-up step)
@@ -104,32 +125,10 @@ PRESETS = {
 
 # The mixture-of-experts presets: Mixtral's routing (top 2 of 8) on the
 # small presets' shapes.
-PRESETS["moe-smoke"] = Preset(
-    hidden=32,
-    layers=1,
-    heads=2,
-    kv_heads=1,
-    intermediate=64,
-    vocab=1000,
-    seq=64,
-    batch=2,
-    steps=2,
-    experts=4,
-)
+PRESETS["moe-smoke"] = replace(PRESETS["smoke"], experts=4)
 # 8 experts of intermediate 688 per layer: 27M parameters, 1024 tokens;
 # minutes per dtype on 2 cores.
-PRESETS["moe"] = Preset(
-    hidden=256,
-    layers=2,
-    heads=4,
-    kv_heads=2,
-    intermediate=688,
-    vocab=32000,
-    seq=512,
-    batch=2,
-    steps=3,
-    experts=8,
-)
+PRESETS["moe"] = replace(PRESETS["small"], experts=8)
 
 LOSS_TOLERANCE = {
     torch.float32: 1e-4,
@@ -163,16 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _model(preset: Preset, dtype: torch.dtype):
     import transformers
 
-    options = dict(
-        vocab_size=preset.vocab,
-        hidden_size=preset.hidden,
-        intermediate_size=preset.intermediate,
-        num_hidden_layers=preset.layers,
-        num_attention_heads=preset.heads,
-        num_key_value_heads=preset.kv_heads,
-        max_position_embeddings=max(2048, preset.seq),
-        tie_word_embeddings=False,
-    )
+    options = preset.config_options(preset.seq)
     torch.manual_seed(0)
     if preset.experts:
         # transformers' default experts implementation ("grouped_mm") is the

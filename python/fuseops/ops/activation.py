@@ -8,6 +8,8 @@ from typing import Optional
 
 import torch
 
+from ._out import call, call_with_outs
+
 #: Inputs where the activations' special cases live: signed zeros, the
 #: saturated tails, infinities and NaN.
 SPECIAL_VALUES = (
@@ -33,10 +35,7 @@ def gelu(
     string is an error. Differentiable (twice). bfloat16/float16 compute in
     float32. With ``out=`` the result goes into a preallocated tensor (resized
     if its shape differs); that form is not differentiable."""
-    if out is not None:
-        torch.ops.fuseops.gelu.out(x, approximate, out=out)
-        return out
-    return torch.ops.fuseops.gelu(x, approximate)
+    return call(torch.ops.fuseops.gelu, x, approximate, out=out)
 
 
 def gelu_backward(
@@ -49,29 +48,20 @@ def gelu_backward(
     """``grad_output * gelu'(x)``. ``out=`` may be ``grad_output`` itself
     (computed in place), as gelu's autograd does with a gradient nothing else
     refers to."""
-    if out is not None:
-        torch.ops.fuseops.gelu_backward.out(grad_output, x, approximate, out=out)
-        return out
-    return torch.ops.fuseops.gelu_backward(grad_output, x, approximate)
+    return call(torch.ops.fuseops.gelu_backward, grad_output, x, approximate, out=out)
 
 
 def silu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """SiLU (swish) ``x * sigmoid(x)`` as ``torch.nn.functional.silu``;
     differentiable (twice). ``out=`` as in :func:`gelu`."""
-    if out is not None:
-        torch.ops.fuseops.silu.out(x, out=out)
-        return out
-    return torch.ops.fuseops.silu(x)
+    return call(torch.ops.fuseops.silu, x, out=out)
 
 
 def silu_backward(
     grad_output: torch.Tensor, x: torch.Tensor, *, out: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """``grad_output * silu'(x)``; ``out=`` as in :func:`gelu_backward`."""
-    if out is not None:
-        torch.ops.fuseops.silu_backward.out(grad_output, x, out=out)
-        return out
-    return torch.ops.fuseops.silu_backward(grad_output, x)
+    return call(torch.ops.fuseops.silu_backward, grad_output, x, out=out)
 
 
 def bias_gelu(
@@ -84,10 +74,7 @@ def bias_gelu(
     """``gelu(x + bias, approximate)`` in one pass (bias 1-D of size
     ``x.shape[-1]``, x's dtype), as Megatron's bias-GELU; differentiable with
     respect to ``x`` and ``bias``. ``out=`` as in :func:`gelu`."""
-    if out is not None:
-        torch.ops.fuseops.bias_gelu.out(x, bias, approximate, out=out)
-        return out
-    return torch.ops.fuseops.bias_gelu(x, bias, approximate)
+    return call(torch.ops.fuseops.bias_gelu, x, bias, approximate, out=out)
 
 
 def bias_gelu_backward(
@@ -104,14 +91,12 @@ def bias_gelu_backward(
     ``grad_input=``/``grad_bias=`` (together) take preallocated tensors;
     grad_input may be ``grad_output`` itself (computed in place), as
     bias_gelu's autograd does with a gradient nothing else refers to."""
-    if grad_input is not None or grad_bias is not None:
-        if grad_input is None or grad_bias is None:
-            raise TypeError("fuseops.bias_gelu_backward: grad_input= and grad_bias= go together")
-        torch.ops.fuseops.bias_gelu_backward.out(
-            grad_output, x, bias, approximate, grad_input=grad_input, grad_bias=grad_bias
-        )
-        return grad_input, grad_bias
-    return torch.ops.fuseops.bias_gelu_backward(grad_output, x, bias, approximate)
+    return call_with_outs(
+        "bias_gelu_backward",
+        (grad_output, x, bias, approximate),
+        grad_input=grad_input,
+        grad_bias=grad_bias,
+    )
 
 
 def gelu_reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

@@ -8,6 +8,8 @@ from typing import Optional
 
 import torch
 
+from ._out import call
+
 
 def swiglu(
     gate: torch.Tensor,
@@ -23,27 +25,30 @@ def swiglu(
     gradient flows back packed the same way. Halves that are views of one
     packed tensor are read in place, without copies. ``out=`` as in
     :func:`gelu`."""
+    return _gated(torch.ops.fuseops.swiglu, gate, up, (), out)
+
+
+def _gated(op, gate, up, options: tuple, out):
+    # Without `up`, `gate` is the packed input: the op's `packed` overloads.
     if up is None:
-        if out is not None:
-            torch.ops.fuseops.swiglu.packed_out(gate, out=out)
-            return out
-        return torch.ops.fuseops.swiglu.packed(gate)
-    if out is not None:
-        torch.ops.fuseops.swiglu.out(gate, up, out=out)
-        return out
-    return torch.ops.fuseops.swiglu(gate, up)
+        return call(op, gate, *options, out=out, overload="packed")
+    return call(op, gate, up, *options, out=out)
 
 
-def _backward_outs(op: str, up, grad_gate, grad_up) -> bool:
-    """Whether preallocated gradients were given (both or neither, and only
-    for the separate form)."""
+def _gated_backward(name: str, grad_output, gate, up, options: tuple, grad_gate, grad_up):
+    # Preallocated gradients come both or neither, and only for the separate
+    # form; without `up`, the op's `packed` overload.
+    op = getattr(torch.ops.fuseops, name)
     if grad_gate is None and grad_up is None:
-        return False
+        if up is None:
+            return op.packed(grad_output, gate, *options)
+        return op(grad_output, gate, up, *options)
     if grad_gate is None or grad_up is None or up is None:
         raise TypeError(
-            f"fuseops.{op}: grad_gate= and grad_up= go together, with separate gate and up tensors"
+            f"fuseops.{name}: grad_gate= and grad_up= go together, with separate gate and up tensors"
         )
-    return True
+    op.out(grad_output, gate, up, *options, grad_gate=grad_gate, grad_up=grad_up)
+    return grad_gate, grad_up
 
 
 def swiglu_backward(
@@ -59,14 +64,7 @@ def swiglu_backward(
     returned. ``grad_gate=``/``grad_up=`` take preallocated gradients, which
     may be ``grad_output``, ``gate`` or ``up`` themselves (computed in place),
     as swiglu's autograd does with a gradient nothing else refers to."""
-    if _backward_outs("swiglu_backward", up, grad_gate, grad_up):
-        torch.ops.fuseops.swiglu_backward.out(
-            grad_output, gate, up, grad_gate=grad_gate, grad_up=grad_up
-        )
-        return grad_gate, grad_up
-    if up is None:
-        return torch.ops.fuseops.swiglu_backward.packed(grad_output, gate)
-    return torch.ops.fuseops.swiglu_backward(grad_output, gate, up)
+    return _gated_backward("swiglu_backward", grad_output, gate, up, (), grad_gate, grad_up)
 
 
 def geglu(
@@ -79,15 +77,7 @@ def geglu(
     """``gelu(gate, approximate) * up`` in one pass, differentiable in both;
     ``up=None`` means a packed ``[..., 2*H]`` input (gate first), as in
     :func:`swiglu`."""
-    if up is None:
-        if out is not None:
-            torch.ops.fuseops.geglu.packed_out(gate, approximate, out=out)
-            return out
-        return torch.ops.fuseops.geglu.packed(gate, approximate)
-    if out is not None:
-        torch.ops.fuseops.geglu.out(gate, up, approximate, out=out)
-        return out
-    return torch.ops.fuseops.geglu(gate, up, approximate)
+    return _gated(torch.ops.fuseops.geglu, gate, up, (approximate,), out)
 
 
 def geglu_backward(
@@ -101,14 +91,9 @@ def geglu_backward(
 ):
     """``(grad_gate, grad_up)`` of geglu; packed gradient when ``up`` is
     omitted, and preallocated gradients, as in :func:`swiglu_backward`."""
-    if _backward_outs("geglu_backward", up, grad_gate, grad_up):
-        torch.ops.fuseops.geglu_backward.out(
-            grad_output, gate, up, approximate, grad_gate=grad_gate, grad_up=grad_up
-        )
-        return grad_gate, grad_up
-    if up is None:
-        return torch.ops.fuseops.geglu_backward.packed(grad_output, gate, approximate)
-    return torch.ops.fuseops.geglu_backward(grad_output, gate, up, approximate)
+    return _gated_backward(
+        "geglu_backward", grad_output, gate, up, (approximate,), grad_gate, grad_up
+    )
 
 
 def _split_packed(gate: torch.Tensor, up: Optional[torch.Tensor]):

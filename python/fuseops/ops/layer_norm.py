@@ -7,6 +7,8 @@ from typing import Optional
 
 import torch
 
+from ._out import call, call_with_outs
+
 
 def layer_norm(
     x: torch.Tensor,
@@ -24,10 +26,7 @@ def layer_norm(
     With ``out=`` the result is written into a preallocated tensor (resized if
     its shape differs; ``x`` itself is allowed); that form is not differentiable.
     """
-    if out is not None:
-        torch.ops.fuseops.layer_norm.out(x, weight, bias, eps, out=out)
-        return out
-    return torch.ops.fuseops.layer_norm(x, weight, bias, eps)
+    return call(torch.ops.fuseops.layer_norm, x, weight, bias, eps, out=out)
 
 
 def layer_norm_forward(
@@ -65,24 +64,13 @@ def layer_norm_backward(
     preallocated tensors; grad_input may be ``grad_output`` itself (computed
     in place), as layer_norm's autograd does with a gradient nothing else
     refers to."""
-    outs = (grad_input, grad_weight, grad_bias)
-    if any(o is not None for o in outs):
-        if any(o is None for o in outs):
-            raise TypeError(
-                "fuseops.layer_norm_backward: grad_input=, grad_weight= and grad_bias= go together"
-            )
-        torch.ops.fuseops.layer_norm_backward.out(
-            grad_output,
-            x,
-            weight,
-            mean,
-            rstd,
-            grad_input=grad_input,
-            grad_weight=grad_weight,
-            grad_bias=grad_bias,
-        )
-        return outs
-    return torch.ops.fuseops.layer_norm_backward(grad_output, x, weight, mean, rstd)
+    return call_with_outs(
+        "layer_norm_backward",
+        (grad_output, x, weight, mean, rstd),
+        grad_input=grad_input,
+        grad_weight=grad_weight,
+        grad_bias=grad_bias,
+    )
 
 
 def layer_norm_reference(

@@ -6,6 +6,8 @@ from typing import Optional
 
 import torch
 
+from ._out import call
+
 
 def relu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``max(x, 0)`` elementwise (NaN propagates), differentiable.
@@ -13,10 +15,7 @@ def relu(x: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor
     With ``out=`` the result is written into a preallocated tensor (resized if
     its shape differs); like every out= op, that form is not differentiable.
     """
-    if out is not None:
-        torch.ops.fuseops.relu.out(x, out=out)
-        return out
-    return torch.ops.fuseops.relu(x)
+    return call(torch.ops.fuseops.relu, x, out=out)
 
 
 def relu_backward(
@@ -27,10 +26,7 @@ def relu_backward(
     ``out=`` may be ``grad_output`` itself (computed in place), as relu's
     autograd does with a gradient nothing else refers to.
     """
-    if out is not None:
-        torch.ops.fuseops.relu_backward.out(grad_output, result, out=out)
-        return out
-    return torch.ops.fuseops.relu_backward(grad_output, result)
+    return call(torch.ops.fuseops.relu_backward, grad_output, result, out=out)
 
 
 def relu_reference(x: torch.Tensor) -> torch.Tensor:

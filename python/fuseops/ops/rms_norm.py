@@ -8,6 +8,8 @@ from typing import Optional
 
 import torch
 
+from ._out import call, call_with_outs
+
 
 def rms_norm(
     x: torch.Tensor,
@@ -27,10 +29,7 @@ def rms_norm(
     With ``out=`` the result is written into a preallocated tensor (resized if
     its shape differs; ``x`` itself is allowed); that form is not differentiable.
     """
-    if out is not None:
-        torch.ops.fuseops.rms_norm.out(x, weight, eps, out=out)
-        return out
-    return torch.ops.fuseops.rms_norm(x, weight, eps)
+    return call(torch.ops.fuseops.rms_norm, x, weight, eps, out=out)
 
 
 def rms_norm_forward(
@@ -57,14 +56,12 @@ def rms_norm_backward(
     preallocated tensors; grad_input may be ``grad_output`` itself (computed
     in place), as rms_norm's autograd does with a gradient nothing else
     refers to."""
-    if grad_input is not None or grad_weight is not None:
-        if grad_input is None or grad_weight is None:
-            raise TypeError("fuseops.rms_norm_backward: grad_input= and grad_weight= go together")
-        torch.ops.fuseops.rms_norm_backward.out(
-            grad_output, x, weight, rstd, grad_input=grad_input, grad_weight=grad_weight
-        )
-        return grad_input, grad_weight
-    return torch.ops.fuseops.rms_norm_backward(grad_output, x, weight, rstd)
+    return call_with_outs(
+        "rms_norm_backward",
+        (grad_output, x, weight, rstd),
+        grad_input=grad_input,
+        grad_weight=grad_weight,
+    )
 
 
 def fused_add_rms_norm(
@@ -124,23 +121,11 @@ def fused_add_rms_norm_backward(
     :func:`rms_norm_backward`; grad_input may be ``grad_output`` or
     ``grad_new_residual`` itself (computed in place), as fused_add_rms_norm's
     autograd does with an output gradient nothing else refers to."""
-    if grad_input is not None or grad_weight is not None:
-        if grad_input is None or grad_weight is None:
-            raise TypeError(
-                "fuseops.fused_add_rms_norm_backward: grad_input= and grad_weight= go together"
-            )
-        torch.ops.fuseops.fused_add_rms_norm_backward.out(
-            grad_output,
-            grad_new_residual,
-            new_residual,
-            weight,
-            rstd,
-            grad_input=grad_input,
-            grad_weight=grad_weight,
-        )
-        return grad_input, grad_weight
-    return torch.ops.fuseops.fused_add_rms_norm_backward(
-        grad_output, grad_new_residual, new_residual, weight, rstd
+    return call_with_outs(
+        "fused_add_rms_norm_backward",
+        (grad_output, grad_new_residual, new_residual, weight, rstd),
+        grad_input=grad_input,
+        grad_weight=grad_weight,
     )
 
 

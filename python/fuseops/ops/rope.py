@@ -9,6 +9,8 @@ from typing import Optional
 
 import torch
 
+from ._out import call
+
 
 def rope(
     query: torch.Tensor,
@@ -44,24 +46,25 @@ def rope(
     results go into preallocated tensors, which may be ``query`` and ``key``
     themselves (see :func:`rope_`); that form is not differentiable.
     """
+    rest = (cos, sin, positions, interleaved)
+    return _run_rotation("rope", "key", query, key, rest, out, key_out)
+
+
+def _run_rotation(name: str, key_name: str, x, key, rest: tuple, out, key_out):
+    # rope and rope_backward alike: without a key (`key_name` in the caller's
+    # words), the op's `single` overloads; preallocated results, both or
+    # neither when there is a key.
+    op = getattr(torch.ops.fuseops, name)
     if key is None:
         if key_out is not None:
-            raise TypeError("fuseops.rope: key_out= needs a key")
-    elif (out is None) != (key_out is None):
-        raise TypeError("fuseops.rope: pass both out= and key_out=, or neither")
-    rest = (cos, sin, positions, interleaved)
+            raise TypeError(f"fuseops.{name}: key_out= needs a {key_name}")
+        return call(op, x, *rest, out=out, overload="single")
+    if (out is None) != (key_out is None):
+        raise TypeError(f"fuseops.{name}: pass both out= and key_out=, or neither")
     if out is None:
-        return _with_optional_key(torch.ops.fuseops.rope, query, key, rest)
-    if key is None:
-        torch.ops.fuseops.rope.single_out(query, *rest, out=out)
-        return out
-    torch.ops.fuseops.rope.out(query, key, *rest, out=out, key_out=key_out)
+        return op(x, key, *rest)
+    op.out(x, key, *rest, out=out, key_out=key_out)
     return out, key_out
-
-
-def _with_optional_key(op, x, key, rest):
-    # Without a key, the op's `single` overload.
-    return op.single(x, *rest) if key is None else op(x, key, *rest)
 
 
 def rope_(
@@ -97,19 +100,8 @@ def rope_backward(
     ``key_out=`` as in :func:`rope`: they may be ``grad_query`` and
     ``grad_key`` themselves (in place, as rope's autograd does with
     gradients nothing else refers to); that form is not differentiable."""
-    if grad_key is None:
-        if key_out is not None:
-            raise TypeError("fuseops.rope_backward: key_out= needs a grad_key")
-    elif (out is None) != (key_out is None):
-        raise TypeError("fuseops.rope_backward: pass both out= and key_out=, or neither")
     rest = (cos, sin, positions, interleaved)
-    if out is None:
-        return _with_optional_key(torch.ops.fuseops.rope_backward, grad_query, grad_key, rest)
-    if grad_key is None:
-        torch.ops.fuseops.rope_backward.single_out(grad_query, *rest, out=out)
-        return out
-    torch.ops.fuseops.rope_backward.out(grad_query, grad_key, *rest, out=out, key_out=key_out)
-    return out, key_out
+    return _run_rotation("rope_backward", "grad_key", grad_query, grad_key, rest, out, key_out)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):

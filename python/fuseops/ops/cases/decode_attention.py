@@ -44,8 +44,28 @@ def _sdpa_gqa_decode(query, key, value):
     return out.reshape(b, heads, 1, value.shape[-1])
 
 
+def _decode_step_options() -> dict:
+    """The bench Case options of a decoding step over a key/value cache,
+    decode_attention's and rope_cache_attention's rows alike: traffic of the
+    caches, inference only (no out= form, no gradient), batch x cached
+    tokens as the shapes."""
+    from ._bench_case import Traffic
+
+    return dict(
+        forward_traffic=_CacheTraffic(),
+        backward_traffic=Traffic(rows=0),
+        has_out=False,
+        differentiable=(),
+        shapes={
+            "quick": [(1, 1024)],
+            "standard": [(1, 512), (1, 4096), (8, 1024)],
+            "full": [(1, 512), (1, 4096), (1, 32768), (8, 1024), (8, 4096)],
+        },
+    )
+
+
 def bench_cases():
-    from ._bench_case import Case, Traffic
+    from ._bench_case import Case
 
     return [
         Case(
@@ -53,18 +73,10 @@ def bench_cases():
             "decode_attention",
             "decode_attention",
             _query_and_cache,
-            forward_traffic=_CacheTraffic(),
-            backward_traffic=Traffic(rows=0),
             native=_sdpa_gqa_decode,
             native_label="SDPA, query heads packed per key/value head (HF's decode path)",
-            has_out=False,
-            differentiable=(),
-            shapes={
-                "quick": [(1, 1024)],
-                "standard": [(1, 512), (1, 4096), (8, 1024)],
-                "full": [(1, 512), (1, 4096), (1, 32768), (8, 1024), (8, 4096)],
-            },
             description="one new token, 32/8 heads of 128, against a cache of `hidden` tokens",
+            **_decode_step_options(),
         )
     ]
 

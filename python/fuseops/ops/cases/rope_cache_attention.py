@@ -9,7 +9,7 @@ import torch
 
 from .. import rope_cache_attention as family
 from ._sample import Sample, tensor
-from .decode_attention import _HEAD_DIM, _KV_HEADS, _Q_HEADS, _CacheTraffic
+from .decode_attention import _HEAD_DIM, _KV_HEADS, _Q_HEADS, _decode_step_options
 
 
 def _rotary(b, q_len, rotary, dtype, device, interleaved=False, gen=None):
@@ -79,7 +79,7 @@ def _hf_static_cache_step(query, key, value, cos, sin, key_cache, value_cache, l
 
 
 def bench_cases():
-    from ._bench_case import Case, Traffic
+    from ._bench_case import Case
 
     return [
         Case(
@@ -87,19 +87,11 @@ def bench_cases():
             _step(family.rope_cache_attention),
             _step(family.rope_cache_attention_reference),
             _step_inputs,
-            forward_traffic=_CacheTraffic(),
-            backward_traffic=Traffic(rows=0),
             native=_step(_hf_static_cache_step),
             native_label="HF's static-cache step: rotate_half, index_copy_, SDPA over the cache",
-            has_out=False,
-            differentiable=(),
-            shapes={
-                "quick": [(1, 1024)],
-                "standard": [(1, 512), (1, 4096), (8, 1024)],
-                "full": [(1, 512), (1, 4096), (1, 32768), (8, 1024), (8, 4096)],
-            },
             description="one new token, 32/8 heads of 128, rotary, cache write and attention "
             "against a cache of `hidden` tokens",
+            **_decode_step_options(),
         )
     ]
 

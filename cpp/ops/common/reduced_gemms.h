@@ -39,6 +39,10 @@ bool bfloat16_dot_products_without_amx();
 //   was faster at one and four rows (374 against 408 us, 556 against 726)
 //   but slower at eight (1724 against 1217), and a decode step at batch 8
 //   lost more (18.1 -> 23.2 ms) than one at batch 1 gained (6.2 -> 6.1).
+//   Since the pairs' decode takes three instructions, they match float32 at
+//   one row (one row of 1024 x 2048 weights in cache, one thread: 97
+//   against 96 us) and still lose at four (235 against 175), win at eight
+//   (429 against 606).
 // FUSEOPS_WEIGHT_PAIRS ("1" or "0"; read at every call, so that the tests
 // run both paths on either kind of CPU) overrides both.
 bool int8_weight_pairs();

@@ -477,18 +477,21 @@ def _fused_step_layer(
     module, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs
 ):
     """The static cache layer a fused decode step writes, or None where the
-    step keeps the class's own forward: no cache or not a full static layer
-    (a sliding-window layer's buffer rolls), more new tokens than
-    DECODE_ATTENTION_MAX_QUERY, another attention implementation, a
-    gradient to record, dropout, or inputs the fused op does not take."""
-    from transformers.cache_utils import StaticLayer
+    step keeps the class's own forward: no cache, a dynamic layer, a
+    sliding-window layer that would roll (its buffer full or filling up on
+    this step), more new tokens than DECODE_ATTENTION_MAX_QUERY, another
+    attention implementation, a gradient to record, dropout, or inputs the
+    fused op does not take."""
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
     layers = getattr(past_key_values, "layers", None)
     layer_idx = getattr(module, "layer_idx", None)
     if layers is None or layer_idx is None or layer_idx >= len(layers):
         return None
     layer = layers[layer_idx]
-    if type(layer) is not StaticLayer or not layer.is_initialized:
+    if not getattr(layer, "is_initialized", False):
+        return None
+    if type(layer) not in (StaticLayer, StaticSlidingWindowLayer):
         return None
     if (
         position_embeddings is None
@@ -500,6 +503,14 @@ def _fused_step_layer(
         or kwargs.get("position_bias") is not None
         or kwargs.get("s_aux") is not None
     ):
+        return None
+    if (
+        type(layer) is StaticSlidingWindowLayer
+        and layer.cumulative_length_int + hidden_states.shape[1] > layer.max_cache_len
+    ):
+        # Until its buffer fills, a sliding-window layer is a static one (its
+        # update writes at cumulative_length; the mask holds the window); the
+        # fused step advances its Python count of tokens too.
         return None
     if torch.is_grad_enabled() and (
         hidden_states.requires_grad or any(p.requires_grad for p in module.parameters())
@@ -513,10 +524,10 @@ def _cached_attention_forward_of(
     function: types.FunctionType, rotary: str, qk_norm: bool
 ) -> Callable:
     """The forward of an attention class of a template
-    (_CACHED_ATTENTION_TEMPLATES): a decode step against a full static
-    cache layer runs fuseops.rope_cache_attention (rotary, cache write and
-    attention in one call); every other call the class's own forward with
-    fuseops' rotary (_rope_forward_of)."""
+    (_CACHED_ATTENTION_TEMPLATES): a decode step against a static cache
+    layer (_fused_step_layer) runs fuseops.rope_cache_attention (rotary,
+    cache write and attention in one call); every other call the class's
+    own forward with fuseops' rotary (_rope_forward_of)."""
     rope_forward = _rope_forward_of(function, rotary)
 
     def forward(
@@ -560,6 +571,9 @@ def _cached_attention_forward_of(
             scale=self.scaling,
             interleaved=rotary != "half",
         )
+        if hasattr(layer, "cumulative_length_int"):
+            # StaticSlidingWindowLayer's own count of the tokens written.
+            layer.cumulative_length_int += input_shape[-1]
         out = out.transpose(1, 2).reshape(*input_shape, -1)
         return self.o_proj(out), None
 

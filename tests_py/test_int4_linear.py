@@ -124,13 +124,15 @@ def test_matches_float64_reference(dtype, m, n, k, group_size, symmetric, device
     assert_matches(y, want, k)
 
 
+@pytest.mark.parametrize("weight_pairs", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_rows_do_not_depend_on_the_batch(dtype, device):
+def test_rows_do_not_depend_on_the_batch(dtype, weight_pairs, device, monkeypatch):
     # Every row sums in the same order whatever the number of rows (the
     # decode path and the buffered one; for bfloat16 on CPUs with
-    # AVX512_BF16, the pair path's in-register and shared-group tiles), so
-    # a row computed alone equals the same row in a batch (decode vs
-    # prefill).
+    # AVX512_BF16 and FUSEOPS_WEIGHT_PAIRS=1, read at every call, the pair
+    # path's in-register and shared-group tiles), so a row computed alone
+    # equals the same row in a batch (decode vs prefill).
+    monkeypatch.setenv("FUSEOPS_WEIGHT_PAIRS", weight_pairs)
     _, _, (packed, scale_zero) = packed_weight(40, 300, 64, device)
     x = torch.randn(100, 300, device=device).to(dtype)
     batch = fuseops.int4_weight_only_linear(x, packed, scale_zero, 64)
@@ -224,12 +226,15 @@ def test_bfloat16_pair_path_with_and_without_avx512_bf16():
         pytest.skip("this CPU cannot run AVX512 code")
     avx512 = {"ATEN_CPU_CAPABILITY": "avx512"}
     with open("/proc/cpuinfo") as f:
-        has_bf16 = "avx512_bf16" in f.read()
+        flags = f.read()
+    has_bf16 = "avx512_bf16" in flags
+    # By default the pairs where there is no AMX-BF16 (Zen 4), as for int8.
+    pairs_by_default = has_bf16 and "amx_bf16" not in flags
     for env, pairs in [
         (_FLOAT_PATHS, False),
         ({"FUSEOPS_WEIGHT_PAIRS": "0"}, False),
         ({"FUSEOPS_WEIGHT_PAIRS": "1"}, has_bf16),
-        ({}, has_bf16),
+        ({}, pairs_by_default),
     ]:
         result = run_python(_PAIR_PATH_CODE, {**env, **avx512})
         assert result.returncode == 0, (env, result.stderr)

@@ -83,11 +83,9 @@ bool bfloat16_dot_products_without_amx() {
   return without_amx;
 }
 
-bool int8_weight_pairs() {
+bool weight_pairs() {
   static const bool without_amx = !cpu_has_any({"amx_bf16"});
   return weight_pairs_override().value_or(without_amx);
 }
-
-bool int4_weight_pairs() { return weight_pairs_override().value_or(true); }
 
 }  // namespace fuseops::detail

@@ -29,23 +29,17 @@ bool bfloat16_dot_products_without_amx();
 // Whether the int8 and int4 weight-only kernels (int8_weight_only_linear,
 // int4_weight_only_linear) multiply bfloat16 activations by vdpbf16ps on
 // weights widened to bfloat16 pairs (on CPUs with AVX512_BF16: the kernels
-// also test kCpuHasAvx512Bf16), or widen both to float32. By default:
-// - int8: the pairs where the CPU has no AMX-BF16 (Zen 4, where they were
-//   faster), float32 where it has: on a Xeon with AMX, float32 was faster
-//   at every row count (one row of 512 x 1024 weights in cache, one thread:
-//   25.8 against 14.3 G weights per second; 5632 x 2048 from memory, two
-//   threads: 745 against 1035 us at one row, 1545 against 1770 at eight);
-// - int4: the pairs on every CPU with AVX512_BF16: on the same Xeon float32
-//   was faster at one and four rows (374 against 408 us, 556 against 726)
-//   but slower at eight (1724 against 1217), and a decode step at batch 8
-//   lost more (18.1 -> 23.2 ms) than one at batch 1 gained (6.2 -> 6.1).
-//   Since the pairs' decode takes three instructions, they match float32 at
-//   one row (one row of 1024 x 2048 weights in cache, one thread: 97
-//   against 96 us) and still lose at four (235 against 175), win at eight
-//   (429 against 606).
+// also test kCpuHasAvx512Bf16), or widen both to float32. By default the
+// pairs where the CPU has no AMX-BF16 (Zen 4, where they were faster),
+// float32 where it has: vdpbf16ps takes two cycles there. Measured on a Xeon
+// with AMX, one thread, one to eight rows of bfloat16 in cache:
+// - int8 (512 x 1024 weights, one row): float32 25.8 against 14.3 G weights
+//   per second; 5632 x 2048 from memory, two threads: 745 against 1035 us
+//   at one row, 1545 against 1770 at eight;
+// - int4 (1024 x 2048 weights): float32 96 / 176 / 294 us at 1 / 4 / 8
+//   rows against the pairs' 98 / 236 / 432, and 478 against 664 at 12.
 // FUSEOPS_WEIGHT_PAIRS ("1" or "0"; read at every call, so that the tests
-// run both paths on either kind of CPU) overrides both.
-bool int8_weight_pairs();
-bool int4_weight_pairs();
+// run both paths on either kind of CPU) overrides the choice.
+bool weight_pairs();
 
 }  // namespace fuseops::detail

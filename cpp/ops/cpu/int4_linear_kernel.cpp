@@ -27,10 +27,10 @@
 // the CPU build (fused multiply-adds everywhere, std::fma in the DEFAULT
 // build), so every build returns the same bits and a row's result does not
 // depend on the rows around it. The exception: bfloat16 activations on
-// CPUs with AVX512_BF16 take the vdpbf16ps path below at every row count
-// (its sums differ from the float32 path's by float32 rounding; a row still
-// has the same bits whatever the batch), unless FUSEOPS_DISABLE_AVX512_BF16
-// is set.
+// CPUs with AVX512_BF16 and without AMX-BF16 (detail::weight_pairs) take the
+// vdpbf16ps path below at every row count (its sums differ from the float32
+// path's by float32 rounding; a row still has the same bits whatever the
+// batch), unless FUSEOPS_DISABLE_AVX512_BF16 is set.
 
 #include <algorithm>
 #include <cstdint>
@@ -59,6 +59,18 @@ constexpr int64_t W = FloatVec::size();
 constexpr int64_t kBlockN = detail::kInt4BlockN;
 // Vectors per block of 16 channels.
 constexpr int V = static_cast<int>(kBlockN / W);
+// The tiles' accumulators, in the build's own vector type: GCC kept an
+// array of at::vec::Vectorized in memory once it held more than 4 rows'
+// even and odd sums (a load and a store around every multiply-add), an
+// array of __m512 in registers (8 rows of 1024 x 2048 weights in cache, one
+// thread: 603 -> 319 us).
+#if defined(CPU_CAPABILITY_AVX512)
+using Accumulator = __m512;
+#elif defined(CPU_CAPABILITY_AVX2)
+using Accumulator = __m256;
+#else
+using Accumulator = FloatVec;
+#endif
 // Rows decoded from registers in one pass (the decode path), and rows per
 // tile over a decoded group (the buffered path): two accumulators per row
 // and vector, within the register file (32 vectors with AVX-512, 16
@@ -126,14 +138,14 @@ struct Group {
 // then loads and stores it around every multiply-add of the hot loop (it did
 // so for two rows: three times the time of one row).
 template <int R>
-C10_ALWAYS_INLINE void finish_group(const Group& group, const FloatVec (&dots)[R][V], float* result,
-                                    bool first) {
+C10_ALWAYS_INLINE void finish_group(const Group& group, const Accumulator (&dots)[R][V],
+                                    float* result, bool first) {
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const FloatVec x_sum(group.sums[r * group.sums_stride]);
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
-      const FloatVec dot = fused_multiply_add(group.neg_zero[v], x_sum, dots[r][v]);
+      const FloatVec dot = fused_multiply_add(group.neg_zero[v], x_sum, FloatVec(dots[r][v]));
       const FloatVec before =
           first ? FloatVec(0.0f) : FloatVec::loadu(result + r * kBlockN + v * W);
       fused_multiply_add(group.scale[v], dot, before).store(result + r * kBlockN + v * W);
@@ -143,25 +155,20 @@ C10_ALWAYS_INLINE void finish_group(const Group& group, const FloatVec (&dots)[R
 
 // The even and odd accumulators of R rows added, then finish_group.
 template <int R>
-C10_ALWAYS_INLINE void finish_even_odd(const Group& group, FloatVec (&even)[R][V],
-                                       const FloatVec (&odd)[R][V], float* result, bool first) {
+C10_ALWAYS_INLINE void finish_even_odd(const Group& group, Accumulator (&even)[R][V],
+                                       const Accumulator (&odd)[R][V], float* result, bool first) {
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
-      even[r][v] = even[r][v] + odd[r][v];
+      even[r][v] = FloatVec(even[r][v]) + FloatVec(odd[r][v]);
     }
   }
   finish_group<R>(group, even, result, first);
 }
 
-// R rows (x rows `x_stride` floats apart, from the group's first position)
-// over one group of the block's packed weight `w`, decoded in registers.
 template <int R>
-C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8_t* w,
-                                   const Group& group, float* result, bool first) {
-  FloatVec even[R][V];
-  FloatVec odd[R][V];
+C10_ALWAYS_INLINE void zero_accumulators(Accumulator (&even)[R][V], Accumulator (&odd)[R][V]) {
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
@@ -170,6 +177,16 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
       odd[r][v] = FloatVec(0.0f);
     }
   }
+}
+
+// R rows (x rows `x_stride` floats apart, from the group's first position)
+// over one group of the block's packed weight `w`, decoded in registers.
+template <int R>
+C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8_t* w,
+                                   const Group& group, float* result, bool first) {
+  Accumulator even[R][V];
+  Accumulator odd[R][V];
+  zero_accumulators<R>(even, odd);
   for (int64_t p = 0; p < group.pairs; ++p) {
     if (p % 4 == 0) {
       prefetch_ahead(w + p * kBlockN);  // one 64-byte line per 4 pairs
@@ -183,8 +200,8 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
       const FloatVec xo(x[r * x_stride + 2 * p + 1]);
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) {
-        even[r][v] = fused_multiply_add(we[v], xe, even[r][v]);
-        odd[r][v] = fused_multiply_add(wo[v], xo, odd[r][v]);
+        even[r][v] = fused_multiply_add(we[v], xe, FloatVec(even[r][v]));
+        odd[r][v] = fused_multiply_add(wo[v], xo, FloatVec(odd[r][v]));
       }
     }
   }
@@ -196,16 +213,9 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
 template <int R>
 C10_ALWAYS_INLINE void buffered_tile(const float* x, int64_t x_stride, const float* decoded,
                                      const Group& group, float* result, bool first) {
-  FloatVec even[R][V];
-  FloatVec odd[R][V];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int v = 0; v < V; ++v) {
-      even[r][v] = FloatVec(0.0f);
-      odd[r][v] = FloatVec(0.0f);
-    }
-  }
+  Accumulator even[R][V];
+  Accumulator odd[R][V];
+  zero_accumulators<R>(even, odd);
   for (int64_t p = 0; p < group.pairs; ++p) {
     const float* we = decoded + 2 * p * kBlockN;
     const float* wo = we + kBlockN;
@@ -215,8 +225,8 @@ C10_ALWAYS_INLINE void buffered_tile(const float* x, int64_t x_stride, const flo
       const FloatVec xo(x[r * x_stride + 2 * p + 1]);
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) {
-        even[r][v] = fused_multiply_add(FloatVec::loadu(we + v * W), xe, even[r][v]);
-        odd[r][v] = fused_multiply_add(FloatVec::loadu(wo + v * W), xo, odd[r][v]);
+        even[r][v] = fused_multiply_add(FloatVec::loadu(we + v * W), xe, FloatVec(even[r][v]));
+        odd[r][v] = fused_multiply_add(FloatVec::loadu(wo + v * W), xo, FloatVec(odd[r][v]));
       }
     }
   }
@@ -352,7 +362,7 @@ C10_ALWAYS_INLINE void pair_tile(const int32_t* x, const uint8_t* w, const c10::
   if (p + 1 < group.pairs) {
     add_pair_products<R, 1>(acc, pair_weights<kBuffered>(w, decoded, table, p + 1), x, p + 1);
   }
-  FloatVec dots[R][V];
+  Accumulator dots[R][V];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     dots[r][0] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), acc[r][2]);
@@ -416,7 +426,7 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
   [[maybe_unused]] const int32_t* arranged = nullptr;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    if (detail::int4_weight_pairs() && kCpuHasAvx512Bf16) {
+    if (detail::weight_pairs() && kCpuHasAvx512Bf16) {
       const int64_t tiles = (m_total + kPairTileRows - 1) / kPairTileRows;
       const size_t dwords = static_cast<size_t>(tiles * k_pairs * kPairTileRows);
       std::vector<int32_t>& buffer =

@@ -255,7 +255,7 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
   [[maybe_unused]] const c10::BFloat16* xb = nullptr;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    paired = detail::int8_weight_pairs() && kCpuHasAvx512Bf16;
+    paired = detail::weight_pairs() && kCpuHasAvx512Bf16;
     if (paired && k == k_padded) {
       xb = in;
     } else if (paired) {

@@ -59,18 +59,6 @@ constexpr int64_t W = FloatVec::size();
 constexpr int64_t kBlockN = detail::kInt4BlockN;
 // Vectors per block of 16 channels.
 constexpr int V = static_cast<int>(kBlockN / W);
-// The tiles' accumulators, in the build's own vector type: GCC kept an
-// array of at::vec::Vectorized in memory once it held more than 4 rows'
-// even and odd sums (a load and a store around every multiply-add), an
-// array of __m512 in registers (8 rows of 1024 x 2048 weights in cache, one
-// thread: 603 -> 319 us).
-#if defined(CPU_CAPABILITY_AVX512)
-using Accumulator = __m512;
-#elif defined(CPU_CAPABILITY_AVX2)
-using Accumulator = __m256;
-#else
-using Accumulator = FloatVec;
-#endif
 // Rows decoded from registers in one pass (the decode path), and rows per
 // tile over a decoded group (the buffered path): two accumulators per row
 // and vector, within the register file (32 vectors with AVX-512, 16

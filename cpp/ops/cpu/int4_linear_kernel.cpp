@@ -167,8 +167,27 @@ C10_ALWAYS_INLINE void zero_accumulators(Accumulator (&even)[R][V], Accumulator 
   }
 }
 
-// R rows (x rows `x_stride` floats apart, from the group's first position)
-// over one group of the block's packed weight `w`, decoded in registers.
+// Pair p's decoded weights (`we`: the even position's, `wo`: the odd one's)
+// times R rows' activations (x rows `x_stride` floats apart, from the
+// group's first position), added to the rows' even and odd sums.
+template <int R>
+C10_ALWAYS_INLINE void add_pair_to_rows(Accumulator (&even)[R][V], Accumulator (&odd)[R][V],
+                                        const FloatVec (&we)[V], const FloatVec (&wo)[V],
+                                        const float* x, int64_t x_stride, int64_t p) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const FloatVec xe(x[r * x_stride + 2 * p]);
+    const FloatVec xo(x[r * x_stride + 2 * p + 1]);
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) {
+      even[r][v] = fused_multiply_add(we[v], xe, FloatVec(even[r][v]));
+      odd[r][v] = fused_multiply_add(wo[v], xo, FloatVec(odd[r][v]));
+    }
+  }
+}
+
+// R rows over one group of the block's packed weight `w`, decoded in
+// registers.
 template <int R>
 C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8_t* w,
                                    const Group& group, float* result, bool first) {
@@ -182,16 +201,7 @@ C10_ALWAYS_INLINE void direct_tile(const float* x, int64_t x_stride, const uint8
     FloatVec we[V];
     FloatVec wo[V];
     decode_pair(w + p * kBlockN, we, wo);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const FloatVec xe(x[r * x_stride + 2 * p]);
-      const FloatVec xo(x[r * x_stride + 2 * p + 1]);
-#pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) {
-        even[r][v] = fused_multiply_add(we[v], xe, FloatVec(even[r][v]));
-        odd[r][v] = fused_multiply_add(wo[v], xo, FloatVec(odd[r][v]));
-      }
-    }
+    add_pair_to_rows<R>(even, odd, we, wo, x, x_stride, p);
   }
   finish_even_odd<R>(group, even, odd, result, first);
 }
@@ -205,18 +215,13 @@ C10_ALWAYS_INLINE void buffered_tile(const float* x, int64_t x_stride, const flo
   Accumulator odd[R][V];
   zero_accumulators<R>(even, odd);
   for (int64_t p = 0; p < group.pairs; ++p) {
-    const float* we = decoded + 2 * p * kBlockN;
-    const float* wo = we + kBlockN;
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const FloatVec xe(x[r * x_stride + 2 * p]);
-      const FloatVec xo(x[r * x_stride + 2 * p + 1]);
-#pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) {
-        even[r][v] = fused_multiply_add(FloatVec::loadu(we + v * W), xe, FloatVec(even[r][v]));
-        odd[r][v] = fused_multiply_add(FloatVec::loadu(wo + v * W), xo, FloatVec(odd[r][v]));
-      }
+    FloatVec we[V];
+    FloatVec wo[V];
+    for (int v = 0; v < V; ++v) {
+      we[v] = FloatVec::loadu(decoded + 2 * p * kBlockN + v * W);
+      wo[v] = FloatVec::loadu(decoded + (2 * p + 1) * kBlockN + v * W);
     }
+    add_pair_to_rows<R>(even, odd, we, wo, x, x_stride, p);
   }
   finish_even_odd<R>(group, even, odd, result, first);
 }

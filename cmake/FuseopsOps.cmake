@@ -16,9 +16,13 @@
 # and fuseops_add_op checks that each exists:
 #
 #   cpp/include/fuseops/<name>.h    public C++ API
+#   cpp/ops/<name>.yaml             the family's operator schemas, from which
+#                                   cmake/generate_op_registrations.py writes
+#                                   their definitions and the kernel registration
+#                                   that <Name>Registrations::register_all calls
 #   cpp/ops/<name>.h                the contract every backend includes: kernel
 #                                   types, <name>_with(...), <Name>Registrations
-#   cpp/ops/<name>.cpp              schemas, C++ API, shared checks, Meta kernels
+#   cpp/ops/<name>.cpp              C++ API, shared checks, Meta kernels
 #   cpp/ops/cpu/<name>.h            CPU kernel tables (<Name>CpuKernels) and
 #                                   <Name>CpuRegistrations, which fuseops_add_op
 #                                   registers with the dispatcher's CPU key from
@@ -46,6 +50,25 @@ function(_fuseops_camel_case name out)
   set(${out} "${camel}" PARENT_SCOPE)
 endfunction()
 
+# Writes ops_generated/<name>_schemas.cpp (the operators' definitions) and
+# ops_generated/<name>.h (register_<name>_kernels) from cpp/ops/<name>.yaml,
+# into FUSEOPS_OPS_GENERATED_DIR, a private include directory of the library.
+# CMake configures again when the declaration or the generator changes.
+function(_fuseops_generate_registrations name)
+  set(declaration "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.yaml")
+  set(generator "${PROJECT_SOURCE_DIR}/cmake/generate_op_registrations.py")
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" "${generator}" ${name} "${declaration}"
+            "${FUSEOPS_OPS_GENERATED_DIR}"
+    RESULT_VARIABLE result
+    ERROR_VARIABLE error)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "fuseops_add_op(${name}): ${error}")
+  endif()
+  set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY
+    CMAKE_CONFIGURE_DEPENDS "${declaration}" "${generator}")
+endfunction()
+
 function(fuseops_add_op name)
   cmake_parse_arguments(PARSE_ARGV 1 ARG "COMPOSITE" "" "KERNELS")
   if(ARG_COMPOSITE AND ARG_KERNELS)
@@ -56,6 +79,7 @@ function(fuseops_add_op name)
   endif()
   set(files
     cpp/include/fuseops/${name}.h
+    cpp/ops/${name}.yaml
     cpp/ops/${name}.cpp
     python/csrc/${name}.cpp
     tests_cpp/${name}_test.cpp)
@@ -75,7 +99,10 @@ function(fuseops_add_op name)
                           "(see \"Adding an op\" in CONTRIBUTING.md)")
     endif()
   endforeach()
-  target_sources(fuseops PRIVATE "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.cpp")
+  _fuseops_generate_registrations(${name})
+  target_sources(fuseops PRIVATE
+    "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.cpp"
+    "${FUSEOPS_OPS_GENERATED_DIR}/ops_generated/${name}_schemas.cpp")
   if(NOT ARG_COMPOSITE)
     # Every family registers its CPU kernels the same way: one generated
     # translation unit calls the header's <Name>CpuRegistrations.

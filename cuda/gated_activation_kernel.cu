@@ -169,6 +169,8 @@ struct Kernels {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::GatedRegistrations<Kernels>::register_all(m); }
+TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
+  detail::GatedActivationRegistrations<Kernels>::register_all(m);
+}
 
 }  // namespace fuseops::cuda

@@ -344,34 +344,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def("gelu(Tensor input, str approximate='none') -> Tensor", tags);
-  // out= overloads return nothing: torch.compile can functionalize a custom
-  // op that mutates an argument, not one whose output aliases it.
-  m.def("gelu.out(Tensor input, str approximate='none', *, Tensor(a!) out) -> ()", tags);
-  m.def("gelu_backward(Tensor grad_output, Tensor input, str approximate='none') -> Tensor", tags);
-  m.def(
-      "gelu_backward.out(Tensor grad_output, Tensor input, str approximate='none', *, "
-      "Tensor(a!) out) -> ()",
-      tags);
-  m.def("silu(Tensor input) -> Tensor", tags);
-  m.def("silu.out(Tensor input, *, Tensor(a!) out) -> ()", tags);
-  m.def("silu_backward(Tensor grad_output, Tensor input) -> Tensor", tags);
-  m.def("silu_backward.out(Tensor grad_output, Tensor input, *, Tensor(a!) out) -> ()", tags);
-  m.def("bias_gelu(Tensor input, Tensor bias, str approximate='none') -> Tensor", tags);
-  m.def("bias_gelu.out(Tensor input, Tensor bias, str approximate='none', *, Tensor(a!) out) -> ()",
-        tags);
-  m.def(
-      "bias_gelu_backward(Tensor grad_output, Tensor input, Tensor bias, "
-      "str approximate='none') -> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "bias_gelu_backward.out(Tensor grad_output, Tensor input, Tensor bias, "
-      "str approximate='none', *, Tensor(a!) grad_input, Tensor(b!) grad_bias) -> ()",
-      tags);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::ActivationRegistrations<MetaKernels>::register_all(m);
 }

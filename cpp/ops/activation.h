@@ -9,7 +9,8 @@
 #include <type_traits>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/activation.h"
 
 namespace fuseops::detail {
 
@@ -152,20 +153,11 @@ struct ActivationRegistrations {
                                 Kernels::bias_gelu_backward());
   }
 
+  // The operators of cpp/ops/activation.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("gelu", TORCH_FN(gelu));
-    m.impl("gelu.out", TORCH_FN(gelu_out));
-    m.impl("gelu_backward", TORCH_FN(gelu_backward));
-    m.impl("gelu_backward.out", TORCH_FN(gelu_backward_out));
-    m.impl("silu", TORCH_FN(silu));
-    m.impl("silu.out", TORCH_FN(silu_out));
-    m.impl("silu_backward", TORCH_FN(silu_backward));
-    m.impl("silu_backward.out", TORCH_FN(silu_backward_out));
-    m.impl("bias_gelu", TORCH_FN(bias_gelu));
-    m.impl("bias_gelu.out", TORCH_FN(bias_gelu_out));
-    m.impl("bias_gelu_backward", TORCH_FN(bias_gelu_backward));
-    m.impl("bias_gelu_backward.out", TORCH_FN(bias_gelu_backward_out));
+    register_activation_kernels<ActivationRegistrations>(m);
   }
 };
 

@@ -404,34 +404,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def(
-      "causal_conv1d(Tensor x, Tensor weight, Tensor? bias=None, Tensor? initial_states=None, "
-      "str? activation=None) -> Tensor",
-      tags);
-  // The out= overload returns nothing: torch.compile can functionalize a
-  // custom op that mutates an argument, not one whose output aliases it.
-  m.def(
-      "causal_conv1d.out(Tensor x, Tensor weight, Tensor? bias=None, "
-      "Tensor? initial_states=None, str? activation=None, *, Tensor(a!) out) -> ()",
-      tags);
-  // causal_conv1d plus the final states (the last width-1 inputs).
-  m.def(
-      "causal_conv1d_forward(Tensor x, Tensor weight, Tensor? bias=None, "
-      "Tensor? initial_states=None, str? activation=None) -> (Tensor out, Tensor final_states)",
-      tags);
-  m.def(
-      "causal_conv1d_backward(Tensor grad_output, Tensor x, Tensor weight, Tensor? bias, "
-      "Tensor? initial_states, Tensor? grad_final_states, str? activation) -> (Tensor grad_x, "
-      "Tensor grad_weight, Tensor grad_bias, Tensor grad_initial_states)",
-      tags);
-  m.def(
-      "causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, "
-      "Tensor? bias=None, str? activation=None) -> Tensor",
-      tags);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::CausalConv1dRegistrations<MetaKernels>::register_all(m);
 }

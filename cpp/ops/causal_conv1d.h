@@ -7,7 +7,8 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/causal_conv1d.h"
 
 namespace fuseops::detail {
 
@@ -103,13 +104,11 @@ struct CausalConv1dRegistrations {
     return causal_conv1d_update_with(x, conv_state, weight, bias, activation, Kernels::update());
   }
 
+  // The operators of cpp/ops/causal_conv1d.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("causal_conv1d", TORCH_FN(causal_conv1d));
-    m.impl("causal_conv1d.out", TORCH_FN(causal_conv1d_out));
-    m.impl("causal_conv1d_forward", TORCH_FN(causal_conv1d_forward));
-    m.impl("causal_conv1d_backward", TORCH_FN(causal_conv1d_backward));
-    m.impl("causal_conv1d_update", TORCH_FN(causal_conv1d_update));
+    register_causal_conv1d_kernels<CausalConv1dRegistrations>(m);
   }
 };
 

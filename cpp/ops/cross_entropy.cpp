@@ -614,56 +614,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def(
-      "cross_entropy(Tensor logits, Tensor target, Tensor? weight=None, str reduction='mean', "
-      "int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, "
-      "float? softcap=None) -> Tensor",
-      tags);
-  m.def(
-      "cross_entropy_forward(Tensor logits, Tensor target, Tensor? weight=None, "
-      "str reduction='mean', int ignore_index=-100, float label_smoothing=0.0, "
-      "float z_loss=0.0, float? softcap=None) -> (Tensor, Tensor, Tensor)",
-      tags);
-  m.def(
-      "cross_entropy_backward(Tensor grad_output, Tensor logits, Tensor target, Tensor? weight, "
-      "Tensor lse, Tensor total_weight, str reduction, int ignore_index, float label_smoothing, "
-      "float z_loss, float? softcap) -> Tensor",
-      tags);
-  m.def(
-      "cross_entropy_inplace(Tensor(a!) logits, Tensor target, Tensor? weight=None, "
-      "str reduction='mean', int ignore_index=-100, float label_smoothing=0.0, "
-      "float z_loss=0.0, float? softcap=None) -> Tensor",
-      tags);
-  m.def(
-      "linear_cross_entropy(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
-      "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
-      "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
-      "float? normalizer=None) -> Tensor",
-      tags);
-  m.def(
-      "linear_cross_entropy_stats(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
-      "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
-      "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
-      "float? normalizer=None, bool predict=False, bool softmax_stats=False) "
-      "-> (Tensor, Tensor, Tensor, Tensor)",
-      tags);
-  m.def(
-      "linear_cross_entropy_forward(Tensor input, Tensor weight, Tensor? bias, Tensor target, "
-      "Tensor? class_weight=None, str reduction='mean', int ignore_index=-100, "
-      "float label_smoothing=0.0, float z_loss=0.0, float? softcap=None, "
-      "float? normalizer=None, bool predict=False, bool weight_grad=True, "
-      "bool softmax_stats=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-      tags);
-  m.def(
-      "linear_cross_entropy_backward(Tensor grad_output, Tensor input, Tensor weight, "
-      "Tensor? bias, Tensor target, Tensor? class_weight, str reduction, int ignore_index, "
-      "float label_smoothing, float z_loss, float? softcap, float? normalizer) "
-      "-> (Tensor, Tensor, Tensor)",
-      tags);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::CrossEntropyRegistrations<MetaKernels>::register_all(m);
 }

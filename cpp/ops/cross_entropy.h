@@ -9,9 +9,9 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
 
 #include "ops/common/linear_loss.h"
+#include "ops_generated/cross_entropy.h"
 
 namespace fuseops::detail {
 
@@ -214,16 +214,11 @@ struct CrossEntropyRegistrations {
     return {r.grad_input, r.grad_weight, r.grad_bias};
   }
 
+  // The operators of cpp/ops/cross_entropy.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("cross_entropy", TORCH_FN(cross_entropy));
-    m.impl("cross_entropy_forward", TORCH_FN(cross_entropy_forward));
-    m.impl("cross_entropy_backward", TORCH_FN(cross_entropy_backward));
-    m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace));
-    m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy));
-    m.impl("linear_cross_entropy_stats", TORCH_FN(linear_cross_entropy_stats));
-    m.impl("linear_cross_entropy_forward", TORCH_FN(linear_cross_entropy_forward));
-    m.impl("linear_cross_entropy_backward", TORCH_FN(linear_cross_entropy_backward));
+    register_cross_entropy_kernels<CrossEntropyRegistrations>(m);
   }
 };
 

@@ -135,15 +135,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  // Inference op: no derivative (cpp/ops/autograd/decode_attention.cpp
-  // refuses inputs that would record a gradient).
-  m.def(
-      "decode_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
-      "bool is_causal=False, float? scale=None, float softcap=0.0) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::DecodeAttentionRegistrations<MetaKernels>::register_all(m);
 }

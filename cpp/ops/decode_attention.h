@@ -5,7 +5,8 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/decode_attention.h"
 
 namespace fuseops::detail {
 
@@ -35,9 +36,11 @@ struct DecodeAttentionRegistrations {
                                  Kernels::forward());
   }
 
+  // The operators of cpp/ops/decode_attention.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("decode_attention", TORCH_FN(decode_attention));
+    register_decode_attention_kernels<DecodeAttentionRegistrations>(m);
   }
 };
 

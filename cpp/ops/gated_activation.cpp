@@ -345,39 +345,9 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  // Packed overloads take one [..., 2*H] tensor: gate = input[..., :H],
-  // up = input[..., H:]. out= overloads return nothing (see relu.out).
-  m.def("swiglu(Tensor gate, Tensor up) -> Tensor", tags);
-  m.def("swiglu.out(Tensor gate, Tensor up, *, Tensor(a!) out) -> ()", tags);
-  m.def("swiglu.packed(Tensor input) -> Tensor", tags);
-  m.def("swiglu.packed_out(Tensor input, *, Tensor(a!) out) -> ()", tags);
-  m.def("swiglu_backward(Tensor grad_output, Tensor gate, Tensor up) -> (Tensor, Tensor)", tags);
-  m.def(
-      "swiglu_backward.out(Tensor grad_output, Tensor gate, Tensor up, *, Tensor(a!) grad_gate, "
-      "Tensor(b!) grad_up) -> ()",
-      tags);
-  m.def("swiglu_backward.packed(Tensor grad_output, Tensor input) -> Tensor", tags);
-  m.def("geglu(Tensor gate, Tensor up, str approximate='none') -> Tensor", tags);
-  m.def("geglu.out(Tensor gate, Tensor up, str approximate='none', *, Tensor(a!) out) -> ()", tags);
-  m.def("geglu.packed(Tensor input, str approximate='none') -> Tensor", tags);
-  m.def("geglu.packed_out(Tensor input, str approximate='none', *, Tensor(a!) out) -> ()", tags);
-  m.def(
-      "geglu_backward(Tensor grad_output, Tensor gate, Tensor up, str approximate='none') "
-      "-> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "geglu_backward.out(Tensor grad_output, Tensor gate, Tensor up, str approximate='none', "
-      "*, Tensor(a!) grad_gate, Tensor(b!) grad_up) -> ()",
-      tags);
-  m.def(
-      "geglu_backward.packed(Tensor grad_output, Tensor input, str approximate='none') "
-      "-> Tensor",
-      tags);
+TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
+  detail::GatedActivationRegistrations<MetaKernels>::register_all(m);
 }
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::GatedRegistrations<MetaKernels>::register_all(m); }
 
 // Autocast as torch's act(gate) * up: the multiply promotes mixed inputs.
 FUSEOPS_AUTOCAST(swiglu, kPromote, kPromote)

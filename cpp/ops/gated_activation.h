@@ -6,9 +6,9 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
 
 #include "ops/activation.h"
+#include "ops_generated/gated_activation.h"
 
 namespace fuseops::detail {
 
@@ -50,7 +50,7 @@ at::Tensor gated_packed_backward_with(const char* op, const at::Tensor& grad_out
 // The dispatcher entry points of one backend, whose `Kernels::forward()` and
 // `Kernels::backward()` return its kernels.
 template <typename Kernels>
-struct GatedRegistrations {
+struct GatedActivationRegistrations {
   using TensorPair = std::tuple<at::Tensor, at::Tensor>;
 
   static at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
@@ -77,7 +77,7 @@ struct GatedRegistrations {
     gated_backward_out_with("fuseops::swiglu_backward.out", grad_output, gate, up, Activation::Silu,
                             grad_gate, grad_up, Kernels::backward());
   }
-  static at::Tensor swiglu_packed_backward(const at::Tensor& grad_output, const at::Tensor& input) {
+  static at::Tensor swiglu_backward_packed(const at::Tensor& grad_output, const at::Tensor& input) {
     return gated_packed_backward_with("fuseops::swiglu_backward.packed", grad_output, input,
                                       Activation::Silu, Kernels::backward());
   }
@@ -116,29 +116,18 @@ struct GatedRegistrations {
     gated_backward_out_with(op, grad_output, gate, up, parse_gelu_approximate(op, approximate),
                             grad_gate, grad_up, Kernels::backward());
   }
-  static at::Tensor geglu_packed_backward(const at::Tensor& grad_output, const at::Tensor& input,
+  static at::Tensor geglu_backward_packed(const at::Tensor& grad_output, const at::Tensor& input,
                                           std::string_view approximate) {
     constexpr const char* op = "fuseops::geglu_backward.packed";
     return gated_packed_backward_with(op, grad_output, input,
                                       parse_gelu_approximate(op, approximate), Kernels::backward());
   }
 
+  // The operators of cpp/ops/gated_activation.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("swiglu", TORCH_FN(swiglu));
-    m.impl("swiglu.out", TORCH_FN(swiglu_out));
-    m.impl("swiglu.packed", TORCH_FN(swiglu_packed));
-    m.impl("swiglu.packed_out", TORCH_FN(swiglu_packed_out));
-    m.impl("swiglu_backward", TORCH_FN(swiglu_backward));
-    m.impl("swiglu_backward.out", TORCH_FN(swiglu_backward_out));
-    m.impl("swiglu_backward.packed", TORCH_FN(swiglu_packed_backward));
-    m.impl("geglu", TORCH_FN(geglu));
-    m.impl("geglu.out", TORCH_FN(geglu_out));
-    m.impl("geglu.packed", TORCH_FN(geglu_packed));
-    m.impl("geglu.packed_out", TORCH_FN(geglu_packed_out));
-    m.impl("geglu_backward", TORCH_FN(geglu_backward));
-    m.impl("geglu_backward.out", TORCH_FN(geglu_backward_out));
-    m.impl("geglu_backward.packed", TORCH_FN(geglu_packed_backward));
+    register_gated_activation_kernels<GatedActivationRegistrations>(m);
   }
 };
 

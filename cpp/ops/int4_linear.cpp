@@ -323,27 +323,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  // Inference ops: no derivative (cpp/ops/autograd/int4_linear.cpp refuses
-  // inputs that would record a gradient).
-  m.def(
-      "quantize_per_group_int4(Tensor weight, int group_size=128, bool symmetric=True) "
-      "-> (Tensor, Tensor, Tensor)",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "pack_int4_weight(Tensor wq, Tensor scale, Tensor zero, int group_size) "
-      "-> (Tensor, Tensor)",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "int4_weight_only_linear(Tensor input, Tensor packed, Tensor scale_zero, "
-      "int group_size, Tensor? bias=None) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "int4_dynamic_linear(Tensor input, Tensor packed, Tensor scale_zero, "
-      "int group_size, Tensor? bias=None) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
   m.impl("quantize_per_group_int4", TORCH_FN(detail::quantize_per_group_int4_impl));
   m.impl("pack_int4_weight", TORCH_FN(detail::pack_int4_weight_impl));

@@ -7,7 +7,8 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/int4_linear.h"
 
 namespace fuseops::detail {
 
@@ -52,10 +53,11 @@ struct Int4LinearRegistrations {
                                     Kernels::dynamic());
   }
 
+  // The operators of cpp/ops/int4_linear.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("int4_weight_only_linear", TORCH_FN(int4_weight_only_linear));
-    m.impl("int4_dynamic_linear", TORCH_FN(int4_dynamic_linear));
+    register_int4_linear_kernels<Int4LinearRegistrations>(m);
   }
 };
 

@@ -190,21 +190,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  // Inference ops: no derivative (cpp/ops/autograd/int8_linear.cpp refuses
-  // inputs that would record a gradient).
-  m.def("pack_int8_weight(Tensor wq, Tensor scale) -> (Tensor, Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
-  m.def(
-      "int8_weight_only_linear(Tensor input, Tensor packed, Tensor scale, Tensor? bias=None) "
-      "-> Tensor",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "int8_dynamic_linear(Tensor input, Tensor packed, Tensor scale, Tensor colsum, "
-      "Tensor? bias=None) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
   m.impl("pack_int8_weight", TORCH_FN(detail::pack_int8_weight_impl));
 }

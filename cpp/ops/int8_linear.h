@@ -6,7 +6,8 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/int8_linear.h"
 
 namespace fuseops::detail {
 
@@ -62,10 +63,11 @@ struct Int8LinearRegistrations {
     return int8_dynamic_linear_with(input, packed, scale, colsum, bias, Kernels::dynamic());
   }
 
+  // The operators of cpp/ops/int8_linear.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("int8_weight_only_linear", TORCH_FN(int8_weight_only_linear));
-    m.impl("int8_dynamic_linear", TORCH_FN(int8_dynamic_linear));
+    register_int8_linear_kernels<Int8LinearRegistrations>(m);
   }
 };
 

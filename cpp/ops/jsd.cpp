@@ -486,40 +486,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def(
-      "jsd(Tensor student_logits, Tensor teacher_logits, Tensor? label=None, float beta=0.5, "
-      "float temperature=1.0, int ignore_index=-100, str reduction='batchmean') -> Tensor",
-      tags);
-  m.def(
-      "jsd_forward(Tensor student_logits, Tensor teacher_logits, Tensor? label=None, "
-      "float beta=0.5, float temperature=1.0, int ignore_index=-100, "
-      "str reduction='batchmean') -> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "jsd_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, "
-      "Tensor? label, Tensor row_stats, float beta, float temperature, int ignore_index, "
-      "str reduction) -> Tensor",
-      tags);
-  m.def(
-      "fused_linear_jsd(Tensor student_input, Tensor student_weight, Tensor teacher_input, "
-      "Tensor teacher_weight, Tensor? label=None, float beta=0.5, float temperature=1.0, "
-      "int ignore_index=-100, str reduction='batchmean') -> Tensor",
-      tags);
-  m.def(
-      "fused_linear_jsd_forward(Tensor student_input, Tensor student_weight, "
-      "Tensor teacher_input, Tensor teacher_weight, Tensor? label=None, float beta=0.5, "
-      "float temperature=1.0, int ignore_index=-100, str reduction='batchmean') "
-      "-> (Tensor, Tensor, Tensor)",
-      tags);
-  m.def(
-      "fused_linear_jsd_backward(Tensor grad_output, Tensor student_input, "
-      "Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? label, "
-      "float beta, float temperature, int ignore_index, str reduction) -> (Tensor, Tensor)",
-      tags);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::JsdRegistrations<MetaKernels>::register_all(m); }
 
 // Autocast as torch's kl_div (and cross_entropy): float32 logits, so a

@@ -8,9 +8,9 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
 
 #include "ops/common/linear_loss.h"
+#include "ops_generated/jsd.h"
 
 namespace fuseops::detail {
 
@@ -158,14 +158,11 @@ struct JsdRegistrations {
     return {r.grad_input, r.grad_weight};
   }
 
+  // The operators of cpp/ops/jsd.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("jsd", TORCH_FN(jsd));
-    m.impl("jsd_forward", TORCH_FN(jsd_forward));
-    m.impl("jsd_backward", TORCH_FN(jsd_backward));
-    m.impl("fused_linear_jsd", TORCH_FN(fused_linear_jsd));
-    m.impl("fused_linear_jsd_forward", TORCH_FN(fused_linear_jsd_forward));
-    m.impl("fused_linear_jsd_backward", TORCH_FN(fused_linear_jsd_backward));
+    register_jsd_kernels<JsdRegistrations>(m);
   }
 };
 

@@ -311,32 +311,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  m.def(
-      "layer_norm(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
-  // The out= overload returns nothing: torch.compile can functionalize a
-  // custom op that mutates an argument, not one whose output aliases it.
-  m.def(
-      "layer_norm.out(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
-      "*, Tensor(a!) out) -> ()",
-      {at::Tag::pt2_compliant_tag});
-  // layer_norm plus the per-row mean and rstd that layer_norm_backward takes.
-  m.def(
-      "layer_norm_forward(Tensor input, Tensor? weight=None, Tensor? bias=None, "
-      "float eps=1e-05) -> (Tensor output, Tensor mean, Tensor rstd)",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
-      "Tensor rstd) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "layer_norm_backward.out(Tensor grad_output, Tensor input, Tensor? weight, Tensor mean, "
-      "Tensor rstd, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) grad_bias) "
-      "-> ()",
-      {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::LayerNormRegistrations<MetaKernels>::register_all(m);
 }

@@ -6,7 +6,8 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/layer_norm.h"
 
 namespace fuseops::detail {
 
@@ -77,13 +78,11 @@ struct LayerNormRegistrations {
                                  grad_bias, Kernels::backward());
   }
 
+  // The operators of cpp/ops/layer_norm.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("layer_norm", TORCH_FN(layer_norm));
-    m.impl("layer_norm.out", TORCH_FN(layer_norm_out));
-    m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward));
-    m.impl("layer_norm_backward", TORCH_FN(layer_norm_backward));
-    m.impl("layer_norm_backward.out", TORCH_FN(layer_norm_backward_out));
+    register_layer_norm_kernels<LayerNormRegistrations>(m);
   }
 };
 

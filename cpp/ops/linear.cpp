@@ -87,11 +87,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  m.def("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::LinearRegistrations<MetaKernels>::register_all(m); }
 
 // torch casts linear to the autocast dtype on both devices.

@@ -5,7 +5,8 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/linear.h"
 
 namespace fuseops::detail {
 
@@ -30,9 +31,11 @@ struct LinearRegistrations {
     return linear_with(input, weight, bias, Kernels::forward());
   }
 
+  // The operators of cpp/ops/linear.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("linear", TORCH_FN(linear));
+    register_linear_kernels<LinearRegistrations>(m);
   }
 };
 

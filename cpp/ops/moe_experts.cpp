@@ -214,26 +214,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def(
-      "moe_experts(Tensor hidden, Tensor top_k_index, Tensor top_k_weights, Tensor gate_up_proj, "
-      "Tensor down_proj, str activation='silu') -> Tensor",
-      tags);
-  // Also returns every (token, k) pair's first product [T * K, 2I] in the
-  // compute dtype, rows sorted by expert: what the backward reads instead of
-  // recomputing it.
-  m.def(
-      "moe_experts_forward(Tensor hidden, Tensor top_k_index, Tensor top_k_weights, "
-      "Tensor gate_up_proj, Tensor down_proj, str activation='silu') -> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "moe_experts_backward(Tensor grad_output, Tensor hidden, Tensor top_k_index, "
-      "Tensor top_k_weights, Tensor gate_up_proj, Tensor down_proj, str activation='silu', "
-      "bool expert_grads=True, Tensor? gate_up_out=None) -> (Tensor, Tensor, Tensor, Tensor)",
-      tags);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::MoeExpertsRegistrations<MetaKernels>::register_all(m);
 }

@@ -7,9 +7,9 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
 
 #include "ops/activation.h"
+#include "ops_generated/moe_experts.h"
 
 namespace fuseops::detail {
 
@@ -84,11 +84,11 @@ struct MoeExpertsRegistrations {
                                      activation, expert_grads, gate_up_out, Kernels::backward());
   }
 
+  // The operators of cpp/ops/moe_experts.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("moe_experts", TORCH_FN(moe_experts));
-    m.impl("moe_experts_forward", TORCH_FN(moe_experts_forward));
-    m.impl("moe_experts_backward", TORCH_FN(moe_experts_backward));
+    register_moe_experts_kernels<MoeExpertsRegistrations>(m);
   }
 };
 

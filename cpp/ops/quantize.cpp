@@ -133,16 +133,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  // Inference ops: no derivative (cpp/ops/autograd/quantize.cpp refuses
-  // inputs that would record a gradient).
-  m.def("quantize_per_channel_int8(Tensor weight) -> (Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
-  m.def("quantize_per_token_int8(Tensor input) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
-  m.def("dequantize_int8(Tensor q, Tensor scale, int dim=-1, ScalarType? dtype=None) -> Tensor",
-        {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   detail::QuantizeRegistrations<MetaKernels>::register_all(m);
 }

@@ -7,7 +7,8 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/quantize.h"
 
 namespace fuseops::detail {
 
@@ -44,11 +45,11 @@ struct QuantizeRegistrations {
     return dequantize_int8_with(q, scale, dim, dtype, Kernels::dequantize());
   }
 
+  // The operators of cpp/ops/quantize.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("quantize_per_channel_int8", TORCH_FN(quantize_per_channel_int8));
-    m.impl("quantize_per_token_int8", TORCH_FN(quantize_per_token_int8));
-    m.impl("dequantize_int8", TORCH_FN(dequantize_int8));
+    register_quantize_kernels<QuantizeRegistrations>(m);
   }
 };
 

@@ -121,16 +121,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  m.def("relu(Tensor input) -> Tensor", {at::Tag::pt2_compliant_tag});
-  // The out= overload returns nothing: torch.compile can functionalize a
-  // custom op that mutates an argument, not one whose output aliases it.
-  m.def("relu.out(Tensor input, *, Tensor(a!) out) -> ()", {at::Tag::pt2_compliant_tag});
-  m.def("relu_backward(Tensor grad_output, Tensor result) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("relu_backward.out(Tensor grad_output, Tensor result, *, Tensor(a!) out) -> ()",
-        {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::ReluRegistrations<MetaKernels>::register_all(m); }
 
 }  // namespace fuseops

@@ -4,7 +4,8 @@
 // kernels, so checks, layout and allocation cannot differ between them.
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/relu.h"
 
 namespace fuseops::detail {
 
@@ -39,12 +40,11 @@ struct ReluRegistrations {
     relu_backward_out_with(grad_output, result, grad_input, Kernels::backward());
   }
 
+  // The operators of cpp/ops/relu.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("relu", TORCH_FN(relu));
-    m.impl("relu.out", TORCH_FN(relu_out));
-    m.impl("relu_backward", TORCH_FN(relu_backward));
-    m.impl("relu_backward.out", TORCH_FN(relu_backward_out));
+    register_relu_kernels<ReluRegistrations>(m);
   }
 };
 

@@ -526,50 +526,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def("rms_norm(Tensor input, Tensor? weight=None, float? eps=None) -> Tensor", tags);
-  // out= overloads return nothing: torch.compile can functionalize a custom
-  // op that mutates an argument, not one whose output aliases it.
-  m.def(
-      "rms_norm.out(Tensor input, Tensor? weight=None, float? eps=None, *, "
-      "Tensor(a!) out) -> ()",
-      tags);
-  m.def(
-      "rms_norm_forward(Tensor input, Tensor? weight=None, float? eps=None) "
-      "-> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd) "
-      "-> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "rms_norm_backward.out(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd, *, "
-      "Tensor(a!) grad_input, Tensor(b!) grad_weight) -> ()",
-      tags);
-  m.def(
-      "fused_add_rms_norm(Tensor input, Tensor residual, Tensor? weight=None, "
-      "float? eps=None) -> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "fused_add_rms_norm.out(Tensor input, Tensor residual, Tensor? weight=None, "
-      "float? eps=None, *, Tensor(a!) out, Tensor(b!) residual_out) -> ()",
-      tags);
-  m.def(
-      "fused_add_rms_norm_forward(Tensor input, Tensor residual, Tensor? weight=None, "
-      "float? eps=None) -> (Tensor, Tensor, Tensor)",
-      tags);
-  m.def(
-      "fused_add_rms_norm_backward(Tensor grad_output, Tensor? grad_new_residual, "
-      "Tensor new_residual, Tensor? weight, Tensor rstd) -> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "fused_add_rms_norm_backward.out(Tensor grad_output, Tensor? grad_new_residual, "
-      "Tensor new_residual, Tensor? weight, Tensor rstd, *, Tensor(a!) grad_input, "
-      "Tensor(b!) grad_weight) -> ()",
-      tags);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::RmsNormRegistrations<MetaKernels>::register_all(m); }
 
 // Autocast as torch's rms_norm: CPU falls through (a reduced input with float32

@@ -6,7 +6,8 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/rms_norm.h"
 
 namespace fuseops::detail {
 
@@ -145,18 +146,11 @@ struct RmsNormRegistrations {
                                          grad_input, grad_weight, Kernels::backward());
   }
 
+  // The operators of cpp/ops/rms_norm.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("rms_norm", TORCH_FN(rms_norm));
-    m.impl("rms_norm.out", TORCH_FN(rms_norm_out));
-    m.impl("rms_norm_forward", TORCH_FN(rms_norm_forward));
-    m.impl("rms_norm_backward", TORCH_FN(rms_norm_backward));
-    m.impl("rms_norm_backward.out", TORCH_FN(rms_norm_backward_out));
-    m.impl("fused_add_rms_norm", TORCH_FN(fused_add_rms_norm));
-    m.impl("fused_add_rms_norm.out", TORCH_FN(fused_add_rms_norm_out));
-    m.impl("fused_add_rms_norm_forward", TORCH_FN(fused_add_rms_norm_forward));
-    m.impl("fused_add_rms_norm_backward", TORCH_FN(fused_add_rms_norm_backward));
-    m.impl("fused_add_rms_norm_backward.out", TORCH_FN(fused_add_rms_norm_backward_out));
+    register_rms_norm_kernels<RmsNormRegistrations>(m);
   }
 };
 

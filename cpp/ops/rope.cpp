@@ -486,45 +486,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def(
-      "rope(Tensor query, Tensor key, Tensor cos, Tensor sin, Tensor? positions=None, "
-      "bool interleaved=False) -> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "rope.single(Tensor input, Tensor cos, Tensor sin, Tensor? positions=None, "
-      "bool interleaved=False) -> Tensor",
-      tags);
-  // out= overloads return nothing: torch.compile can functionalize a custom
-  // op that mutates an argument, not one whose output aliases it.
-  m.def(
-      "rope.out(Tensor query, Tensor key, Tensor cos, Tensor sin, Tensor? positions=None, "
-      "bool interleaved=False, *, Tensor(a!) out, Tensor(b!) key_out) -> ()",
-      tags);
-  m.def(
-      "rope.single_out(Tensor input, Tensor cos, Tensor sin, Tensor? positions=None, "
-      "bool interleaved=False, *, Tensor(a!) out) -> ()",
-      tags);
-  m.def(
-      "rope_backward(Tensor grad_query, Tensor grad_key, Tensor cos, Tensor sin, "
-      "Tensor? positions=None, bool interleaved=False) -> (Tensor, Tensor)",
-      tags);
-  m.def(
-      "rope_backward.single(Tensor grad_input, Tensor cos, Tensor sin, "
-      "Tensor? positions=None, bool interleaved=False) -> Tensor",
-      tags);
-  m.def(
-      "rope_backward.out(Tensor grad_query, Tensor grad_key, Tensor cos, Tensor sin, "
-      "Tensor? positions=None, bool interleaved=False, *, Tensor(a!) out, "
-      "Tensor(b!) key_out) -> ()",
-      tags);
-  m.def(
-      "rope_backward.single_out(Tensor grad_input, Tensor cos, Tensor sin, "
-      "Tensor? positions=None, bool interleaved=False, *, Tensor(a!) out) -> ()",
-      tags);
-}
-
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::RopeRegistrations<MetaKernels>::register_all(m); }
 
 }  // namespace fuseops

@@ -6,7 +6,8 @@
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/rope.h"
 
 namespace fuseops::detail {
 
@@ -79,7 +80,7 @@ struct RopeRegistrations {
       const at::Tensor& sin, const std::optional<at::Tensor>& positions, bool interleaved) {
     return rope_with(grad_query, grad_key, cos, sin, positions, interleaved, true, Kernels::rope());
   }
-  static at::Tensor rope_single_backward(const at::Tensor& grad_input, const at::Tensor& cos,
+  static at::Tensor rope_backward_single(const at::Tensor& grad_input, const at::Tensor& cos,
                                          const at::Tensor& sin,
                                          const std::optional<at::Tensor>& positions,
                                          bool interleaved) {
@@ -101,16 +102,11 @@ struct RopeRegistrations {
                   at::Tensor(), Kernels::rope());
   }
 
+  // The operators of cpp/ops/rope.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("rope", TORCH_FN(rope));
-    m.impl("rope.single", TORCH_FN(rope_single));
-    m.impl("rope.out", TORCH_FN(rope_out));
-    m.impl("rope.single_out", TORCH_FN(rope_single_out));
-    m.impl("rope_backward", TORCH_FN(rope_backward));
-    m.impl("rope_backward.single", TORCH_FN(rope_single_backward));
-    m.impl("rope_backward.out", TORCH_FN(rope_backward_out));
-    m.impl("rope_backward.single_out", TORCH_FN(rope_backward_single_out));
+    register_rope_kernels<RopeRegistrations>(m);
   }
 };
 

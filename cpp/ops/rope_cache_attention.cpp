@@ -239,17 +239,6 @@ at::Tensor rope_cache_attention(const at::Tensor& query, const at::Tensor& key,
                      detail::none_if_undefined(attn_mask), scale, softcap, interleaved);
 }
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  // Inference op: no derivative (its Autograd kernel below refuses inputs
-  // that would record a gradient).
-  m.def(
-      "rope_cache_attention(Tensor query, Tensor key, Tensor value, Tensor cos, Tensor sin, "
-      "Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor(c!) cache_length, "
-      "Tensor? attn_mask=None, float? scale=None, float softcap=0.0, bool interleaved=False) "
-      "-> Tensor",
-      {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
   m.impl("rope_cache_attention", TORCH_FN(rope_cache_attention_composite));
 }

@@ -293,22 +293,6 @@ struct MetaKernels {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fuseops, m) {
-  // Inference ops: no derivative (cpp/ops/autograd/sparse_2_4.cpp refuses
-  // inputs that would record a gradient).
-  m.def("prune_2_4(Tensor weight) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("pack_2_4(Tensor weight, Tensor? scale=None) -> (Tensor, Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
-  m.def(
-      "sparse_2_4_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
-      "Tensor? bias=None) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "sparse_2_4_dynamic_linear(Tensor input, Tensor values, Tensor meta, Tensor scale, "
-      "Tensor colsum, Tensor? bias=None) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
-}
-
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
   m.impl("prune_2_4", TORCH_FN(detail::prune_2_4_impl));
   m.impl("pack_2_4", TORCH_FN(detail::pack_2_4_impl));

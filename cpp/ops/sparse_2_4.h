@@ -6,7 +6,8 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/CompileTimeFunctionPointer.h>
+
+#include "ops_generated/sparse_2_4.h"
 
 namespace fuseops::detail {
 
@@ -57,10 +58,11 @@ struct Sparse24Registrations {
                                           Kernels::dynamic());
   }
 
+  // The operators of cpp/ops/sparse_2_4.yaml's `ops:`, each with the function of
+  // the same name.
   template <typename Library>
   static void register_all(Library& m) {
-    m.impl("sparse_2_4_linear", TORCH_FN(sparse_2_4_linear));
-    m.impl("sparse_2_4_dynamic_linear", TORCH_FN(sparse_2_4_dynamic_linear));
+    register_sparse_2_4_kernels<Sparse24Registrations>(m);
   }
 };
 

@@ -13,6 +13,7 @@ struct GatedActivationCpuKernels {
       "gated_backward_kernel"};
 };
 
-using GatedActivationCpuRegistrations = detail::GatedRegistrations<GatedActivationCpuKernels>;
+using GatedActivationCpuRegistrations =
+    detail::GatedActivationRegistrations<GatedActivationCpuKernels>;
 
 }  // namespace fuseops::cpu

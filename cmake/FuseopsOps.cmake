@@ -16,20 +16,24 @@
 # and fuseops_add_op checks that each exists:
 #
 #   cpp/include/fuseops/<name>.h    public C++ API
-#   cpp/ops/<name>.yaml             the family's operator schemas, from which
+#   cpp/ops/<name>.yaml             the family's kernel types and operator
+#                                   schemas, from which
 #                                   cmake/generate_op_registrations.py writes
-#                                   their definitions and the kernel registration
-#                                   that <Name>Registrations::register_all calls
+#                                   the definitions, register_<name>_kernels (which
+#                                   <Name>Registrations::register_all calls), the
+#                                   Meta registration, the CPU kernel tables
+#                                   (<Name>CpuKernels), the CUDA kernel slots
+#                                   (<Name>CudaKernels) and their registrations
 #   cpp/ops/<name>.h                the contract every backend includes: kernel
 #                                   types, <name>_with(...), <Name>Registrations
-#   cpp/ops/<name>.cpp              C++ API, shared checks, Meta kernels
-#   cpp/ops/cpu/<name>.h            CPU kernel tables (<Name>CpuKernels) and
-#                                   <Name>CpuRegistrations, which fuseops_add_op
-#                                   registers with the dispatcher's CPU key from
-#                                   cmake/cpu_registration.cpp.in
-#   cpp/ops/cpu/<name>_kernel.cpp   CPU kernels, compiled once per capability
+#   cpp/ops/<name>.cpp              C++ API, shared checks, composite_ops' kernels
+#   cpp/ops/cpu/<name>_kernel.cpp   CPU kernels, compiled once per capability;
+#                                   they fill <Name>CpuKernels
+#                                   (ops_generated/cpu/<name>.h)
 #   cpp/ops/autograd/<name>.cpp     Autograd kernels
-#   cuda/<name>_kernel.cu           CUDA kernels and CUDA registration
+#   cuda/<name>_kernel.cu           CUDA kernels; they fill <Name>CudaKernels
+#                                   (ops_generated/cuda/<name>.h), which the
+#                                   generated CUDA registration hands the family
 #   python/csrc/<name>.cpp          its functions in the module fuseops._C
 #   tests_cpp/<name>_test.cpp       GoogleTest tests
 #
@@ -37,22 +41,9 @@
 # python/CMakeLists.txt and tests_cpp/CMakeLists.txt take the bindings and the
 # tests, and fuseops_write_umbrella_header() the includes of fuseops/fuseops.h.
 
-# <name> in CamelCase, as the family's C++ types spell it: sparse_2_4 -> Sparse24.
-function(_fuseops_camel_case name out)
-  string(REPLACE "_" ";" parts "${name}")
-  set(camel "")
-  foreach(part IN LISTS parts)
-    string(SUBSTRING "${part}" 0 1 first)
-    string(SUBSTRING "${part}" 1 -1 rest)
-    string(TOUPPER "${first}" first)
-    string(APPEND camel "${first}${rest}")
-  endforeach()
-  set(${out} "${camel}" PARENT_SCOPE)
-endfunction()
-
-# Writes ops_generated/<name>_schemas.cpp (the operators' definitions) and
-# ops_generated/<name>.h (register_<name>_kernels) from cpp/ops/<name>.yaml,
-# into FUSEOPS_OPS_GENERATED_DIR, a private include directory of the library.
+# Writes the family's registration code from cpp/ops/<name>.yaml into
+# FUSEOPS_OPS_GENERATED_DIR/ops_generated, a private include directory of the
+# library (cmake/generate_op_registrations.py says which files).
 # CMake configures again when the declaration or the generator changes.
 function(_fuseops_generate_registrations name)
   set(declaration "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.yaml")
@@ -86,7 +77,6 @@ function(fuseops_add_op name)
   if(NOT ARG_COMPOSITE)
     list(APPEND files
       cpp/ops/${name}.h
-      cpp/ops/cpu/${name}.h
       cpp/ops/autograd/${name}.cpp
       cuda/${name}_kernel.cu)
   endif()
@@ -104,21 +94,25 @@ function(fuseops_add_op name)
     "${PROJECT_SOURCE_DIR}/cpp/ops/${name}.cpp"
     "${FUSEOPS_OPS_GENERATED_DIR}/ops_generated/${name}_schemas.cpp")
   if(NOT ARG_COMPOSITE)
-    # Every family registers its CPU kernels the same way: one generated
-    # translation unit calls the header's <Name>CpuRegistrations.
-    set(FUSEOPS_OP_NAME ${name})
-    _fuseops_camel_case(${name} FUSEOPS_OP_CAMEL)
-    set(registration "${CMAKE_CURRENT_BINARY_DIR}/cpu_registration/${name}.cpp")
-    configure_file("${PROJECT_SOURCE_DIR}/cmake/cpu_registration.cpp.in" "${registration}" @ONLY)
+    # A family with kernels declares them (`kernels:`), and so gets its Meta
+    # and CPU registrations generated: no op writes a registration file.
+    set(generated "${FUSEOPS_OPS_GENERATED_DIR}/ops_generated")
+    if(NOT EXISTS "${generated}/${name}_meta.cpp")
+      message(FATAL_ERROR "fuseops_add_op(${name}): cpp/ops/${name}.yaml declares no "
+                          "`kernels:` (a family without kernels is COMPOSITE)")
+    endif()
     target_sources(fuseops PRIVATE
-      "${registration}"
+      "${generated}/${name}_meta.cpp"
+      "${generated}/${name}_cpu.cpp"
       "${PROJECT_SOURCE_DIR}/cpp/ops/autograd/${name}.cpp")
   endif()
   foreach(kernel IN LISTS ARG_KERNELS)
     fuseops_add_cpu_kernel(fuseops "${PROJECT_SOURCE_DIR}/cpp/ops/cpu/${kernel}.cpp")
   endforeach()
   if(FUSEOPS_WITH_CUDA AND NOT ARG_COMPOSITE)
-    target_sources(fuseops PRIVATE "${PROJECT_SOURCE_DIR}/cuda/${name}_kernel.cu")
+    target_sources(fuseops PRIVATE
+      "${PROJECT_SOURCE_DIR}/cuda/${name}_kernel.cu"
+      "${FUSEOPS_OPS_GENERATED_DIR}/ops_generated/${name}_cuda.cpp")
   endif()
   set_property(GLOBAL APPEND PROPERTY FUSEOPS_OPS ${name})
 endfunction()

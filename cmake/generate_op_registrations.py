@@ -5,9 +5,13 @@ and again whenever the declaration or this script changes:
 
     python generate_op_registrations.py <op> <cpp/ops/<op>.yaml> <output folder>
 
-The declaration lists the family's operators in the dispatcher's schema
-language, under one of two keys:
+The declaration lists the family's kernels, by role and type (a function
+pointer type of cpp/ops/<op>.h), and its operators in the dispatcher's schema
+language:
 
+    kernels:        # what <Op>Registrations<Kernels> asks of a backend
+      forward: RmsNormForwardKernel
+      backward: RmsNormBackwardKernel
     ops:            # kernels from <Op>Registrations (cpp/ops/<op>.h)
       - rms_norm(Tensor input, Tensor? weight=None, float? eps=None) -> Tensor
       - rms_norm.out(Tensor input, ..., *, Tensor(a!) out) -> ()
@@ -18,16 +22,24 @@ It writes, into the output folder:
 
 - ops_generated/<op>_schemas.cpp: every operator's definition (`m.def`), with
   the pt2_compliant tag, in the declaration's order;
-- ops_generated/<op>.h (when the family has `ops:`): the function template
+- ops_generated/<op>.h (with `ops:`): the function template
   `register_<op>_kernels<Registrations>(m)`, which registers each of `ops:`
   with the function of `Registrations` named as the operator with its
   overload joined by `_` (`rms_norm.out` -> `rms_norm_out`). The family's
-  `register_all` calls it for Meta, CPU and CUDA.
+  `register_all` calls it for Meta, CPU and CUDA;
+- with `kernels:`, each backend's `Kernels` and its registration:
+  ops_generated/<op>_meta.cpp (every kernel nullptr: Meta kernels only
+  allocate), ops_generated/cpu/<op>.h (`<Op>CpuKernels`, one CpuKernelTable
+  per role, which cpp/ops/cpu/<op>_kernel.cpp fills once per CPU capability)
+  and ops_generated/<op>_cpu.cpp, which registers it for the CPU key;
+  ops_generated/cuda/<op>.h (`<Op>CudaKernels`, one KernelSlot per role,
+  which cuda/<op>_kernel.cu fills) and ops_generated/<op>_cuda.cpp, which
+  registers it for the CUDA key (compiled in CUDA builds only).
 
 The file is a small subset of YAML, read here without a YAML library: whole
-line `#` comments, the two keys at the start of a line, and one `  - <schema>`
-per line below them (tests_py/test_op_declarations.py checks that a YAML
-reader reads the same). A file is rewritten only when its text changes, so an
+line `#` comments, the keys at the start of a line, one `  - <schema>` or
+`  <role>: <type>` per line below them (tests_py/test_op_declarations.py
+checks that a YAML reader reads the same). A file is rewritten only when its text changes, so an
 unchanged declaration rebuilds nothing.
 """
 
@@ -37,7 +49,8 @@ import os
 import re
 import sys
 
-KEYS = ("ops", "composite_ops")
+KEYS = ("kernels", "ops", "composite_ops")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # name[.overload](...) -> ...: what the dispatcher accepts as a schema's head.
 SCHEMA = re.compile(r"([a-z_][a-z0-9_]*)(?:\.([a-z_][a-z0-9_]*))?\(.*\) -> .+")
 
@@ -46,9 +59,9 @@ class DeclarationError(Exception):
     pass
 
 
-def read_declaration(path: str) -> dict[str, list[str]]:
-    """The schemas under each key, in the file's order."""
-    declaration: dict[str, list[str]] = {}
+def read_declaration(path: str) -> dict:
+    """The kernels' types by role, and the schemas under each key, in the file's order."""
+    declaration: dict = {}
     key = None
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -62,8 +75,15 @@ def read_declaration(path: str) -> dict[str, list[str]]:
                     raise DeclarationError(f"{where}: unknown key {key!r} (expected one of {KEYS})")
                 if key in declaration:
                     raise DeclarationError(f"{where}: {key!r} appears twice")
-                declaration[key] = []
-            elif line.startswith("  - ") and key is not None:
+                declaration[key] = {} if key == "kernels" else []
+            elif key == "kernels" and line.startswith("  ") and not line.startswith("   "):
+                role, _, kernel_type = line.strip().partition(": ")
+                if not IDENTIFIER.fullmatch(role) or not IDENTIFIER.fullmatch(kernel_type):
+                    raise DeclarationError(f"{where}: expected `  <role>: <kernel type>`, got {line!r}")
+                if role in declaration[key]:
+                    raise DeclarationError(f"{where}: kernel {role!r} declared twice")
+                declaration[key][role] = kernel_type
+            elif line.startswith("  - ") and key not in (None, "kernels"):
                 schema = line[4:].strip()
                 if not SCHEMA.fullmatch(schema):
                     raise DeclarationError(
@@ -74,13 +94,22 @@ def read_declaration(path: str) -> dict[str, list[str]]:
                 declaration[key].append(schema)
             else:
                 raise DeclarationError(f"{where}: expected `<key>:` or `  - <schema>`, got {line!r}")
-    names = [operator_name(s) for schemas in declaration.values() for s in schemas]
+    names = [operator_name(s) for s in all_schemas(declaration)]
     if not names:
         raise DeclarationError(f"{path}: declares no operator")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise DeclarationError(f"{path}: {', '.join(repeated)} declared more than once")
     return declaration
+
+
+def all_schemas(declaration: dict) -> list[str]:
+    return [s for key in ("ops", "composite_ops") for s in declaration.get(key, [])]
+
+
+def camel_case(op: str) -> str:
+    """As the family's C++ types spell it: sparse_2_4 -> Sparse24."""
+    return "".join(part[:1].upper() + part[1:] for part in op.split("_"))
 
 
 def operator_name(schema: str) -> str:
@@ -97,10 +126,10 @@ def cpp_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def schemas_source(op: str, declaration: dict[str, list[str]]) -> str:
-    schemas = [s for key_schemas in declaration.values() for s in key_schemas]
+def schemas_source(op: str, declaration: dict) -> str:
+    schemas = [s for key, value in declaration.items() if key != "kernels" for s in value]
     lines = [
-        f"// Generated from cpp/ops/{op}.yaml by cmake/generate_op_registrations.py: edit those.",
+        GENERATED.format(op=op),
         "",
         "#include <vector>",
         "",
@@ -114,9 +143,9 @@ def schemas_source(op: str, declaration: dict[str, list[str]]) -> str:
     return "\n".join(lines)
 
 
-def kernels_header(op: str, declaration: dict[str, list[str]]) -> str:
+def register_kernels_header(op: str, declaration: dict) -> str:
     lines = [
-        f"// Generated from cpp/ops/{op}.yaml by cmake/generate_op_registrations.py: edit those.",
+        GENERATED.format(op=op),
         "#pragma once",
         "",
         "#include <torch/library.h>",
@@ -133,6 +162,92 @@ def kernels_header(op: str, declaration: dict[str, list[str]]) -> str:
         for s in declaration["ops"]
     ]
     lines += ["}", "", "}  // namespace fuseops::detail", ""]
+    return "\n".join(lines)
+
+
+GENERATED = "// Generated from cpp/ops/{op}.yaml by cmake/generate_op_registrations.py: edit those."
+
+
+def meta_source(op: str, kernels: dict[str, str]) -> str:
+    name = camel_case(op)
+    lines = [
+        GENERATED.format(op=op),
+        "// Meta kernels allocate the outputs and compute nothing: every kernel is null.",
+        "",
+        "#include <torch/library.h>",
+        "",
+        f'#include "ops/{op}.h"',
+        "",
+        "namespace fuseops::detail {",
+        "namespace {",
+        "",
+        f"struct {name}MetaKernels {{",
+    ]
+    lines += [f"  static {t} {role}() {{ return nullptr; }}" for role, t in kernels.items()]
+    lines += [
+        "};",
+        "",
+        "}  // namespace",
+        "",
+        "TORCH_LIBRARY_IMPL(fuseops, Meta, m) {",
+        f"  {name}Registrations<{name}MetaKernels>::register_all(m);",
+        "}",
+        "",
+        "}  // namespace fuseops::detail",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def kernels_header(op: str, backend: str, kernels: dict[str, str]) -> str:
+    """`<Op><Backend>Kernels`: one `holder<kernel type>` per role, which the
+    backend's kernel file fills and the family's Registrations call."""
+    name = camel_case(op)
+    include, holder, filled_by = {
+        "Cpu": (
+            "ops/cpu/dispatch.h",
+            "CpuKernelTable",
+            f"cpp/ops/cpu/{op}_kernel.cpp fills them once per CPU capability",
+        ),
+        "Cuda": ("ops/common/kernel_slot.h", "detail::KernelSlot", f"cuda/{op}_kernel.cu fills them"),
+    }[backend]
+    lines = [
+        GENERATED.format(op=op),
+        f"// The {backend.upper()} kernels of {op}: {filled_by}.",
+        "#pragma once",
+        "",
+        f'#include "{include}"',
+        f'#include "ops/{op}.h"',
+        "",
+        f"namespace fuseops::{backend.lower()} {{",
+        "",
+        f"struct {name}{backend}Kernels {{",
+    ]
+    lines += [
+        f"  static inline constinit {holder}<detail::{kernel_type}> {role}"
+        f"{{{cpp_string(op + ' ' + role)}}};"
+        for role, kernel_type in kernels.items()
+    ]
+    lines += ["};", "", f"}}  // namespace fuseops::{backend.lower()}", ""]
+    return "\n".join(lines)
+
+
+def backend_registration(op: str, backend: str) -> str:
+    """Registers `<Op>Registrations<<Op><Backend>Kernels>` for the backend's key."""
+    name = camel_case(op)
+    kernels = f"::fuseops::{backend.lower()}::{name}{backend}Kernels"
+    lines = [
+        GENERATED.format(op=op),
+        "",
+        "#include <torch/library.h>",
+        "",
+        f'#include "ops_generated/{backend.lower()}/{op}.h"',
+        "",
+        f"TORCH_LIBRARY_IMPL(fuseops, {backend.upper()}, m) {{",
+        f"  ::fuseops::detail::{name}Registrations<{kernels}>::register_all(m);",
+        "}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -161,7 +276,20 @@ def main(argv: list[str]) -> int:
     folder = os.path.join(out, "ops_generated")
     write_if_changed(os.path.join(folder, f"{op}_schemas.cpp"), schemas_source(op, declaration))
     if declaration.get("ops"):
-        write_if_changed(os.path.join(folder, f"{op}.h"), kernels_header(op, declaration))
+        write_if_changed(os.path.join(folder, f"{op}.h"), register_kernels_header(op, declaration))
+    kernels = declaration.get("kernels")
+    backends = {
+        os.path.join(folder, f"{op}_meta.cpp"): lambda: meta_source(op, kernels),
+        os.path.join(folder, "cpu", f"{op}.h"): lambda: kernels_header(op, "Cpu", kernels),
+        os.path.join(folder, f"{op}_cpu.cpp"): lambda: backend_registration(op, "Cpu"),
+        os.path.join(folder, "cuda", f"{op}.h"): lambda: kernels_header(op, "Cuda", kernels),
+        os.path.join(folder, f"{op}_cuda.cpp"): lambda: backend_registration(op, "Cuda"),
+    }
+    for path, source in backends.items():
+        if kernels:
+            write_if_changed(path, source())
+        elif os.path.exists(path):
+            os.remove(path)  # left from a declaration that had kernels
     return 0
 
 

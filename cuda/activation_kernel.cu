@@ -10,6 +10,7 @@
 #include "activation_math.cuh"
 #include "elementwise.cuh"
 #include "ops/activation.h"
+#include "ops_generated/cuda/activation.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -179,15 +180,11 @@ void bias_gelu_backward_kernel(const at::Tensor& grad_input, const at::Tensor& g
       });
 }
 
-struct Kernels {
-  static detail::ActivationKernel forward() { return &activation_kernel; }
-  static detail::ActivationBackwardKernel backward() { return &activation_backward_kernel; }
-  static detail::BiasGeluKernel bias_gelu() { return &bias_gelu_kernel; }
-  static detail::BiasGeluBackwardKernel bias_gelu_backward() { return &bias_gelu_backward_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::ActivationRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(ActivationCudaKernels::forward, &activation_kernel);
+FUSEOPS_REGISTER_KERNEL(ActivationCudaKernels::backward, &activation_backward_kernel);
+FUSEOPS_REGISTER_KERNEL(ActivationCudaKernels::bias_gelu, &bias_gelu_kernel);
+FUSEOPS_REGISTER_KERNEL(ActivationCudaKernels::bias_gelu_backward, &bias_gelu_backward_kernel);
 
 }  // namespace fuseops::cuda

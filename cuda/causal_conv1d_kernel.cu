@@ -29,6 +29,7 @@
 #include "activation_math.cuh"
 #include "elementwise.cuh"
 #include "ops/causal_conv1d.h"
+#include "ops_generated/cuda/causal_conv1d.h"
 #include "ops/causal_conv1d_dispatch.h"
 
 namespace fuseops::cuda {
@@ -384,16 +385,10 @@ void causal_conv1d_update_kernel(const at::Tensor& out, const at::Tensor& x,
       });
 }
 
-struct Kernels {
-  static detail::CausalConv1dKernel forward() { return &causal_conv1d_kernel; }
-  static detail::CausalConv1dBackwardKernel backward() { return &causal_conv1d_backward_kernel; }
-  static detail::CausalConv1dUpdateKernel update() { return &causal_conv1d_update_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::CausalConv1dRegistrations<Kernels>::register_all(m);
-}
+FUSEOPS_REGISTER_KERNEL(CausalConv1dCudaKernels::forward, &causal_conv1d_kernel);
+FUSEOPS_REGISTER_KERNEL(CausalConv1dCudaKernels::backward, &causal_conv1d_backward_kernel);
+FUSEOPS_REGISTER_KERNEL(CausalConv1dCudaKernels::update, &causal_conv1d_update_kernel);
 
 }  // namespace fuseops::cuda

@@ -26,6 +26,7 @@
 
 #include "elementwise.cuh"
 #include "ops/cross_entropy.h"
+#include "ops_generated/cuda/cross_entropy.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -225,15 +226,9 @@ void rows_cuda_kernel(const detail::CrossEntropyRowsArgs& args) {
       });
 }
 
-struct Kernels {
-  static detail::CrossEntropyTargetKernel target() { return &target_cuda_kernel; }
-  static detail::CrossEntropyRowsKernel rows() { return &rows_cuda_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::CrossEntropyRegistrations<Kernels>::register_all(m);
-}
+FUSEOPS_REGISTER_KERNEL(CrossEntropyCudaKernels::target, &target_cuda_kernel);
+FUSEOPS_REGISTER_KERNEL(CrossEntropyCudaKernels::rows, &rows_cuda_kernel);
 
 }  // namespace fuseops::cuda

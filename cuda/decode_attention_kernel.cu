@@ -26,6 +26,7 @@
 #include <ATen/ops/empty.h>
 
 #include "ops/decode_attention.h"
+#include "ops_generated/cuda/decode_attention.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -172,14 +173,8 @@ void decode_attention_kernel(const at::Tensor& out, const at::Tensor& query, con
       });
 }
 
-struct Kernels {
-  static detail::DecodeAttentionKernel forward() { return &decode_attention_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::DecodeAttentionRegistrations<Kernels>::register_all(m);
-}
+FUSEOPS_REGISTER_KERNEL(DecodeAttentionCudaKernels::forward, &decode_attention_kernel);
 
 }  // namespace fuseops::cuda

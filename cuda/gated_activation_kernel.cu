@@ -11,6 +11,7 @@
 #include "activation_math.cuh"
 #include "elementwise.cuh"
 #include "ops/gated_activation.h"
+#include "ops_generated/cuda/gated_activation.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -162,15 +163,9 @@ void gated_backward_kernel(const at::Tensor& grad_gate, const at::Tensor& grad_u
       });
 }
 
-struct Kernels {
-  static detail::GatedKernel forward() { return &gated_kernel; }
-  static detail::GatedBackwardKernel backward() { return &gated_backward_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) {
-  detail::GatedActivationRegistrations<Kernels>::register_all(m);
-}
+FUSEOPS_REGISTER_KERNEL(GatedActivationCudaKernels::forward, &gated_kernel);
+FUSEOPS_REGISTER_KERNEL(GatedActivationCudaKernels::backward, &gated_backward_kernel);
 
 }  // namespace fuseops::cuda

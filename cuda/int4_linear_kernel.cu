@@ -34,6 +34,7 @@
 
 #include "elementwise.cuh"
 #include "ops/int4_linear.h"
+#include "ops_generated/cuda/int4_linear.h"
 #include "quantize_row.cuh"
 
 namespace fuseops::cuda {
@@ -192,15 +193,9 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
       });
 }
 
-struct Kernels {
-  static detail::Int4WeightOnlyLinearKernel weight_only() {
-    return &int4_weight_only_linear_kernel;
-  }
-  static detail::Int4DynamicLinearKernel dynamic() { return &int4_dynamic_linear_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::Int4LinearRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(Int4LinearCudaKernels::weight_only, &int4_weight_only_linear_kernel);
+FUSEOPS_REGISTER_KERNEL(Int4LinearCudaKernels::dynamic, &int4_dynamic_linear_kernel);
 
 }  // namespace fuseops::cuda

@@ -32,6 +32,7 @@
 
 #include "elementwise.cuh"
 #include "ops/int8_linear.h"
+#include "ops_generated/cuda/int8_linear.h"
 #include "quantize_row.cuh"
 
 namespace fuseops::cuda {
@@ -149,13 +150,9 @@ void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input, const
       });
 }
 
-struct Kernels {
-  static detail::Int8WeightOnlyLinearKernel weight_only() { return &weight_only_linear_kernel; }
-  static detail::Int8DynamicLinearKernel dynamic() { return &dynamic_linear_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::Int8LinearRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(Int8LinearCudaKernels::weight_only, &weight_only_linear_kernel);
+FUSEOPS_REGISTER_KERNEL(Int8LinearCudaKernels::dynamic, &dynamic_linear_kernel);
 
 }  // namespace fuseops::cuda

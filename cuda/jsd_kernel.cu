@@ -26,6 +26,7 @@
 
 #include "elementwise.cuh"
 #include "ops/jsd.h"
+#include "ops_generated/cuda/jsd.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -263,12 +264,8 @@ void rows_cuda_kernel(const detail::JsdRowsArgs& args) {
                                   });
 }
 
-struct Kernels {
-  static detail::JsdRowsKernel rows() { return &rows_cuda_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::JsdRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(JsdCudaKernels::rows, &rows_cuda_kernel);
 
 }  // namespace fuseops::cuda

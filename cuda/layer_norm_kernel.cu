@@ -24,6 +24,7 @@
 
 #include "elementwise.cuh"
 #include "ops/layer_norm.h"
+#include "ops_generated/cuda/layer_norm.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -433,13 +434,9 @@ void layer_norm_backward_kernel_launch(const at::Tensor& grad_input, const at::T
       });
 }
 
-struct Kernels {
-  static detail::LayerNormKernel forward() { return &layer_norm_kernel; }
-  static detail::LayerNormBackwardKernel backward() { return &layer_norm_backward_kernel_launch; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::LayerNormRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(LayerNormCudaKernels::forward, &layer_norm_kernel);
+FUSEOPS_REGISTER_KERNEL(LayerNormCudaKernels::backward, &layer_norm_backward_kernel_launch);
 
 }  // namespace fuseops::cuda

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include "ops/linear.h"
+#include "ops_generated/cuda/linear.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -26,12 +27,8 @@ void linear_kernel(const at::Tensor& out, const at::Tensor& input, const at::Ten
   }
 }
 
-struct Kernels {
-  static detail::LinearKernel forward() { return &linear_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::LinearRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(LinearCudaKernels::forward, &linear_kernel);
 
 }  // namespace fuseops::cuda

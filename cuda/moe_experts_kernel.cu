@@ -36,6 +36,7 @@
 #include <torch/library.h>
 
 #include "ops/moe_experts.h"
+#include "ops_generated/cuda/moe_experts.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -216,13 +217,9 @@ void moe_experts_backward_kernel(const at::Tensor& grad_hidden,
   grad_top_k_weights.view({-1}).copy_(at::index_select(grad_w, 0, routing.row_of_pair));
 }
 
-struct Kernels {
-  static detail::MoeExpertsKernel forward() { return &moe_experts_kernel; }
-  static detail::MoeExpertsBackwardKernel backward() { return &moe_experts_backward_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::MoeExpertsRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(MoeExpertsCudaKernels::forward, &moe_experts_kernel);
+FUSEOPS_REGISTER_KERNEL(MoeExpertsCudaKernels::backward, &moe_experts_backward_kernel);
 
 }  // namespace fuseops::cuda

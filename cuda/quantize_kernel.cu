@@ -22,6 +22,7 @@
 
 #include "elementwise.cuh"
 #include "ops/quantize.h"
+#include "ops_generated/cuda/quantize.h"
 #include "quantize_row.cuh"
 
 namespace fuseops::cuda {
@@ -75,13 +76,9 @@ void dequantize_kernel(const at::Tensor& out, const at::Tensor& q, const at::Ten
       });
 }
 
-struct Kernels {
-  static detail::QuantizeRowsKernel quantize() { return &quantize_rows_kernel; }
-  static detail::DequantizeKernel dequantize() { return &dequantize_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::QuantizeRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(QuantizeCudaKernels::quantize, &quantize_rows_kernel);
+FUSEOPS_REGISTER_KERNEL(QuantizeCudaKernels::dequantize, &dequantize_kernel);
 
 }  // namespace fuseops::cuda

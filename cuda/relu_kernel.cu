@@ -8,6 +8,7 @@
 
 #include "elementwise.cuh"
 #include "ops/relu.h"
+#include "ops_generated/cuda/relu.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -47,13 +48,9 @@ void relu_backward_kernel(const at::Tensor& grad_input, const at::Tensor& grad_o
       });
 }
 
-struct Kernels {
-  static detail::ReluKernel forward() { return &relu_kernel; }
-  static detail::ReluBackwardKernel backward() { return &relu_backward_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::ReluRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(ReluCudaKernels::forward, &relu_kernel);
+FUSEOPS_REGISTER_KERNEL(ReluCudaKernels::backward, &relu_backward_kernel);
 
 }  // namespace fuseops::cuda

@@ -27,6 +27,7 @@
 
 #include "elementwise.cuh"
 #include "ops/rms_norm.h"
+#include "ops_generated/cuda/rms_norm.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -358,13 +359,9 @@ void rms_norm_backward_cuda_kernel(const detail::RmsNormBackwardArgs& args) {
       });
 }
 
-struct Kernels {
-  static detail::RmsNormForwardKernel forward() { return &rms_norm_forward_cuda_kernel; }
-  static detail::RmsNormBackwardKernel backward() { return &rms_norm_backward_cuda_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::RmsNormRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(RmsNormCudaKernels::forward, &rms_norm_forward_cuda_kernel);
+FUSEOPS_REGISTER_KERNEL(RmsNormCudaKernels::backward, &rms_norm_backward_cuda_kernel);
 
 }  // namespace fuseops::cuda

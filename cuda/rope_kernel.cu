@@ -28,6 +28,7 @@
 
 #include "elementwise.cuh"
 #include "ops/rope.h"
+#include "ops_generated/cuda/rope.h"
 
 namespace fuseops::cuda {
 namespace {
@@ -151,12 +152,8 @@ void rope_kernel(const detail::RopeKernelArgs& a) {
       });
 }
 
-struct Kernels {
-  static detail::RopeKernel rope() { return &rope_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::RopeRegistrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(RopeCudaKernels::rope, &rope_kernel);
 
 }  // namespace fuseops::cuda

@@ -33,6 +33,7 @@
 
 #include "elementwise.cuh"
 #include "ops/sparse_2_4.h"
+#include "ops_generated/cuda/sparse_2_4.h"
 #include "quantize_row.cuh"
 
 namespace fuseops::cuda {
@@ -163,13 +164,9 @@ void sparse_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input
       });
 }
 
-struct Kernels {
-  static detail::Sparse24LinearKernel linear() { return &sparse_linear_kernel; }
-  static detail::Sparse24DynamicLinearKernel dynamic() { return &sparse_dynamic_linear_kernel; }
-};
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, CUDA, m) { detail::Sparse24Registrations<Kernels>::register_all(m); }
+FUSEOPS_REGISTER_KERNEL(Sparse24CudaKernels::linear, &sparse_linear_kernel);
+FUSEOPS_REGISTER_KERNEL(Sparse24CudaKernels::dynamic, &sparse_dynamic_linear_kernel);
 
 }  // namespace fuseops::cuda

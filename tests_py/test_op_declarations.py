@@ -51,8 +51,7 @@ def test_the_library_defines_exactly_the_declared_operators():
     declared = {
         "fuseops::" + schema.split("(", 1)[0]
         for path in DECLARATIONS
-        for schemas in read(str(path)).values()
-        for schema in schemas
+        for schema in generator().all_schemas(read(str(path)))
     }
     defined = {n for n in torch._C._dispatch_get_all_op_names() if n.startswith("fuseops::")}
     assert defined == declared
@@ -69,7 +68,9 @@ def test_ops_are_registered_for_meta_and_cpu():
     # left out of `ops:` would have no CPU kernel.
     read = generator().read_declaration
     for path in DECLARATIONS:
-        for schema in read(str(path)).get("ops", []):
+        declaration = read(str(path))
+        assert bool(declaration.get("kernels")) == bool(declaration.get("ops")), path.stem
+        for schema in declaration.get("ops", []):
             dump = torch._C._dispatch_dump("fuseops::" + schema.split("(", 1)[0])
             for key in ("CPU:", "Meta:"):
                 assert key in dump, (path.stem, schema, dump)
@@ -87,6 +88,8 @@ def test_ops_are_registered_for_meta_and_cpu():
         ),
         ("ops:\n - relu(Tensor input) -> Tensor\n", "expected `<key>:` or `  - <schema>`"),
         ("# nothing\n", "declares no operator"),
+        ("kernels:\n  forward ToyKernel\nops:\n  - a(Tensor x) -> Tensor\n", "<role>: <kernel"),
+        ("kernels:\n  f: A\n  f: B\nops:\n  - a(Tensor x) -> Tensor\n", "'f' declared twice"),
         ("ops:\n  - a(Tensor x) -> Tensor\nops:\n  - b(Tensor x) -> Tensor\n", "appears twice"),
     ],
 )
@@ -101,6 +104,7 @@ def test_a_malformed_declaration_is_refused_with_its_line(tmp_path, text, messag
 def test_the_generated_registration_names_each_function(tmp_path):
     path = tmp_path / "toy.yaml"
     path.write_text(
+        "kernels:\n  forward: ToyKernel\n  backward: ToyBackwardKernel\n"
         "ops:\n  - toy(Tensor x) -> Tensor\n  - toy_backward.out(Tensor g, *, Tensor(a!) out) -> ()\n"
         "composite_ops:\n  - pack_toy(Tensor w) -> Tensor\n"
     )
@@ -117,3 +121,23 @@ def test_the_generated_registration_names_each_function(tmp_path):
         "toy_backward.out(Tensor g, *, Tensor(a!) out) -> ()",
         "pack_toy(Tensor w) -> Tensor",
     ]
+    # Each backend's Kernels: null for Meta, a table per role for the CPU.
+    meta = (tmp_path / "out" / "ops_generated" / "toy_meta.cpp").read_text()
+    assert "static ToyKernel forward() { return nullptr; }" in meta
+    assert "ToyRegistrations<ToyMetaKernels>::register_all(m);" in meta
+    cpu = (tmp_path / "out" / "ops_generated" / "cpu" / "toy.h").read_text()
+    assert 'CpuKernelTable<detail::ToyBackwardKernel> backward{"toy backward"};' in cpu
+    cuda = (tmp_path / "out" / "ops_generated" / "cuda" / "toy.h").read_text()
+    assert 'detail::KernelSlot<detail::ToyKernel> forward{"toy forward"};' in cuda
+    for backend in ("Cpu", "Cuda"):
+        registration = (
+            tmp_path / "out" / "ops_generated" / f"toy_{backend.lower()}.cpp"
+        ).read_text()
+        assert f"TORCH_LIBRARY_IMPL(fuseops, {backend.upper()}, m)" in registration
+        assert (
+            f"ToyRegistrations<::fuseops::{backend.lower()}::Toy{backend}Kernels>" in registration
+        )
+    # A declaration that loses its kernels loses their files.
+    path.write_text("composite_ops:\n  - pack_toy(Tensor w) -> Tensor\n")
+    assert module.main(["generator", "toy", str(path), str(tmp_path / "out")]) == 0
+    assert not (tmp_path / "out" / "ops_generated" / "toy_meta.cpp").exists()

@@ -333,21 +333,6 @@ void bias_gelu_backward_out(const at::Tensor& grad_output, const at::Tensor& inp
   op.call(grad_output, input, bias, approximate, grad_input, grad_bias);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::ActivationKernel forward() { return nullptr; }
-  static detail::ActivationBackwardKernel backward() { return nullptr; }
-  static detail::BiasGeluKernel bias_gelu() { return nullptr; }
-  static detail::BiasGeluBackwardKernel bias_gelu_backward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::ActivationRegistrations<MetaKernels>::register_all(m);
-}
-
 // Autocast as torch's gelu(input + bias): the add promotes mixed inputs;
 // gelu and silu take one tensor and fall through, as torch's do.
 FUSEOPS_AUTOCAST(bias_gelu, kPromote, kPromote)

@@ -394,20 +394,6 @@ at::Tensor causal_conv1d_update(const at::Tensor& x, at::Tensor& conv_state,
   return op.call(x, conv_state, weight, bias, activation);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::CausalConv1dKernel forward() { return nullptr; }
-  static detail::CausalConv1dBackwardKernel backward() { return nullptr; }
-  static detail::CausalConv1dUpdateKernel update() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::CausalConv1dRegistrations<MetaKernels>::register_all(m);
-}
-
 // Autocast as torch's conv1d: computed in the autocast dtype on CPU and CUDA.
 FUSEOPS_AUTOCAST(causal_conv1d, kLowerPrecision, kLowerPrecision)
 

@@ -605,19 +605,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
                  softcap, normalizer);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::CrossEntropyTargetKernel target() { return nullptr; }
-  static detail::CrossEntropyRowsKernel rows() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::CrossEntropyRegistrations<MetaKernels>::register_all(m);
-}
-
 // Autocast as torch's cross_entropy: float32 logits (and a float32 loss) on
 // CPU and CUDA. linear_cross_entropy as the composition it replaces,
 // cross_entropy(linear(input, weight, bias), ...): the GEMMs in the autocast

@@ -127,16 +127,4 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key, cons
                      softcap);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::DecodeAttentionKernel forward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::DecodeAttentionRegistrations<MetaKernels>::register_all(m);
-}
-
 }  // namespace fuseops

@@ -336,19 +336,6 @@ at::Tensor geglu_packed_backward(const at::Tensor& grad_output, const at::Tensor
   return op.call(grad_output, input, approximate);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::GatedKernel forward() { return nullptr; }
-  static detail::GatedBackwardKernel backward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::GatedActivationRegistrations<MetaKernels>::register_all(m);
-}
-
 // Autocast as torch's act(gate) * up: the multiply promotes mixed inputs.
 FUSEOPS_AUTOCAST(swiglu, kPromote, kPromote)
 FUSEOPS_AUTOCAST(geglu, kPromote, kPromote)

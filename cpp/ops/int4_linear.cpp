@@ -314,15 +314,6 @@ at::Tensor int4_dynamic_linear(const at::Tensor& input, const at::Tensor& packed
   return handle.call(input, packed, scale_zero, group_size, detail::none_if_undefined(bias));
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::Int4WeightOnlyLinearKernel weight_only() { return nullptr; }
-  static detail::Int4DynamicLinearKernel dynamic() { return nullptr; }
-};
-
-}  // namespace
-
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
   m.impl("quantize_per_group_int4", TORCH_FN(detail::quantize_per_group_int4_impl));
   m.impl("pack_int4_weight", TORCH_FN(detail::pack_int4_weight_impl));
@@ -331,7 +322,6 @@ TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   m.impl("quantize_per_group_int4", TORCH_FN(detail::quantize_per_group_int4_meta));
   m.impl("pack_int4_weight", TORCH_FN(detail::pack_int4_weight_meta));
-  detail::Int4LinearRegistrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

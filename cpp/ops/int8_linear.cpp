@@ -181,21 +181,8 @@ at::Tensor int8_dynamic_linear(const at::Tensor& input, const at::Tensor& packed
   return handle.call(input, packed, scale, colsum, detail::none_if_undefined(bias));
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::Int8WeightOnlyLinearKernel weight_only() { return nullptr; }
-  static detail::Int8DynamicLinearKernel dynamic() { return nullptr; }
-};
-
-}  // namespace
-
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
   m.impl("pack_int8_weight", TORCH_FN(detail::pack_int8_weight_impl));
-}
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::Int8LinearRegistrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

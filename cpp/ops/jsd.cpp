@@ -478,16 +478,6 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_jsd_backward(
                  none_if_undefined(label), beta, temperature, ignore_index, reduction);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::JsdRowsKernel rows() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::JsdRegistrations<MetaKernels>::register_all(m); }
-
 // Autocast as torch's kl_div (and cross_entropy): float32 logits, so a
 // float32 loss, on CPU and CUDA; a bfloat16 student with a float32 teacher
 // then meets the teacher's dtype.

@@ -302,19 +302,6 @@ void layer_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& in
   op.call(grad_output, input, weight, mean, rstd, grad_input, grad_weight, grad_bias);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::LayerNormKernel forward() { return nullptr; }
-  static detail::LayerNormBackwardKernel backward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::LayerNormRegistrations<MetaKernels>::register_all(m);
-}
-
 // Autocast as torch's layer_norm: CPU returns the input's dtype (parameters
 // cast to it, as fuseops takes one dtype); CUDA computes in float32.
 FUSEOPS_AUTOCAST(layer_norm, kFirstInput, kFloat32)

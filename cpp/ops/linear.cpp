@@ -79,16 +79,6 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
   return handle.call(input, weight, detail::none_if_undefined(bias));
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::LinearKernel forward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::LinearRegistrations<MetaKernels>::register_all(m); }
-
 // torch casts linear to the autocast dtype on both devices.
 FUSEOPS_AUTOCAST(linear, kLowerPrecision, kLowerPrecision)
 

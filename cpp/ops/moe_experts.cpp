@@ -205,19 +205,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_experts_backward(
                  activation, expert_grads, gate_up_out);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::MoeExpertsKernel forward() { return nullptr; }
-  static detail::MoeExpertsBackwardKernel backward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::MoeExpertsRegistrations<MetaKernels>::register_all(m);
-}
-
 // No autocast kernel: under autocast the op runs in its inputs' dtypes and
 // returns hidden's, as transformers' experts loop returns it (its products
 // run in the autocast dtype, its sum in hidden's); on CPUs that emulate

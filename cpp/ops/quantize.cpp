@@ -124,17 +124,4 @@ at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale, int64_t
   return op.call(q, scale, dim, dtype);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::QuantizeRowsKernel quantize() { return nullptr; }
-  static detail::DequantizeKernel dequantize() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
-  detail::QuantizeRegistrations<MetaKernels>::register_all(m);
-}
-
 }  // namespace fuseops

@@ -112,15 +112,4 @@ at::Tensor& relu_backward_out(const at::Tensor& grad_output, const at::Tensor& r
   return grad_input;
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::ReluKernel forward() { return nullptr; }
-  static detail::ReluBackwardKernel backward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::ReluRegistrations<MetaKernels>::register_all(m); }
-
 }  // namespace fuseops

@@ -517,17 +517,6 @@ void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
           none_if_undefined(weight), rstd, grad_input, grad_weight);
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::RmsNormForwardKernel forward() { return nullptr; }
-  static detail::RmsNormBackwardKernel backward() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::RmsNormRegistrations<MetaKernels>::register_all(m); }
-
 // Autocast as torch's rms_norm: CPU falls through (a reduced input with float32
 // weight is computed in float32 and returned in the input's dtype); CUDA
 // computes in float32. fused_add_rms_norm as torch's residual add then

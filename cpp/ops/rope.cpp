@@ -478,14 +478,4 @@ at::Tensor& rope_backward_single_out(const at::Tensor& grad_input, const at::Ten
   return out;
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::RopeKernel rope() { return nullptr; }
-};
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fuseops, Meta, m) { detail::RopeRegistrations<MetaKernels>::register_all(m); }
-
 }  // namespace fuseops

@@ -284,15 +284,6 @@ at::Tensor sparse_2_4_dynamic_linear(const at::Tensor& input, const at::Tensor& 
   return handle.call(input, values, meta, scale, colsum, detail::none_if_undefined(bias));
 }
 
-namespace {
-
-struct MetaKernels {
-  static detail::Sparse24LinearKernel linear() { return nullptr; }
-  static detail::Sparse24DynamicLinearKernel dynamic() { return nullptr; }
-};
-
-}  // namespace
-
 TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
   m.impl("prune_2_4", TORCH_FN(detail::prune_2_4_impl));
   m.impl("pack_2_4", TORCH_FN(detail::pack_2_4_impl));
@@ -302,7 +293,6 @@ TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   // Shapes only: the packing's 2:4 check reads the values.
   m.impl("prune_2_4", TORCH_FN(detail::prune_2_4_meta));
   m.impl("pack_2_4", TORCH_FN(detail::pack_2_4_meta));
-  detail::Sparse24Registrations<MetaKernels>::register_all(m);
 }
 
 }  // namespace fuseops

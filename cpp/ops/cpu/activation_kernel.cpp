@@ -5,7 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
-#include "ops/cpu/activation.h"
+#include "ops_generated/cpu/activation.h"
 #include "ops/cpu/activation_math.h"
 #include "ops/cpu/elementwise.h"
 

@@ -30,7 +30,7 @@
 
 #include "ops/causal_conv1d_dispatch.h"
 #include "ops/cpu/activation_math.h"
-#include "ops/cpu/causal_conv1d.h"
+#include "ops_generated/cpu/causal_conv1d.h"
 #include "ops/cpu/elementwise.h"
 
 namespace fuseops::cpu {

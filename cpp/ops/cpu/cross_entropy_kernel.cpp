@@ -24,7 +24,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ops/cpu/activation_math.h"
-#include "ops/cpu/cross_entropy.h"
+#include "ops_generated/cpu/cross_entropy.h"
 #include "ops/cpu/row_max_sum.h"
 #include "ops/cpu/elementwise.h"
 

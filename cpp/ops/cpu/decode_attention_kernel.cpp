@@ -33,7 +33,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
-#include "ops/cpu/decode_attention.h"
+#include "ops_generated/cpu/decode_attention.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

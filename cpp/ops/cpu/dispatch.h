@@ -3,9 +3,10 @@
 // file cpp/ops/cpu/<op>_kernel.cpp is compiled once per capability (see
 // cmake/FuseopsCpuKernels.cmake). Each build registers its entry point in a
 // CpuKernelTable with FUSEOPS_REGISTER_CPU_KERNEL. The tables are members of
-// the family's `<Op>CpuKernels` (cpp/ops/cpu/<op>.h), which the family's
-// registrations call (`Kernels::forward()`): that returns the build matching
-// the selected capability.
+// the family's `<Op>CpuKernels` (ops_generated/cpu/<op>.h, generated from
+// cpp/ops/<op>.yaml), which the family's registrations call
+// (`Kernels::forward()`): that returns the build matching the selected
+// capability.
 
 #include <array>
 #include <atomic>

@@ -7,7 +7,7 @@
 
 #include "ops/cpu/activation_math.h"
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/gated_activation.h"
+#include "ops_generated/cpu/gated_activation.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

@@ -44,7 +44,7 @@
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int4_channels.h"
-#include "ops/cpu/int4_linear.h"
+#include "ops_generated/cpu/int4_linear.h"
 #include "ops/cpu/int8_vec.h"
 #include "ops/cpu/prefetch.h"
 #include "ops/cpu/quantize_row.h"

@@ -47,7 +47,7 @@
 #include "ops/common/reduced_gemms.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int4_channels.h"
-#include "ops/cpu/int4_linear.h"
+#include "ops_generated/cpu/int4_linear.h"
 #include "ops/cpu/int8_vec.h"
 #include "ops/cpu/prefetch.h"
 

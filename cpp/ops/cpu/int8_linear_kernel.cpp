@@ -41,7 +41,7 @@
 
 #include "ops/common/reduced_gemms.h"
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/int8_linear.h"
+#include "ops_generated/cpu/int8_linear.h"
 #include "ops/cpu/int8_vec.h"
 #include "ops/cpu/prefetch.h"
 #include "ops/cpu/quantize_row.h"

@@ -23,7 +23,7 @@
 
 #include "ops/cpu/activation_math.h"
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/jsd.h"
+#include "ops_generated/cpu/jsd.h"
 #include "ops/cpu/row_max_sum.h"
 
 namespace fuseops::cpu {

@@ -24,7 +24,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/layer_norm.h"
+#include "ops_generated/cpu/layer_norm.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

@@ -55,7 +55,7 @@
 #include "ops/common/widened_products.h"
 #include "ops/linear.h"
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/linear.h"
+#include "ops_generated/cpu/linear.h"
 #include "ops/cpu/prefetch.h"
 
 namespace fuseops::cpu {

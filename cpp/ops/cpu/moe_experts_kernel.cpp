@@ -22,8 +22,8 @@
 #include <fuseops/linear.h>
 
 #include "ops/common/output_memory.h"
-#include "ops/cpu/gated_activation.h"
-#include "ops/cpu/moe_experts.h"
+#include "ops_generated/cpu/gated_activation.h"
+#include "ops_generated/cpu/moe_experts.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

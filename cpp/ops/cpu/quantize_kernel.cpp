@@ -14,7 +14,7 @@
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int8_vec.h"
-#include "ops/cpu/quantize.h"
+#include "ops_generated/cpu/quantize.h"
 #include "ops/cpu/quantize_row.h"
 
 namespace fuseops::cpu {

@@ -4,7 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/relu.h"
+#include "ops_generated/cpu/relu.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

@@ -22,7 +22,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/rms_norm.h"
+#include "ops_generated/cpu/rms_norm.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

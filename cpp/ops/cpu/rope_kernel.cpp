@@ -14,7 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/rope.h"
+#include "ops_generated/cpu/rope.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

@@ -50,7 +50,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/int8_vec.h"
 #include "ops/cpu/quantize_row.h"
-#include "ops/cpu/sparse_2_4.h"
+#include "ops_generated/cpu/sparse_2_4.h"
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {

@@ -39,8 +39,8 @@ It writes, into the output folder:
 The file is a small subset of YAML, read here without a YAML library: whole
 line `#` comments, the keys at the start of a line, one `  - <schema>` or
 `  <role>: <type>` per line below them (tests_py/test_op_declarations.py
-checks that a YAML reader reads the same). A file is rewritten only when its text changes, so an
-unchanged declaration rebuilds nothing.
+checks that a YAML reader reads the same). A file is rewritten only when its
+text changes, so an unchanged declaration rebuilds nothing.
 """
 
 from __future__ import annotations

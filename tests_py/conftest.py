@@ -4,6 +4,7 @@ share are in support/."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 
@@ -50,13 +51,31 @@ def device(request) -> str:
 def pytest_sessionfinish(session, exitstatus):
     """Fails the run when the CPU can execute a build whose per-build tests
     were collected but none of them ran it (a wrong skip would otherwise
-    look like a pass)."""
+    look like a pass). Under pytest-xdist (`-n`) each worker hands its
+    builds to the controller (pytest_testnodedown), which decides."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fuseops_builds"] = json.dumps(
+            [sorted(capabilities_requested), sorted(capabilities_exercised)]
+        )
+        return
     missing = sorted(
         cap for cap in capabilities_requested if cpu_runs(cap) and cap not in capabilities_exercised
     )
     if missing and session.exitstatus == 0:
         session.exitstatus = 1
     session.config._fuseops_missing_builds = missing
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a worker finished; merge the builds it
+    requested and exercised."""
+    builds = getattr(node, "workeroutput", {}).get("fuseops_builds")
+    if builds is not None:
+        requested, exercised = json.loads(builds)
+        capabilities_requested.update(requested)
+        capabilities_exercised.update(exercised)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

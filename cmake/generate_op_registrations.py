@@ -17,6 +17,10 @@ language:
       - rms_norm.out(Tensor input, ..., *, Tensor(a!) out) -> ()
     composite_ops:  # registered by hand in cpp/ops/<op>.cpp
       - pack_int8_weight(Tensor weight) -> Tensor
+    autograd:       # each operator's Autograd kernel
+      rms_norm: function
+      rms_norm_backward: no_derivative
+      swiglu_backward.packed: no_derivative(swiglu_packed_backward)
 
 It writes, into the output folder:
 
@@ -34,11 +38,19 @@ It writes, into the output folder:
   and ops_generated/<op>_cpu.cpp, which registers it for the CPU key;
   ops_generated/cuda/<op>.h (`<Op>CudaKernels`, one KernelSlot per role,
   which cuda/<op>_kernel.cu fills) and ops_generated/<op>_cuda.cpp, which
-  registers it for the CUDA key (compiled in CUDA builds only).
+  registers it for the CUDA key (compiled in CUDA builds only);
+- with `autograd:`, each operator's Autograd kernel. A `function` is the
+  static member of `<Op>Autograd` (cpp/ops/autograd/<op>.cpp) named as the
+  operator, '.' written '_': ops_generated/autograd/<op>.h has the function
+  template `register_<op>_autograd<Autograd>(m)`, which that file calls. A
+  `no_derivative` or `inference` operator has the one kernel of
+  cpp/ops/autograd/no_derivative.h: it refuses a call that would record a
+  gradient, then runs the public C++ function `fuseops::<operator>` (or the
+  one named in parentheses); ops_generated/<op>_autograd.cpp registers them.
 
 The file is a small subset of YAML, read here without a YAML library: whole
-line `#` comments, the keys at the start of a line, one `  - <schema>` or
-`  <role>: <type>` per line below them (tests_py/test_op_declarations.py
+line `#` comments, the keys at the start of a line, one `  - <schema>`, `  <role>: <type>` or
+`  <operator>: <kind>` per line below them (tests_py/test_op_declarations.py
 checks that a YAML reader reads the same). A file is rewritten only when its
 text changes, so an unchanged declaration rebuilds nothing.
 """
@@ -49,11 +61,18 @@ import os
 import re
 import sys
 
-KEYS = ("kernels", "ops", "composite_ops")
+KEYS = ("kernels", "ops", "composite_ops", "autograd")
+# The keys whose lines are `  <name>: <value>` rather than `  - <schema>`.
+MAPS = ("kernels", "autograd")
 GENERATED = "// Generated from cpp/ops/{op}.yaml by cmake/generate_op_registrations.py: edit those."
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # name[.overload](...) -> ...: what the dispatcher accepts as a schema's head.
-SCHEMA = re.compile(r"([a-z_][a-z0-9_]*)(?:\.([a-z_][a-z0-9_]*))?\(.*\) -> .+")
+OPERATOR = r"[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)?"
+SCHEMA = re.compile(OPERATOR + r"\(.*\) -> .+")
+# An Autograd kernel: `function`, or a refusing kind with the C++ function it
+# runs when that is not named as the operator.
+AUTOGRAD_KINDS = ("function", "no_derivative", "inference")
+AUTOGRAD = re.compile(r"(function)|(no_derivative|inference)(?:\(([a-z_][a-z0-9_]*)\))?")
 
 
 class DeclarationError(Exception):
@@ -76,15 +95,25 @@ def read_declaration(path: str) -> dict:
                     raise DeclarationError(f"{where}: unknown key {key!r} (expected one of {KEYS})")
                 if key in declaration:
                     raise DeclarationError(f"{where}: {key!r} appears twice")
-                declaration[key] = {} if key == "kernels" else []
-            elif key == "kernels" and line.startswith("  ") and not line.startswith("   "):
-                role, _, kernel_type = line.strip().partition(": ")
-                if not IDENTIFIER.fullmatch(role) or not IDENTIFIER.fullmatch(kernel_type):
+                declaration[key] = {} if key in MAPS else []
+            elif key in MAPS and line.startswith("  ") and not line.startswith("   "):
+                name, _, value = line.strip().partition(": ")
+                if key == "kernels" and not (
+                    IDENTIFIER.fullmatch(name) and IDENTIFIER.fullmatch(value)
+                ):
                     raise DeclarationError(f"{where}: expected `  <role>: <kernel type>`, got {line!r}")
-                if role in declaration[key]:
-                    raise DeclarationError(f"{where}: kernel {role!r} declared twice")
-                declaration[key][role] = kernel_type
-            elif line.startswith("  - ") and key not in (None, "kernels"):
+                if key == "autograd" and not (
+                    re.fullmatch(OPERATOR, name) and AUTOGRAD.fullmatch(value)
+                ):
+                    raise DeclarationError(
+                        f"{where}: expected `  <operator>: <kind>` with a kind of "
+                        f"{AUTOGRAD_KINDS} (a refusing kind may name its C++ function: "
+                        f"`no_derivative(<function>)`), got {line!r}"
+                    )
+                if name in declaration[key]:
+                    raise DeclarationError(f"{where}: {name!r} declared twice under {key!r}")
+                declaration[key][name] = value
+            elif line.startswith("  - ") and key not in (None, *MAPS):
                 schema = line[4:].strip()
                 if not SCHEMA.fullmatch(schema):
                     raise DeclarationError(
@@ -94,13 +123,18 @@ def read_declaration(path: str) -> dict:
                     raise DeclarationError(f"{where}: ' #' and ': ' would not read as YAML")
                 declaration[key].append(schema)
             else:
-                raise DeclarationError(f"{where}: expected `<key>:` or `  - <schema>`, got {line!r}")
+                raise DeclarationError(
+                    f"{where}: expected `<key>:`, `  - <schema>` or `  <name>: <value>`, got {line!r}"
+                )
     names = [operator_name(s) for s in all_schemas(declaration)]
     if not names:
         raise DeclarationError(f"{path}: declares no operator")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise DeclarationError(f"{path}: {', '.join(repeated)} declared more than once")
+    undeclared = [n for n in declaration.get("autograd", {}) if n not in names]
+    if undeclared:
+        raise DeclarationError(f"{path}: autograd: {', '.join(undeclared)} is not a declared operator")
     return declaration
 
 
@@ -144,7 +178,11 @@ def schemas_source(op: str, declaration: dict) -> str:
     return "\n".join(lines)
 
 
-def register_kernels_header(op: str, declaration: dict) -> str:
+def register_template_header(
+    op: str, what: str, template: str, entries: list[tuple[str, str]], registers: str
+) -> str:
+    """The function template `register_<op>_<what><Template>(m)`, which
+    registers each (operator, function) pair with `Template::function`."""
     lines = [
         GENERATED.format(op=op),
         "#pragma once",
@@ -153,14 +191,14 @@ def register_kernels_header(op: str, declaration: dict) -> str:
         "",
         "namespace fuseops::detail {",
         "",
-        f"// Registers the kernels of {op}'s `ops:` for one backend: each is the",
-        "// function of Registrations named as the operator, '.' written '_'.",
-        "template <typename Registrations, typename Library>",
-        f"void register_{op}_kernels(Library& m) {{",
+        f"// Registers {registers}: each is the",
+        f"// function of {template} named as the operator, '.' written '_'.",
+        f"template <typename {template}, typename Library>",
+        f"void register_{op}_{what}(Library& m) {{",
     ]
     lines += [
-        f"  m.impl({cpp_string(operator_name(s))}, TORCH_FN(Registrations::{function_name(s)}));"
-        for s in declaration["ops"]
+        f"  m.impl({cpp_string(name)}, TORCH_FN({template}::{function}));"
+        for name, function in entries
     ]
     lines += ["}", "", "}  // namespace fuseops::detail", ""]
     return "\n".join(lines)
@@ -249,6 +287,50 @@ def backend_registration(op: str, backend: str) -> str:
     return "\n".join(lines)
 
 
+def autograd_kernels(declaration: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(operator, kind, C++ function) of each `autograd:` entry of these kinds."""
+    entries = []
+    for name, value in declaration.get("autograd", {}).items():
+        match = AUTOGRAD.fullmatch(value)
+        kind = match.group(1) or match.group(2)
+        if kind in kinds:
+            entries.append((name, kind, match.group(3) or name.replace(".", "_")))
+    return entries
+
+
+def refusing_autograd_source(op: str, refusing: list[tuple[str, str, str]]) -> str:
+    """The Autograd kernels of the operators without a derivative."""
+    lines = [
+        GENERATED.format(op=op),
+        "// Operators without a derivative: their Autograd kernel refuses a call that",
+        "// would record a gradient, then runs the op below autograd",
+        "// (cpp/ops/autograd/no_derivative.h).",
+        "",
+        "#include <torch/library.h>",
+        "",
+        f"#include <fuseops/{op}.h>",
+        "",
+        '#include "ops/autograd/no_derivative.h"',
+        "",
+        "TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {",
+    ]
+    lines += [
+        f"  ::fuseops::autograd_detail::register_{kind}<{cpp_string('fuseops::' + name)}, "
+        f"&::fuseops::{function}>(m);"
+        for name, kind, function in refusing
+    ]
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
+def write_or_remove(path: str, text: str | None) -> None:
+    """Writes the file, or removes one left from an earlier declaration."""
+    if text is not None:
+        write_if_changed(path, text)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
 def write_if_changed(path: str, text: str) -> None:
     try:
         with open(path, encoding="utf-8") as f:
@@ -274,7 +356,13 @@ def main(argv: list[str]) -> int:
     folder = os.path.join(out, "ops_generated")
     write_if_changed(os.path.join(folder, f"{op}_schemas.cpp"), schemas_source(op, declaration))
     if declaration.get("ops"):
-        write_if_changed(os.path.join(folder, f"{op}.h"), register_kernels_header(op, declaration))
+        entries = [(operator_name(s), function_name(s)) for s in declaration["ops"]]
+        write_if_changed(
+            os.path.join(folder, f"{op}.h"),
+            register_template_header(
+                op, "kernels", "Registrations", entries, f"the kernels of {op}'s `ops:` for one backend"
+            ),
+        )
     kernels = declaration.get("kernels")
     backends = {
         os.path.join(folder, f"{op}_meta.cpp"): lambda: meta_source(op, kernels),
@@ -284,10 +372,25 @@ def main(argv: list[str]) -> int:
         os.path.join(folder, f"{op}_cuda.cpp"): lambda: backend_registration(op, "Cuda"),
     }
     for path, source in backends.items():
-        if kernels:
-            write_if_changed(path, source())
-        elif os.path.exists(path):
-            os.remove(path)  # left from a declaration that had kernels
+        write_or_remove(path, source() if kernels else None)
+    functions = autograd_kernels(declaration, ("function",))
+    refusing = autograd_kernels(declaration, ("no_derivative", "inference"))
+    write_or_remove(
+        os.path.join(folder, "autograd", f"{op}.h"),
+        register_template_header(
+            op,
+            "autograd",
+            "Autograd",
+            [(n, f) for n, _, f in functions],
+            f"the Autograd kernels of {op} that are functions",
+        )
+        if functions
+        else None,
+    )
+    write_or_remove(
+        os.path.join(folder, f"{op}_autograd.cpp"),
+        refusing_autograd_source(op, refusing) if refusing else None,
+    )
     return 0
 
 

@@ -65,6 +65,67 @@ def test_the_library_defines_exactly_the_declared_operators():
         assert torch.Tag.pt2_compliant_tag in getattr(packet, overload or "default").tags, name
 
 
+def _registered_keys(operator: str) -> set[str]:
+    dump = torch._C._dispatch_dump("fuseops::" + operator)
+    return set(re.findall(r"^(\S+): registered", dump, re.M))
+
+
+def test_each_operator_has_the_autograd_kernel_it_declares():
+    # An operator `autograd:` names has an Autograd kernel; one of `ops:` it
+    # leaves out has none (the out= overloads). `composite_ops:` it leaves
+    # out register theirs by hand, if any (rope_cache_attention).
+    read = GENERATOR.read_declaration
+    declared = 0
+    for path in DECLARATIONS:
+        declaration = read(str(path))
+        autograd = declaration.get("autograd", {})
+        for schema in GENERATOR.all_schemas(declaration):
+            operator = schema.split("(", 1)[0]
+            has_kernel = "Autograd[alias]" in _registered_keys(operator)
+            if operator in autograd:
+                assert has_kernel, (path.stem, operator)
+                declared += 1
+            elif schema in declaration.get("ops", []):
+                assert not has_kernel, (path.stem, operator)
+    assert declared > 50
+
+
+@pytest.mark.parametrize(
+    "operator, make_args, message",
+    [
+        # A `no_derivative` operator, and one whose C++ function is named in
+        # the declaration.
+        (
+            "swiglu_backward",
+            lambda t: (t(), t(grad=True), t()),
+            "fuseops::swiglu_backward is not differentiable",
+        ),
+        (
+            "swiglu_backward.packed",
+            lambda t: (t(), t(2, grad=True)),
+            "fuseops::swiglu_backward.packed is not differentiable",
+        ),
+        # An `inference` operator.
+        (
+            "quantize_per_token_int8",
+            lambda t: (t(grad=True),),
+            "fuseops::quantize_per_token_int8 is an inference op with no derivative",
+        ),
+    ],
+)
+def test_a_declared_refusing_kernel_refuses_and_otherwise_runs(operator, make_args, message):
+    def t(width=1, grad=False):
+        return torch.randn(3, 4 * width, dtype=torch.float64).requires_grad_(grad)
+
+    name, _, overload = operator.partition(".")
+    op = getattr(getattr(torch.ops.fuseops, name), overload or "default")
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        op(*make_args(t))
+    with torch.no_grad():
+        result = op(*make_args(t))
+    assert result is not None
+
+
 def test_ops_are_registered_for_meta_and_cpu():
     # `ops:` take their kernels from <Op>Registrations on every backend; a
     # declared operator whose function is missing would fail to compile, one
@@ -89,10 +150,20 @@ def test_ops_are_registered_for_meta_and_cpu():
             "ops:\n  - relu(Tensor x) -> Tensor\n  - relu(Tensor y) -> Tensor\n",
             "relu declared more",
         ),
-        ("ops:\n - relu(Tensor input) -> Tensor\n", "expected `<key>:` or `  - <schema>`"),
+        (
+            "ops:\n - relu(Tensor input) -> Tensor\n",
+            "expected `<key>:`, `  - <schema>` or `  <name>",
+        ),
         ("# nothing\n", "declares no operator"),
         ("kernels:\n  forward ToyKernel\nops:\n  - a(Tensor x) -> Tensor\n", "<role>: <kernel"),
         ("kernels:\n  f: A\n  f: B\nops:\n  - a(Tensor x) -> Tensor\n", "'f' declared twice"),
+        ("ops:\n  - a(Tensor x) -> Tensor\nautograd:\n  a: differentiable\n", "with a kind of"),
+        ("ops:\n  - a(Tensor x) -> Tensor\nautograd:\n  a: function(f)\n", "with a kind of"),
+        ("ops:\n  - a(Tensor x) -> Tensor\nautograd:\n  b: function\n", "b is not a declared"),
+        (
+            "ops:\n  - a(Tensor x) -> Tensor\nautograd:\n  a: function\n  a: inference\n",
+            "'a' declared twice under 'autograd'",
+        ),
         ("ops:\n  - a(Tensor x) -> Tensor\nops:\n  - b(Tensor x) -> Tensor\n", "appears twice"),
     ],
 )
@@ -144,3 +215,41 @@ def test_the_generated_registration_names_each_function(tmp_path):
     path.write_text("composite_ops:\n  - pack_toy(Tensor w) -> Tensor\n")
     assert module.main(["generator", "toy", str(path), str(tmp_path / "out")]) == 0
     assert not (tmp_path / "out" / "ops_generated" / "toy_meta.cpp").exists()
+
+
+def test_the_generated_autograd_registration_names_each_kernel(tmp_path):
+    path = tmp_path / "toy.yaml"
+    declaration = (
+        "kernels:\n  forward: ToyKernel\n"
+        "ops:\n  - toy(Tensor x) -> Tensor\n  - toy.packed(Tensor x) -> Tensor\n"
+        "  - toy_backward(Tensor g, Tensor x) -> Tensor\n"
+        "  - toy_backward.packed(Tensor g, Tensor x) -> Tensor\n"
+        "composite_ops:\n  - pack_toy(Tensor w) -> Tensor\n"
+        "autograd:\n  toy: function\n  toy.packed: function\n"
+        "  toy_backward: no_derivative\n  toy_backward.packed: no_derivative(toy_packed_backward)\n"
+        "  pack_toy: inference\n"
+    )
+    path.write_text(declaration)
+    out = tmp_path / "out" / "ops_generated"
+    assert GENERATOR.main(["generator", "toy", str(path), str(tmp_path / "out")]) == 0
+    functions = (out / "autograd" / "toy.h").read_text()
+    assert re.findall(r"m\.impl\(.*", functions) == [
+        'm.impl("toy", TORCH_FN(Autograd::toy));',
+        'm.impl("toy.packed", TORCH_FN(Autograd::toy_packed));',
+    ]
+    refusing = (out / "toy_autograd.cpp").read_text()
+    assert re.findall(r"register_\w+<.*", refusing) == [
+        'register_no_derivative<"fuseops::toy_backward", &::fuseops::toy_backward>(m);',
+        'register_no_derivative<"fuseops::toy_backward.packed", '
+        "&::fuseops::toy_packed_backward>(m);",
+        'register_inference<"fuseops::pack_toy", &::fuseops::pack_toy>(m);',
+    ]
+    assert "#include <fuseops/toy.h>" in refusing
+    # Each file goes with the last entry of its kind.
+    path.write_text(declaration.split("autograd:")[0] + "autograd:\n  pack_toy: inference\n")
+    assert GENERATOR.main(["generator", "toy", str(path), str(tmp_path / "out")]) == 0
+    assert not (out / "autograd" / "toy.h").exists()
+    assert "toy_backward" not in (out / "toy_autograd.cpp").read_text()
+    path.write_text(declaration.split("autograd:")[0])
+    assert GENERATOR.main(["generator", "toy", str(path), str(tmp_path / "out")]) == 0
+    assert not (out / "toy_autograd.cpp").exists()

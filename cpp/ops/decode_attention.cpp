@@ -1,7 +1,7 @@
 // fuseops::decode_attention: schema, C++ API, shared checks and the Meta
 // registration. CPU: cpp/ops/cpu/decode_attention.h (kernel:
 // decode_attention_kernel.cpp); CUDA: cuda/decode_attention_kernel.cu;
-// autograd (refusal): cpp/ops/autograd/decode_attention.cpp.
+// autograd (refusal): `autograd:` in cpp/ops/decode_attention.yaml.
 
 #include "ops/decode_attention.h"
 

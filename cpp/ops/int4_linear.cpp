@@ -4,7 +4,7 @@
 // Meta registration. CPU: cpp/ops/cpu/int4_linear.h (kernels:
 // int4_linear_kernel.cpp, int4_dynamic_linear_kernel.cpp); CUDA:
 // cuda/int4_linear_kernel.cu; autograd (refusal):
-// cpp/ops/autograd/int4_linear.cpp.
+// `autograd:` in cpp/ops/int4_linear.yaml.
 
 #include "ops/int4_linear.h"
 

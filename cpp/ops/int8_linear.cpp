@@ -2,7 +2,7 @@
 // op (ATen ops only, one registration for every backend) and the Meta
 // registration. CPU: cpp/ops/cpu/int8_linear.h; CUDA:
 // cuda/int8_linear_kernel.cu; autograd (refusal):
-// cpp/ops/autograd/int8_linear.cpp.
+// `autograd:` in cpp/ops/int8_linear.yaml.
 
 #include "ops/int8_linear.h"
 

@@ -1,6 +1,6 @@
 // fuseops int8 quantization: schemas, C++ API, shared checks and the Meta
 // registration. CPU: cpp/ops/cpu/quantize.h; CUDA: cuda/quantize_kernel.cu;
-// autograd (refusal): cpp/ops/autograd/quantize.cpp.
+// autograd (refusal): `autograd:` in cpp/ops/quantize.yaml.
 
 #include "ops/quantize.h"
 

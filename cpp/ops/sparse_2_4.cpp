@@ -2,7 +2,7 @@
 // pruning and packing ops (ATen ops, one registration for CPU and CUDA, a
 // shape-only Meta form) and the Meta registration of the linear op. CPU:
 // cpp/ops/cpu/sparse_2_4.cpp; CUDA: cuda/sparse_2_4_kernel.cu; autograd
-// (refusal): cpp/ops/autograd/sparse_2_4.cpp.
+// (refusal): `autograd:` in cpp/ops/sparse_2_4.yaml.
 
 #include "ops/sparse_2_4.h"
 #include "ops/int8_linear.h"

@@ -12,23 +12,22 @@
 #include <ATen/ops/exp.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/activation.h>
 
 #include "ops/activation.h"
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 #include "ops/common/tensors.h"
+#include "ops_generated/autograd/activation.h"
 
 namespace fuseops {
 namespace {
 
 using detail::Activation;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 // Second derivative f''(x), composed of ATen ops: only double backward
 // needs it, where clarity beats speed.
@@ -171,46 +170,43 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
   }
 };
 
-at::Tensor gelu_autograd(const at::Tensor& input, c10::string_view approximate) {
-  check_floating_input("fuseops::gelu", "input", input);
-  return GeluFunction::apply(input, std::string(approximate));
-}
+// The Autograd kernels cpp/ops/activation.yaml declares as functions.
+struct ActivationAutograd {
+  static at::Tensor gelu(const at::Tensor& input, c10::string_view approximate) {
+    check_floating_input("fuseops::gelu", "input", input);
+    return GeluFunction::apply(input, std::string(approximate));
+  }
 
-at::Tensor gelu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input,
+  static at::Tensor gelu_backward(const at::Tensor& grad_output, const at::Tensor& input,
                                   c10::string_view approximate) {
-  check_floating_input("fuseops::gelu_backward", "grad_output", grad_output);
-  check_floating_input("fuseops::gelu_backward", "input", input);
-  return ActivationBackwardFunction::apply(grad_output, input, std::string(approximate), false);
-}
+    check_floating_input("fuseops::gelu_backward", "grad_output", grad_output);
+    check_floating_input("fuseops::gelu_backward", "input", input);
+    return ActivationBackwardFunction::apply(grad_output, input, std::string(approximate), false);
+  }
 
-at::Tensor silu_autograd(const at::Tensor& input) {
-  check_floating_input("fuseops::silu", "input", input);
-  return SiluFunction::apply(input);
-}
+  static at::Tensor silu(const at::Tensor& input) {
+    check_floating_input("fuseops::silu", "input", input);
+    return SiluFunction::apply(input);
+  }
 
-at::Tensor silu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input) {
-  check_floating_input("fuseops::silu_backward", "grad_output", grad_output);
-  check_floating_input("fuseops::silu_backward", "input", input);
-  return ActivationBackwardFunction::apply(grad_output, input, std::string("none"), true);
-}
+  static at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& input) {
+    check_floating_input("fuseops::silu_backward", "grad_output", grad_output);
+    check_floating_input("fuseops::silu_backward", "input", input);
+    return ActivationBackwardFunction::apply(grad_output, input, std::string("none"), true);
+  }
 
-at::Tensor bias_gelu_autograd(const at::Tensor& input, const at::Tensor& bias,
+  static at::Tensor bias_gelu(const at::Tensor& input, const at::Tensor& bias,
                               c10::string_view approximate) {
-  check_floating_input("fuseops::bias_gelu", "input", input);
-  check_floating_input("fuseops::bias_gelu", "bias", bias);
-  return BiasGeluFunction::apply(input, bias, std::string(approximate));
-}
+    check_floating_input("fuseops::bias_gelu", "input", input);
+    check_floating_input("fuseops::bias_gelu", "bias", bias);
+    return BiasGeluFunction::apply(input, bias, std::string(approximate));
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("gelu", TORCH_FN(gelu_autograd));
-  m.impl("gelu_backward", TORCH_FN(gelu_backward_autograd));
-  m.impl("silu", TORCH_FN(silu_autograd));
-  m.impl("silu_backward", TORCH_FN(silu_backward_autograd));
-  m.impl("bias_gelu", TORCH_FN(bias_gelu_autograd));
-  autograd_detail::register_no_derivative<"fuseops::bias_gelu_backward",
-                                          &fuseops::bias_gelu_backward>(m);
+  detail::register_activation_autograd<ActivationAutograd>(m);
 }
 
 }  // namespace fuseops

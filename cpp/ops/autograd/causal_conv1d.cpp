@@ -8,19 +8,17 @@
 
 #include <string>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/causal_conv1d.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/tensors.h"
+#include "ops_generated/autograd/causal_conv1d.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 using Activation = std::optional<std::string_view>;
 
@@ -74,57 +72,56 @@ class CausalConv1dFunction : public torch::autograd::Function<CausalConv1dFuncti
   }
 };
 
-at::Tensor causal_conv1d_autograd(const at::Tensor& x, const at::Tensor& weight,
+// The Autograd kernels cpp/ops/causal_conv1d.yaml declares as functions.
+struct CausalConv1dAutograd {
+  static at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& bias,
                                   const std::optional<at::Tensor>& initial_states,
                                   Activation activation) {
-  if (!autograd_detail::records_grad({x, weight, bias, initial_states})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::causal_conv1d(x, weight, bias, initial_states, activation);
+    if (!autograd_detail::records_grad({x, weight, bias, initial_states})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::causal_conv1d(x, weight, bias, initial_states, activation);
+    }
+    return CausalConv1dFunction::apply(x, weight, bias, initial_states, activation, false)[0];
   }
-  return CausalConv1dFunction::apply(x, weight, bias, initial_states, activation, false)[0];
-}
 
-std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward_autograd(
-    const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& initial_states, Activation activation) {
-  // Without a gradient to record, the op's own checks name it and the
-  // argument (autograd's input handling fails on an undefined x first).
-  if (!autograd_detail::records_grad({x, weight, bias, initial_states})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::causal_conv1d_forward(x, weight, bias, initial_states, activation);
+  static std::tuple<at::Tensor, at::Tensor> causal_conv1d_forward(
+      const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+      const std::optional<at::Tensor>& initial_states, Activation activation) {
+    // Without a gradient to record, the op's own checks name it and the
+    // argument (autograd's input handling fails on an undefined x first).
+    if (!autograd_detail::records_grad({x, weight, bias, initial_states})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::causal_conv1d_forward(x, weight, bias, initial_states, activation);
+    }
+    const variable_list result =
+        CausalConv1dFunction::apply(x, weight, bias, initial_states, activation, true);
+    return {result[0], result[1]};
   }
-  const variable_list result =
-      CausalConv1dFunction::apply(x, weight, bias, initial_states, activation, true);
-  return {result[0], result[1]};
-}
 
-at::Tensor causal_conv1d_update_autograd(const at::Tensor& x, at::Tensor& conv_state,
+  static at::Tensor causal_conv1d_update(const at::Tensor& x, at::Tensor& conv_state,
                                          const at::Tensor& weight,
                                          const std::optional<at::Tensor>& bias,
                                          Activation activation) {
-  TORCH_CHECK(!autograd_detail::records_grad({x, conv_state, weight, bias}),
-              "fuseops::causal_conv1d_update is not differentiable (an inference step that "
-              "shifts conv_state in place): call it under torch.no_grad() or "
-              "torch.inference_mode(), or on tensors that do not require grad");
-  at::Tensor out;
-  {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    out = fuseops::causal_conv1d_update(x, conv_state, weight, bias, activation);
+    TORCH_CHECK(!autograd_detail::records_grad({x, conv_state, weight, bias}),
+                "fuseops::causal_conv1d_update is not differentiable (an inference step that "
+                "shifts conv_state in place): call it under torch.no_grad() or "
+                "torch.inference_mode(), or on tensors that do not require grad");
+    at::Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      out = fuseops::causal_conv1d_update(x, conv_state, weight, bias, activation);
+    }
+    // conv_state changed in place: views and saved tensors must see a new version.
+    conv_state.unsafeGetTensorImpl()->bump_version();
+    return out;
   }
-  // conv_state changed in place: views and saved tensors must see a new version.
-  conv_state.unsafeGetTensorImpl()->bump_version();
-  return out;
-}
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("causal_conv1d", TORCH_FN(causal_conv1d_autograd));
-  m.impl("causal_conv1d_forward", TORCH_FN(causal_conv1d_forward_autograd));
-  autograd_detail::register_no_derivative<"fuseops::causal_conv1d_backward",
-                                          &fuseops::causal_conv1d_backward>(m);
-  m.impl("causal_conv1d_update", TORCH_FN(causal_conv1d_update_autograd));
+  detail::register_causal_conv1d_autograd<CausalConv1dAutograd>(m);
 }
 
 }  // namespace fuseops

@@ -17,20 +17,18 @@
 
 #include <ATen/record_function.h>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/cross_entropy.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/output_memory.h"
 #include "ops/common/tensors.h"
+#include "ops_generated/autograd/cross_entropy.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 void check_weight_no_grad(const char* op, const char* arg,
                           const std::optional<at::Tensor>& weight) {
@@ -38,6 +36,7 @@ void check_weight_no_grad(const char* op, const char* arg,
               "' requires grad, but the op is not differentiable with respect to it");
 }
 
+// The Autograd kernels cpp/ops/cross_entropy.yaml declares as functions.
 struct Options {
   std::string reduction;
   int64_t ignore_index;
@@ -251,99 +250,91 @@ Options options(std::string_view reduction, int64_t ignore_index, double label_s
   return {std::string(reduction), ignore_index, label_smoothing, z_loss, softcap};
 }
 
-at::Tensor cross_entropy_autograd(const at::Tensor& logits, const at::Tensor& target,
+struct CrossEntropyAutograd {
+  static at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                   const std::optional<at::Tensor>& weight,
                                   std::string_view reduction, int64_t ignore_index,
                                   double label_smoothing, double z_loss,
                                   std::optional<double> softcap) {
-  check_weight_no_grad("fuseops::cross_entropy", "weight", weight);
-  if (!autograd_detail::records_grad({logits})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::cross_entropy(logits, target, weight, reduction, ignore_index, label_smoothing,
-                                  z_loss, softcap);
+    check_weight_no_grad("fuseops::cross_entropy", "weight", weight);
+    if (!autograd_detail::records_grad({logits})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::cross_entropy(logits, target, weight, reduction, ignore_index,
+                                    label_smoothing, z_loss, softcap);
+    }
+    return CrossEntropyFunction::apply(
+        logits, target, weight,
+        options(reduction, ignore_index, label_smoothing, z_loss, softcap))[0];
   }
-  return CrossEntropyFunction::apply(
-      logits, target, weight,
-      options(reduction, ignore_index, label_smoothing, z_loss, softcap))[0];
-}
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_autograd(
-    const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap) {
-  check_weight_no_grad("fuseops::cross_entropy_forward", "weight", weight);
-  const variable_list r = CrossEntropyFunction::apply(
-      logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap));
-  return {r[0], r[1], r[2]};
-}
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward(
+      const at::Tensor& logits, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+      std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+      std::optional<double> softcap) {
+    check_weight_no_grad("fuseops::cross_entropy_forward", "weight", weight);
+    const variable_list r = CrossEntropyFunction::apply(
+        logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap));
+    return {r[0], r[1], r[2]};
+  }
 
-at::Tensor cross_entropy_inplace_autograd(at::Tensor& logits, const at::Tensor& target,
+  static at::Tensor cross_entropy_inplace(at::Tensor& logits, const at::Tensor& target,
                                           const std::optional<at::Tensor>& weight,
                                           std::string_view reduction, int64_t ignore_index,
                                           double label_smoothing, double z_loss,
                                           std::optional<double> softcap) {
-  check_weight_no_grad("fuseops::cross_entropy_inplace", "weight", weight);
-  if (!autograd_detail::records_grad({logits})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::cross_entropy_inplace(logits, target, weight, reduction, ignore_index,
-                                          label_smoothing, z_loss, softcap);
+    check_weight_no_grad("fuseops::cross_entropy_inplace", "weight", weight);
+    if (!autograd_detail::records_grad({logits})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::cross_entropy_inplace(logits, target, weight, reduction, ignore_index,
+                                            label_smoothing, z_loss, softcap);
+    }
+    return CrossEntropyInplaceFunction::apply(
+        logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap));
   }
-  return CrossEntropyInplaceFunction::apply(
-      logits, target, weight, options(reduction, ignore_index, label_smoothing, z_loss, softcap));
-}
 
-at::Tensor linear_cross_entropy_autograd(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
-    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer) {
-  check_weight_no_grad("fuseops::linear_cross_entropy", "class_weight", class_weight);
-  if (!autograd_detail::records_grad({input, weight, bias})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::linear_cross_entropy(input, weight, bias, target, class_weight, reduction,
-                                         ignore_index, label_smoothing, z_loss, softcap,
-                                         normalizer);
+  static at::Tensor linear_cross_entropy(
+      const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+      const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+      std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+      std::optional<double> softcap, std::optional<double> normalizer) {
+    check_weight_no_grad("fuseops::linear_cross_entropy", "class_weight", class_weight);
+    if (!autograd_detail::records_grad({input, weight, bias})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::linear_cross_entropy(input, weight, bias, target, class_weight, reduction,
+                                           ignore_index, label_smoothing, z_loss, softcap,
+                                           normalizer);
+    }
+    return LinearCrossEntropyFunction::apply(
+        input, weight, bias, target, class_weight,
+        options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer,
+        /*predict=*/false, /*softmax_stats=*/false)[0];
   }
-  return LinearCrossEntropyFunction::apply(
-      input, weight, bias, target, class_weight,
-      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer,
-      /*predict=*/false, /*softmax_stats=*/false)[0];
-}
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats_autograd(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
-    std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
-    std::optional<double> softcap, std::optional<double> normalizer, bool predict,
-    bool softmax_stats) {
-  check_weight_no_grad("fuseops::linear_cross_entropy_stats", "class_weight", class_weight);
-  if (!autograd_detail::records_grad({input, weight, bias})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::linear_cross_entropy_stats(input, weight, bias, target, class_weight, reduction,
-                                               ignore_index, label_smoothing, z_loss, softcap,
-                                               normalizer, predict, softmax_stats);
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
+      const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+      const at::Tensor& target, const std::optional<at::Tensor>& class_weight,
+      std::string_view reduction, int64_t ignore_index, double label_smoothing, double z_loss,
+      std::optional<double> softcap, std::optional<double> normalizer, bool predict,
+      bool softmax_stats) {
+    check_weight_no_grad("fuseops::linear_cross_entropy_stats", "class_weight", class_weight);
+    if (!autograd_detail::records_grad({input, weight, bias})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::linear_cross_entropy_stats(input, weight, bias, target, class_weight,
+                                                 reduction, ignore_index, label_smoothing, z_loss,
+                                                 softcap, normalizer, predict, softmax_stats);
+    }
+    const variable_list r = LinearCrossEntropyFunction::apply(
+        input, weight, bias, target, class_weight,
+        options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer, predict,
+        softmax_stats);
+    return {r[0], r[1], r[2], r[3]};
   }
-  const variable_list r = LinearCrossEntropyFunction::apply(
-      input, weight, bias, target, class_weight,
-      options(reduction, ignore_index, label_smoothing, z_loss, softcap), normalizer, predict,
-      softmax_stats);
-  return {r[0], r[1], r[2], r[3]};
-}
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("cross_entropy", TORCH_FN(cross_entropy_autograd));
-  m.impl("cross_entropy_forward", TORCH_FN(cross_entropy_forward_autograd));
-  autograd_detail::register_no_derivative<"fuseops::cross_entropy_backward",
-                                          &fuseops::cross_entropy_backward>(m);
-  m.impl("cross_entropy_inplace", TORCH_FN(cross_entropy_inplace_autograd));
-  m.impl("linear_cross_entropy", TORCH_FN(linear_cross_entropy_autograd));
-  m.impl("linear_cross_entropy_stats", TORCH_FN(linear_cross_entropy_stats_autograd));
-  autograd_detail::register_no_derivative<"fuseops::linear_cross_entropy_forward",
-                                          &fuseops::linear_cross_entropy_forward>(m);
-  autograd_detail::register_no_derivative<"fuseops::linear_cross_entropy_backward",
-                                          &fuseops::linear_cross_entropy_backward>(m);
+  detail::register_cross_entropy_autograd<CrossEntropyAutograd>(m);
 }
 
 }  // namespace fuseops

@@ -7,21 +7,19 @@
 #include <string>
 #include <tuple>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/gated_activation.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 #include "ops/common/tensors.h"
+#include "ops_generated/autograd/gated_activation.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 // `approximate` is empty for swiglu, the GELU form for geglu.
 class GatedFunction : public torch::autograd::Function<GatedFunction> {
@@ -83,17 +81,6 @@ class GatedPackedFunction : public torch::autograd::Function<GatedPackedFunction
   }
 };
 
-at::Tensor swiglu_autograd(const at::Tensor& gate, const at::Tensor& up) {
-  check_floating_input("fuseops::swiglu", "gate", gate);
-  check_floating_input("fuseops::swiglu", "up", up);
-  return GatedFunction::apply(gate, up, std::string());
-}
-
-at::Tensor swiglu_packed_autograd(const at::Tensor& input) {
-  check_floating_input("fuseops::swiglu.packed", "input", input);
-  return GatedPackedFunction::apply(input, std::string());
-}
-
 // An empty `approximate` would mean swiglu, so it is rejected here with the
 // same message the kernels give for any other unknown form.
 std::string geglu_approximate(const char* op, c10::string_view approximate) {
@@ -102,33 +89,39 @@ std::string geglu_approximate(const char* op, c10::string_view approximate) {
   return std::string(approximate);
 }
 
-at::Tensor geglu_autograd(const at::Tensor& gate, const at::Tensor& up,
-                          c10::string_view approximate) {
-  check_floating_input("fuseops::geglu", "gate", gate);
-  check_floating_input("fuseops::geglu", "up", up);
-  return GatedFunction::apply(gate, up, geglu_approximate("fuseops::geglu", approximate));
-}
-
-at::Tensor geglu_packed_autograd(const at::Tensor& input, c10::string_view approximate) {
-  check_floating_input("fuseops::geglu.packed", "input", input);
-  return GatedPackedFunction::apply(input, geglu_approximate("fuseops::geglu.packed", approximate));
-}
-
 using TensorPair = std::tuple<at::Tensor, at::Tensor>;
+
+// The Autograd kernels cpp/ops/gated_activation.yaml declares as functions.
+struct GatedActivationAutograd {
+  static at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+    check_floating_input("fuseops::swiglu", "gate", gate);
+    check_floating_input("fuseops::swiglu", "up", up);
+    return GatedFunction::apply(gate, up, std::string());
+  }
+
+  static at::Tensor swiglu_packed(const at::Tensor& input) {
+    check_floating_input("fuseops::swiglu.packed", "input", input);
+    return GatedPackedFunction::apply(input, std::string());
+  }
+
+  static at::Tensor geglu(const at::Tensor& gate, const at::Tensor& up,
+                          c10::string_view approximate) {
+    check_floating_input("fuseops::geglu", "gate", gate);
+    check_floating_input("fuseops::geglu", "up", up);
+    return GatedFunction::apply(gate, up, geglu_approximate("fuseops::geglu", approximate));
+  }
+
+  static at::Tensor geglu_packed(const at::Tensor& input, c10::string_view approximate) {
+    check_floating_input("fuseops::geglu.packed", "input", input);
+    return GatedPackedFunction::apply(input,
+                                      geglu_approximate("fuseops::geglu.packed", approximate));
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("swiglu", TORCH_FN(swiglu_autograd));
-  m.impl("swiglu.packed", TORCH_FN(swiglu_packed_autograd));
-  m.impl("geglu", TORCH_FN(geglu_autograd));
-  m.impl("geglu.packed", TORCH_FN(geglu_packed_autograd));
-  autograd_detail::register_no_derivative<"fuseops::swiglu_backward", &fuseops::swiglu_backward>(m);
-  autograd_detail::register_no_derivative<"fuseops::swiglu_backward.packed",
-                                          &fuseops::swiglu_packed_backward>(m);
-  autograd_detail::register_no_derivative<"fuseops::geglu_backward", &fuseops::geglu_backward>(m);
-  autograd_detail::register_no_derivative<"fuseops::geglu_backward.packed",
-                                          &fuseops::geglu_packed_backward>(m);
+  detail::register_gated_activation_autograd<GatedActivationAutograd>(m);
 }
 
 }  // namespace fuseops

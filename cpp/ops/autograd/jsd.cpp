@@ -21,19 +21,17 @@
 
 #include <ATen/record_function.h>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/jsd.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/tensors.h"
+#include "ops_generated/autograd/jsd.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 void check_teacher_no_grad(const char* op, const at::Tensor& teacher,
                            const char* arg = "teacher_logits") {
@@ -43,6 +41,7 @@ void check_teacher_no_grad(const char* op, const at::Tensor& teacher,
               arg, ".detach())");
 }
 
+// The Autograd kernels cpp/ops/jsd.yaml declares as functions.
 struct Options {
   double beta;
   double temperature;
@@ -86,32 +85,6 @@ class JsdFunction : public torch::autograd::Function<JsdFunction> {
     return result;
   }
 };
-
-at::Tensor jsd_autograd(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                        const std::optional<at::Tensor>& label, double beta, double temperature,
-                        int64_t ignore_index, std::string_view reduction) {
-  check_teacher_no_grad("fuseops::jsd", teacher_logits);
-  if (!autograd_detail::records_grad({student_logits})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::jsd(student_logits, teacher_logits, label, beta, temperature, ignore_index,
-                        reduction);
-  }
-  return JsdFunction::apply(student_logits, teacher_logits, label,
-                            Options{beta, temperature, ignore_index, std::string(reduction)})[0];
-}
-
-std::tuple<at::Tensor, at::Tensor> jsd_forward_autograd(const at::Tensor& student_logits,
-                                                        const at::Tensor& teacher_logits,
-                                                        const std::optional<at::Tensor>& label,
-                                                        double beta, double temperature,
-                                                        int64_t ignore_index,
-                                                        std::string_view reduction) {
-  check_teacher_no_grad("fuseops::jsd_forward", teacher_logits);
-  const variable_list r =
-      JsdFunction::apply(student_logits, teacher_logits, label,
-                         Options{beta, temperature, ignore_index, std::string(reduction)});
-  return {r[0], r[1]};
-}
 
 // Returns the loss. For reduction "none" the forward keeps its inputs and the
 // backward recomputes the logits; otherwise the forward computes the
@@ -186,35 +159,54 @@ void check_teacher_layer_no_grad(const char* op, const at::Tensor& teacher_input
   check_teacher_no_grad(op, teacher_weight, "teacher_weight");
 }
 
-at::Tensor fused_linear_jsd_autograd(const at::Tensor& student_input,
+struct JsdAutograd {
+  static at::Tensor jsd(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
+                        const std::optional<at::Tensor>& label, double beta, double temperature,
+                        int64_t ignore_index, std::string_view reduction) {
+    check_teacher_no_grad("fuseops::jsd", teacher_logits);
+    if (!autograd_detail::records_grad({student_logits})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::jsd(student_logits, teacher_logits, label, beta, temperature, ignore_index,
+                          reduction);
+    }
+    return JsdFunction::apply(student_logits, teacher_logits, label,
+                              Options{beta, temperature, ignore_index, std::string(reduction)})[0];
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> jsd_forward(const at::Tensor& student_logits,
+                                                        const at::Tensor& teacher_logits,
+                                                        const std::optional<at::Tensor>& label,
+                                                        double beta, double temperature,
+                                                        int64_t ignore_index,
+                                                        std::string_view reduction) {
+    check_teacher_no_grad("fuseops::jsd_forward", teacher_logits);
+    const variable_list r =
+        JsdFunction::apply(student_logits, teacher_logits, label,
+                           Options{beta, temperature, ignore_index, std::string(reduction)});
+    return {r[0], r[1]};
+  }
+
+  static at::Tensor fused_linear_jsd(const at::Tensor& student_input,
                                      const at::Tensor& student_weight,
                                      const at::Tensor& teacher_input,
                                      const at::Tensor& teacher_weight,
                                      const std::optional<at::Tensor>& label, double beta,
                                      double temperature, int64_t ignore_index,
                                      std::string_view reduction) {
-  check_teacher_layer_no_grad("fuseops::fused_linear_jsd", teacher_input, teacher_weight);
-  if (!autograd_detail::records_grad({student_input, student_weight})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
-                                     label, beta, temperature, ignore_index, reduction);
+    check_teacher_layer_no_grad("fuseops::fused_linear_jsd", teacher_input, teacher_weight);
+    if (!autograd_detail::records_grad({student_input, student_weight})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
+                                       label, beta, temperature, ignore_index, reduction);
+    }
+    return FusedLinearJsdFunction::apply(
+        student_input, student_weight, teacher_input, teacher_weight, label,
+        Options{beta, temperature, ignore_index, std::string(reduction)});
   }
-  return FusedLinearJsdFunction::apply(
-      student_input, student_weight, teacher_input, teacher_weight, label,
-      Options{beta, temperature, ignore_index, std::string(reduction)});
-}
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("jsd", TORCH_FN(jsd_autograd));
-  m.impl("jsd_forward", TORCH_FN(jsd_forward_autograd));
-  autograd_detail::register_no_derivative<"fuseops::jsd_backward", &fuseops::jsd_backward>(m);
-  m.impl("fused_linear_jsd", TORCH_FN(fused_linear_jsd_autograd));
-  autograd_detail::register_no_derivative<"fuseops::fused_linear_jsd_forward",
-                                          &fuseops::fused_linear_jsd_forward>(m);
-  autograd_detail::register_no_derivative<"fuseops::fused_linear_jsd_backward",
-                                          &fuseops::fused_linear_jsd_backward>(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) { detail::register_jsd_autograd<JsdAutograd>(m); }
 
 }  // namespace fuseops

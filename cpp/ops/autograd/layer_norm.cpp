@@ -6,20 +6,18 @@
 
 #include <tuple>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/layer_norm.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/autograd/reusable_gradient.h"
 #include "ops/common/tensors.h"
+#include "ops_generated/autograd/layer_norm.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
@@ -68,30 +66,30 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   }
 };
 
-at::Tensor layer_norm_autograd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+// The Autograd kernels cpp/ops/layer_norm.yaml declares as functions.
+struct LayerNormAutograd {
+  static at::Tensor layer_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                                const std::optional<at::Tensor>& bias, double eps) {
-  if (!autograd_detail::records_grad({input, weight, bias})) {
-    // No graph to record: skip saving the statistics.
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::layer_norm(input, weight, bias, eps);
+    if (!autograd_detail::records_grad({input, weight, bias})) {
+      // No graph to record: skip saving the statistics.
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::layer_norm(input, weight, bias, eps);
+    }
+    return LayerNormFunction::apply(input, weight, bias, eps)[0];
   }
-  return LayerNormFunction::apply(input, weight, bias, eps)[0];
-}
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_autograd(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps) {
-  const variable_list result = LayerNormFunction::apply(input, weight, bias, eps);
-  return {result[0], result[1], result[2]};
-}
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
+      const at::Tensor& input, const std::optional<at::Tensor>& weight,
+      const std::optional<at::Tensor>& bias, double eps) {
+    const variable_list result = LayerNormFunction::apply(input, weight, bias, eps);
+    return {result[0], result[1], result[2]};
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("layer_norm", TORCH_FN(layer_norm_autograd));
-  m.impl("layer_norm_forward", TORCH_FN(layer_norm_forward_autograd));
-  autograd_detail::register_no_derivative<"fuseops::layer_norm_backward",
-                                          &fuseops::layer_norm_backward>(m);
+  detail::register_layer_norm_autograd<LayerNormAutograd>(m);
 }
 
 }  // namespace fuseops

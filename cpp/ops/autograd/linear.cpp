@@ -12,22 +12,20 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 #include <c10/util/accumulate.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/linear.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/checks.h"
 #include "ops/common/output_memory.h"
 #include "ops/common/widened_products.h"
 #include "ops/linear.h"
+#include "ops_generated/autograd/linear.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
@@ -75,23 +73,26 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
-at::Tensor linear_autograd(const at::Tensor& input, const at::Tensor& weight,
+// The Autograd kernels cpp/ops/linear.yaml declares as functions.
+struct LinearAutograd {
+  static at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias) {
-  // Without a gradient to record (decoding), no autograd node: the op's own
-  // checks name it and the argument.
-  if (!autograd_detail::records_grad({input, weight, bias})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::linear(input, weight, bias);
+    // Without a gradient to record (decoding), no autograd node: the op's own
+    // checks name it and the argument.
+    if (!autograd_detail::records_grad({input, weight, bias})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::linear(input, weight, bias);
+    }
+    // Function::apply fails on an undefined tensor with a message naming
+    // nothing, so the tensors are checked first.
+    check_floating_input("fuseops::linear", "input", input);
+    check_floating_input("fuseops::linear", "weight", weight);
+    return LinearFunction::apply(input, weight, bias);
   }
-  // Function::apply fails on an undefined tensor with a message naming
-  // nothing, so the tensors are checked first.
-  check_floating_input("fuseops::linear", "input", input);
-  check_floating_input("fuseops::linear", "weight", weight);
-  return LinearFunction::apply(input, weight, bias);
-}
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, Autograd, m) { m.impl("linear", TORCH_FN(linear_autograd)); }
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) { detail::register_linear_autograd<LinearAutograd>(m); }
 
 }  // namespace fuseops

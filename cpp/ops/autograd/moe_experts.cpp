@@ -8,19 +8,17 @@
 #include <string>
 #include <tuple>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/moe_experts.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/common/checks.h"
+#include "ops_generated/autograd/moe_experts.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> {
  public:
@@ -54,33 +52,32 @@ class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> 
   }
 };
 
-at::Tensor moe_experts_autograd(const at::Tensor& hidden, const at::Tensor& top_k_index,
+// The Autograd kernels cpp/ops/moe_experts.yaml declares as functions.
+struct MoeExpertsAutograd {
+  static at::Tensor moe_experts(const at::Tensor& hidden, const at::Tensor& top_k_index,
                                 const at::Tensor& top_k_weights, const at::Tensor& gate_up_proj,
                                 const at::Tensor& down_proj, c10::string_view activation) {
-  constexpr const char* op = "fuseops::moe_experts";
-  if (!autograd_detail::records_grad(
-          {hidden, top_k_index, top_k_weights, gate_up_proj, down_proj})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::moe_experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
-                                activation);
+    constexpr const char* op = "fuseops::moe_experts";
+    if (!autograd_detail::records_grad(
+            {hidden, top_k_index, top_k_weights, gate_up_proj, down_proj})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::moe_experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                  activation);
+    }
+    check_floating_input(op, "hidden", hidden);
+    TORCH_CHECK(top_k_index.defined(), op, ": argument 'top_k_index' must be a tensor, got None");
+    check_floating_input(op, "top_k_weights", top_k_weights);
+    check_floating_input(op, "gate_up_proj", gate_up_proj);
+    check_floating_input(op, "down_proj", down_proj);
+    return MoeExpertsFunction::apply(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                     std::string(activation));
   }
-  check_floating_input(op, "hidden", hidden);
-  TORCH_CHECK(top_k_index.defined(), op, ": argument 'top_k_index' must be a tensor, got None");
-  check_floating_input(op, "top_k_weights", top_k_weights);
-  check_floating_input(op, "gate_up_proj", gate_up_proj);
-  check_floating_input(op, "down_proj", down_proj);
-  return MoeExpertsFunction::apply(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
-                                   std::string(activation));
-}
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("moe_experts", TORCH_FN(moe_experts_autograd));
-  autograd_detail::register_no_derivative<"fuseops::moe_experts_forward",
-                                          &fuseops::moe_experts_forward>(m);
-  autograd_detail::register_no_derivative<"fuseops::moe_experts_backward",
-                                          &fuseops::moe_experts_backward>(m);
+  detail::register_moe_experts_autograd<MoeExpertsAutograd>(m);
 }
 
 }  // namespace fuseops

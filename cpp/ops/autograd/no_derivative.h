@@ -17,8 +17,11 @@
 // derivative at all: their Autograd kernels call check_inference first, with
 // the same refusal.
 // A backward op with no Autograd kernel at all would fall through to its
-// device kernel and break that promise silently. tests_py/test_conformance.py
-// holds every backward op it finds in the conformance samples to this policy.
+// device kernel and break that promise silently. Each operator's kind is
+// declared in its family's cpp/ops/<op>.yaml (`autograd:`: function,
+// no_derivative or inference), and the refusing kernels below are registered
+// by code generated from it. tests_py/test_conformance.py holds every
+// backward op it finds in the conformance samples to this policy.
 
 #include <algorithm>
 #include <cstddef>
@@ -84,7 +87,8 @@ inline void check_inference(const char* op,
 // refuse a call that would record a gradient (check_inference or
 // check_no_derivative over every tensor argument), then run the op below
 // autograd. register_inference / register_no_derivative register that
-// kernel for a public fuseops function, e.g.
+// kernel for a public fuseops function; the code generated from an
+// `autograd:` entry `int8_weight_only_linear: inference` reads
 //   register_inference<"fuseops::int8_weight_only_linear",
 //                      &fuseops::int8_weight_only_linear>(m);
 // The name is the one the refusal prints; without its "fuseops::" prefix it

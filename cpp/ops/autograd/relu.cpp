@@ -3,19 +3,17 @@
 // gradient w.r.t. grad_output is relu_backward again), so double backward
 // and gradgradcheck work.
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/relu.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
+#include "ops_generated/autograd/relu.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 class ReluBackwardFunction : public torch::autograd::Function<ReluBackwardFunction> {
  public:
@@ -53,24 +51,24 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
   }
 };
 
-// Function::apply fails on an undefined tensor with a message naming
-// nothing, so the tensors are checked first.
-at::Tensor relu_autograd(const at::Tensor& input) {
-  check_floating_input("fuseops::relu", "input", input);
-  return ReluFunction::apply(input);
-}
+// The Autograd kernels cpp/ops/relu.yaml declares as functions.
+struct ReluAutograd {
+  // Function::apply fails on an undefined tensor with a message naming
+  // nothing, so the tensors are checked first.
+  static at::Tensor relu(const at::Tensor& input) {
+    check_floating_input("fuseops::relu", "input", input);
+    return ReluFunction::apply(input);
+  }
 
-at::Tensor relu_backward_autograd(const at::Tensor& grad_output, const at::Tensor& result) {
-  check_floating_input("fuseops::relu_backward", "grad_output", grad_output);
-  check_floating_input("fuseops::relu_backward", "result", result);
-  return ReluBackwardFunction::apply(grad_output, result);
-}
+  static at::Tensor relu_backward(const at::Tensor& grad_output, const at::Tensor& result) {
+    check_floating_input("fuseops::relu_backward", "grad_output", grad_output);
+    check_floating_input("fuseops::relu_backward", "result", result);
+    return ReluBackwardFunction::apply(grad_output, result);
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("relu", TORCH_FN(relu_autograd));
-  m.impl("relu_backward", TORCH_FN(relu_backward_autograd));
-}
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) { detail::register_relu_autograd<ReluAutograd>(m); }
 
 }  // namespace fuseops

@@ -14,22 +14,20 @@
 #include <ATen/OpMathType.h>
 #include <ATen/TensorOperators.h>
 #include <c10/util/accumulate.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/rms_norm.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 #include "ops/common/tensors.h"
 #include "ops/rms_norm.h"
+#include "ops_generated/autograd/rms_norm.h"
 
 namespace fuseops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 using autograd_detail::records_grad;
 using detail::none_if_undefined;
@@ -168,56 +166,50 @@ class FusedAddRmsNormFunction : public torch::autograd::Function<FusedAddRmsNorm
   }
 };
 
-at::Tensor rms_norm_autograd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+// The Autograd kernels cpp/ops/rms_norm.yaml declares as functions.
+struct RmsNormAutograd {
+  static at::Tensor rms_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                              std::optional<double> eps) {
-  check_floating_input("fuseops::rms_norm", "input", input);
-  if (!records_grad({input, weight})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::rms_norm(input, weight, eps);
+    check_floating_input("fuseops::rms_norm", "input", input);
+    if (!records_grad({input, weight})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::rms_norm(input, weight, eps);
+    }
+    return RmsNormFunction::apply(input, weight, eps)[0];
   }
-  return RmsNormFunction::apply(input, weight, eps)[0];
-}
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward_autograd(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight, std::optional<double> eps) {
-  check_floating_input("fuseops::rms_norm_forward", "input", input);
-  const variable_list result = RmsNormFunction::apply(input, weight, eps);
-  return {result[0], result[1]};
-}
-
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
-    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    std::optional<double> eps) {
-  check_floating_input("fuseops::fused_add_rms_norm", "input", input);
-  check_floating_input("fuseops::fused_add_rms_norm", "residual", residual);
-  if (!records_grad({input, residual, weight})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return fuseops::fused_add_rms_norm(input, residual, weight, eps);
+  static std::tuple<at::Tensor, at::Tensor> rms_norm_forward(
+      const at::Tensor& input, const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+    check_floating_input("fuseops::rms_norm_forward", "input", input);
+    const variable_list result = RmsNormFunction::apply(input, weight, eps);
+    return {result[0], result[1]};
   }
-  const variable_list result = FusedAddRmsNormFunction::apply(input, residual, weight, eps);
-  return {result[0], result[1]};
-}
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward_autograd(
-    const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    std::optional<double> eps) {
-  check_floating_input("fuseops::fused_add_rms_norm_forward", "input", input);
-  check_floating_input("fuseops::fused_add_rms_norm_forward", "residual", residual);
-  const variable_list result = FusedAddRmsNormFunction::apply(input, residual, weight, eps);
-  return {result[0], result[1], result[2]};
-}
+  static std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(
+      const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+      std::optional<double> eps) {
+    check_floating_input("fuseops::fused_add_rms_norm", "input", input);
+    check_floating_input("fuseops::fused_add_rms_norm", "residual", residual);
+    if (!records_grad({input, residual, weight})) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      return fuseops::fused_add_rms_norm(input, residual, weight, eps);
+    }
+    const variable_list result = FusedAddRmsNormFunction::apply(input, residual, weight, eps);
+    return {result[0], result[1]};
+  }
+
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_forward(
+      const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+      std::optional<double> eps) {
+    check_floating_input("fuseops::fused_add_rms_norm_forward", "input", input);
+    check_floating_input("fuseops::fused_add_rms_norm_forward", "residual", residual);
+    const variable_list result = FusedAddRmsNormFunction::apply(input, residual, weight, eps);
+    return {result[0], result[1], result[2]};
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("rms_norm", TORCH_FN(rms_norm_autograd));
-  m.impl("rms_norm_forward", TORCH_FN(rms_norm_forward_autograd));
-  m.impl("fused_add_rms_norm", TORCH_FN(fused_add_rms_norm_autograd));
-  m.impl("fused_add_rms_norm_forward", TORCH_FN(fused_add_rms_norm_forward_autograd));
-  autograd_detail::register_no_derivative<"fuseops::rms_norm_backward",
-                                          &fuseops::rms_norm_backward>(m);
-  autograd_detail::register_no_derivative<"fuseops::fused_add_rms_norm_backward",
-                                          &fuseops::fused_add_rms_norm_backward>(m);
-}
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) { detail::register_rms_norm_autograd<RmsNormAutograd>(m); }
 
 }  // namespace fuseops

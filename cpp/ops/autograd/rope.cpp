@@ -11,28 +11,22 @@
 #include <tuple>
 #include <utility>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <fuseops/rope.h>
 
+#include "ops/autograd/function.h"
 #include "ops/autograd/no_derivative.h"
 #include "ops/autograd/reusable_gradient.h"
 #include "ops/common/checks.h"
 #include "ops/common/tensors.h"
+#include "ops_generated/autograd/rope.h"
 
 namespace fuseops {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-using autograd_detail::records_grad;
-using detail::none_if_undefined;
-using detail::undefined_if_none;
-
 void check_tables_not_differentiated(const char* op, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(!records_grad({cos, sin}), op,
+  TORCH_CHECK(!autograd_detail::records_grad({cos, sin}), op,
               ": arguments 'cos' and 'sin' are not differentiable (fuseops computes no "
               "gradient for the cos/sin cache), got a tensor that requires grad; build the "
               "cache under torch.no_grad() or pass cos.detach() and sin.detach()");
@@ -40,7 +34,7 @@ void check_tables_not_differentiated(const char* op, const at::Tensor& cos, cons
 
 void save_tables(AutogradContext* ctx, const at::Tensor& cos, const at::Tensor& sin,
                  const std::optional<at::Tensor>& positions, bool interleaved) {
-  ctx->save_for_backward({cos, sin, undefined_if_none(positions)});
+  ctx->save_for_backward({cos, sin, detail::undefined_if_none(positions)});
   ctx->saved_data["interleaved"] = interleaved;
   ctx->set_materialize_grads(false);
 }
@@ -53,7 +47,8 @@ struct Tables {
 
 Tables saved_tables(AutogradContext* ctx) {
   const auto saved = ctx->get_saved_variables();
-  return {saved[0], saved[1], none_if_undefined(saved[2]), ctx->saved_data["interleaved"].toBool()};
+  return {saved[0], saved[1], detail::none_if_undefined(saved[2]),
+          ctx->saved_data["interleaved"].toBool()};
 }
 
 // The rotation (transpose=false) or its transpose of whichever of (a, b)
@@ -169,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor> pair_autograd(const at::Tensor& a, const at::
   check_floating_input(op, "cos", cos);
   check_floating_input(op, "sin", sin);
   check_tables_not_differentiated(op, cos, sin);
-  if (!records_grad({a, b})) {
+  if (!autograd_detail::records_grad({a, b})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return kTranspose ? fuseops::rope_backward(a, b, cos, sin, positions, interleaved)
                       : fuseops::rope(a, b, cos, sin, positions, interleaved);
@@ -187,7 +182,7 @@ at::Tensor single_autograd(const at::Tensor& x, const at::Tensor& cos, const at:
   check_floating_input(op, "cos", cos);
   check_floating_input(op, "sin", sin);
   check_tables_not_differentiated(op, cos, sin);
-  if (!records_grad({x})) {
+  if (!autograd_detail::records_grad({x})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return kTranspose ? fuseops::rope_single_backward(x, cos, sin, positions, interleaved)
                       : fuseops::rope_single(x, cos, sin, positions, interleaved);
@@ -195,13 +190,17 @@ at::Tensor single_autograd(const at::Tensor& x, const at::Tensor& cos, const at:
   return RopeSingleFunction<kTranspose>::apply(x, cos, sin, positions, interleaved);
 }
 
+// The Autograd kernels cpp/ops/rope.yaml declares as functions: rope and
+// its backward are one kernel each way, the rotation and its transpose.
+struct RopeAutograd {
+  static constexpr auto rope = &pair_autograd<false>;
+  static constexpr auto rope_single = &single_autograd<false>;
+  static constexpr auto rope_backward = &pair_autograd<true>;
+  static constexpr auto rope_backward_single = &single_autograd<true>;
+};
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("rope", TORCH_FN(pair_autograd<false>));
-  m.impl("rope.single", TORCH_FN(single_autograd<false>));
-  m.impl("rope_backward", TORCH_FN(pair_autograd<true>));
-  m.impl("rope_backward.single", TORCH_FN(single_autograd<true>));
-}
+TORCH_LIBRARY_IMPL(fuseops, Autograd, m) { detail::register_rope_autograd<RopeAutograd>(m); }
 
 }  // namespace fuseops

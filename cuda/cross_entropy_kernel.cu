@@ -56,19 +56,11 @@ __device__ __forceinline__ acc_t capped(acc_t x, acc_t cap, acc_t inv_cap, bool 
   return softcap ? cap * ::tanh(x * inv_cap) : x;
 }
 
-// Merges (m, s) with (m2, s2): the running maxima and sums of exp(z - m).
-template <typename acc_t>
-__device__ __forceinline__ void merge(acc_t& m, acc_t& s, acc_t m2, acc_t s2) {
-  const acc_t m_new = m2 > m || m2 != m2 ? m2 : m;
-  s = s * ::exp(m - m_new) + s2 * ::exp(m2 - m_new);
-  m = m_new;
-}
-
 // (m, s) and a sum over the whole block, returned to every thread.
 template <typename acc_t>
 __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& sum, acc_t* shared) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
+    merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   }
   const int warp = threadIdx.x / kWarpSize;
@@ -84,7 +76,7 @@ __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& sum, acc_t* shared) {
   s = shared[kRowWarps];
   sum = shared[2 * kRowWarps];
   for (int w = 1; w < kRowWarps; ++w) {
-    merge(m, s, shared[w], shared[kRowWarps + w]);
+    merge_max_sum(m, s, shared[w], shared[kRowWarps + w]);
     sum += shared[2 * kRowWarps + w];
   }
 }

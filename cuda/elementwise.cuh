@@ -1,8 +1,10 @@
 #pragma once
 // Elementwise maps over contiguous device buffers: 16-byte vector loads and
 // stores when every pointer is aligned, a grid-stride loop, float32 math for
-// bfloat16/float16 (at::opmath_type), int64 indexing.
+// bfloat16/float16 (at::opmath_type), int64 indexing; and what the row
+// kernels share: warp_sum, and merge_max_sum of an online softmax.
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 
@@ -54,6 +56,15 @@ __device__ __forceinline__ T warp_sum(T value) {
     value += __shfl_xor_sync(0xffffffffu, value, offset);
   }
   return value;
+}
+
+// Merges (m, s) with (m2, s2): the running maxima and sums of exp(z - m)
+// of an online softmax (cross_entropy, jsd). A NaN maximum propagates.
+template <typename acc_t>
+__device__ __forceinline__ void merge_max_sum(acc_t& m, acc_t& s, acc_t m2, acc_t s2) {
+  const acc_t m_new = m2 > m || m2 != m2 ? m2 : m;
+  s = s * ::exp(m - m_new) + s2 * ::exp(m2 - m_new);
+  m = m_new;
 }
 
 constexpr int kThreadsPerBlock = 256;

@@ -36,21 +36,13 @@ using detail::JsdMode;
 constexpr int kRowThreads = 256;
 constexpr int kRowWarps = kRowThreads / kWarpSize;
 
-// Merges (m, s) with (m2, s2): the running maxima and sums of exp(z - m).
-template <typename acc_t>
-__device__ __forceinline__ void merge(acc_t& m, acc_t& s, acc_t m2, acc_t s2) {
-  const acc_t m_new = m2 > m || m2 != m2 ? m2 : m;
-  s = s * ::exp(m - m_new) + s2 * ::exp(m2 - m_new);
-  m = m_new;
-}
-
 // Two (m, s) pairs merged over the whole block, returned to every thread.
 template <typename acc_t>
 __device__ void block_max_sum(acc_t& m1, acc_t& s1, acc_t& m2, acc_t& s2, acc_t* shared) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    merge(m1, s1, __shfl_xor_sync(0xffffffffu, m1, offset),
+    merge_max_sum(m1, s1, __shfl_xor_sync(0xffffffffu, m1, offset),
           __shfl_xor_sync(0xffffffffu, s1, offset));
-    merge(m2, s2, __shfl_xor_sync(0xffffffffu, m2, offset),
+    merge_max_sum(m2, s2, __shfl_xor_sync(0xffffffffu, m2, offset),
           __shfl_xor_sync(0xffffffffu, s2, offset));
   }
   const int warp = threadIdx.x / kWarpSize;
@@ -68,8 +60,8 @@ __device__ void block_max_sum(acc_t& m1, acc_t& s1, acc_t& m2, acc_t& s2, acc_t*
   m2 = shared[2 * kRowWarps];
   s2 = shared[3 * kRowWarps];
   for (int w = 1; w < kRowWarps; ++w) {
-    merge(m1, s1, shared[w], shared[kRowWarps + w]);
-    merge(m2, s2, shared[2 * kRowWarps + w], shared[3 * kRowWarps + w]);
+    merge_max_sum(m1, s1, shared[w], shared[kRowWarps + w]);
+    merge_max_sum(m2, s2, shared[2 * kRowWarps + w], shared[3 * kRowWarps + w]);
   }
 }
 
@@ -156,8 +148,8 @@ __global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* __restr
       acc_t m_t = lowest;
       acc_t s_t = 0;
       for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-        merge(m_s, s_s, scaled(static_cast<acc_t>(x[c]), inv_t), acc_t(1));
-        merge(m_t, s_t, scaled(static_cast<acc_t>(y[c]), inv_t), acc_t(1));
+        merge_max_sum(m_s, s_s, scaled(static_cast<acc_t>(x[c]), inv_t), acc_t(1));
+        merge_max_sum(m_t, s_t, scaled(static_cast<acc_t>(y[c]), inv_t), acc_t(1));
       }
       block_max_sum(m_s, s_s, m_t, s_t, shared);
       lse_s = m_s + ::log(s_s);

@@ -52,8 +52,7 @@ namespace {
 at::ScalarType opmath_of(const at::Tensor& t) { return at::toOpMathType(t.scalar_type()); }
 
 void check_target(const char* op, const at::Tensor& target, const at::Tensor& logits) {
-  TORCH_CHECK(target.defined(), op,
-              ": argument 'target' must be a defined tensor, got an undefined tensor");
+  check_defined(op, "target", target);
   TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
               ": argument 'target' must hold class indices of dtype int64 or int32, got ",
               target.scalar_type());
@@ -211,8 +210,7 @@ at::Tensor cross_entropy_backward_with(
   for (const auto& [name, t, shape] :
        {std::tuple<const char*, const at::Tensor&, at::IntArrayRef>{"lse", lse, target.sizes()},
         {"total_weight", total_weight, at::IntArrayRef()}}) {
-    TORCH_CHECK(t.defined(), op, ": argument '", name,
-                "' must be a defined tensor, got an undefined tensor");
+    check_defined(op, name, t);
     TORCH_CHECK(t.scalar_type() == opmath, op, ": argument '", name, "' must have dtype ", opmath,
                 " (the computation dtype of 'logits'), got ", t.scalar_type());
     check_same_device(op, name, t, "logits", logits);
@@ -337,8 +335,7 @@ LinearCrossEntropyResult linear_cross_entropy_with(
     TORCH_CHECK(bias.dim() == 1 && bias.size(0) == vocab, op, ": argument 'bias' must have shape [",
                 vocab, "] (the first dimension of 'weight'), got ", bias.sizes());
   }
-  TORCH_CHECK(target.defined(), op,
-              ": argument 'target' must be a defined tensor, got an undefined tensor");
+  check_defined(op, "target", target);
   TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
               ": argument 'target' must hold class indices of dtype int64 or int32, got ",
               target.scalar_type());
@@ -365,8 +362,6 @@ LinearCrossEntropyResult linear_cross_entropy_with(
 
   const bool with_grad = gradient != LinearLossGradient::None;
   if (gradient == LinearLossGradient::OfGradOutput) {
-    TORCH_CHECK(grad_output.defined(), op,
-                ": argument 'grad_output' must be a defined tensor, got an undefined tensor");
     check_floating_input(op, "grad_output", grad_output);
     check_same_device(op, "grad_output", grad_output, "input", input);
     const at::IntArrayRef loss_shape =
@@ -473,11 +468,6 @@ using detail::find_op;
 using detail::none_if_undefined;
 
 namespace {
-
-void check_defined(const char* op, const char* arg, const at::Tensor& t) {
-  TORCH_CHECK(t.defined(), op, ": argument '", arg,
-              "' must be a defined tensor, got an undefined tensor");
-}
 
 // The entry points taking (logits, target, weight, ...): their checks, then
 // the call; the arguments after `weight` pass through.

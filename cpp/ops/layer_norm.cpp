@@ -186,6 +186,15 @@ void run_backward(LayerNormBackwardKernel kernel, const at::Tensor& grad_input,
          contiguous_if_defined(w), kernel_stats(mean, input), kernel_stats(rstd, input));
 }
 
+// The tensors both backward overloads check before calling the dispatcher.
+void check_backward_inputs(const char* op, const at::Tensor& grad_output, const at::Tensor& input,
+                           const at::Tensor& mean, const at::Tensor& rstd) {
+  check_floating_input(op, "grad_output", grad_output);
+  check_floating_input(op, "input", input);
+  check_defined(op, "mean", mean);
+  check_defined(op, "rstd", rstd);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_with(
@@ -273,12 +282,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const at::Tensor& mean, const at::Tensor& rstd) {
   constexpr const char* name = "fuseops::layer_norm_backward";
-  check_floating_input(name, "grad_output", grad_output);
-  check_floating_input(name, "input", input);
-  TORCH_CHECK(mean.defined(), name,
-              ": argument 'mean' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(rstd.defined(), name,
-              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  detail::check_backward_inputs(name, grad_output, input, mean, rstd);
   static auto op = detail::find_op<decltype(layer_norm_backward)>(name);
   return op.call(grad_output, input, weight, mean, rstd);
 }
@@ -288,12 +292,7 @@ void layer_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& in
                              const at::Tensor& rstd, at::Tensor& grad_input,
                              at::Tensor& grad_weight, at::Tensor& grad_bias) {
   constexpr const char* name = "fuseops::layer_norm_backward.out";
-  check_floating_input(name, "grad_output", grad_output);
-  check_floating_input(name, "input", input);
-  TORCH_CHECK(mean.defined(), name,
-              ": argument 'mean' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(rstd.defined(), name,
-              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  detail::check_backward_inputs(name, grad_output, input, mean, rstd);
   check_out(name, grad_input, "input", input, "grad_input");
   check_out(name, grad_weight, "input", input, "grad_weight");
   check_out(name, grad_bias, "input", input, "grad_bias");

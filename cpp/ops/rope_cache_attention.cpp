@@ -12,7 +12,6 @@
 #include <optional>
 #include <vector>
 
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -20,7 +19,6 @@
 #include <fuseops/rope.h>
 #include <fuseops/rope_cache_attention.h>
 
-#include "ops/autograd/no_derivative.h"
 #include "ops/common/checks.h"
 #include "ops/common/dispatcher.h"
 #include "ops/common/output_memory.h"
@@ -209,22 +207,6 @@ at::Tensor rope_cache_attention_meta(const at::Tensor& query, const at::Tensor& 
   return detail::empty_output({s.batch, s.q_heads, s.q_len, s.v_dim}, query.options());
 }
 
-// Inference op: refuses a call that would record a gradient, under the
-// project's one policy (cpp/ops/autograd/no_derivative.h).
-at::Tensor rope_cache_attention_autograd(const at::Tensor& query, const at::Tensor& key,
-                                         const at::Tensor& value, const at::Tensor& cos,
-                                         const at::Tensor& sin, at::Tensor& key_cache,
-                                         at::Tensor& value_cache, at::Tensor& cache_length,
-                                         const std::optional<at::Tensor>& attn_mask,
-                                         std::optional<double> scale, double softcap,
-                                         bool interleaved) {
-  autograd_detail::check_inference(
-      kOp, {query, key, value, cos, sin, key_cache, value_cache, attn_mask});
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return fuseops::rope_cache_attention(query, key, value, cos, sin, key_cache, value_cache,
-                                       cache_length, attn_mask, scale, softcap, interleaved);
-}
-
 }  // namespace
 
 at::Tensor rope_cache_attention(const at::Tensor& query, const at::Tensor& key,
@@ -245,10 +227,6 @@ TORCH_LIBRARY_IMPL(fuseops, CompositeExplicitAutograd, m) {
 
 TORCH_LIBRARY_IMPL(fuseops, Meta, m) {
   m.impl("rope_cache_attention", TORCH_FN(rope_cache_attention_meta));
-}
-
-TORCH_LIBRARY_IMPL(fuseops, Autograd, m) {
-  m.impl("rope_cache_attention", TORCH_FN(rope_cache_attention_autograd));
 }
 
 }  // namespace fuseops

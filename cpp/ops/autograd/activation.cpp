@@ -63,7 +63,7 @@ class ActivationBackwardFunction : public torch::autograd::Function<ActivationBa
                             const at::Tensor& input, const std::string& approximate, bool is_silu) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({grad_output, input});
-    ctx->saved_data["approximate"] = approximate;
+    autograd_detail::save_approximate(ctx, approximate);
     ctx->saved_data["is_silu"] = is_silu;
     return is_silu ? fuseops::silu_backward(grad_output, input)
                    : fuseops::gelu_backward(grad_output, input, approximate);
@@ -73,7 +73,7 @@ class ActivationBackwardFunction : public torch::autograd::Function<ActivationBa
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& grad_output = saved[0];
     const at::Tensor& input = saved[1];
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const std::string approximate = autograd_detail::saved_approximate(ctx);
     const bool is_silu = ctx->saved_data["is_silu"].toBool();
     const at::Tensor& upstream = grads[0];
     const Activation activation =
@@ -98,7 +98,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
                             const std::string& approximate) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({input});
-    ctx->saved_data["approximate"] = approximate;
+    autograd_detail::save_approximate(ctx, approximate);
     return fuseops::gelu(input, approximate);
   }
 
@@ -106,7 +106,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
   // can be overwritten (autograd/reusable_gradient.h).
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const std::string approximate = autograd_detail::saved_approximate(ctx);
     return {
         autograd_detail::gradient_over(
             grads[0], input,
@@ -142,7 +142,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
                             const std::string& approximate) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({input, bias});
-    ctx->saved_data["approximate"] = approximate;
+    autograd_detail::save_approximate(ctx, approximate);
     return fuseops::bias_gelu(input, bias, approximate);
   }
 
@@ -152,7 +152,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
     const at::Tensor& bias = saved[1];
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const std::string approximate = autograd_detail::saved_approximate(ctx);
     at::Tensor grad_bias;
     const at::Tensor grad_input = autograd_detail::gradient_over(
         grads[0], input,

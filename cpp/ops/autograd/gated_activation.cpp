@@ -28,7 +28,7 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
                             const std::string& approximate) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({gate, up});
-    ctx->saved_data["approximate"] = approximate;
+    autograd_detail::save_approximate(ctx, approximate);
     return approximate.empty() ? fuseops::swiglu(gate, up) : fuseops::geglu(gate, up, approximate);
   }
 
@@ -38,7 +38,7 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& gate = saved[0];
     const at::Tensor& up = saved[1];
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const std::string approximate = autograd_detail::saved_approximate(ctx);
     at::Tensor grad_up;
     at::Tensor grad_gate = autograd_detail::gradient_over(
         grads[0], gate,
@@ -67,14 +67,14 @@ class GatedPackedFunction : public torch::autograd::Function<GatedPackedFunction
                             const std::string& approximate) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({input});
-    ctx->saved_data["approximate"] = approximate;
+    autograd_detail::save_approximate(ctx, approximate);
     return approximate.empty() ? fuseops::swiglu_packed(input)
                                : fuseops::geglu_packed(input, approximate);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const std::string approximate = autograd_detail::saved_approximate(ctx);
     return {approximate.empty() ? fuseops::swiglu_packed_backward(grads[0], input)
                                 : fuseops::geglu_packed_backward(grads[0], input, approximate),
             at::Tensor()};

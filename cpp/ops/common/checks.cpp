@@ -10,9 +10,13 @@
 
 namespace fuseops {
 
-void check_floating_input(const char* op, const char* arg, const at::Tensor& t) {
+void check_defined(const char* op, const char* arg, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), op, ": argument '", arg,
               "' must be a defined tensor, got an undefined tensor");
+}
+
+void check_floating_input(const char* op, const char* arg, const at::Tensor& t) {
+  check_defined(op, arg, t);
   const auto dtype = t.scalar_type();
   TORCH_CHECK(
       dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf,

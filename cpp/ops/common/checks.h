@@ -10,6 +10,9 @@
 
 namespace fuseops {
 
+// `arg` is a defined tensor.
+void check_defined(const char* op, const char* arg, const at::Tensor& t);
+
 // `arg` is defined and has a floating dtype fuseops computes in
 // (float32, float64, bfloat16, float16).
 void check_floating_input(const char* op, const char* arg, const at::Tensor& t);

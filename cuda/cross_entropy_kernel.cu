@@ -60,7 +60,8 @@ __device__ __forceinline__ acc_t capped(acc_t x, acc_t cap, acc_t inv_cap, bool 
 template <typename acc_t>
 __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& sum, acc_t* shared) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
+    merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, offset),
+                  __shfl_xor_sync(0xffffffffu, s, offset));
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   }
   const int warp = threadIdx.x / kWarpSize;

@@ -41,9 +41,9 @@ template <typename acc_t>
 __device__ void block_max_sum(acc_t& m1, acc_t& s1, acc_t& m2, acc_t& s2, acc_t* shared) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     merge_max_sum(m1, s1, __shfl_xor_sync(0xffffffffu, m1, offset),
-          __shfl_xor_sync(0xffffffffu, s1, offset));
+                  __shfl_xor_sync(0xffffffffu, s1, offset));
     merge_max_sum(m2, s2, __shfl_xor_sync(0xffffffffu, m2, offset),
-          __shfl_xor_sync(0xffffffffu, s2, offset));
+                  __shfl_xor_sync(0xffffffffu, s2, offset));
   }
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;

@@ -15,7 +15,7 @@ from ..ops.cross_entropy import (
     cross_entropy_reference,
     linear_cross_entropy,
 )
-from ..ops.jsd import fused_linear_jsd, jsd_reference
+from ..ops.jsd import fused_linear_jsd, fused_linear_jsd_reference
 from ._replace import _replaces
 
 
@@ -101,6 +101,54 @@ def _flags_repr(module: torch.nn.Module) -> str:
     )
 
 
+def _torch_linear_cross_entropy(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: Optional[float],
+    normalizer: Optional[float],
+    *,
+    return_z_loss: bool,
+    return_token_accuracy: bool,
+):
+    """``linear_cross_entropy`` of ``[N, H]`` rows and ``[N]`` targets in
+    plain torch: the logits formed and upcast to float32, their
+    ``fuseops.reference.cross_entropy``, and the z-loss term and token
+    accuracy from them."""
+    logits = torch.nn.functional.linear(input, linear_weight, linear_bias).float()
+    weight = None if weight is None else weight.float()
+    loss = cross_entropy_reference(
+        logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap
+    )
+    loss = loss / normalizer if normalizer is not None else loss
+    if not (return_z_loss or return_token_accuracy):
+        return loss
+    with torch.no_grad():
+        capped = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+        lse = torch.logsumexp(capped, -1) * (target != ignore_index)
+        predicted = logits.argmax(-1)
+    return _outputs(
+        loss,
+        lse,
+        predicted,
+        target,
+        weight,
+        reduction,
+        ignore_index,
+        z_loss,
+        normalizer,
+        return_z_loss,
+        return_token_accuracy,
+        False,
+    )
+
+
 class TorchLinearCrossEntropyLoss(torch.nn.Module):
     """An LM head's projection and cross-entropy in plain torch:
     ``forward(input, linear_weight, target, linear_bias=None,
@@ -116,6 +164,9 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
     and the token accuracy (see fuseops.linear_cross_entropy). This is the module a model
     builds to be plain torch and still be found by ``replace_modules``, which
     swaps it for ``LinearCrossEntropyLoss``."""
+
+    #: The loss of the flattened rows (``linear_cross_entropy``'s arguments).
+    _loss = staticmethod(_torch_linear_cross_entropy)
 
     def __init__(
         self,
@@ -146,46 +197,27 @@ class TorchLinearCrossEntropyLoss(torch.nn.Module):
         linear_bias: Optional[torch.Tensor] = None,
         normalizer: Optional[float] = None,
     ):
-        logits = torch.nn.functional.linear(input, linear_weight, linear_bias).float()
-        logits = logits.reshape(-1, logits.shape[-1])
-        flat_target = target.reshape(-1)
-        weight = None if self.weight is None else self.weight.float()
-        loss = cross_entropy_reference(
-            logits,
-            flat_target,
-            weight,
+        return_z_loss, return_accuracy = _flags(self)
+        result = self._loss(
+            input.reshape(-1, input.shape[-1]),
+            linear_weight,
+            target.reshape(-1),
+            linear_bias,
+            self.weight,
             self.reduction,
             self.ignore_index,
             self.label_smoothing,
             self.z_loss,
             self.softcap,
-        )
-        loss = loss / normalizer if normalizer is not None else loss
-        loss = loss.reshape(target.shape) if self.reduction == "none" else loss
-        return_z_loss, return_accuracy = _flags(self)
-        if not (return_z_loss or return_accuracy):
-            return loss
-        with torch.no_grad():
-            capped = (
-                logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
-            )
-            lse = torch.logsumexp(capped, -1) * (flat_target != self.ignore_index)
-            predicted = logits.argmax(-1)
-        output = _outputs(
-            loss,
-            lse,
-            predicted,
-            flat_target,
-            weight,
-            self.reduction,
-            self.ignore_index,
-            self.z_loss,
             normalizer,
-            return_z_loss,
-            return_accuracy,
-            False,
+            return_z_loss=return_z_loss,
+            return_token_accuracy=return_accuracy,
         )
-        return _reshaped(output, target.shape)
+        if isinstance(result, CrossEntropyOutput):
+            if self.reduction == "none":
+                result = result._replace(loss=result.loss.reshape(target.shape))
+            return _reshaped(result, target.shape)
+        return result.reshape(target.shape) if self.reduction == "none" else result
 
     def extra_repr(self) -> str:
         return (
@@ -210,35 +242,7 @@ class LinearCrossEntropyLoss(TorchLinearCrossEntropyLoss):
     logits' statistics and gradients are computed in float32 whatever the
     input dtype."""
 
-    def forward(
-        self,
-        input: torch.Tensor,
-        linear_weight: torch.Tensor,
-        target: torch.Tensor,
-        linear_bias: Optional[torch.Tensor] = None,
-        normalizer: Optional[float] = None,
-    ):
-        return_z_loss, return_accuracy = _flags(self)
-        result = linear_cross_entropy(
-            input.reshape(-1, input.shape[-1]),
-            linear_weight,
-            target.reshape(-1),
-            linear_bias,
-            self.weight,
-            self.reduction,
-            self.ignore_index,
-            self.label_smoothing,
-            self.z_loss,
-            self.softcap,
-            normalizer,
-            return_z_loss=return_z_loss,
-            return_token_accuracy=return_accuracy,
-        )
-        if isinstance(result, CrossEntropyOutput):
-            if self.reduction == "none":
-                result = result._replace(loss=result.loss.reshape(target.shape))
-            return _reshaped(result, target.shape)
-        return result.reshape(target.shape) if self.reduction == "none" else result
+    _loss = staticmethod(linear_cross_entropy)
 
 
 class TorchFusedLinearJSDLoss(torch.nn.Module):
@@ -253,6 +257,9 @@ class TorchFusedLinearJSDLoss(torch.nn.Module):
     "mean" or "none"). This is the module a model builds to be plain torch
     and still be found by ``replace_modules``, which swaps it for
     ``FusedLinearJSDLoss``."""
+
+    #: The loss of both heads (``fused_linear_jsd``'s arguments).
+    _loss = staticmethod(fused_linear_jsd_reference)
 
     def __init__(
         self,
@@ -275,9 +282,11 @@ class TorchFusedLinearJSDLoss(torch.nn.Module):
         teacher_weight: torch.Tensor,
         label: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        return jsd_reference(
-            torch.nn.functional.linear(student_input, student_weight),
-            torch.nn.functional.linear(teacher_input, teacher_weight),
+        return self._loss(
+            student_input,
+            student_weight,
+            teacher_input,
+            teacher_weight,
             label,
             self.beta,
             self.temperature,
@@ -295,22 +304,4 @@ class FusedLinearJSDLoss(TorchFusedLinearJSDLoss):
     dtype. The teacher's tensors must not require grad (run the teacher
     under ``torch.no_grad()``)."""
 
-    def forward(
-        self,
-        student_input: torch.Tensor,
-        student_weight: torch.Tensor,
-        teacher_input: torch.Tensor,
-        teacher_weight: torch.Tensor,
-        label: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        return fused_linear_jsd(
-            student_input,
-            student_weight,
-            teacher_input,
-            teacher_weight,
-            label,
-            self.beta,
-            self.temperature,
-            self.ignore_index,
-            self.reduction,
-        )
+    _loss = staticmethod(fused_linear_jsd)

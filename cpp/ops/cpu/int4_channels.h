@@ -1,9 +1,11 @@
 #pragma once
-// What both int4 CPU kernels (W4A16 and W4A8) read of one block of 16
-// output channels besides its weights: the block's scales and zero points
-// in a group, from scale_zero [groups, 2, N], float32 or bfloat16. Included
-// by kernel files compiled per CPU capability.
+// What both int4 CPU kernels (W4A16 and W4A8) share of one block of 16
+// output channels besides its weights: their tasks (a block times a chunk of
+// rows), and the block's scales and zero points in a group, from
+// scale_zero [groups, 2, N], float32 or bfloat16. Included by kernel files
+// compiled per CPU capability.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -15,6 +17,23 @@
 
 namespace fuseops::cpu {
 inline namespace CPU_CAPABILITY {
+
+// One task of an int4 linear: the block of kInt4BlockN output channels
+// `block` (the packed layout's unit), channels [channel0, channel0 +
+// channels) of n, over rows [m_begin, m_end) of m_total. Tasks are numbered
+// block-major: task t is block t / chunks, chunk t % chunks of chunk_rows.
+struct Int4Task {
+  int64_t block, m_begin, m_end, channel0, channels;
+
+  static Int4Task of(int64_t task, int64_t chunks, int64_t chunk_rows, int64_t m_total,
+                     int64_t n) {
+    constexpr int64_t kBlockN = detail::kInt4BlockN;
+    const int64_t block = task / chunks;
+    const int64_t m_begin = (task % chunks) * chunk_rows;
+    return {block, m_begin, std::min(m_total, m_begin + chunk_rows), block * kBlockN,
+            std::min(kBlockN, n - block * kBlockN)};
+  }
+};
 
 // The 16 values of one block's channels in a row of scale_zero (`count` of
 // them real, the rest 0) as kInt4BlockN / FloatVec::size() vectors. A whole

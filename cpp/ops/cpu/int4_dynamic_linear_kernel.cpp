@@ -330,11 +330,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
     alignas(64) float result[kChunkRows][kBlockN];
     alignas(64) int32_t sums[kTileRows][kBlockN];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = task / chunks;
-      const int64_t m_begin = (task % chunks) * chunk_rows;
-      const int64_t m_end = std::min(m_total, m_begin + chunk_rows);
-      const int64_t channel0 = block * kBlockN;
-      const int64_t channels = std::min(kBlockN, n - channel0);
+      const auto [block, m_begin, m_end, channel0, channels] =
+          Int4Task::of(task, chunks, chunk_rows, m_total, n);
       const uint8_t* wb = w + block * block_bytes;
       for (int64_t g = 0; g < groups; ++g) {
         FloatVec scale[V];

@@ -501,11 +501,8 @@ void weight_only_linear(const at::Tensor& out, const at::Tensor& input, const at
         paired && chunk_rows > kPairTileRows ? 2 * pairs * kBlockN : 0);
 #endif
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = task / chunks;
-      const int64_t m_begin = (task % chunks) * chunk_rows;
-      const int64_t m_end = std::min(m_total, m_begin + chunk_rows);
-      const int64_t channel0 = block * kBlockN;
-      const int64_t channels = std::min(kBlockN, n - channel0);
+      const auto [block, m_begin, m_end, channel0, channels] =
+          Int4Task::of(task, chunks, chunk_rows, m_total, n);
       const uint8_t* wb = w + block * block_bytes;
       for (int64_t g = 0; g < groups; ++g) {
         Group group;

@@ -25,8 +25,7 @@ inline namespace CPU_CAPABILITY {
 struct Int4Task {
   int64_t block, m_begin, m_end, channel0, channels;
 
-  static Int4Task of(int64_t task, int64_t chunks, int64_t chunk_rows, int64_t m_total,
-                     int64_t n) {
+  static Int4Task of(int64_t task, int64_t chunks, int64_t chunk_rows, int64_t m_total, int64_t n) {
     constexpr int64_t kBlockN = detail::kInt4BlockN;
     const int64_t block = task / chunks;
     const int64_t m_begin = (task % chunks) * chunk_rows;

@@ -121,9 +121,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_group_int4_impl(
 void check_pack(const at::Tensor& wq, const at::Tensor& scale, const at::Tensor& zero,
                 int64_t group_size) {
   constexpr const char* op = "fuseops::pack_int4_weight";
-  TORCH_CHECK(wq.defined(), op, ": argument 'wq' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
-  TORCH_CHECK(zero.defined(), op, ": argument 'zero' must be a defined tensor");
+  check_defined(op, "wq", wq);
+  check_defined(op, "scale", scale);
+  check_defined(op, "zero", zero);
   TORCH_CHECK(wq.scalar_type() == at::kByte, op,
               ": argument 'wq' must have dtype uint8 (from fuseops.quantize_per_group_int4), got ",
               wq.scalar_type());
@@ -196,8 +196,8 @@ std::tuple<at::Tensor, at::Tensor> pack_int4_weight_impl(const at::Tensor& wq,
 
 void check_int4_weight(const char* op, const at::Tensor& packed, const at::Tensor& scale_zero,
                        int64_t group_size, const at::Tensor& input) {
-  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
-  TORCH_CHECK(scale_zero.defined(), op, ": argument 'scale_zero' must be a defined tensor");
+  check_defined(op, "packed", packed);
+  check_defined(op, "scale_zero", scale_zero);
   TORCH_CHECK(packed.scalar_type() == at::kByte, op,
               ": argument 'packed' must have dtype uint8 (from fuseops.pack_int4_weight), got ",
               packed.scalar_type());
@@ -285,9 +285,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_group_int4(const at:
 std::tuple<at::Tensor, at::Tensor> pack_int4_weight(const at::Tensor& wq, const at::Tensor& scale,
                                                     const at::Tensor& zero, int64_t group_size) {
   constexpr const char* op = "fuseops::pack_int4_weight";
-  TORCH_CHECK(wq.defined(), op, ": argument 'wq' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
-  TORCH_CHECK(zero.defined(), op, ": argument 'zero' must be a defined tensor");
+  check_defined(op, "wq", wq);
+  check_defined(op, "scale", scale);
+  check_defined(op, "zero", zero);
   static auto handle = detail::find_op<decltype(pack_int4_weight)>(op);
   return handle.call(wq, scale, zero, group_size);
 }
@@ -297,8 +297,8 @@ at::Tensor int4_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
                                    const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int4_weight_only_linear";
   check_floating_input(op, "input", input);
-  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
-  TORCH_CHECK(scale_zero.defined(), op, ": argument 'scale_zero' must be a defined tensor");
+  check_defined(op, "packed", packed);
+  check_defined(op, "scale_zero", scale_zero);
   static auto handle = detail::find_op<decltype(int4_weight_only_linear)>(op);
   return handle.call(input, packed, scale_zero, group_size, detail::none_if_undefined(bias));
 }
@@ -308,8 +308,8 @@ at::Tensor int4_dynamic_linear(const at::Tensor& input, const at::Tensor& packed
                                const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int4_dynamic_linear";
   check_floating_input(op, "input", input);
-  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
-  TORCH_CHECK(scale_zero.defined(), op, ": argument 'scale_zero' must be a defined tensor");
+  check_defined(op, "packed", packed);
+  check_defined(op, "scale_zero", scale_zero);
   static auto handle = detail::find_op<decltype(int4_dynamic_linear)>(op);
   return handle.call(input, packed, scale_zero, group_size, detail::none_if_undefined(bias));
 }

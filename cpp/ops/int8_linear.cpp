@@ -28,8 +28,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void check_int8_weight(const char* op, const at::Tensor& packed, const at::Tensor& scale,
                        const at::Tensor& ref, const char* ref_arg) {
-  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  check_defined(op, "packed", packed);
+  check_defined(op, "scale", scale);
   TORCH_CHECK(packed.scalar_type() == at::kChar, op,
               ": argument 'packed' must have dtype int8 (from fuseops.pack_int8_weight), got ",
               packed.scalar_type());
@@ -84,7 +84,7 @@ at::Tensor int8_weight_only_linear_with(const at::Tensor& input, const at::Tenso
 
 void check_dynamic_linear_colsum_and_k(const char* op, const at::Tensor& input,
                                        const at::Tensor& colsum, int64_t n, const char* from) {
-  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  check_defined(op, "colsum", colsum);
   TORCH_CHECK(colsum.scalar_type() == at::kInt, op, ": argument 'colsum' must have dtype int32 (",
               from, "), got ", colsum.scalar_type());
   TORCH_CHECK(colsum.dim() == 1 && colsum.size(0) == n, op, ": argument 'colsum' must have shape [",
@@ -118,8 +118,8 @@ namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_impl(const at::Tensor& wq,
                                                                      const at::Tensor& scale) {
   constexpr const char* op = "fuseops::pack_int8_weight";
-  TORCH_CHECK(wq.defined(), op, ": argument 'wq' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  check_defined(op, "wq", wq);
+  check_defined(op, "scale", scale);
   TORCH_CHECK(wq.scalar_type() == at::kChar, op,
               ": argument 'wq' must have dtype int8 (from fuseops.quantize_per_channel_int8), got ",
               wq.scalar_type());
@@ -150,9 +150,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_impl(const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight(const at::Tensor& wq,
                                                                 const at::Tensor& scale) {
-  TORCH_CHECK(wq.defined(), "fuseops::pack_int8_weight: argument 'wq' must be a defined tensor");
-  TORCH_CHECK(scale.defined(),
-              "fuseops::pack_int8_weight: argument 'scale' must be a defined tensor");
+  check_defined("fuseops::pack_int8_weight", "wq", wq);
+  check_defined("fuseops::pack_int8_weight", "scale", scale);
   static auto op = detail::find_op<decltype(pack_int8_weight)>("fuseops::pack_int8_weight");
   return op.call(wq, scale);
 }
@@ -161,8 +160,8 @@ at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
                                    const at::Tensor& scale, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int8_weight_only_linear";
   check_floating_input(op, "input", input);
-  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  check_defined(op, "packed", packed);
+  check_defined(op, "scale", scale);
   static auto handle =
       detail::find_op<decltype(int8_weight_only_linear)>("fuseops::int8_weight_only_linear");
   return handle.call(input, packed, scale, detail::none_if_undefined(bias));
@@ -173,9 +172,9 @@ at::Tensor int8_dynamic_linear(const at::Tensor& input, const at::Tensor& packed
                                const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int8_dynamic_linear";
   check_floating_input(op, "input", input);
-  TORCH_CHECK(packed.defined(), op, ": argument 'packed' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
-  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  check_defined(op, "packed", packed);
+  check_defined(op, "scale", scale);
+  check_defined(op, "colsum", colsum);
   static auto handle =
       detail::find_op<decltype(int8_dynamic_linear)>("fuseops::int8_dynamic_linear");
   return handle.call(input, packed, scale, colsum, detail::none_if_undefined(bias));

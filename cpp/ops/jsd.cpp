@@ -211,8 +211,7 @@ at::Tensor jsd_backward_with(const at::Tensor& grad_output, const at::Tensor& st
               grad_output.sizes());
   const at::ScalarType opmath = at::toOpMathType(student.scalar_type());
   const int64_t rows = c10::multiply_integers(rows_shape(student));
-  TORCH_CHECK(row_stats.defined(), op,
-              ": argument 'row_stats' must be a defined tensor, got an undefined tensor");
+  check_defined(op, "row_stats", row_stats);
   TORCH_CHECK(row_stats.scalar_type() == opmath, op, ": argument 'row_stats' must have dtype ",
               opmath, " (the computation dtype of 'student_logits'), got ",
               row_stats.scalar_type());
@@ -298,8 +297,7 @@ FusedLinearJsdResult fused_linear_jsd_with(
   const at::IntArrayRef loss_shape =
       reduction == JsdReduction::None ? student_input.sizes().slice(0, 1) : at::IntArrayRef();
   if (gradient == LinearLossGradient::OfGradOutput) {
-    TORCH_CHECK(grad_output.defined(), op,
-                ": argument 'grad_output' must be a defined tensor, got an undefined tensor");
+    check_defined(op, "grad_output", grad_output);
     check_floating_input(op, "grad_output", grad_output);
     check_same_device(op, "grad_output", grad_output, "student_input", student_input);
     TORCH_CHECK(grad_output.sizes() == loss_shape, op,
@@ -415,8 +413,7 @@ at::Tensor jsd_backward(const at::Tensor& grad_output, const at::Tensor& student
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "student_logits", student_logits);
   check_floating_input(name, "teacher_logits", teacher_logits);
-  TORCH_CHECK(row_stats.defined(), name,
-              ": argument 'row_stats' must be a defined tensor, got an undefined tensor");
+  check_defined(name, "row_stats", row_stats);
   static auto op = find_op<decltype(jsd_backward)>(name);
   return op.call(grad_output, student_logits, teacher_logits, none_if_undefined(label), row_stats,
                  beta, temperature, ignore_index, reduction);

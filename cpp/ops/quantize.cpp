@@ -60,8 +60,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8_with(const at::Tensor
 at::Tensor dequantize_int8_with(const at::Tensor& q, const at::Tensor& scale, int64_t dim,
                                 std::optional<at::ScalarType> dtype, DequantizeKernel kernel) {
   constexpr const char* op = "fuseops::dequantize_int8";
-  TORCH_CHECK(q.defined(), op, ": argument 'q' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  check_defined(op, "q", q);
+  check_defined(op, "scale", scale);
   TORCH_CHECK(q.scalar_type() == at::kChar, op, ": argument 'q' must have dtype int8, got ",
               q.scalar_type());
   TORCH_CHECK(scale.scalar_type() == at::kFloat, op,
@@ -117,9 +117,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& inp
 
 at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale, int64_t dim,
                            std::optional<at::ScalarType> dtype) {
-  TORCH_CHECK(q.defined(), "fuseops::dequantize_int8: argument 'q' must be a defined tensor");
-  TORCH_CHECK(scale.defined(),
-              "fuseops::dequantize_int8: argument 'scale' must be a defined tensor");
+  check_defined("fuseops::dequantize_int8", "q", q);
+  check_defined("fuseops::dequantize_int8", "scale", scale);
   static auto op = detail::find_op<decltype(dequantize_int8)>("fuseops::dequantize_int8");
   return op.call(q, scale, dim, dtype);
 }

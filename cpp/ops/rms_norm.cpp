@@ -80,8 +80,7 @@ void check_residual(const char* op, const at::Tensor& input, const at::Tensor& r
 }
 
 void check_rstd(const char* op, const at::Tensor& input, const at::Tensor& rstd) {
-  TORCH_CHECK(rstd.defined(), op,
-              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  check_defined(op, "rstd", rstd);
   TORCH_CHECK(rstd.scalar_type() == opmath_dtype(input), op, ": argument 'rstd' must have dtype ",
               opmath_dtype(input), " (the computation dtype of 'input'), got ", rstd.scalar_type());
   check_same_device(op, "rstd", rstd, "input", input);
@@ -335,7 +334,7 @@ void fused_add_rms_norm_out_with(const at::Tensor& input, const at::Tensor& resi
   check_residual(op, input, residual);
   const at::Tensor weight = checked_weight(op, input, weight_opt);
   check_out(op, out, "input", input);
-  TORCH_CHECK(residual_out.defined(), op, ": argument 'residual_out' must be a defined tensor");
+  check_defined(op, "residual_out", residual_out);
   check_same_dtype(op, "residual_out", residual_out, "input", input);
   check_same_device(op, "residual_out", residual_out, "input", input);
   prepare_outputs(op, {{"out", out}, {"residual_out", residual_out}}, input.sizes(),
@@ -429,8 +428,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_outp
   constexpr const char* name = "fuseops::rms_norm_backward";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
-  TORCH_CHECK(rstd.defined(), name,
-              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  check_defined(name, "rstd", rstd);
   static auto op = find_op<decltype(rms_norm_backward)>(name);
   return op.call(grad_output, input, none_if_undefined(weight), rstd);
 }
@@ -441,10 +439,9 @@ void rms_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& inpu
   constexpr const char* name = "fuseops::rms_norm_backward.out";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
-  TORCH_CHECK(rstd.defined(), name,
-              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(grad_input.defined(), name, ": argument 'grad_input' must be a defined tensor");
-  TORCH_CHECK(grad_weight.defined(), name, ": argument 'grad_weight' must be a defined tensor");
+  check_defined(name, "rstd", rstd);
+  check_defined(name, "grad_input", grad_input);
+  check_defined(name, "grad_weight", grad_weight);
   static auto op = find_op<decltype(rms_norm_backward_out)>("fuseops::rms_norm_backward", "out");
   op.call(grad_output, input, none_if_undefined(weight), rstd, grad_input, grad_weight);
 }
@@ -467,7 +464,7 @@ std::tuple<at::Tensor&, at::Tensor&> fused_add_rms_norm_out(
   check_floating_input(name, "input", input);
   check_floating_input(name, "residual", residual);
   check_out(name, out, "input", input);
-  TORCH_CHECK(residual_out.defined(), name, ": argument 'residual_out' must be a defined tensor");
+  check_defined(name, "residual_out", residual_out);
   static auto op =
       find_out_op<decltype(fused_add_rms_norm_out)>("fuseops::fused_add_rms_norm", "out");
   op.call(input, residual, none_if_undefined(weight), eps, out, residual_out);
@@ -491,8 +488,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
   constexpr const char* name = "fuseops::fused_add_rms_norm_backward";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "new_residual", new_residual);
-  TORCH_CHECK(rstd.defined(), name,
-              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
+  check_defined(name, "rstd", rstd);
   static auto op = find_op<decltype(fused_add_rms_norm_backward)>(name);
   return op.call(grad_output, none_if_undefined(grad_new_residual), new_residual,
                  none_if_undefined(weight), rstd);
@@ -507,10 +503,9 @@ void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
   constexpr const char* name = "fuseops::fused_add_rms_norm_backward.out";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "new_residual", new_residual);
-  TORCH_CHECK(rstd.defined(), name,
-              ": argument 'rstd' must be a defined tensor, got an undefined tensor");
-  TORCH_CHECK(grad_input.defined(), name, ": argument 'grad_input' must be a defined tensor");
-  TORCH_CHECK(grad_weight.defined(), name, ": argument 'grad_weight' must be a defined tensor");
+  check_defined(name, "rstd", rstd);
+  check_defined(name, "grad_input", grad_input);
+  check_defined(name, "grad_weight", grad_weight);
   static auto op = find_op<decltype(fused_add_rms_norm_backward_out)>(
       "fuseops::fused_add_rms_norm_backward", "out");
   op.call(grad_output, none_if_undefined(grad_new_residual), new_residual,

@@ -292,7 +292,7 @@ void rope_out_with(const at::Tensor& query, const at::Tensor& key, const at::Ten
   const at::Tensor positions = undefined_if_none(positions_opt);
   check_out(op, out, c.names.input, query);
   if (key.defined()) {
-    TORCH_CHECK(key_out.defined(), op, ": argument 'key_out' must be a defined tensor");
+    check_defined(op, "key_out", key_out);
     check_same_dtype(op, "key_out", key_out, c.names.key, key);
     check_same_device(op, "key_out", key_out, c.names.key, key);
   }
@@ -403,7 +403,7 @@ std::tuple<at::Tensor&, at::Tensor&> rope_out(const at::Tensor& query, const at:
   constexpr const char* name = "fuseops::rope.out";
   check_defined(name, {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}});
   check_out(name, out, "query", query);
-  TORCH_CHECK(key_out.defined(), name, ": argument 'key_out' must be a defined tensor");
+  check_defined(name, "key_out", key_out);
   static auto op = find_out_op<decltype(rope_out)>("fuseops::rope", "out");
   op.call(query, key, cos, sin, detail::none_if_undefined(positions), interleaved, out, key_out);
   return {out, key_out};
@@ -458,7 +458,7 @@ std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(const at::Tensor& grad_qu
   check_defined(
       name, {{"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos}, {"sin", &sin}});
   check_out(name, out, "grad_query", grad_query);
-  TORCH_CHECK(key_out.defined(), name, ": argument 'key_out' must be a defined tensor");
+  check_defined(name, "key_out", key_out);
   static auto op = find_out_op<decltype(rope_backward_out)>("fuseops::rope_backward", "out");
   op.call(grad_query, grad_key, cos, sin, detail::none_if_undefined(positions), interleaved, out,
           key_out);

@@ -30,7 +30,7 @@ namespace {
 constexpr const char* kOp = "fuseops::rope_cache_attention";
 
 void check_rank4(const char* arg, const at::Tensor& t, const char* layout) {
-  TORCH_CHECK(t.defined(), kOp, ": argument '", arg, "' must be a defined tensor");
+  check_defined(kOp, arg, t);
   TORCH_CHECK(t.dim() == 4, kOp, ": argument '", arg, "' must be 4-D ", layout, ", got shape ",
               t.sizes());
 }

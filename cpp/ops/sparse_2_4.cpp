@@ -38,7 +38,7 @@ bool is_float(at::ScalarType t) {
 }
 
 void check_weight_2d(const char* op, const at::Tensor& weight, bool allow_int8) {
-  TORCH_CHECK(weight.defined(), op, ": argument 'weight' must be a defined tensor");
+  check_defined(op, "weight", weight);
   TORCH_CHECK(is_float(weight.scalar_type()) || (allow_int8 && weight.scalar_type() == at::kChar),
               op, ": argument 'weight' must have dtype float32, float64, bfloat16, float16",
               allow_int8 ? " or int8" : "", ", got ", weight.scalar_type());
@@ -173,9 +173,9 @@ at::Tensor prepare_linear(const char* op, const at::Tensor& input, const at::Ten
   check_floating_input(op, "input", input);
   TORCH_CHECK(input.dim() >= 1, op,
               ": argument 'input' must have at least one dimension [..., K], got a 0-d tensor");
-  TORCH_CHECK(values.defined(), op, ": argument 'values' must be a defined tensor");
-  TORCH_CHECK(meta.defined(), op, ": argument 'meta' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  check_defined(op, "values", values);
+  check_defined(op, "meta", meta);
+  check_defined(op, "scale", scale);
   if (int8_only) {
     TORCH_CHECK(values.scalar_type() == at::kChar, op,
                 ": argument 'values' must have dtype int8 (from fuseops.pack_2_4 of an int8 "
@@ -246,14 +246,14 @@ at::Tensor sparse_2_4_dynamic_linear_with(const at::Tensor& input, const at::Ten
 }  // namespace detail
 
 at::Tensor prune_2_4(const at::Tensor& weight) {
-  TORCH_CHECK(weight.defined(), "fuseops::prune_2_4: argument 'weight' must be a defined tensor");
+  check_defined("fuseops::prune_2_4", "weight", weight);
   static auto op = detail::find_op<decltype(prune_2_4)>("fuseops::prune_2_4");
   return op.call(weight);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_2_4(const at::Tensor& weight,
                                                         const std::optional<at::Tensor>& scale) {
-  TORCH_CHECK(weight.defined(), "fuseops::pack_2_4: argument 'weight' must be a defined tensor");
+  check_defined("fuseops::pack_2_4", "weight", weight);
   static auto op = detail::find_op<decltype(pack_2_4)>("fuseops::pack_2_4");
   return op.call(weight, detail::none_if_undefined(scale));
 }
@@ -263,9 +263,9 @@ at::Tensor sparse_2_4_linear(const at::Tensor& input, const at::Tensor& values,
                              const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::sparse_2_4_linear";
   check_floating_input(op, "input", input);
-  TORCH_CHECK(values.defined(), op, ": argument 'values' must be a defined tensor");
-  TORCH_CHECK(meta.defined(), op, ": argument 'meta' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
+  check_defined(op, "values", values);
+  check_defined(op, "meta", meta);
+  check_defined(op, "scale", scale);
   static auto handle = detail::find_op<decltype(sparse_2_4_linear)>(op);
   return handle.call(input, values, meta, scale, detail::none_if_undefined(bias));
 }
@@ -276,10 +276,10 @@ at::Tensor sparse_2_4_dynamic_linear(const at::Tensor& input, const at::Tensor& 
                                      const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::sparse_2_4_dynamic_linear";
   check_floating_input(op, "input", input);
-  TORCH_CHECK(values.defined(), op, ": argument 'values' must be a defined tensor");
-  TORCH_CHECK(meta.defined(), op, ": argument 'meta' must be a defined tensor");
-  TORCH_CHECK(scale.defined(), op, ": argument 'scale' must be a defined tensor");
-  TORCH_CHECK(colsum.defined(), op, ": argument 'colsum' must be a defined tensor");
+  check_defined(op, "values", values);
+  check_defined(op, "meta", meta);
+  check_defined(op, "scale", scale);
+  check_defined(op, "colsum", colsum);
   static auto handle = detail::find_op<decltype(sparse_2_4_dynamic_linear)>(op);
   return handle.call(input, values, meta, scale, colsum, detail::none_if_undefined(bias));
 }

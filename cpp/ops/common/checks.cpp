@@ -46,7 +46,7 @@ void check_same_shape(const char* op, const char* arg, const at::Tensor& t, cons
 
 void check_out(const char* op, const at::Tensor& out, const char* ref_arg, const at::Tensor& ref,
                const char* out_arg) {
-  TORCH_CHECK(out.defined(), op, ": argument '", out_arg, "' must be a defined tensor");
+  check_defined(op, out_arg, out);
   check_same_dtype(op, out_arg, out, ref_arg, ref);
   check_same_device(op, out_arg, out, ref_arg, ref);
 }

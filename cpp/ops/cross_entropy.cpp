@@ -474,9 +474,7 @@ namespace {
 template <typename Op, typename Logits, typename... Rest>
 auto call_with_logits(const Op& op, Logits& logits, const at::Tensor& target,
                       const std::optional<at::Tensor>& weight, const Rest&... rest) {
-  const char* name = op.operator_name().name.c_str();
-  check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
+  check_floating_input(op.operator_name().name.c_str(), "logits", logits);
   return op.call(logits, target, none_if_undefined(weight), rest...);
 }
 
@@ -488,7 +486,6 @@ auto call_with_input(const Op& op, const at::Tensor& input, const at::Tensor& we
   const char* name = op.operator_name().name.c_str();
   check_floating_input(name, "input", input);
   check_floating_input(name, "weight", weight);
-  check_defined(name, "target", target);
   return op.call(input, weight, none_if_undefined(bias), target, none_if_undefined(class_weight),
                  rest...);
 }
@@ -522,9 +519,6 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad_output, const at::Tenso
   constexpr const char* name = "fuseops::cross_entropy_backward";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "logits", logits);
-  check_defined(name, "target", target);
-  check_defined(name, "lse", lse);
-  check_defined(name, "total_weight", total_weight);
   static auto op = find_op<decltype(cross_entropy_backward)>(name);
   return op.call(grad_output, logits, target, none_if_undefined(weight), lse, total_weight,
                  reduction, ignore_index, label_smoothing, z_loss, softcap);
@@ -588,7 +582,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
   check_floating_input(name, "weight", weight);
-  check_defined(name, "target", target);
   static auto op = find_op<decltype(linear_cross_entropy_backward)>(name);
   return op.call(grad_output, input, weight, none_if_undefined(bias), target,
                  none_if_undefined(class_weight), reduction, ignore_index, label_smoothing, z_loss,

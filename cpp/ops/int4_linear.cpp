@@ -285,9 +285,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_group_int4(const at:
 std::tuple<at::Tensor, at::Tensor> pack_int4_weight(const at::Tensor& wq, const at::Tensor& scale,
                                                     const at::Tensor& zero, int64_t group_size) {
   constexpr const char* op = "fuseops::pack_int4_weight";
-  check_defined(op, "wq", wq);
-  check_defined(op, "scale", scale);
-  check_defined(op, "zero", zero);
   static auto handle = detail::find_op<decltype(pack_int4_weight)>(op);
   return handle.call(wq, scale, zero, group_size);
 }
@@ -297,8 +294,6 @@ at::Tensor int4_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
                                    const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int4_weight_only_linear";
   check_floating_input(op, "input", input);
-  check_defined(op, "packed", packed);
-  check_defined(op, "scale_zero", scale_zero);
   static auto handle = detail::find_op<decltype(int4_weight_only_linear)>(op);
   return handle.call(input, packed, scale_zero, group_size, detail::none_if_undefined(bias));
 }
@@ -308,8 +303,6 @@ at::Tensor int4_dynamic_linear(const at::Tensor& input, const at::Tensor& packed
                                const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int4_dynamic_linear";
   check_floating_input(op, "input", input);
-  check_defined(op, "packed", packed);
-  check_defined(op, "scale_zero", scale_zero);
   static auto handle = detail::find_op<decltype(int4_dynamic_linear)>(op);
   return handle.call(input, packed, scale_zero, group_size, detail::none_if_undefined(bias));
 }

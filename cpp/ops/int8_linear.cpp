@@ -150,8 +150,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_impl(const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight(const at::Tensor& wq,
                                                                 const at::Tensor& scale) {
-  check_defined("fuseops::pack_int8_weight", "wq", wq);
-  check_defined("fuseops::pack_int8_weight", "scale", scale);
   static auto op = detail::find_op<decltype(pack_int8_weight)>("fuseops::pack_int8_weight");
   return op.call(wq, scale);
 }
@@ -160,8 +158,6 @@ at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
                                    const at::Tensor& scale, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int8_weight_only_linear";
   check_floating_input(op, "input", input);
-  check_defined(op, "packed", packed);
-  check_defined(op, "scale", scale);
   static auto handle =
       detail::find_op<decltype(int8_weight_only_linear)>("fuseops::int8_weight_only_linear");
   return handle.call(input, packed, scale, detail::none_if_undefined(bias));
@@ -172,9 +168,6 @@ at::Tensor int8_dynamic_linear(const at::Tensor& input, const at::Tensor& packed
                                const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::int8_dynamic_linear";
   check_floating_input(op, "input", input);
-  check_defined(op, "packed", packed);
-  check_defined(op, "scale", scale);
-  check_defined(op, "colsum", colsum);
   static auto handle =
       detail::find_op<decltype(int8_dynamic_linear)>("fuseops::int8_dynamic_linear");
   return handle.call(input, packed, scale, colsum, detail::none_if_undefined(bias));

@@ -413,7 +413,6 @@ at::Tensor jsd_backward(const at::Tensor& grad_output, const at::Tensor& student
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "student_logits", student_logits);
   check_floating_input(name, "teacher_logits", teacher_logits);
-  check_defined(name, "row_stats", row_stats);
   static auto op = find_op<decltype(jsd_backward)>(name);
   return op.call(grad_output, student_logits, teacher_logits, none_if_undefined(label), row_stats,
                  beta, temperature, ignore_index, reduction);

@@ -117,8 +117,6 @@ std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& inp
 
 at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale, int64_t dim,
                            std::optional<at::ScalarType> dtype) {
-  check_defined("fuseops::dequantize_int8", "q", q);
-  check_defined("fuseops::dequantize_int8", "scale", scale);
   static auto op = detail::find_op<decltype(dequantize_int8)>("fuseops::dequantize_int8");
   return op.call(q, scale, dim, dtype);
 }

@@ -428,7 +428,6 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_outp
   constexpr const char* name = "fuseops::rms_norm_backward";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
-  check_defined(name, "rstd", rstd);
   static auto op = find_op<decltype(rms_norm_backward)>(name);
   return op.call(grad_output, input, none_if_undefined(weight), rstd);
 }
@@ -439,9 +438,6 @@ void rms_norm_backward_out(const at::Tensor& grad_output, const at::Tensor& inpu
   constexpr const char* name = "fuseops::rms_norm_backward.out";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "input", input);
-  check_defined(name, "rstd", rstd);
-  check_defined(name, "grad_input", grad_input);
-  check_defined(name, "grad_weight", grad_weight);
   static auto op = find_op<decltype(rms_norm_backward_out)>("fuseops::rms_norm_backward", "out");
   op.call(grad_output, input, none_if_undefined(weight), rstd, grad_input, grad_weight);
 }
@@ -464,7 +460,6 @@ std::tuple<at::Tensor&, at::Tensor&> fused_add_rms_norm_out(
   check_floating_input(name, "input", input);
   check_floating_input(name, "residual", residual);
   check_out(name, out, "input", input);
-  check_defined(name, "residual_out", residual_out);
   static auto op =
       find_out_op<decltype(fused_add_rms_norm_out)>("fuseops::fused_add_rms_norm", "out");
   op.call(input, residual, none_if_undefined(weight), eps, out, residual_out);
@@ -488,7 +483,6 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_backward(
   constexpr const char* name = "fuseops::fused_add_rms_norm_backward";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "new_residual", new_residual);
-  check_defined(name, "rstd", rstd);
   static auto op = find_op<decltype(fused_add_rms_norm_backward)>(name);
   return op.call(grad_output, none_if_undefined(grad_new_residual), new_residual,
                  none_if_undefined(weight), rstd);
@@ -503,9 +497,6 @@ void fused_add_rms_norm_backward_out(const at::Tensor& grad_output,
   constexpr const char* name = "fuseops::fused_add_rms_norm_backward.out";
   check_floating_input(name, "grad_output", grad_output);
   check_floating_input(name, "new_residual", new_residual);
-  check_defined(name, "rstd", rstd);
-  check_defined(name, "grad_input", grad_input);
-  check_defined(name, "grad_weight", grad_weight);
   static auto op = find_op<decltype(fused_add_rms_norm_backward_out)>(
       "fuseops::fused_add_rms_norm_backward", "out");
   op.call(grad_output, none_if_undefined(grad_new_residual), new_residual,

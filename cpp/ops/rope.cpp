@@ -403,7 +403,6 @@ std::tuple<at::Tensor&, at::Tensor&> rope_out(const at::Tensor& query, const at:
   constexpr const char* name = "fuseops::rope.out";
   check_defined(name, {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}});
   check_out(name, out, "query", query);
-  check_defined(name, "key_out", key_out);
   static auto op = find_out_op<decltype(rope_out)>("fuseops::rope", "out");
   op.call(query, key, cos, sin, detail::none_if_undefined(positions), interleaved, out, key_out);
   return {out, key_out};
@@ -458,7 +457,6 @@ std::tuple<at::Tensor&, at::Tensor&> rope_backward_out(const at::Tensor& grad_qu
   check_defined(
       name, {{"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos}, {"sin", &sin}});
   check_out(name, out, "grad_query", grad_query);
-  check_defined(name, "key_out", key_out);
   static auto op = find_out_op<decltype(rope_backward_out)>("fuseops::rope_backward", "out");
   op.call(grad_query, grad_key, cos, sin, detail::none_if_undefined(positions), interleaved, out,
           key_out);

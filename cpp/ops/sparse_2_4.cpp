@@ -246,14 +246,12 @@ at::Tensor sparse_2_4_dynamic_linear_with(const at::Tensor& input, const at::Ten
 }  // namespace detail
 
 at::Tensor prune_2_4(const at::Tensor& weight) {
-  check_defined("fuseops::prune_2_4", "weight", weight);
   static auto op = detail::find_op<decltype(prune_2_4)>("fuseops::prune_2_4");
   return op.call(weight);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_2_4(const at::Tensor& weight,
                                                         const std::optional<at::Tensor>& scale) {
-  check_defined("fuseops::pack_2_4", "weight", weight);
   static auto op = detail::find_op<decltype(pack_2_4)>("fuseops::pack_2_4");
   return op.call(weight, detail::none_if_undefined(scale));
 }
@@ -263,9 +261,6 @@ at::Tensor sparse_2_4_linear(const at::Tensor& input, const at::Tensor& values,
                              const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::sparse_2_4_linear";
   check_floating_input(op, "input", input);
-  check_defined(op, "values", values);
-  check_defined(op, "meta", meta);
-  check_defined(op, "scale", scale);
   static auto handle = detail::find_op<decltype(sparse_2_4_linear)>(op);
   return handle.call(input, values, meta, scale, detail::none_if_undefined(bias));
 }
@@ -276,10 +271,6 @@ at::Tensor sparse_2_4_dynamic_linear(const at::Tensor& input, const at::Tensor& 
                                      const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "fuseops::sparse_2_4_dynamic_linear";
   check_floating_input(op, "input", input);
-  check_defined(op, "values", values);
-  check_defined(op, "meta", meta);
-  check_defined(op, "scale", scale);
-  check_defined(op, "colsum", colsum);
   static auto handle = detail::find_op<decltype(sparse_2_4_dynamic_linear)>(op);
   return handle.call(input, values, meta, scale, colsum, detail::none_if_undefined(bias));
 }

@@ -3,9 +3,13 @@
 // (cpp/ops/gated_activation.cpp). Every tensor is a [rows, H] view with
 // contiguous rows, so the halves of a packed tensor are used in place.
 
+#include <type_traits>
+
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "activation_math.cuh"
@@ -48,17 +52,38 @@ bool rows_vectorizable(int64_t cols, std::initializer_list<at::Tensor> views) {
   return true;
 }
 
+// Calls fn(row, col) for each run of kVec elements of a [rows, cols] view
+// (cols a multiple of kVec), in a grid-stride loop.
+template <int kVec, typename Fn>
+__device__ void for_each_row_vector(int64_t rows, int64_t cols, const Fn& fn) {
+  const int64_t n = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kVec;
+  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+       base < n; base += stride) {
+    fn(base / cols, base % cols);
+  }
+}
+
+// Calls launch(vec, blocks) with vec a std::integral_constant<int, kVec>:
+// 16-byte vectors where `vectorizable`, single elements otherwise, and the
+// blocks for a thread per vector of rows x cols; then checks the launch.
+template <typename scalar_t, typename Launch>
+void launch_by_vector_width(bool vectorizable, int64_t rows, int64_t cols, const Launch& launch) {
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  if (vectorizable) {
+    launch(std::integral_constant<int, kVec>{}, blocks_for(rows * cols / kVec));
+  } else {
+    launch(std::integral_constant<int, 1>{}, blocks_for(rows * cols));
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <int kVec, Activation kAct, typename scalar_t>
 __global__ void gated_forward_kernel(int64_t rows, int64_t cols, RowPtr<scalar_t> out,
                                      RowPtr<const scalar_t> gate, RowPtr<const scalar_t> up) {
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = AlignedVector<scalar_t, kVec>;
-  const int64_t n = rows * cols;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kVec;
-  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
-       base < n; base += stride) {
-    const int64_t row = base / cols;
-    const int64_t col = base % cols;
+  for_each_row_vector<kVec>(rows, cols, [&](int64_t row, int64_t col) {
     const Vec a = *reinterpret_cast<const Vec*>(gate.at(row, col));
     const Vec b = *reinterpret_cast<const Vec*>(up.at(row, col));
     Vec result;
@@ -69,7 +94,7 @@ __global__ void gated_forward_kernel(int64_t rows, int64_t cols, RowPtr<scalar_t
                                 static_cast<opmath_t>(b.val[j]));
     }
     *reinterpret_cast<Vec*>(out.at(row, col)) = result;
-  }
+  });
 }
 
 template <int kVec, Activation kAct, typename scalar_t>
@@ -79,12 +104,7 @@ __global__ void gated_backward_kernel_impl(int64_t rows, int64_t cols, RowPtr<sc
                                            RowPtr<const scalar_t> gate, RowPtr<const scalar_t> up) {
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = AlignedVector<scalar_t, kVec>;
-  const int64_t n = rows * cols;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kVec;
-  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
-       base < n; base += stride) {
-    const int64_t row = base / cols;
-    const int64_t col = base % cols;
+  for_each_row_vector<kVec>(rows, cols, [&](int64_t row, int64_t col) {
     const Vec g = *reinterpret_cast<const Vec*>(grad_output.at(row, col));
     const Vec a = *reinterpret_cast<const Vec*>(gate.at(row, col));
     const Vec b = *reinterpret_cast<const Vec*>(up.at(row, col));
@@ -101,7 +121,7 @@ __global__ void gated_backward_kernel_impl(int64_t rows, int64_t cols, RowPtr<sc
     }
     *reinterpret_cast<Vec*>(grad_gate.at(row, col)) = d_gate;
     *reinterpret_cast<Vec*>(grad_up.at(row, col)) = d_up;
-  }
+  });
 }
 
 void gated_kernel(const at::Tensor& out, const at::Tensor& gate, const at::Tensor& up,
@@ -109,24 +129,17 @@ void gated_kernel(const at::Tensor& out, const at::Tensor& gate, const at::Tenso
   c10::cuda::CUDAGuard device_guard(gate.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, gate.scalar_type(), "fuseops::gated_activation", [&] {
-        constexpr int kVec = 16 / sizeof(scalar_t);
         const int64_t rows = gate.size(0);
         const int64_t cols = gate.size(1);
         const bool vectorizable = rows_vectorizable<scalar_t>(cols, {out, gate, up});
-        auto stream = c10::cuda::getCurrentCUDAStream();
         dispatch_activation(activation, [&](auto act) {
           constexpr Activation kAct = decltype(act)::value;
-          if (vectorizable) {
-            gated_forward_kernel<kVec, kAct>
-                <<<blocks_for(rows * cols / kVec), kThreadsPerBlock, 0, stream>>>(
+          launch_by_vector_width<scalar_t>(vectorizable, rows, cols, [&](auto vec, int64_t blocks) {
+            gated_forward_kernel<decltype(vec)::value, kAct>
+                <<<blocks, kThreadsPerBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
                     rows, cols, mutable_rows_of<scalar_t>(out), rows_of<scalar_t>(gate),
                     rows_of<scalar_t>(up));
-          } else {
-            gated_forward_kernel<1, kAct><<<blocks_for(rows * cols), kThreadsPerBlock, 0, stream>>>(
-                rows, cols, mutable_rows_of<scalar_t>(out), rows_of<scalar_t>(gate),
-                rows_of<scalar_t>(up));
-          }
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
         });
       });
 }
@@ -137,28 +150,19 @@ void gated_backward_kernel(const at::Tensor& grad_gate, const at::Tensor& grad_u
   c10::cuda::CUDAGuard device_guard(gate.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, gate.scalar_type(), "fuseops::gated_activation_backward", [&] {
-        constexpr int kVec = 16 / sizeof(scalar_t);
         const int64_t rows = gate.size(0);
         const int64_t cols = gate.size(1);
         const bool vectorizable =
             rows_vectorizable<scalar_t>(cols, {grad_gate, grad_up, grad_output, gate, up});
-        auto stream = c10::cuda::getCurrentCUDAStream();
         dispatch_activation(activation, [&](auto act) {
           constexpr Activation kAct = decltype(act)::value;
-          if (vectorizable) {
-            gated_backward_kernel_impl<kVec, kAct>
-                <<<blocks_for(rows * cols / kVec), kThreadsPerBlock, 0, stream>>>(
+          launch_by_vector_width<scalar_t>(vectorizable, rows, cols, [&](auto vec, int64_t blocks) {
+            gated_backward_kernel_impl<decltype(vec)::value, kAct>
+                <<<blocks, kThreadsPerBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
                     rows, cols, mutable_rows_of<scalar_t>(grad_gate),
                     mutable_rows_of<scalar_t>(grad_up), rows_of<scalar_t>(grad_output),
                     rows_of<scalar_t>(gate), rows_of<scalar_t>(up));
-          } else {
-            gated_backward_kernel_impl<1, kAct>
-                <<<blocks_for(rows * cols), kThreadsPerBlock, 0, stream>>>(
-                    rows, cols, mutable_rows_of<scalar_t>(grad_gate),
-                    mutable_rows_of<scalar_t>(grad_up), rows_of<scalar_t>(grad_output),
-                    rows_of<scalar_t>(gate), rows_of<scalar_t>(up));
-          }
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
         });
       });
 }

@@ -36,6 +36,7 @@
 #include "ops/int4_linear.h"
 #include "ops_generated/cuda/int4_linear.h"
 #include "quantize_row.cuh"
+#include "quantized_linear.cuh"
 
 namespace fuseops::cuda {
 namespace {
@@ -53,17 +54,16 @@ void with_scale_type(const at::Tensor& scale_zero, const Fn& fn) {
 }
 
 template <typename scalar_t, typename scale_t>
-__global__ void int4_weight_only_linear_cuda(
-    scalar_t* __restrict__ out, const scalar_t* __restrict__ x, const uint8_t* __restrict__ packed,
-    const scale_t* __restrict__ scale_zero, const scalar_t* __restrict__ bias, int64_t m_total,
-    int64_t n, int64_t k, int64_t groups, int64_t group_size) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  const int64_t total = m_total * n;
+__global__ void int4_weight_only_linear_cuda(scalar_t* __restrict__ out,
+                                             const scalar_t* __restrict__ x,
+                                             const uint8_t* __restrict__ packed,
+                                             const scale_t* __restrict__ scale_zero,
+                                             const scalar_t* __restrict__ bias, LinearShape shape,
+                                             int64_t groups, int64_t group_size) {
+  const int64_t n = shape.n;
+  const int64_t k = shape.k;
   const int64_t pairs = group_size / 2;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n;
-    const int64_t ch = i % n;
+  store_linear_outputs(out, shape, nullptr, nullptr, bias, [&](int64_t m, int64_t ch) {
     const int64_t block = ch / detail::kInt4BlockN;
     const uint8_t* w =
         packed + block * groups * pairs * detail::kInt4BlockN + ch % detail::kInt4BlockN;
@@ -88,53 +88,41 @@ __global__ void int4_weight_only_linear_cuda(
       }
       result = fmaf(scale, fmaf(-zero, x_sum, even + odd), result);
     }
-    opmath_t value = static_cast<opmath_t>(result);
-    if (bias != nullptr) {
-      value += static_cast<opmath_t>(bias[ch]);
-    }
-    out[i] = static_cast<scalar_t>(value);
-  }
+    return result;
+  });
 }
 
 void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
                                     const at::Tensor& packed, const at::Tensor& scale_zero,
                                     int64_t group_size, const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
-  const int64_t m_total = input.size(0);
-  const int64_t k = input.size(1);
-  const int64_t n = scale_zero.size(2);
-  const int64_t total = m_total * n;
-  const int64_t blocks = blocks_for(total);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const LinearShape shape{input.size(0), scale_zero.size(2), input.size(1)};
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_weight_only_linear", [&] {
         with_scale_type(scale_zero, [&](auto scale_type) {
           using scale_t = decltype(scale_type);
-          int4_weight_only_linear_cuda<scalar_t, scale_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-              out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-              packed.const_data_ptr<uint8_t>(), scale_zero.const_data_ptr<scale_t>(),
-              bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k,
-              scale_zero.size(0), group_size);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          launch_linear_kernel(&int4_weight_only_linear_cuda<scalar_t, scale_t>, shape,
+                               out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+                               packed.const_data_ptr<uint8_t>(),
+                               scale_zero.const_data_ptr<scale_t>(),
+                               bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, shape,
+                               scale_zero.size(0), group_size);
         });
       });
 }
 
+// The row's scale is applied to the float32 result, before the widening to
+// the opmath type, as on the CPU.
 template <typename scalar_t, typename scale_t>
 __global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __restrict__ xq,
                                          const float* __restrict__ x_scale,
                                          const uint8_t* __restrict__ packed,
                                          const scale_t* __restrict__ scale_zero,
-                                         const scalar_t* __restrict__ bias, int64_t m_total,
-                                         int64_t n, int64_t k, int64_t x_stride, int64_t groups,
-                                         int64_t group_size) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  const int64_t total = m_total * n;
+                                         const scalar_t* __restrict__ bias, LinearShape shape,
+                                         int64_t x_stride, int64_t groups, int64_t group_size) {
+  const int64_t n = shape.n;
   const int64_t pairs = group_size / 2;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n;
-    const int64_t ch = i % n;
+  store_linear_outputs(out, shape, nullptr, nullptr, bias, [&](int64_t m, int64_t ch) {
     const int64_t block = ch / detail::kInt4BlockN;
     const uint8_t* w =
         packed + block * groups * pairs * detail::kInt4BlockN + ch % detail::kInt4BlockN;
@@ -156,39 +144,30 @@ __global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_
       }
       result = fmaf(scale, fmaf(-zero, static_cast<float>(x_sum), static_cast<float>(dot)), result);
     }
-    opmath_t value = static_cast<opmath_t>(result * x_scale[m]);
-    if (bias != nullptr) {
-      value += static_cast<opmath_t>(bias[ch]);
-    }
-    out[i] = static_cast<scalar_t>(value);
-  }
+    return result * x_scale[m];
+  });
 }
 
 void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
                                 const at::Tensor& packed, const at::Tensor& scale_zero,
                                 int64_t group_size, const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
-  const int64_t m_total = input.size(0);
-  const int64_t k = input.size(1);
-  const int64_t n = scale_zero.size(2);
+  const LinearShape shape{input.size(0), scale_zero.size(2), input.size(1)};
   const int64_t groups = scale_zero.size(0);
   const int64_t x_stride = groups * group_size;
-  const int64_t total = m_total * n;
-  const int64_t blocks = blocks_for(total);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_dynamic_linear", [&] {
         // Whole groups, zeros past K.
-        const QuantizedRows x = quantize_activation_rows<scalar_t>(input, x_stride, stream);
+        const QuantizedRows x =
+            quantize_activation_rows<scalar_t>(input, x_stride, c10::cuda::getCurrentCUDAStream());
         with_scale_type(scale_zero, [&](auto scale_type) {
           using scale_t = decltype(scale_type);
-          int4_dynamic_linear_cuda<scalar_t, scale_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-              out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
-              x.scales.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
-              scale_zero.const_data_ptr<scale_t>(),
-              bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k, x_stride,
-              groups, group_size);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          launch_linear_kernel(&int4_dynamic_linear_cuda<scalar_t, scale_t>, shape,
+                               out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
+                               x.scales.const_data_ptr<float>(), packed.const_data_ptr<uint8_t>(),
+                               scale_zero.const_data_ptr<scale_t>(),
+                               bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, shape,
+                               x_stride, groups, group_size);
         });
       });
 }

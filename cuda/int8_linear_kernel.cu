@@ -34,6 +34,7 @@
 #include "ops/int8_linear.h"
 #include "ops_generated/cuda/int8_linear.h"
 #include "quantize_row.cuh"
+#include "quantized_linear.cuh"
 
 namespace fuseops::cuda {
 namespace {
@@ -42,14 +43,10 @@ template <typename scalar_t>
 __global__ void weight_only_linear_cuda(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
                                         const int8_t* __restrict__ packed,
                                         const float* __restrict__ scale,
-                                        const scalar_t* __restrict__ bias, int64_t m_total,
-                                        int64_t n, int64_t k, int64_t groups) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  const int64_t total = m_total * n;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n;
-    const int64_t ch = i % n;
+                                        const scalar_t* __restrict__ bias, LinearShape shape,
+                                        int64_t groups) {
+  const int64_t k = shape.k;
+  store_linear_outputs(out, shape, nullptr, scale, bias, [&](int64_t m, int64_t ch) {
     const int64_t block = ch / detail::kInt8BlockN;
     const int64_t c = ch % detail::kInt8BlockN;
     const int8_t* w = packed + (block * groups * detail::kInt8BlockN + c) * detail::kInt8GroupK;
@@ -65,32 +62,22 @@ __global__ void weight_only_linear_cuda(scalar_t* __restrict__ out, const scalar
       if (k0 + 2 < k) acc += static_cast<float>(q.z) * static_cast<float>(row[k0 + 2]);
       if (k0 + 3 < k) acc += static_cast<float>(q.w) * static_cast<float>(row[k0 + 3]);
     }
-    opmath_t value = static_cast<opmath_t>(acc) * static_cast<opmath_t>(scale[ch]);
-    if (bias != nullptr) {
-      value += static_cast<opmath_t>(bias[ch]);
-    }
-    out[i] = static_cast<scalar_t>(value);
-  }
+    return acc;
+  });
 }
 
 void weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& input,
                                const at::Tensor& packed, const at::Tensor& scale,
                                const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
-  const int64_t m_total = input.size(0);
-  const int64_t k = input.size(1);
-  const int64_t n = scale.size(0);
-  const int64_t total = m_total * n;
-  const int64_t blocks = blocks_for(total);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const LinearShape shape{input.size(0), scale.size(0), input.size(1)};
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_weight_only_linear", [&] {
-        weight_only_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-            packed.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
-            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k,
-            packed.size(1));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        launch_linear_kernel(&weight_only_linear_cuda<scalar_t>, shape,
+                             out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+                             packed.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
+                             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, shape,
+                             packed.size(1));
       });
 }
 
@@ -99,14 +86,9 @@ __global__ void dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __
                                     const float* __restrict__ x_scale,
                                     const int8_t* __restrict__ packed,
                                     const float* __restrict__ scale,
-                                    const scalar_t* __restrict__ bias, int64_t m_total, int64_t n,
+                                    const scalar_t* __restrict__ bias, LinearShape shape,
                                     int64_t groups) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  const int64_t total = m_total * n;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n;
-    const int64_t ch = i % n;
+  store_linear_outputs(out, shape, x_scale, scale, bias, [&](int64_t m, int64_t ch) {
     const int64_t block = ch / detail::kInt8BlockN;
     const int64_t c = ch % detail::kInt8BlockN;
     const int* w = reinterpret_cast<const int*>(packed) + block * groups * detail::kInt8BlockN + c;
@@ -115,13 +97,8 @@ __global__ void dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __
     for (int64_t g = 0; g < groups; ++g) {
       acc = __dp4a(x[g], w[g * detail::kInt8BlockN], acc);
     }
-    opmath_t value = (static_cast<opmath_t>(acc) * static_cast<opmath_t>(x_scale[m])) *
-                     static_cast<opmath_t>(scale[ch]);
-    if (bias != nullptr) {
-      value += static_cast<opmath_t>(bias[ch]);
-    }
-    out[i] = static_cast<scalar_t>(value);
-  }
+    return acc;
+  });
 }
 
 void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input, const at::Tensor& packed,
@@ -129,24 +106,18 @@ void dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input, const
                            const at::Tensor& /*colsum: signed products need none*/,
                            const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
-  const int64_t m_total = input.size(0);
-  const int64_t k = input.size(1);
-  const int64_t n = scale.size(0);
+  const LinearShape shape{input.size(0), scale.size(0), input.size(1)};
   const int64_t groups = packed.size(1);
-  const int64_t total = m_total * n;
-  const int64_t blocks = blocks_for(total);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int8_dynamic_linear", [&] {
         // Whole groups (zeros past K) keep every row's 4-byte words aligned.
-        const QuantizedRows x =
-            quantize_activation_rows<scalar_t>(input, groups * detail::kInt8GroupK, stream);
-        dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
-            x.scales.const_data_ptr<float>(), packed.const_data_ptr<int8_t>(),
-            scale.const_data_ptr<float>(),
-            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, groups);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        const QuantizedRows x = quantize_activation_rows<scalar_t>(
+            input, groups * detail::kInt8GroupK, c10::cuda::getCurrentCUDAStream());
+        launch_linear_kernel(
+            &dynamic_linear_cuda<scalar_t>, shape, out.mutable_data_ptr<scalar_t>(),
+            x.values.const_data_ptr<int8_t>(), x.scales.const_data_ptr<float>(),
+            packed.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
+            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, shape, groups);
       });
 }
 

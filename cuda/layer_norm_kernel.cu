@@ -200,6 +200,27 @@ __global__ void layer_norm_forward_kernel(T* __restrict__ out,
   }
 }
 
+// Calls fn(k, x_hat, dy, g) for element k of vector `c` of a row: x_hat =
+// (x - mean) * rstd, dy, and g = dy * weight (rounded once; dy without a
+// weight), the terms both passes of the backward read.
+template <typename T, int kVec, typename acc_t, typename Fn>
+__device__ __forceinline__ void backward_terms(const T* x, const T* dy, const T* weight, int64_t c,
+                                               acc_t mean, acc_t rstd, const Fn& fn) {
+  const auto xv = load_vec<T, kVec>(x, c);
+  const auto dyv = load_vec<T, kVec>(dy, c);
+  AlignedVector<T, kVec> w;
+  if (weight != nullptr) {
+    w = load_vec<T, kVec>(weight, c);
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const acc_t x_hat = (static_cast<acc_t>(xv.val[k]) - mean) * rstd;
+    const acc_t d = static_cast<acc_t>(dyv.val[k]);
+    const acc_t g = weight != nullptr ? rounded_product(d, static_cast<acc_t>(w.val[k])) : d;
+    fn(k, x_hat, d, g);
+  }
+}
+
 // Each block walks rows blockIdx.x, blockIdx.x + gridDim.x, ...; thread t owns
 // the vectors t, t + blockDim.x, ... of every row and sums their weight and
 // bias gradients in `accumulators` (2 * hidden values: shared memory, laid
@@ -242,22 +263,13 @@ __global__ void layer_norm_backward_kernel(T* grad_input, at::opmath_type<T>* __
     acc_t sum_g = 0;
     acc_t sum_gx = 0;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const auto xv = load_vec<T, kVec>(x, c);
-      const auto dyv = load_vec<T, kVec>(dy, c);
-      AlignedVector<T, kVec> w;
-      if (weight != nullptr) {
-        w = load_vec<T, kVec>(weight, c);
-      }
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const acc_t x_hat = (static_cast<acc_t>(xv.val[k]) - row_mean) * row_rstd;
-        const acc_t d = static_cast<acc_t>(dyv.val[k]);
-        const acc_t g = weight != nullptr ? rounded_product(d, static_cast<acc_t>(w.val[k])) : d;
-        sum_g += g;
-        sum_gx += g * x_hat;
-        accumulators[slot(c, k)] += d * x_hat;
-        accumulators[hidden + slot(c, k)] += d;
-      }
+      backward_terms<T, kVec>(x, dy, weight, c, row_mean, row_rstd,
+                              [&](int k, acc_t x_hat, acc_t d, acc_t g) {
+                                sum_g += g;
+                                sum_gx += g * x_hat;
+                                accumulators[slot(c, k)] += d * x_hat;
+                                accumulators[hidden + slot(c, k)] += d;
+                              });
     }
     sum_g = block_sum(sum_g, shared_g);
     sum_gx = block_sum(sum_gx, shared_gx);
@@ -265,19 +277,11 @@ __global__ void layer_norm_backward_kernel(T* grad_input, at::opmath_type<T>* __
     const acc_t mean_g = sum_g / static_cast<acc_t>(hidden);
     const acc_t mean_gx = sum_gx / static_cast<acc_t>(hidden);
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const auto xv = load_vec<T, kVec>(x, c);
-      const auto dyv = load_vec<T, kVec>(dy, c);
-      AlignedVector<T, kVec> w, result;
-      if (weight != nullptr) {
-        w = load_vec<T, kVec>(weight, c);
-      }
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const acc_t x_hat = (static_cast<acc_t>(xv.val[k]) - row_mean) * row_rstd;
-        const acc_t d = static_cast<acc_t>(dyv.val[k]);
-        const acc_t g = weight != nullptr ? rounded_product(d, static_cast<acc_t>(w.val[k])) : d;
-        result.val[k] = static_cast<T>((g - mean_g - x_hat * mean_gx) * row_rstd);
-      }
+      AlignedVector<T, kVec> result;
+      backward_terms<T, kVec>(
+          x, dy, weight, c, row_mean, row_rstd, [&](int k, acc_t x_hat, acc_t /*d*/, acc_t g) {
+            result.val[k] = static_cast<T>((g - mean_g - x_hat * mean_gx) * row_rstd);
+          });
       store_vec<T, kVec>(dx, c, result);
     }
   }

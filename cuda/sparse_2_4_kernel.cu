@@ -35,6 +35,7 @@
 #include "ops/sparse_2_4.h"
 #include "ops_generated/cuda/sparse_2_4.h"
 #include "quantize_row.cuh"
+#include "quantized_linear.cuh"
 
 namespace fuseops::cuda {
 namespace {
@@ -63,54 +64,36 @@ __global__ void sparse_linear_cuda(scalar_t* __restrict__ out, const scalar_t* _
                                    const value_t* __restrict__ values,
                                    const uint8_t* __restrict__ meta,
                                    const float* __restrict__ scale,
-                                   const scalar_t* __restrict__ bias, int64_t m_total, int64_t n,
-                                   int64_t k) {
-  using opmath_t = at::opmath_type<scalar_t>;
+                                   const scalar_t* __restrict__ bias, LinearShape shape) {
   // float64 sums for float64 activations, as on the CPU.
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-  const int64_t total = m_total * n;
+  const int64_t k = shape.k;
   const int64_t v_stride = k / 2;
   const int64_t meta_stride = (k + 7) / 8;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n;
-    const int64_t ch = i % n;
-    const acc_t acc = kept_dot<acc_t>(x + m * k, values + ch * v_stride, meta + ch * meta_stride, k,
-                                      v_stride, meta_stride);
-    opmath_t value = static_cast<opmath_t>(acc) * static_cast<opmath_t>(scale[ch]);
-    if (bias != nullptr) {
-      value += static_cast<opmath_t>(bias[ch]);
-    }
-    out[i] = static_cast<scalar_t>(value);
-  }
-}
-
-template <typename scalar_t, typename value_t>
-void launch(const at::Tensor& out, const at::Tensor& input, const at::Tensor& values,
-            const at::Tensor& meta, const at::Tensor& scale, const at::Tensor& bias) {
-  const int64_t m_total = input.size(0);
-  const int64_t k = input.size(1);
-  const int64_t n = values.size(0);
-  const int64_t total = m_total * n;
-  const int64_t blocks = blocks_for(total);
-  sparse_linear_cuda<scalar_t, value_t>
-      <<<blocks, kThreadsPerBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
-          out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-          values.const_data_ptr<value_t>(), meta.const_data_ptr<uint8_t>(),
-          scale.const_data_ptr<float>(), bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
-          m_total, n, k);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  store_linear_outputs(out, shape, nullptr, scale, bias, [&](int64_t m, int64_t ch) {
+    return kept_dot<acc_t>(x + m * k, values + ch * v_stride, meta + ch * meta_stride, k, v_stride,
+                           meta_stride);
+  });
 }
 
 void sparse_linear_kernel(const at::Tensor& out, const at::Tensor& input, const at::Tensor& values,
                           const at::Tensor& meta, const at::Tensor& scale, const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
+  const LinearShape shape{input.size(0), values.size(0), input.size(1)};
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_linear", [&] {
+        const auto launch = [&](auto value_type) {
+          using value_t = decltype(value_type);
+          launch_linear_kernel(&sparse_linear_cuda<scalar_t, value_t>, shape,
+                               out.mutable_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
+                               values.const_data_ptr<value_t>(), meta.const_data_ptr<uint8_t>(),
+                               scale.const_data_ptr<float>(),
+                               bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, shape);
+        };
         if (values.scalar_type() == at::kChar) {
-          launch<scalar_t, int8_t>(out, input, values, meta, scale, bias);
+          launch(int8_t());
         } else {
-          launch<scalar_t, scalar_t>(out, input, values, meta, scale, bias);
+          launch(scalar_t());
         }
       });
 }
@@ -119,25 +102,14 @@ template <typename scalar_t>
 __global__ void sparse_dynamic_linear_cuda(
     scalar_t* __restrict__ out, const int8_t* __restrict__ xq, const float* __restrict__ x_scale,
     const int8_t* __restrict__ values, const uint8_t* __restrict__ meta,
-    const float* __restrict__ scale, const scalar_t* __restrict__ bias, int64_t m_total, int64_t n,
-    int64_t k) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  const int64_t total = m_total * n;
+    const float* __restrict__ scale, const scalar_t* __restrict__ bias, LinearShape shape) {
+  const int64_t k = shape.k;
   const int64_t v_stride = k / 2;
   const int64_t meta_stride = (k + 7) / 8;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n;
-    const int64_t ch = i % n;
-    const int acc = kept_dot<int>(xq + m * k, values + ch * v_stride, meta + ch * meta_stride, k,
-                                  v_stride, meta_stride);
-    opmath_t value = (static_cast<opmath_t>(acc) * static_cast<opmath_t>(x_scale[m])) *
-                     static_cast<opmath_t>(scale[ch]);
-    if (bias != nullptr) {
-      value += static_cast<opmath_t>(bias[ch]);
-    }
-    out[i] = static_cast<scalar_t>(value);
-  }
+  store_linear_outputs(out, shape, x_scale, scale, bias, [&](int64_t m, int64_t ch) {
+    return kept_dot<int>(xq + m * k, values + ch * v_stride, meta + ch * meta_stride, k, v_stride,
+                         meta_stride);
+  });
 }
 
 void sparse_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
@@ -146,21 +118,16 @@ void sparse_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input
                                   const at::Tensor& /*colsum: signed products need none*/,
                                   const at::Tensor& bias) {
   c10::cuda::CUDAGuard device_guard(input.device());
-  const int64_t m_total = input.size(0);
-  const int64_t k = input.size(1);
-  const int64_t n = values.size(0);
-  const int64_t total = m_total * n;
-  const int64_t blocks = blocks_for(total);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const LinearShape shape{input.size(0), values.size(0), input.size(1)};
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::sparse_2_4_dynamic_linear", [&] {
-        const QuantizedRows x = quantize_activation_rows<scalar_t>(input, k, stream);
-        sparse_dynamic_linear_cuda<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
-            x.scales.const_data_ptr<float>(), values.const_data_ptr<int8_t>(),
-            meta.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
-            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, m_total, n, k);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        const QuantizedRows x =
+            quantize_activation_rows<scalar_t>(input, shape.k, c10::cuda::getCurrentCUDAStream());
+        launch_linear_kernel(&sparse_dynamic_linear_cuda<scalar_t>, shape,
+                             out.mutable_data_ptr<scalar_t>(), x.values.const_data_ptr<int8_t>(),
+                             x.scales.const_data_ptr<float>(), values.const_data_ptr<int8_t>(),
+                             meta.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
+                             bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr, shape);
       });
 }
 

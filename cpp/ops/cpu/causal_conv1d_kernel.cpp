@@ -239,6 +239,24 @@ void backward_row(T* grad_x, T* grad_states, acc_type<T>* grad_wb, const T* grad
   }
 }
 
+// Row `row` = b * dim + c of x [B, D, L] in the row layout (time steps
+// contiguous, batch and channel strides any).
+template <typename T>
+struct StridedRows {
+  const T* x;
+  int64_t batch_stride, channel_stride, dim;
+
+  explicit StridedRows(const at::Tensor& x_)
+      : x(x_.const_data_ptr<T>()),
+        batch_stride(x_.stride(0)),
+        channel_stride(x_.stride(1)),
+        dim(x_.size(1)) {}
+
+  const T* operator[](int64_t row) const {
+    return x + row / dim * batch_stride + row % dim * channel_stride;
+  }
+};
+
 // ---------------------------------------------------------------------------
 // Channel-last layout
 
@@ -249,14 +267,23 @@ struct ChannelLastRows {
   const T* x;
   int64_t batch_stride, time_stride, dim, width;
   const T* states;  // (batch, width-1, dim) dense, or nullptr
-  const T* zeros;
+  std::vector<T> zeros;
+
+  ChannelLastRows(const at::Tensor& x_, const T* states_, int64_t width_)
+      : x(x_.const_data_ptr<T>()),
+        batch_stride(x_.stride(0)),
+        time_stride(x_.stride(2)),
+        dim(x_.size(1)),
+        width(width_),
+        states(states_),
+        zeros(dim + OpmathBlock<T>::kSize, T(0)) {}
 
   const T* at(int64_t b, int64_t t) const {
     if (t >= 0) {
       return x + b * batch_stride + t * time_stride;
     }
     if (states == nullptr) {
-      return zeros;
+      return zeros.data();
     }
     return states + (b * (width - 1) + (width - 1) + t) * dim;
   }
@@ -512,7 +539,6 @@ void causal_conv1d_kernel_impl(const at::Tensor& out, const at::Tensor& x, const
         const int64_t batch = x.size(0);
         const int64_t dim = x.size(1);
         const int64_t seqlen = x.size(2);
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
         const scalar_t* sp = states.defined() ? states.const_data_ptr<scalar_t>() : nullptr;
         const acc_t* wp = weight.const_data_ptr<acc_t>();
         const acc_t* bp = bias.defined() ? bias.const_data_ptr<acc_t>() : nullptr;
@@ -520,26 +546,21 @@ void causal_conv1d_kernel_impl(const at::Tensor& out, const at::Tensor& x, const
         dispatch_width_silu(weight.size(1), silu, [&](auto width, auto with_silu) {
           constexpr int W = decltype(width)::value;
           constexpr bool kSilu = decltype(with_silu)::value;
-          if (layout == ConvLayout::kRows) {
-            const int64_t sb = x.stride(0);
-            const int64_t sc = x.stride(1);
-            at::parallel_for(0, batch * dim, row_grain(seqlen), [&](int64_t begin, int64_t end) {
-              for (int64_t row = begin; row < end; ++row) {
-                const int64_t b = row / dim;
-                const int64_t c = row % dim;
-                forward_row<scalar_t, W, kSilu>(op + row * seqlen, xp + b * sb + c * sc,
-                                                sp != nullptr ? sp + row * (W - 1) : nullptr,
-                                                wp + c * W, bp != nullptr ? bp[c] : acc_t(0),
-                                                seqlen);
-              }
-            });
-          } else {
-            const ChannelParams<acc_t> params(weight, bias, dim, W);
-            const std::vector<scalar_t> zeros(dim + OpmathBlock<scalar_t>::kSize, scalar_t(0));
-            const ChannelLastRows<scalar_t> rows{xp, x.stride(0), x.stride(2), dim,
-                                                 W,  sp,          zeros.data()};
-            forward_channel_last<scalar_t, W, kSilu>(op, rows, params, batch, seqlen);
+          if (layout == ConvLayout::kChannelLast) {
+            const ChannelLastRows<scalar_t> rows(x, sp, W);
+            forward_channel_last<scalar_t, W, kSilu>(
+                op, rows, ChannelParams<acc_t>(weight, bias, dim, W), batch, seqlen);
+            return;
           }
+          const StridedRows<scalar_t> x_rows(x);
+          at::parallel_for(0, batch * dim, row_grain(seqlen), [&](int64_t begin, int64_t end) {
+            for (int64_t row = begin; row < end; ++row) {
+              const int64_t c = row % dim;
+              forward_row<scalar_t, W, kSilu>(op + row * seqlen, x_rows[row],
+                                              sp != nullptr ? sp + row * (W - 1) : nullptr,
+                                              wp + c * W, bp != nullptr ? bp[c] : acc_t(0), seqlen);
+            }
+          });
         });
       });
 }
@@ -557,7 +578,6 @@ void causal_conv1d_backward_kernel_impl(const at::Tensor& grad_x, const at::Tens
         const int64_t batch = x.size(0);
         const int64_t dim = x.size(1);
         const int64_t seqlen = x.size(2);
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
         const scalar_t* dyp = grad_output.const_data_ptr<scalar_t>();
         const scalar_t* sp = states.defined() ? states.const_data_ptr<scalar_t>() : nullptr;
         const scalar_t* fp = grad_final.defined() ? grad_final.const_data_ptr<scalar_t>() : nullptr;
@@ -570,50 +590,45 @@ void causal_conv1d_backward_kernel_impl(const at::Tensor& grad_x, const at::Tens
         dispatch_width_silu(weight.size(1), silu, [&](auto width, auto with_silu) {
           constexpr int W = decltype(width)::value;
           constexpr bool kSilu = decltype(with_silu)::value;
-          if (layout == ConvLayout::kRows) {
-            const int64_t sb = x.stride(0);
-            const int64_t sc = x.stride(1);
-            std::vector<acc_t> partials(batch * dim * (W + 1));
-            at::parallel_for(0, batch * dim, row_grain(seqlen), [&](int64_t begin, int64_t end) {
-              std::vector<acc_t> g(seqlen + W + Block::kSize);
-              for (int64_t row = begin; row < end; ++row) {
-                const int64_t b = row / dim;
-                const int64_t c = row % dim;
-                backward_row<scalar_t, W, kSilu>(
-                    dxp + row * seqlen, dsp + row * (W - 1), partials.data() + row * (W + 1),
-                    dyp + row * seqlen, xp + b * sb + c * sc,
-                    sp != nullptr ? sp + row * (W - 1) : nullptr,
-                    fp != nullptr ? fp + row * (W - 1) : nullptr, wp + c * W,
-                    bp != nullptr ? bp[c] : acc_t(0), seqlen, g.data());
-              }
-            });
-            // Each channel's sums over the batch, in batch order.
-            at::parallel_for(0, dim, 1024, [&](int64_t begin, int64_t end) {
-              for (int64_t c = begin; c < end; ++c) {
-                for (int q = 0; q <= W; ++q) {
-                  acc_t sum = 0;
-                  for (int64_t b = 0; b < batch; ++b) {
-                    sum += partials[(b * dim + c) * (W + 1) + q];
-                  }
-                  if (q < W) {
-                    dwp[c * W + q] = sum;
-                  } else {
-                    dbp[c] = sum;
-                  }
-                }
-              }
-            });
-          } else {
-            const ChannelParams<acc_t> params(weight, bias, dim, W);
-            const std::vector<scalar_t> zeros(dim + Block::kSize, scalar_t(0));
-            const ChannelLastRows<scalar_t> rows{xp, x.stride(0), x.stride(2), dim,
-                                                 W,  sp,          zeros.data()};
+          if (layout == ConvLayout::kChannelLast) {
+            const ChannelLastRows<scalar_t> rows(x, sp, W);
             const int64_t parts = batch * time_chunks(seqlen);
             std::vector<acc_t> partials(parts * (W + 1) * dim);
             backward_channel_last<scalar_t, W, kSilu>(dxp, dsp, partials.data(), dyp, rows, fp,
-                                                      params, batch, seqlen);
+                                                      ChannelParams<acc_t>(weight, bias, dim, W),
+                                                      batch, seqlen);
             reduce_channel_partials(dwp, dbp, partials.data(), parts, dim, W);
+            return;
           }
+          const StridedRows<scalar_t> x_rows(x);
+          std::vector<acc_t> partials(batch * dim * (W + 1));
+          at::parallel_for(0, batch * dim, row_grain(seqlen), [&](int64_t begin, int64_t end) {
+            std::vector<acc_t> g(seqlen + W + Block::kSize);
+            for (int64_t row = begin; row < end; ++row) {
+              const int64_t c = row % dim;
+              backward_row<scalar_t, W, kSilu>(
+                  dxp + row * seqlen, dsp + row * (W - 1), partials.data() + row * (W + 1),
+                  dyp + row * seqlen, x_rows[row], sp != nullptr ? sp + row * (W - 1) : nullptr,
+                  fp != nullptr ? fp + row * (W - 1) : nullptr, wp + c * W,
+                  bp != nullptr ? bp[c] : acc_t(0), seqlen, g.data());
+            }
+          });
+          // Each channel's sums over the batch, in batch order.
+          at::parallel_for(0, dim, 1024, [&](int64_t begin, int64_t end) {
+            for (int64_t c = begin; c < end; ++c) {
+              for (int q = 0; q <= W; ++q) {
+                acc_t sum = 0;
+                for (int64_t b = 0; b < batch; ++b) {
+                  sum += partials[(b * dim + c) * (W + 1) + q];
+                }
+                if (q < W) {
+                  dwp[c * W + q] = sum;
+                } else {
+                  dbp[c] = sum;
+                }
+              }
+            }
+          });
         });
       });
 }

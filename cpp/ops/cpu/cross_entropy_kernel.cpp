@@ -53,53 +53,42 @@ void cross_entropy_target_kernel_impl(const detail::CrossEntropyTargetArgs& args
   });
 }
 
-// z = cap * tanh(x / cap) with a softcap, else x.
-template <bool kSoftcap, typename acc_t>
-C10_ALWAYS_INLINE Vec<acc_t> capped(const Vec<acc_t>& x, const Vec<acc_t>& cap,
-                                    const Vec<acc_t>& inv_cap) {
-  if constexpr (kSoftcap) {
-    return cap * (x * inv_cap).tanh();
-  } else {
-    return x;
-  }
-}
-
-template <bool kSoftcap, typename acc_t>
-C10_ALWAYS_INLINE acc_t capped(acc_t x, acc_t cap, acc_t inv_cap) {
-  if constexpr (kSoftcap) {
-    return cap * std::tanh(x * inv_cap);
-  } else {
-    return x;
-  }
-}
-
-// A row's logits as cross_entropy sees them: softcapped or not.
+// A row's logits as cross_entropy sees them: z = cap * tanh(x / cap) with a
+// softcap, else x.
 template <bool kSoftcap, typename acc_t>
 struct CappedLogit {
   acc_t cap;
   acc_t inv_cap;
-  Vec<acc_t> operator()(const Vec<acc_t>& x) const {
-    return capped<kSoftcap>(x, Vec<acc_t>(cap), Vec<acc_t>(inv_cap));
+  C10_ALWAYS_INLINE Vec<acc_t> operator()(const Vec<acc_t>& x) const {
+    if constexpr (kSoftcap) {
+      return Vec<acc_t>(cap) * (x * Vec<acc_t>(inv_cap)).tanh();
+    } else {
+      return x;
+    }
   }
-  acc_t operator()(acc_t x) const { return capped<kSoftcap>(x, cap, inv_cap); }
+  C10_ALWAYS_INLINE acc_t operator()(acc_t x) const {
+    if constexpr (kSoftcap) {
+      return cap * std::tanh(x * inv_cap);
+    } else {
+      return x;
+    }
+  }
 };
 
 // sum_c w_c z_c over the row (w = 1 when `weight` is null): label smoothing's
 // term, a second read of a row still in cache.
 template <typename T, bool kSoftcap>
 at::opmath_type<T> row_weighted_sum(const T* x, const at::opmath_type<T>* weight, int64_t n,
-                                    at::opmath_type<T> cap, at::opmath_type<T> inv_cap) {
+                                    const CappedLogit<kSoftcap, at::opmath_type<T>>& logit) {
   using acc_t = at::opmath_type<T>;
   using V = Vec<acc_t>;
   using Block = OpmathBlock<T>;
-  const V vcap(cap);
-  const V vinv(inv_cap);
   V sum_v(0);
   int64_t i = 0;
   for (; i + Block::kSize <= n; i += Block::kSize) {
     const auto a = Block::load(x + i);
     for (int r = 0; r < Block::kRegisters; ++r) {
-      const V z = capped<kSoftcap>(a[r], vcap, vinv);
+      const V z = logit(a[r]);
       sum_v = weight != nullptr ? at::vec::fmadd(z, V::loadu(weight + i + r * V::size()), sum_v)
                                 : sum_v + z;
     }
@@ -111,7 +100,7 @@ at::opmath_type<T> row_weighted_sum(const T* x, const at::opmath_type<T>* weight
     sum += lane;
   }
   for (; i < n; ++i) {
-    const acc_t z = capped<kSoftcap>(static_cast<acc_t>(x[i]), cap, inv_cap);
+    const acc_t z = logit(static_cast<acc_t>(x[i]));
     sum += weight != nullptr ? weight[i] * z : z;
   }
   return sum;
@@ -124,19 +113,18 @@ at::opmath_type<T> row_weighted_sum(const T* x, const at::opmath_type<T>* weight
 template <typename T, bool kSoftcap, bool kWeighted>
 void row_gradient(const T* x, T* g, const at::opmath_type<T>* weight, int64_t n,
                   at::opmath_type<T> lse, at::opmath_type<T> a, at::opmath_type<T> b,
-                  at::opmath_type<T> cap, at::opmath_type<T> inv_cap) {
+                  const CappedLogit<kSoftcap, at::opmath_type<T>>& logit) {
   using acc_t = at::opmath_type<T>;
   using V = Vec<acc_t>;
   using Block = OpmathBlock<T>;
-  const V vcap(cap);
-  const V vinv(inv_cap);
+  const V vinv(logit.inv_cap);
   const V vlse(lse);
   const V va(a);
   const V vb(b);
   for_each_block<Block::kSize>(n, [&](int64_t i, int64_t count) {
     auto v = Block::load(x + i, count);
     for (int r = 0; r < Block::kRegisters; ++r) {
-      const V z = capped<kSoftcap>(v[r], vcap, vinv);
+      const V z = logit(v[r]);
       V bc = vb;
       if constexpr (kWeighted) {
         const int64_t offset = r * V::size();
@@ -176,7 +164,7 @@ void rows_impl(const detail::CrossEntropyRowsArgs& args) {
   const acc_t smoothing = static_cast<acc_t>(args.options.label_smoothing);
   const acc_t z_loss = static_cast<acc_t>(args.options.z_loss);
   const acc_t cap = kSoftcap ? static_cast<acc_t>(args.options.softcap) : acc_t(1);
-  const acc_t inv_cap = acc_t(1) / cap;
+  const CappedLogit<kSoftcap, acc_t> logit{cap, acc_t(1) / cap};
   const acc_t smooth_per_class = smoothing / static_cast<acc_t>(vocab);
   const bool weighted_smoothing = weight != nullptr && smoothing > 0;
 
@@ -196,14 +184,14 @@ void rows_impl(const detail::CrossEntropyRowsArgs& args) {
       }
       const acc_t w_t = row_weight[row];
       // Read before the gradient may overwrite the row.
-      const acc_t z_t = capped<kSoftcap>(static_cast<acc_t>(x[t]), cap, inv_cap);
+      const acc_t z_t = logit(static_cast<acc_t>(x[t]));
       acc_t lse;
       if (want_loss) {
-        const auto [m, s] = row_max_sum(x, vocab, CappedLogit<kSoftcap, acc_t>{cap, inv_cap});
+        const auto [m, s] = row_max_sum(x, vocab, logit);
         lse = m + std::log(s);
         acc_t loss = (acc_t(1) - smoothing) * w_t * (lse - z_t) + z_loss * lse * lse;
         if (smoothing > 0) {
-          const acc_t zsum = row_weighted_sum<T, kSoftcap>(x, weight, vocab, cap, inv_cap);
+          const acc_t zsum = row_weighted_sum<T, kSoftcap>(x, weight, vocab, logit);
           loss += smooth_per_class * (weight_sum * lse - zsum);
         }
         loss_data[row] = loss;
@@ -220,16 +208,16 @@ void rows_impl(const detail::CrossEntropyRowsArgs& args) {
       T* g = g_data + row * vocab;
       if (weighted_smoothing) {
         row_gradient<T, kSoftcap, true>(x, g, weight, vocab, lse, a * scale,
-                                        smooth_per_class * scale, cap, inv_cap);
+                                        smooth_per_class * scale, logit);
       } else {
         row_gradient<T, kSoftcap, false>(x, g, weight, vocab, lse, a * scale,
-                                         smooth_per_class * scale, cap, inv_cap);
+                                         smooth_per_class * scale, logit);
       }
       // The target's element in float32: p_t * a - b_t - (1 - s) w_t.
       const acc_t b_t = weight != nullptr ? smooth_per_class * weight[t] : smooth_per_class;
       acc_t g_t = std::exp(z_t - lse) * a - b_t - (acc_t(1) - smoothing) * w_t;
       if constexpr (kSoftcap) {
-        const acc_t u = z_t * inv_cap;
+        const acc_t u = z_t * logit.inv_cap;
         g_t *= acc_t(1) - u * u;
       }
       g[t] = static_cast<T>(g_t * scale);

@@ -33,6 +33,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include "ops/cpu/elementwise.h"
 #include "ops_generated/cpu/decode_attention.h"
 
 namespace fuseops::cpu {
@@ -372,11 +373,7 @@ C10_ALWAYS_INLINE Vectorized<acc_t> load_widened(const scalar_t* p, int64_t coun
 // Vectors of a value row summed together by accumulate_block: a whole row
 // of 64 float32 on AVX-512 (four vectors for each of four rows, 16 of the
 // 32 registers), two vectors on AVX2's 16 registers.
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kStripVectors = 4;
-#else
-constexpr int kStripVectors = 2;
-#endif
+constexpr int kStripVectors = per_build(4, 2, 2);
 
 // acc[r * v_dim + d] += p[r * p_stride + keys[t]] * v_rows[t][d] for t < n
 // and NR rows: a strip of kStripVectors vectors of each of the NR

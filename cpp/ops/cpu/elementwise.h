@@ -50,6 +50,20 @@ inline int64_t row_sum_blocks(int64_t rows, int64_t row_elements) {
   return std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, kMaxBlocks);
 }
 
+// A constant chosen per CPU build, most often a register tile's size: the
+// AVX-512 build's (32 vector registers), the AVX2 build's (16), the DEFAULT
+// build's.
+template <typename T>
+constexpr T per_build(T avx512, T avx2, T fallback) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return avx512;
+#elif defined(CPU_CAPABILITY_AVX2)
+  return avx2;
+#else
+  return fallback;
+#endif
+}
+
 #if defined(CPU_CAPABILITY_AVX512)
 // AVX512_BF16 (Zen 4, Cooper Lake, Sapphire Rapids and later) rounds 32
 // floats to bfloat16 in one instruction; ATen's portable conversion takes

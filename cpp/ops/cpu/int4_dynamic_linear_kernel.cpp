@@ -58,13 +58,7 @@ constexpr int64_t W = FloatVec::size();
 constexpr int V = static_cast<int>(kBlockN / W);
 // Rows per tile: each tile streams a group of the block's weights once (from
 // L1 after the first tile of a task) and keeps its rows' sums in registers.
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kTileRows = 8;
-#elif defined(CPU_CAPABILITY_AVX2)
-constexpr int kTileRows = 4;
-#else
-constexpr int kTileRows = 1;
-#endif
+constexpr int kTileRows = per_build(8, 4, 1);
 constexpr int64_t kChunkRows = 4 * kTileRows;
 
 int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }

@@ -63,16 +63,8 @@ constexpr int V = static_cast<int>(kBlockN / W);
 // tile over a decoded group (the buffered path): two accumulators per row
 // and vector, within the register file (32 vectors with AVX-512, 16
 // otherwise) beside the weights, zero points and broadcasts.
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kDirectRows = 8;
-constexpr int kTileRows = 8;
-#elif defined(CPU_CAPABILITY_AVX2)
-constexpr int kDirectRows = 2;
-constexpr int kTileRows = 3;
-#else
-constexpr int kDirectRows = 1;
-constexpr int kTileRows = 1;
-#endif
+constexpr int kDirectRows = per_build(8, 2, 1);
+constexpr int kTileRows = per_build(8, 3, 1);
 // Rows per task of the buffered path: each decoded group is reused by all.
 constexpr int64_t kChunkRows = 4 * kTileRows;
 

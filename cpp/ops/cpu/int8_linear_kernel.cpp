@@ -65,11 +65,7 @@ constexpr int64_t kWidenedStreamPrefetchBytes = 4096;
 // Rows per register tile: kChunks accumulators per row, plus the weights'
 // kChunks vectors and one for the activations, within the register file
 // (32 vectors with AVX-512, 16 otherwise).
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kTileRows = 6;
-#else
-constexpr int kTileRows = 1;
-#endif
+constexpr int kTileRows = per_build(6, 1, 1);
 // Rows per task: a multiple of the tile; each slice of the block's widened
 // weights is reused by all of them.
 constexpr int64_t kChunkRows = 8 * kTileRows;
@@ -399,14 +395,9 @@ void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor
 // The epilogue: y = (float(acc) * x_scale[m]) * scale[n] (+ bias), in
 // float32 (float64 for float64 x).
 
-#if defined(CPU_CAPABILITY_AVX512)
-// 2 blocks x 12 rows: 24 accumulators, 2 weight vectors, 1 broadcast.
-constexpr int kDotTileRows = 12;
-#elif defined(CPU_CAPABILITY_AVX2)
-constexpr int kDotTileRows = 2;
-#else
-constexpr int kDotTileRows = 1;
-#endif
+// With AVX-512, 2 blocks x 12 rows: 24 accumulators, 2 weight vectors, 1
+// broadcast.
+constexpr int kDotTileRows = per_build(12, 2, 1);
 // int32 lanes of partial sums per row (the pair layout's 2 per channel).
 constexpr int64_t kDotLanes = 2 * kBlockN;
 // Rows per task, a multiple of the tile; groups per slice of the block's

@@ -76,15 +76,9 @@ constexpr int64_t kTaskChannels = 16;
 // stripes on an AVX-512 and an AVX2 build), up to 4 rows (kStripeRows),
 // and up to 8 (where ATen emulates bfloat16/float16 products,
 // kWideStripeRows).
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kSingleRowStripeRows = 8;
-constexpr int kStripeRows = 4;
-constexpr int kWideStripeRows = 2;
-#else
-constexpr int kSingleRowStripeRows = 4;
-constexpr int kStripeRows = 2;
-constexpr int kWideStripeRows = 1;
-#endif
+constexpr int kSingleRowStripeRows = per_build(8, 4, 4);
+constexpr int kStripeRows = per_build(4, 2, 2);
+constexpr int kWideStripeRows = per_build(2, 1, 1);
 constexpr int kNarrowRows = static_cast<int>(kLinearStreamRows);
 constexpr int kMaxRows = static_cast<int>(kLinearStreamRowsEmulated);
 

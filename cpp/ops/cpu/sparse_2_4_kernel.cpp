@@ -64,13 +64,7 @@ constexpr int64_t kMetaBytes = W / 8;
 // kTileCh weight vectors and one activation vector within the register
 // file (32 vectors with AVX-512, 16 otherwise).
 constexpr int kTileCh = 4;
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kTileRows = 4;
-#elif defined(CPU_CAPABILITY_AVX2)
-constexpr int kTileRows = 2;
-#else
-constexpr int kTileRows = 1;
-#endif
+constexpr int kTileRows = per_build(4, 2, 1);
 constexpr int64_t kBlockN = 16;
 constexpr int64_t kChunkRows = 8 * kTileRows;
 // Input features per vpexpandb (and vpdpbusd) step of the int8 paths.
@@ -165,6 +159,36 @@ C10_ALWAYS_INLINE FloatVec expand(const value_t* v, const uint8_t* mb) {
   }
   return FloatVec::loadu(lanes);
 #endif
+}
+
+// Calls step(w, offset) with the kTileCh channels' dense weights `w` of the
+// W input features from `offset`, vector `first` to the end of k (a
+// multiple of 4); expand(values, mask) makes one channel's vector (the float
+// tile's and the int8 word tile's loop). The last features (fewer than W)
+// are expanded from zero-padded copies of their values and mask, so nothing
+// past the row is read.
+template <typename Vec, typename value_t, typename Expand, typename Step>
+C10_ALWAYS_INLINE void expanded_steps(const value_t* const* v, const uint8_t* const* mb, int64_t k,
+                                      int64_t first, const Expand& expand, const Step& step) {
+  const int64_t full = k / W;
+  for (int64_t i = first; i < full; ++i) {
+    Vec w[kTileCh];
+    for (int c = 0; c < kTileCh; ++c) {
+      w[c] = expand(v[c] + i * kKept, mb[c] + i * kMetaBytes);
+    }
+    step(w, i * W);
+  }
+  if (const int64_t tail = k - full * W; tail > 0) {
+    Vec w[kTileCh];
+    for (int c = 0; c < kTileCh; ++c) {
+      value_t kept[kKept] = {};
+      uint8_t mask[kMetaBytes] = {};
+      std::memcpy(kept, v[c] + full * kKept, sizeof(value_t) * static_cast<size_t>(tail / 2));
+      std::memcpy(mask, mb[c] + full * kMetaBytes, static_cast<size_t>((tail + 7) / 8));
+      w[c] = expand(kept, mask);
+    }
+    step(w, full * W);
+  }
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -278,28 +302,9 @@ C10_ALWAYS_INLINE void tile(const float* x, int64_t x_stride, const value_t* con
     }
   }
 #endif
-  const int64_t full = k / W;
-  for (int64_t i = first; i < full; ++i) {
-    FloatVec w[kTileCh];
-    for (int c = 0; c < kTileCh; ++c) {
-      w[c] = expand(v[c] + i * kKept, mb[c] + i * kMetaBytes);
-    }
-    step(w, i * W);
-  }
-  if (const int64_t tail = k - full * W; tail > 0) {
-    // The last features (a multiple of 4, fewer than W): their values and
-    // mask copied into zero-padded vectors' worth, so nothing past the
-    // row is read.
-    FloatVec w[kTileCh];
-    for (int c = 0; c < kTileCh; ++c) {
-      value_t kept[kKept] = {};
-      uint8_t mask[kMetaBytes] = {};
-      std::memcpy(kept, v[c] + full * kKept, sizeof(value_t) * (tail / 2));
-      std::memcpy(mask, mb[c] + full * kMetaBytes, (tail + 7) / 8);
-      w[c] = expand(kept, mask);
-    }
-    step(w, full * W);
-  }
+  expanded_steps<FloatVec>(
+      v, mb, k, first, [](const value_t* kept, const uint8_t* mask) { return expand(kept, mask); },
+      step);
   for (int c = 0; c < kTileCh; ++c) {
     for (int r = 0; r < R; ++r) {
       sums[c * R + r] = at::vec::vec_reduce_all<float>(
@@ -712,26 +717,9 @@ C10_ALWAYS_INLINE void dot_tile_words(const int32_t* x, int64_t x_stride, const 
       }
     }
   };
-  const int64_t full = k / W;
-  for (int64_t i = 0; i < full; ++i) {
-    IntVec w[kTileCh];
-    for (int c = 0; c < kTileCh; ++c) {
-      w[c] = expand_words(v[c] + i * kKept, mb[c] + i * kMetaBytes);
-    }
-    step(w, i * W);
-  }
-  if (const int64_t tail = k - full * W; tail > 0) {
-    // As in the float path: a zero-padded copy of the last values and mask.
-    IntVec w[kTileCh];
-    for (int c = 0; c < kTileCh; ++c) {
-      int8_t kept[kKept] = {};
-      uint8_t mask[kMetaBytes] = {};
-      std::memcpy(kept, v[c] + full * kKept, static_cast<size_t>(tail / 2));
-      std::memcpy(mask, mb[c] + full * kMetaBytes, static_cast<size_t>((tail + 7) / 8));
-      w[c] = expand_words(kept, mask);
-    }
-    step(w, full * W);
-  }
+  expanded_steps<IntVec>(
+      v, mb, k, 0, [](const int8_t* kept, const uint8_t* mask) { return expand_words(kept, mask); },
+      step);
   for (int c = 0; c < kTileCh; ++c) {
     for (int r = 0; r < R; ++r) {
       sums[c * R + r] = sum_words(acc[c][r]);

@@ -154,7 +154,8 @@ def operator_name(schema: str) -> str:
 
 
 def function_name(schema: str) -> str:
-    """The Registrations function of an operator: `rms_norm.out` -> `rms_norm_out`."""
+    """The C++ function of an operator (given by its schema or its name):
+    `rms_norm.out` -> `rms_norm_out`."""
     return operator_name(schema).replace(".", "_")
 
 
@@ -294,7 +295,7 @@ def autograd_kernels(declaration: dict, kinds: tuple[str, ...]) -> list[tuple[st
         match = AUTOGRAD.fullmatch(value)
         kind = match.group(1) or match.group(2)
         if kind in kinds:
-            entries.append((name, kind, match.group(3) or name.replace(".", "_")))
+            entries.append((name, kind, match.group(3) or function_name(name)))
     return entries
 
 

@@ -3,6 +3,7 @@
 // the backend's kernel file at static initialisation and read at call time.
 // The CPU keeps one per capability instead (CpuKernelTable, ops/cpu/dispatch.h).
 
+#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
 namespace fuseops::detail {
@@ -30,8 +31,5 @@ class KernelSlot {
 }  // namespace fuseops::detail
 
 // Registers `fn` in `slot`; use at namespace scope of the backend's kernel file.
-#define FUSEOPS_KERNEL_SLOT_CONCAT_(a, b) a##b
-#define FUSEOPS_KERNEL_SLOT_CONCAT(a, b) FUSEOPS_KERNEL_SLOT_CONCAT_(a, b)
-#define FUSEOPS_REGISTER_KERNEL(slot, fn)                                              \
-  static const bool FUSEOPS_KERNEL_SLOT_CONCAT(fuseops_kernel_registered_, __LINE__) = \
-      (slot.set(fn), true)
+#define FUSEOPS_REGISTER_KERNEL(slot, fn) \
+  static const bool C10_ANONYMOUS_VARIABLE(fuseops_kernel_registered_) = (slot.set(fn), true)

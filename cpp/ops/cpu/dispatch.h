@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <ATen/Config.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
 // Kernel files (compiled with CPU_CAPABILITY defined) parallelise with
@@ -105,8 +106,6 @@ class CpuKernelTable {
 
 // Registers this capability's build of `fn` in `table`; use at namespace
 // scope of a file compiled by fuseops_add_cpu_kernel.
-#define FUSEOPS_CPU_KERNEL_CONCAT_(a, b) a##b
-#define FUSEOPS_CPU_KERNEL_CONCAT(a, b) FUSEOPS_CPU_KERNEL_CONCAT_(a, b)
-#define FUSEOPS_REGISTER_CPU_KERNEL(table, fn)                                            \
-  static const bool FUSEOPS_CPU_KERNEL_CONCAT(fuseops_cpu_kernel_registered_, __LINE__) = \
+#define FUSEOPS_REGISTER_CPU_KERNEL(table, fn)                               \
+  static const bool C10_ANONYMOUS_VARIABLE(fuseops_cpu_kernel_registered_) = \
       (table.set(::fuseops::cpu::CpuCapability::CPU_CAPABILITY, fn), true)

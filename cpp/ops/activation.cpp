@@ -1,6 +1,8 @@
-// fuseops::gelu, silu and bias_gelu: schemas, C++ API, shared checks and the
-// Meta registration. CPU: cpp/ops/cpu/activation.h; CUDA:
-// cuda/activation_kernel.cu; autograd: cpp/ops/autograd/activation.cpp.
+// fuseops::gelu, silu and bias_gelu: the C++ API, the shared checks and the
+// `*_with` entry points that every backend's kernels go through. The schemas
+// and the Meta, CPU and CUDA registrations are generated from
+// cpp/ops/activation.yaml. CPU kernels: cpp/ops/cpu/activation_kernel.cpp;
+// CUDA: cuda/activation_kernel.cu; autograd: cpp/ops/autograd/activation.cpp.
 
 #include "ops/activation.h"
 

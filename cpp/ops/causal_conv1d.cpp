@@ -1,5 +1,7 @@
-// fuseops::causal_conv1d: schemas, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/causal_conv1d.h; CUDA:
+// fuseops::causal_conv1d: the C++ API, the shared checks and the `*_with` entry
+// points that every backend's kernels go through. The schemas and the Meta, CPU
+// and CUDA registrations are generated from cpp/ops/causal_conv1d.yaml. CPU
+// kernels: cpp/ops/cpu/causal_conv1d_kernel.cpp; CUDA:
 // cuda/causal_conv1d_kernel.cu; autograd: cpp/ops/autograd/causal_conv1d.cpp.
 
 #include "ops/causal_conv1d.h"

@@ -1,7 +1,9 @@
-// fuseops::cross_entropy and fuseops::linear_cross_entropy: schemas, C++ API,
-// shared checks and the Meta registration. CPU: cpp/ops/cpu/cross_entropy.h;
-// CUDA: cuda/cross_entropy_kernel.cu; autograd:
-// cpp/ops/autograd/cross_entropy.cpp.
+// fuseops::cross_entropy and fuseops::linear_cross_entropy: the C++ API, the
+// shared checks and the `*_with` entry points that every backend's kernels go
+// through. The schemas and the Meta, CPU and CUDA registrations are generated
+// from cpp/ops/cross_entropy.yaml. CPU kernels:
+// cpp/ops/cpu/cross_entropy_kernel.cpp; CUDA: cuda/cross_entropy_kernel.cu;
+// autograd: cpp/ops/autograd/cross_entropy.cpp.
 
 #include "ops/cross_entropy.h"
 

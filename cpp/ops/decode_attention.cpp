@@ -1,7 +1,10 @@
-// fuseops::decode_attention: schema, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/decode_attention.h (kernel:
-// decode_attention_kernel.cpp); CUDA: cuda/decode_attention_kernel.cu;
-// autograd (refusal): `autograd:` in cpp/ops/decode_attention.yaml.
+// fuseops::decode_attention: the C++ API, the shared checks and the `*_with`
+// entry points that every backend's kernels go through. The schemas and the
+// Meta, CPU and CUDA registrations are generated from
+// cpp/ops/decode_attention.yaml. CPU kernels:
+// cpp/ops/cpu/decode_attention_kernel.cpp; CUDA:
+// cuda/decode_attention_kernel.cu; autograd: none (`autograd:` in
+// cpp/ops/decode_attention.yaml declares its refusals).
 
 #include "ops/decode_attention.h"
 

@@ -1,6 +1,8 @@
-// fuseops::swiglu and geglu (separate and packed forms): schemas, C++ API,
-// shared checks and the Meta registration. CPU:
-// cpp/ops/cpu/gated_activation.cpp; CUDA: cuda/gated_activation_kernel.cu;
+// fuseops::swiglu and geglu (separate and packed forms): the C++ API, the
+// shared checks and the `*_with` entry points that every backend's kernels go
+// through. The schemas and the Meta, CPU and CUDA registrations are generated
+// from cpp/ops/gated_activation.yaml. CPU kernels:
+// cpp/ops/cpu/gated_activation_kernel.cpp; CUDA: cuda/gated_activation_kernel.cu;
 // autograd: cpp/ops/autograd/gated_activation.cpp.
 
 #include "ops/gated_activation.h"

@@ -1,10 +1,12 @@
-// fuseops int4 linear layers: schemas, C++ API, shared checks, the
-// quantization and packing ops (ATen ops only, one registration for every
-// backend, with Meta kernels of their own since they check values) and the
-// Meta registration. CPU: cpp/ops/cpu/int4_linear.h (kernels:
-// int4_linear_kernel.cpp, int4_dynamic_linear_kernel.cpp); CUDA:
-// cuda/int4_linear_kernel.cu; autograd (refusal):
-// `autograd:` in cpp/ops/int4_linear.yaml.
+// fuseops int4 linear layers: the C++ API, the shared checks and the `*_with`
+// entry points that every backend's kernels go through; the quantization and
+// packing ops (ATen ops only, one registration for every backend, with Meta
+// kernels of their own since they check values). The schemas and the Meta, CPU
+// and CUDA registrations are generated from cpp/ops/int4_linear.yaml. CPU
+// kernels: cpp/ops/cpu/int4_dynamic_linear_kernel.cpp,
+// cpp/ops/cpu/int4_linear_kernel.cpp; CUDA: cuda/int4_linear_kernel.cu;
+// autograd: none (`autograd:` in cpp/ops/int4_linear.yaml declares its
+// refusals).
 
 #include "ops/int4_linear.h"
 

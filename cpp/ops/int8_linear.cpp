@@ -1,8 +1,10 @@
-// fuseops int8 linear layers: schemas, C++ API, shared checks, the packing
-// op (ATen ops only, one registration for every backend) and the Meta
-// registration. CPU: cpp/ops/cpu/int8_linear.h; CUDA:
-// cuda/int8_linear_kernel.cu; autograd (refusal):
-// `autograd:` in cpp/ops/int8_linear.yaml.
+// fuseops int8 linear layers: the C++ API, the shared checks and the `*_with`
+// entry points that every backend's kernels go through; the packing op (ATen
+// ops only, one registration for every backend). The schemas and the Meta, CPU
+// and CUDA registrations are generated from cpp/ops/int8_linear.yaml. CPU
+// kernels: cpp/ops/cpu/int8_linear_kernel.cpp; CUDA:
+// cuda/int8_linear_kernel.cu; autograd: none (`autograd:` in
+// cpp/ops/int8_linear.yaml declares its refusals).
 
 #include "ops/int8_linear.h"
 

@@ -1,5 +1,7 @@
-// fuseops::jsd: schemas, C++ API, shared checks and the Meta registration.
-// CPU: cpp/ops/cpu/jsd.h; CUDA: cuda/jsd_kernel.cu; autograd:
+// fuseops::jsd: the C++ API, the shared checks and the `*_with` entry points
+// that every backend's kernels go through. The schemas and the Meta, CPU and
+// CUDA registrations are generated from cpp/ops/jsd.yaml. CPU kernels:
+// cpp/ops/cpu/jsd_kernel.cpp; CUDA: cuda/jsd_kernel.cu; autograd:
 // cpp/ops/autograd/jsd.cpp.
 
 #include "ops/jsd.h"

@@ -1,6 +1,8 @@
-// fuseops::layer_norm: schemas, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/layer_norm.h; CUDA:
-// cuda/layer_norm_kernel.cu; autograd: cpp/ops/autograd/layer_norm.cpp.
+// fuseops::layer_norm: the C++ API, the shared checks and the `*_with` entry
+// points that every backend's kernels go through. The schemas and the Meta, CPU
+// and CUDA registrations are generated from cpp/ops/layer_norm.yaml. CPU
+// kernels: cpp/ops/cpu/layer_norm_kernel.cpp; CUDA: cuda/layer_norm_kernel.cu;
+// autograd: cpp/ops/autograd/layer_norm.cpp.
 
 #include "ops/layer_norm.h"
 

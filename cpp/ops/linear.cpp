@@ -1,6 +1,8 @@
-// fuseops::linear: schema, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/linear.h (kernel: linear_kernel.cpp);
-// CUDA: cuda/linear_kernel.cu; autograd: cpp/ops/autograd/linear.cpp.
+// fuseops::linear: the C++ API, the shared checks and the `*_with` entry points
+// that every backend's kernels go through. The schemas and the Meta, CPU and
+// CUDA registrations are generated from cpp/ops/linear.yaml. CPU kernels:
+// cpp/ops/cpu/linear_kernel.cpp; CUDA: cuda/linear_kernel.cu; autograd:
+// cpp/ops/autograd/linear.cpp.
 
 #include "ops/linear.h"
 

@@ -1,6 +1,8 @@
-// fuseops::moe_experts and its backward: schemas, C++ API, shared checks and
-// the Meta registration. CPU: cpp/ops/cpu/moe_experts_kernel.cpp; CUDA:
-// cuda/moe_experts_kernel.cu; autograd: cpp/ops/autograd/moe_experts.cpp.
+// fuseops::moe_experts and its backward: the C++ API, the shared checks and the
+// `*_with` entry points that every backend's kernels go through. The schemas
+// and the Meta, CPU and CUDA registrations are generated from
+// cpp/ops/moe_experts.yaml. CPU kernels: cpp/ops/cpu/moe_experts_kernel.cpp;
+// CUDA: cuda/moe_experts_kernel.cu; autograd: cpp/ops/autograd/moe_experts.cpp.
 
 #include "ops/moe_experts.h"
 

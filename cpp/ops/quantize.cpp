@@ -1,6 +1,8 @@
-// fuseops int8 quantization: schemas, C++ API, shared checks and the Meta
-// registration. CPU: cpp/ops/cpu/quantize.h; CUDA: cuda/quantize_kernel.cu;
-// autograd (refusal): `autograd:` in cpp/ops/quantize.yaml.
+// fuseops int8 quantization: the C++ API, the shared checks and the `*_with`
+// entry points that every backend's kernels go through. The schemas and the
+// Meta, CPU and CUDA registrations are generated from cpp/ops/quantize.yaml.
+// CPU kernels: cpp/ops/cpu/quantize_kernel.cpp; CUDA: cuda/quantize_kernel.cu;
+// autograd: none (`autograd:` in cpp/ops/quantize.yaml declares its refusals).
 
 #include "ops/quantize.h"
 

@@ -1,5 +1,7 @@
-// fuseops::relu: schema, C++ API, shared checks and the Meta registration.
-// CPU: cpp/ops/cpu/relu.h; CUDA: cuda/relu_kernel.cu; autograd:
+// fuseops::relu: the C++ API, the shared checks and the `*_with` entry points
+// that every backend's kernels go through. The schemas and the Meta, CPU and
+// CUDA registrations are generated from cpp/ops/relu.yaml. CPU kernels:
+// cpp/ops/cpu/relu_kernel.cpp; CUDA: cuda/relu_kernel.cu; autograd:
 // cpp/ops/autograd/relu.cpp.
 
 #include "ops/relu.h"

@@ -1,5 +1,7 @@
-// fuseops::rms_norm and fuseops::fused_add_rms_norm: schemas, C++ API, shared
-// checks and the Meta registration. CPU: cpp/ops/cpu/rms_norm.h; CUDA:
+// fuseops::rms_norm and fuseops::fused_add_rms_norm: the C++ API, the shared
+// checks and the `*_with` entry points that every backend's kernels go through.
+// The schemas and the Meta, CPU and CUDA registrations are generated from
+// cpp/ops/rms_norm.yaml. CPU kernels: cpp/ops/cpu/rms_norm_kernel.cpp; CUDA:
 // cuda/rms_norm_kernel.cu; autograd: cpp/ops/autograd/rms_norm.cpp.
 
 #include "ops/rms_norm.h"

@@ -1,5 +1,7 @@
-// fuseops::rope: schemas, C++ API, shared checks and the Meta registration.
-// CPU: cpp/ops/cpu/rope.h; CUDA: cuda/rope_kernel.cu; autograd:
+// fuseops::rope: the C++ API, the shared checks and the `*_with` entry points
+// that every backend's kernels go through. The schemas and the Meta, CPU and
+// CUDA registrations are generated from cpp/ops/rope.yaml. CPU kernels:
+// cpp/ops/cpu/rope_kernel.cpp; CUDA: cuda/rope_kernel.cu; autograd:
 // cpp/ops/autograd/rope.cpp.
 
 #include "ops/rope.h"

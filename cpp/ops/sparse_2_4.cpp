@@ -1,8 +1,10 @@
-// fuseops 2:4 sparse linear layers: schemas, C++ API, shared checks, the
-// pruning and packing ops (ATen ops, one registration for CPU and CUDA, a
-// shape-only Meta form) and the Meta registration of the linear op. CPU:
-// cpp/ops/cpu/sparse_2_4.cpp; CUDA: cuda/sparse_2_4_kernel.cu; autograd
-// (refusal): `autograd:` in cpp/ops/sparse_2_4.yaml.
+// fuseops 2:4 sparse linear layers: the C++ API, the shared checks and the
+// `*_with` entry points that every backend's kernels go through; the pruning
+// and packing ops (ATen ops, one registration for CPU and CUDA, a shape-only
+// Meta form). The schemas and the linear ops' Meta, CPU and CUDA
+// registrations are generated from cpp/ops/sparse_2_4.yaml. CPU kernels:
+// cpp/ops/cpu/sparse_2_4_kernel.cpp; CUDA: cuda/sparse_2_4_kernel.cu; autograd:
+// none (`autograd:` in cpp/ops/sparse_2_4.yaml declares its refusals).
 
 #include "ops/sparse_2_4.h"
 #include "ops/int8_linear.h"

@@ -65,24 +65,28 @@ __device__ void block_max_sum(acc_t& m1, acc_t& s1, acc_t& m2, acc_t& s2, acc_t*
   }
 }
 
-// Two sums over the whole block, returned to every thread.
+// Three sums over the whole block, returned to every thread.
 template <typename acc_t>
-__device__ void block_sum2(acc_t& a, acc_t& b, acc_t* shared) {
+__device__ void block_sum3(acc_t& a, acc_t& b, acc_t& c, acc_t* shared) {
   a = warp_sum(a);
   b = warp_sum(b);
+  c = warp_sum(c);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   __syncthreads();
   if (lane == 0) {
     shared[warp] = a;
     shared[kRowWarps + warp] = b;
+    shared[2 * kRowWarps + warp] = c;
   }
   __syncthreads();
   a = 0;
   b = 0;
+  c = 0;
   for (int w = 0; w < kRowWarps; ++w) {
     a += shared[w];
     b += shared[kRowWarps + w];
+    c += shared[2 * kRowWarps + w];
   }
 }
 
@@ -156,21 +160,26 @@ __global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* __restr
       lse_t = m_t + ::log(s_t);
       acc_t k_s = 0;
       acc_t k_t = 0;
+      acc_t z = 0;  // sum p, which K_s is normalized by (the CPU kernel's header)
       for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
         const acc_t s = scaled(static_cast<acc_t>(x[c]), inv_t) - lse_s;
         const acc_t t = scaled(static_cast<acc_t>(y[c]), inv_t) - lse_t;
         if constexpr (kMode == JsdMode::ForwardKl) {
           k_t += weighted(::exp(t), t - s);
         } else if constexpr (kMode == JsdMode::ReverseKl) {
-          k_s += weighted(::exp(s), s - t);
+          const acc_t p = ::exp(s);
+          k_s += weighted(p, s - t);
+          z += p;
         } else {
           const acc_t m = log_mixture(t + log_beta, s + log_1m_beta);
-          k_s += weighted(::exp(s), s - m);
+          const acc_t p = ::exp(s);
+          k_s += weighted(p, s - m);
+          z += p;
           k_t += weighted(::exp(t), t - m);
         }
       }
-      block_sum2(k_s, k_t, shared);
-      ks = k_s;
+      block_sum3(k_s, k_t, z, shared);
+      ks = z > acc_t(0) ? k_s / z : k_s;
       if (threadIdx.x == 0) {
         acc_t value;
         if constexpr (kMode == JsdMode::ForwardKl) {
@@ -183,7 +192,7 @@ __global__ void rows_kernel(int64_t rows, int64_t vocab, const scalar_t* __restr
         loss[row] = value;
         row_stats[3 * row] = lse_s;
         row_stats[3 * row + 1] = lse_t;
-        row_stats[3 * row + 2] = k_s;
+        row_stats[3 * row + 2] = ks;
       }
     } else {
       lse_s = row_stats[3 * row];

@@ -26,8 +26,10 @@ def _inductor_cache_for_this_build() -> str:
     """torch.compile caches compiled graphs across processes, keyed by the
     Python-level graph: a graph compiled against another build of
     libfuseops (an op renamed or its autograd changed) would be reused and
-    call ops that no longer exist. One cache folder per library build."""
-    digest = hashlib.sha1()
+    call ops that no longer exist. One cache folder per library build and
+    forced CPU build: code generated for one ISA does not compile under
+    ATEN_CPU_CAPABILITY=default."""
+    digest = hashlib.sha1(os.environ.get("ATEN_CPU_CAPABILITY", "").encode())
     with open(fuseops.library_path, "rb") as library:
         for block in iter(lambda: library.read(1 << 20), b""):
             digest.update(block)

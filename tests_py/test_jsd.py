@@ -88,7 +88,12 @@ def logits(*shape, dtype=torch.float32, device="cpu", scale=3.0, seed=0):
 @pytest.mark.parametrize("beta", BETAS)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_loss_and_gradient_match_the_float64_formula(device, dtype, beta, reduction):
-    for shape, temperature in [((7, 33), 1.0), ((2, 5, 1000), 2.0), ((3, 4099), 0.5)]:
+    # (4, 4099) at temperature 0.25: scaled logits near 50, a logsumexp
+    # whose float32 rounding (4e-6) would, without the kernels' normalized
+    # K_s (jsd_kernel.cpp), move reverse-KL and mixture gradients by up to
+    # 2.4x the tolerance on every CPU build.
+    cases = [((7, 33), 1.0), ((2, 5, 1000), 2.0), ((3, 4099), 0.5), ((4, 4099), 0.25)]
+    for shape, temperature in cases:
         student = logits(*shape, dtype=dtype, device=device, seed=1).requires_grad_()
         teacher = logits(*shape, dtype=dtype, device=device, seed=2)
         label = torch.randint(0, shape[-1], shape[:-1], generator=torch.Generator().manual_seed(3))

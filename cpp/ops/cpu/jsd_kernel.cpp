@@ -9,6 +9,16 @@
 // student's sum, from which the backward computes the gradient in one pass
 // that reads both rows and writes the gradient once. All arithmetic is in
 // float32 (float64 for float64).
+//
+// The student's sum that the backward subtracts, K_s, is kept normalized by
+// the row's computed total probability Z = sum exp(s): lse_s rounded to
+// float32 shifts every s by the same delta (up to half an ulp of the
+// logsumexp, 1e-6 at 21), which scales every p by 1 - delta; unnormalized,
+// K_s then moves by delta (K_s + 1) while s - t moves by delta, and each
+// gradient element p (s - t - K_s) is off by p delta K_s, a relative error
+// of delta K_s / (s - t - K_s), 1e-4 for a K_s of 18 and a difference of
+// 0.2. Divided by Z, K_s moves by delta too and the difference keeps only
+// its own roundings.
 
 #include <algorithm>
 #include <cmath>
@@ -111,31 +121,55 @@ C10_ALWAYS_INLINE acc_t log_mixture(acc_t a, acc_t c) {
   return hi + std::log1p(std::exp(-std::abs(a - c)));
 }
 
-// (K_s, K_t) of a row: sum p (s - m) and sum q (t - m) for the mixture;
-// sum p (s - t) (and 0) for reverse KL; 0 and sum q (t - s) for forward KL.
+// A row's sums: K_s = sum p (s - m) and K_t = sum q (t - m) for the
+// mixture; K_s = sum p (s - t) (and K_t = 0) for reverse KL; K_t =
+// sum q (t - s) (and K_s = 0) for forward KL; and Z = sum p where K_s is
+// used (the header's normalization).
+template <typename S>
+struct RowSums {
+  S ks;
+  S kt;
+  S z;
+};
+
 template <JsdMode kMode, typename acc_t, typename S>
 C10_ALWAYS_INLINE void add_terms(const S& s, const S& t, const S& log_beta, const S& log_1m_beta,
-                                 S& ks, S& kt) {
+                                 RowSums<S>& sums) {
   if constexpr (kMode == JsdMode::ForwardKl) {
-    kt += weighted<acc_t>(exp_of<acc_t>(t), t - s);
+    sums.kt += weighted<acc_t>(exp_of<acc_t>(t), t - s);
   } else if constexpr (kMode == JsdMode::ReverseKl) {
-    ks += weighted<acc_t>(exp_of<acc_t>(s), s - t);
+    const S p = exp_of<acc_t>(s);
+    sums.ks += weighted<acc_t>(p, s - t);
+    sums.z += p;
   } else {
     const S m = log_mixture<acc_t>(t + log_beta, s + log_1m_beta);
-    ks += weighted<acc_t>(exp_of<acc_t>(s), s - m);
-    kt += weighted<acc_t>(exp_of<acc_t>(t), t - m);
+    const S p = exp_of<acc_t>(s);
+    sums.ks += weighted<acc_t>(p, s - m);
+    sums.z += p;
+    sums.kt += weighted<acc_t>(exp_of<acc_t>(t), t - m);
   }
 }
 
+// The lanes of a vector summed in order, the same on every thread count.
+template <typename acc_t>
+acc_t lane_sum(const Vec<acc_t>& v) {
+  alignas(64) acc_t lanes[Vec<acc_t>::size()];
+  v.store(lanes);
+  acc_t sum = 0;
+  for (int l = 0; l < Vec<acc_t>::size(); ++l) {
+    sum += lanes[l];
+  }
+  return sum;
+}
+
 template <typename T, JsdMode kMode>
-std::pair<at::opmath_type<T>, at::opmath_type<T>> row_divergence(
-    const T* x, const T* y, int64_t n, const RowConstants<at::opmath_type<T>>& k) {
+RowSums<at::opmath_type<T>> row_divergence(const T* x, const T* y, int64_t n,
+                                           const RowConstants<at::opmath_type<T>>& k) {
   using acc_t = at::opmath_type<T>;
   using V = Vec<acc_t>;
   using Block = OpmathBlock<T>;
   const RowVectors<acc_t> v(k);
-  V ks_v(0);
-  V kt_v(0);
+  RowSums<V> lanes{V(0), V(0), V(0)};
   int64_t i = 0;
   for (; i + Block::kSize <= n; i += Block::kSize) {
     const auto a = Block::load(x + i);
@@ -143,25 +177,16 @@ std::pair<at::opmath_type<T>, at::opmath_type<T>> row_divergence(
     for (int r = 0; r < Block::kRegisters; ++r) {
       const V s = a[r] * v.inv_t - v.lse_s;
       const V t = b[r] * v.inv_t - v.lse_t;
-      add_terms<kMode, acc_t>(s, t, v.log_beta, v.log_1m_beta, ks_v, kt_v);
+      add_terms<kMode, acc_t>(s, t, v.log_beta, v.log_1m_beta, lanes);
     }
   }
-  alignas(64) acc_t ks_lanes[V::size()];
-  alignas(64) acc_t kt_lanes[V::size()];
-  ks_v.store(ks_lanes);
-  kt_v.store(kt_lanes);
-  acc_t ks = 0;
-  acc_t kt = 0;
-  for (int l = 0; l < V::size(); ++l) {
-    ks += ks_lanes[l];
-    kt += kt_lanes[l];
-  }
+  RowSums<acc_t> sums{lane_sum(lanes.ks), lane_sum(lanes.kt), lane_sum(lanes.z)};
   for (; i < n; ++i) {
     const acc_t s = static_cast<acc_t>(x[i]) * k.inv_t - k.lse_s;
     const acc_t t = static_cast<acc_t>(y[i]) * k.inv_t - k.lse_t;
-    add_terms<kMode, acc_t>(s, t, k.log_beta, k.log_1m_beta, ks, kt);
+    add_terms<kMode, acc_t>(s, t, k.log_beta, k.log_1m_beta, sums);
   }
-  return {ks, kt};
+  return sums;
 }
 
 // The row's gradient with respect to the student's logits, `scale` holding
@@ -247,8 +272,8 @@ void rows_impl(const detail::JsdRowsArgs& args) {
         const auto [m_t, sum_t] = row_max_sum(y, vocab, ScaledLogit<acc_t>{k.inv_t});
         k.lse_s = m_s + std::log(sum_s);
         k.lse_t = m_t + std::log(sum_t);
-        const auto [k_s, k_t] = row_divergence<T, kMode>(x, y, vocab, k);
-        ks = k_s;
+        const auto [k_s, k_t, z] = row_divergence<T, kMode>(x, y, vocab, k);
+        ks = z > acc_t(0) ? k_s / z : k_s;
         acc_t loss;
         if constexpr (kMode == JsdMode::ForwardKl) {
           loss = k_t;
@@ -260,7 +285,7 @@ void rows_impl(const detail::JsdRowsArgs& args) {
         loss_data[row] = loss;
         stats_out[3 * row] = k.lse_s;
         stats_out[3 * row + 1] = k.lse_t;
-        stats_out[3 * row + 2] = k_s;
+        stats_out[3 * row + 2] = ks;
       } else {
         k.lse_s = stats_in[3 * row];
         k.lse_t = stats_in[3 * row + 1];

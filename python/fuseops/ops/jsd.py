@@ -83,7 +83,9 @@ def jsd_forward(
     (``[N, 3]``, float32; float64 for float64 logits; zeros on ignored
     rows), the logsumexps of ``student_logits / temperature`` and of
     ``teacher_logits / temperature`` and the student's sum
-    ``sum p (log p - log M)`` that :func:`jsd_backward` takes. Only the loss
+    ``sum p (log p - log M)`` divided by ``sum p`` as computed (1 up to
+    rounding; the division cancels the logsumexp's rounding in the
+    gradient), that :func:`jsd_backward` takes. Only the loss
     is differentiable."""
     return torch.ops.fuseops.jsd_forward(
         student_logits, teacher_logits, label, beta, temperature, ignore_index, reduction

@@ -316,7 +316,17 @@ def test_quantize_replaces_every_linear_and_generates(mode):
     replaced = fot.apply(model, quantize=mode, fuse_projections=False)
     quantized = [r for r in replaced if r.old == "Linear"]
     assert sorted(r.name for r in quantized) == linears
-    assert all(f"({mode!r})" in r.new for r in quantized)
+    # The int4 modes' default recipe keeps the head and the value
+    # projections at 8 bits (quantize_'s "mixed"), every other layer in `mode`.
+    eight = {"w4a16": "w8a16", "w4a8": "w8a8"}.get(mode)
+    for r in quantized:
+        if eight is None:
+            want = mode
+        elif r.name == "lm_head":
+            want = "w8a16"
+        else:
+            want = eight if r.name.endswith("v_proj") else mode
+        assert f"({want!r})" in r.new, (r.name, r.new)
     assert _linear_names(model) == []
     assert fot.is_patched(model)  # the head is patched, then quantized
     # A second call re-quantizes nothing, patches nothing.
@@ -363,10 +373,27 @@ def test_quantize_mode_errors():
     if "w4a16" not in quantization.QUANTIZE_MODES:
         with pytest.raises(ValueError, match="unknown quantize mode 'w4a16'"):
             fot.apply(model, quantize="w4a16")
+    with pytest.raises(ValueError, match="unknown recipe 'mostly'; supported: 'mixed', 'pure'"):
+        fot.apply(model, quantize="w8a16", recipe="mostly")
     assert not fot.is_patched(model)  # a refused call changes nothing
     fot.apply(model, quantize="w8a16")
     with pytest.raises(ValueError, match="quantized with quantize='w8a16'"):
         fot.apply(model, quantize="w8a8")
+
+
+@pytest.mark.parametrize("recipe", ["pure", "uniform"])
+def test_quantize_recipe_reaches_every_layer(recipe):
+    """apply(recipe=) is quantize_'s: "pure" keeps only the head at 8
+    bits, "uniform" none; neither keeps v_proj out of the merged qkv_proj."""
+    if "w4a16" not in quantization.QUANTIZE_MODES:
+        pytest.skip("this installation has no int4 modes")
+    model = tiny_model()
+    replaced = fot.apply(model, quantize="w4a16", recipe=recipe)
+    quantized = {r.name: r.new for r in replaced if r.old == "Linear" and "Slice" not in r.new}
+    for name, new in quantized.items():
+        want = "w8a16" if recipe == "pure" and name == "lm_head" else "w4a16"
+        assert f"({want!r})" in new, (name, new)
+    assert any(name.endswith("qkv_proj") for name in quantized), sorted(quantized)
 
 
 # --- the bench's accounting and command ---
@@ -396,6 +423,26 @@ def test_bytes_read_per_step():
         if isinstance(module, quantization.Int8Linear):
             module.mode = "w8a8"
     assert decode.bytes_read_per_step(model, 1) == int8_bytes + 4 * outputs + 2 * hidden
+
+
+def test_quality_bench_bits_per_weight():
+    """bench --quality's bits per weight: stored bytes of the linear
+    layers (weights, scales, zero points, W8A8's column sums; no bias) x 8
+    over their weights."""
+    from fuseops.bench import quality
+
+    linear = torch.nn.Linear(64, 32, bias=True, dtype=torch.bfloat16)
+    assert quality.bits_per_weight(torch.nn.Sequential(linear)) == 16
+    int8 = quantization.Int8Linear.from_float(linear, mode="w8a16")
+    # 2048 int8 weights (64 x 32, whole packing blocks), 32 float32 scales
+    # and 32 int32 column sums (stored in both modes, W8A8 reads them).
+    assert quality.bits_per_weight(torch.nn.Sequential(int8)) == 8 * (2048 + 8 * 32) / 2048
+    if "w4a16" in quantization.QUANTIZE_MODES:
+        int4 = quantization.Int4Linear.from_float(linear, group_size=32)
+        # Two weights a byte, a bfloat16 scale and zero per 32: 5 bits.
+        assert quality.bits_per_weight(torch.nn.Sequential(int4)) == 5
+        both = torch.nn.Sequential(int4, quantization.Int8Linear.from_float(linear))
+        assert quality.bits_per_weight(both) == (5 * 2048 + 8 * (2048 + 256)) / 4096
 
 
 def test_bytes_of_torch_ao_dynamic_linear():

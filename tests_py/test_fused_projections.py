@@ -66,24 +66,36 @@ def test_structure_and_what_apply_returns(mode):
     replaced = fot.apply(model, quantize=mode)
     attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     layer_type = LAYER_TYPES[mode]
-    assert type(attention.qkv_proj) is layer_type and type(mlp.gate_up_proj) is layer_type
     head_dim = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
     q, kv = CONFIG["num_attention_heads"] * head_dim, CONFIG["num_key_value_heads"] * head_dim
-    assert attention.qkv_proj.out_features == q + 2 * kv
+    by_name = {r.name: r for r in replaced}
+    # The int4 modes' recipe gives v_proj (and the head) 8 bits: q and k
+    # merge without it.
+    four_bit = mode in ("w4a16", "w4a8")
+    merged_qk = attention.qk_proj if four_bit else attention.qkv_proj
+    assert type(merged_qk) is layer_type and type(mlp.gate_up_proj) is layer_type
+    assert merged_qk.out_features == q + (kv if four_bit else 2 * kv)
     assert mlp.gate_up_proj.out_features == 2 * CONFIG["intermediate_size"]
     assert (attention.k_proj.out_features, attention.k_proj.in_features) == (
         kv,
         CONFIG["hidden_size"],
     )
-    by_name = {r.name: r for r in replaced}
-    assert by_name["model.layers.0.self_attn.v_proj"].new == (
-        "fuseops.transformers.ProjectionSlice(model.layers.0.self_attn.qkv_proj)"
-    )
+    if four_bit:
+        assert type(attention.v_proj) is Int8Linear
+        assert by_name["model.layers.0.self_attn.k_proj"].new == (
+            "fuseops.transformers.ProjectionSlice(model.layers.0.self_attn.qk_proj)"
+        )
+    else:
+        assert by_name["model.layers.0.self_attn.v_proj"].new == (
+            "fuseops.transformers.ProjectionSlice(model.layers.0.self_attn.qkv_proj)"
+        )
     assert by_name["model.layers.1.mlp.gate_up_proj"].old == "Linear"
     # No float linear layer is left, none is quantized twice.
     assert not [m for m in model.modules() if type(m) is torch.nn.Linear]
     quantized = [n for n, m in model.named_modules() if isinstance(m, layer_type)]
-    assert len(quantized) == 4 * CONFIG["num_hidden_layers"] + 1
+    # Per layer qk(v), o, gate_up, down; the head; under int4 v_proj and the
+    # head are Int8Linear.
+    assert len(quantized) == (4 * CONFIG["num_hidden_layers"] + (0 if four_bit else 1))
     assert not any(".q_proj" in key or ".gate_proj" in key for key in model.state_dict())
     assert fot.apply(model, quantize=mode) == []
 
@@ -147,7 +159,8 @@ def test_state_dict_round_trip_and_deepcopy():
     model = tiny()
     fot.apply(model, quantize="w4a16" if "w4a16" in MODES else "w8a16")
     state = model.state_dict()
-    assert "model.layers.0.self_attn.qkv_proj.packed" in state
+    assert "model.layers.0.self_attn.qk_proj.packed" in state or "w4a16" not in MODES
+    assert "model.layers.0.self_attn.v_proj.packed" in state or "w4a16" not in MODES
     other = tiny(seed=1)
     fot.apply(other, quantize=model._fuseops_quantize)
     other.load_state_dict(state)

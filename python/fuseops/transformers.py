@@ -946,21 +946,29 @@ class ProjectionSlice(torch.nn.Module):
 
 # Layers merged by apply(fuse_projections=...): (their names, the merged
 # layer's name), in each module that has all of them as nn.Linear of the same
-# input size (the gated families' attention and MLP).
+# input size (the gated families' attention and MLP), the first set that
+# applies; q/k without v where the quantization recipe gives v_proj more
+# bits than the rest (one merged layer has one format).
 _MERGED_PROJECTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+    (("q_proj", "k_proj"), "qk_proj"),
     (("gate_proj", "up_proj"), "gate_up_proj"),
 )
 
 
-def _merge_projections(model: torch.nn.Module) -> list[tuple[str, tuple[str, ...], str]]:
+def _merge_projections(
+    model: torch.nn.Module, kept_apart: tuple[str, ...] = ()
+) -> list[tuple[str, tuple[str, ...], str]]:
     """Merges, in every module of `model`, each set of _MERGED_PROJECTIONS
-    into one ``nn.Linear`` (weights and biases concatenated, a missing bias
-    as zeros) and puts a :class:`ProjectionSlice` in place of each original.
-    Returns (module name, originals, merged name) for each merge."""
+    that names none of `kept_apart` into one ``nn.Linear`` (weights and
+    biases concatenated, a missing bias as zeros) and puts a
+    :class:`ProjectionSlice` in place of each original. Returns (module
+    name, originals, merged name) for each merge."""
     merges: list[tuple[str, tuple[str, ...], str]] = []
     for name, module in list(model.named_modules()):
         for originals, merged in _MERGED_PROJECTIONS:
+            if any(original in kept_apart for original in originals):
+                continue
             linears = [module._modules.get(original) for original in originals]
             if merged in module._modules or not all(
                 type(linear) is torch.nn.Linear for linear in linears
@@ -1055,7 +1063,8 @@ def apply(
     layer_norm: bool = True,
     logits: str = "auto",
     quantize: Optional[str] = None,
-    group_size: int = 128,
+    group_size: int = 32,
+    recipe: str = "mixed",
     fuse_projections: Optional[bool] = None,
     attention: bool = True,
     linear: bool = True,
@@ -1103,11 +1112,15 @@ def apply(
     ``"w8a16"``: int8 weights, one scale per output channel, activations
     in the model's dtype; ``"w8a8"``: the same weights, activations
     quantized per token on the fly; ``"w4a16"``, where
-    ``fuseops.quantization.QUANTIZE_MODES`` has it, int4 weights with one
-    scale per `group_size` input features (`group_size` is used by the int4
-    modes only; scales and zero points in bfloat16, ``fuseops.nn.Int4Linear``'s
-    default); ``"w4a8"``: the same int4 weights, activations quantized
-    per token on the fly (the fastest decode on CPUs with AVX512_VNNI). :func:`quantize_modes` lists the modes this installation
+    ``fuseops.quantization.QUANTIZE_MODES`` has it, int4 weights with a
+    scale and a minimum per `group_size` input features (`group_size` is
+    used by the int4 modes only; ``fuseops.nn.Int4Linear``'s default
+    ``"scale_min"`` scheme), in ``quantize_``'s `recipe` (default
+    ``"mixed"``: the LM head and the attention value projections at 8 bits;
+    ``"pure"``: only the head; ``"uniform"``: none), each layer's
+    ``Replacement`` naming the mode it got; ``"w4a8"``: the same int4
+    weights, activations quantized per token on the fly (the fastest
+    decode on CPUs with AVX512_VNNI). :func:`quantize_modes` lists the modes this installation
     has; another value raises ``ValueError`` naming them. The patched model
     then runs under ``torch.no_grad()`` or ``torch.inference_mode()``
     (``generate`` does): quantized layers have no gradients, and a training
@@ -1128,9 +1141,11 @@ def apply(
 
     `fuse_projections` (default: on with `quantize`) merges, before
     quantizing, the projections of the same input into one layer per
-    module: ``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj`` and
-    ``gate_proj``/``up_proj`` into ``gate_up_proj``, so a decode step reads
-    each layer's weights in four products instead of seven. The results are
+    module: ``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj`` (under the
+    int4 modes, whose recipe gives ``v_proj`` 8 bits, ``q_proj``/``k_proj``
+    into ``qk_proj``) and ``gate_proj``/``up_proj`` into ``gate_up_proj``,
+    so a decode step reads each layer's weights in four (five) products
+    instead of seven. The results are
     the same bits as the separate quantized layers' (each output channel is
     quantized and summed on its own). The originals' places hold
     :class:`ProjectionSlice` modules that return their part of the merged
@@ -1165,6 +1180,11 @@ def apply(
         raise ValueError(
             f"fuseops.transformers.apply: unknown quantize mode {quantize!r}; supported: None, "
             + ", ".join(map(repr, quantize_modes()))
+        )
+    if recipe not in quantization.RECIPES:
+        raise ValueError(
+            f"fuseops.transformers.apply: unknown recipe {recipe!r}; supported: "
+            + ", ".join(map(repr, quantization.RECIPES))
         )
     quantized_with = model.__dict__.get(_QUANTIZE_ATTRIBUTE)
     if quantize is not None and quantized_with is not None and quantized_with != quantize:
@@ -1325,7 +1345,11 @@ def apply(
             )
     if quantize is not None:
         if fuse_projections:
-            for name, originals, merged in _merge_projections(model):
+            # The mixed recipe gives the int4 modes' value projections 8
+            # bits: they stay a layer of their own.
+            mixed = quantize in ("w4a16", "w4a8") and recipe == "mixed"
+            kept_apart = ("v_proj",) if mixed else ()
+            for name, originals, merged in _merge_projections(model, kept_apart):
                 prefix = f"{name}." if name else ""
                 for original in originals:
                     replaced.append(
@@ -1335,7 +1359,7 @@ def apply(
                             f"fuseops.transformers.ProjectionSlice({prefix + merged})",
                         )
                     )
-        replaced += _quantize(model, quantize, group_size)
+        replaced += _quantize(model, quantize, group_size, recipe)
     return replaced
 
 
@@ -1492,16 +1516,17 @@ def _quantize_experts(model: torch.nn.Module, mode: str, group_size: int) -> lis
     return replaced
 
 
-def _quantize(model: torch.nn.Module, mode: str, group_size: int) -> list[Replacement]:
+def _quantize(model: torch.nn.Module, mode: str, group_size: int, recipe: str) -> list[Replacement]:
     # Only the int4 modes group their scales; the int8 modes take one per channel.
     options: dict[str, Any] = {"group_size": group_size} if mode.startswith("w4") else {}
+    options["recipe"] = recipe
     replaced = _quantize_experts(model, mode, group_size)
     quantized = quantization.quantize_(model, mode, skip=_is_router, **options)
     setattr(model, _QUANTIZE_ATTRIBUTE, mode)
     for q in quantized:
         layer = type(model.get_submodule(q.name))
         replaced.append(
-            Replacement(q.name, "Linear", f"{layer.__module__}.{layer.__qualname__}({mode!r})")
+            Replacement(q.name, "Linear", f"{layer.__module__}.{layer.__qualname__}({q.mode!r})")
         )
     return replaced
 

@@ -15,6 +15,9 @@ rows and their table, JSON, CSV and chart; ``hf_models``, the
 ``decode``, the ``--decode`` run (``generate`` token by token, fuseops
 patched and quantized against HF and torch.ao); ``llama_cpp_anchor``, its
 llama.cpp rows (the same model as GGUF, decoded by llama.cpp);
+``quality``, the ``--quality`` run (each quantize mode on real
+pretrained models, ``real_models``: perplexity, KL divergence, the greedy
+answer, bits per weight and decode speed side by side);
 ``programs``, the ``--executorch`` and ``--onnx`` runs (a patched model's
 ExecuTorch and ONNX programs: size and time, float and quantized); ``markdown``, ``--markdown``
 (an earlier run's JSON as GitHub Markdown tables, nothing run).
@@ -37,6 +40,7 @@ from . import (
     hf_models,
     markdown,
     programs,
+    quality,
     report,
     results,
     runner,
@@ -254,6 +258,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     hf_models.add_arguments(parser)
     decode.add_arguments(parser)
+    quality.add_arguments(parser)
     programs.add_arguments(parser)
     markdown.add_arguments(parser)
 
@@ -318,6 +323,8 @@ def run(args: argparse.Namespace, case_list: Optional[list] = None) -> int:
         return hf_models.run(args)
     if getattr(args, "decode", False):
         return decode.run(args)
+    if getattr(args, "quality", False):
+        return quality.run(args)
     for name, runtime in programs.RUNTIMES.items():
         if getattr(args, name, False):
             return programs.run(args, runtime)

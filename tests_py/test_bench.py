@@ -624,6 +624,47 @@ def test_allocation_table_formats_savings_either_way():
     assert report.allocation_table([row("forward+backward", 1, 1)]) == []
 
 
+def test_rows_below_the_floor_are_marked_and_listed(tmp_path):
+    """The floor: a row slower than eager or native (the faster of the two)
+    is marked in its ratio cell, listed under the table, counted in the
+    summary and recorded in the JSON; a row at or above both is not, nor
+    is a row slower only than torch.compile (not a path it replaces)."""
+
+    def row(op, **peer_seconds):
+        result = results.Row(op=op, dtype="float32", shape="4x4", mode="forward")
+        result.time = timing.Timing(median_s=1.0, iqr_s=0.0, samples=7, calls=1)
+        for name, seconds in peer_seconds.items():
+            result.peers[name] = results.PeerResult(
+                label=name, time=timing.Timing(median_s=seconds, iqr_s=0.0, samples=7, calls=1)
+            )
+        return result
+
+    rows = [
+        row("fast", eager=2.0, native=1.5, compiled=0.5),
+        row("slow_native", eager=3.0, native=0.8),
+        row("slow_eager", eager=0.9),
+    ]
+    assert [report.floor_ratio(r) for r in rows] == [1.5, 0.8, 0.9]
+    assert [r.op for r in report.below_floor(rows)] == ["slow_native", "slow_eager"]
+    assert report.ratio_cell(0.8, "native") == "0.80x!"
+    assert report.ratio_cell(0.5, "compiled") == "0.50x"
+    assert report.ratio_cell(1.0, "eager") == "1.00x"
+    env = environment.environment(runner.Config(cases=[], dtypes=[], shapes=[]))
+    text = report.table(rows, env)
+    assert "2 below the floor" in text
+    listed = text.split("below the floor (the slower of eager and native / fuseops):")[1]
+    assert "slow_native float32 4x4 fwd: 0.80x" in listed
+    assert "slow_eager float32 4x4 fwd: 0.90x" in listed and "fast" not in listed
+    assert "0.80x!" in text and "0.50x!" not in text
+    path = tmp_path / "bench.json"
+    report.write_json(str(path), rows, env)
+    recorded = json.loads(path.read_text())["below_floor"]
+    assert [(r["op"], r["floor_ratio"]) for r in recorded] == [
+        ("slow_native", 0.8),
+        ("slow_eager", 0.9),
+    ]
+
+
 # --- progress: a bar on a terminal, plain lines in a log ---
 
 
@@ -666,7 +707,7 @@ def test_progress_in_a_log_is_one_plain_line_per_finished_row(tmp_path):
     for index, (line, mode) in enumerate(zip(progress, ("fwd", "fwd+bwd", "fwd out="))):
         assert re.fullmatch(
             rf"\[{index + 1}/3\] relu float32 32x160 {re.escape(mode)}: "
-            r"\S+ \S?s \(vs eager \S+x, vs native \S+x\), ok",
+            r"\S+ \S?s \(vs eager \S+x!?, vs native \S+x!?\), ok",
             line,
         ), line
 

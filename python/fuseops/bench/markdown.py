@@ -161,7 +161,7 @@ def ops_cells(row: dict, peers: Sequence[str]) -> list[str]:
         _mode(row),
         report._time(_median(row.get("time"))),
         _spread(row),
-        *[report._ratio(_speedup(row, peer)) for peer in peers],
+        *[report.ratio_cell(_speedup(row, peer), peer) for peer in peers],
         MISSING if gbps is None else f"{gbps:.1f}",
         MISSING if fraction is None else f"{fraction * 100:.0f}%",
         report._mib(_int(row.get("peak_bytes"))),
@@ -238,7 +238,8 @@ def ops_markdown(document: dict) -> str:
         "time (>1: fuseops faster); GB/s: least bytes the op must move / time; copy%: a copy "
         "of the same bytes, same run, as a fraction of whose time fuseops takes; peak MiB / "
         "cmp MiB: most memory allocated during one call by fuseops / by "
-        "torch.compile(reference)",
+        f"torch.compile(reference); {report.FLOOR_MARK}: below 1.0x against eager or native, "
+        "the floor (fuseops slower than the path it replaces)",
     ]
     out += _allocation_table(shown)
     notes = []

@@ -10,6 +10,11 @@ from typing import Optional, Sequence
 from .results import BACKWARD_MODES, FRESH_GRAD, MODE_LABELS, MODES, PEERS, Row
 
 PEER_COLUMNS = {"eager": "vs eager", "compiled": "vs compile", "native": "vs native"}
+#: The floor: a fused op must not be slower than the path it replaces, the
+#: native op or the eager composition, whichever is faster. A ratio below
+#: 1.0x against either is marked FLOOR_MARK and the row listed.
+FLOOR_PEERS = ("eager", "native")
+FLOOR_MARK = "!"
 
 
 def _time(seconds: Optional[float]) -> str:
@@ -24,6 +29,27 @@ def _time(seconds: Optional[float]) -> str:
 
 def _ratio(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def ratio_cell(value: Optional[float], peer: str) -> str:
+    """A peer's ratio, marked where it puts fuseops below the floor."""
+    below = peer in FLOOR_PEERS and value is not None and value < 1
+    return _ratio(value) + (FLOOR_MARK if below else "")
+
+
+def floor_ratio(row: Row) -> Optional[float]:
+    """fuseops against the faster of eager and native (None without either)."""
+    ratios = [r for r in (row.speedup(peer) for peer in FLOOR_PEERS) if r is not None]
+    return min(ratios) if ratios else None
+
+
+def below_floor(rows: Sequence[Row]) -> list[Row]:
+    """The correct rows where fuseops is slower than eager or native."""
+    return [
+        row
+        for row in rows
+        if row.status == "ok" and (ratio := floor_ratio(row)) is not None and ratio < 1
+    ]
 
 
 def _mib(value: Optional[int]) -> str:
@@ -188,7 +214,7 @@ def table(rows: Sequence[Row], env: dict) -> str:
                 MODE_LABELS.get(row.mode, row.mode),
                 _time(row.time.median_s if row.time else None),
                 f"{row.time.spread * 100:.0f}%" if row.time else "-",
-                *[_ratio(row.speedup(peer)) for peer in PEER_COLUMNS],
+                *[ratio_cell(row.speedup(peer), peer) for peer in PEER_COLUMNS],
                 "-" if row.gbps is None else f"{row.gbps:.1f}",
                 "-" if row.roofline_fraction is None else f"{row.roofline_fraction * 100:.0f}%",
                 _mib(row.peak_bytes),
@@ -207,9 +233,19 @@ def table(rows: Sequence[Row], env: dict) -> str:
         "the same bytes, same run, as a fraction of whose time fuseops takes; peak MiB / "
         "cmp MiB: most memory allocated during one call by fuseops / by "
         "torch.compile(reference); fwd out= rows compare against the peers' allocating "
-        "forward, except native ops that have out=",
+        "forward, except native ops that have out=; "
+        f"{FLOOR_MARK}: below 1.0x against eager or native, the floor (fuseops slower than "
+        "the path it replaces)",
     ]
     out += allocation_table(rows)
+    slow = below_floor(rows)
+    if slow:
+        out += ["", f"{FLOOR_MARK} below the floor (the slower of eager and native / fuseops):"]
+        out += [
+            f"   {row.op} {row.dtype} {row.shape} {MODE_LABELS.get(row.mode, row.mode)}: "
+            f"{_ratio(floor_ratio(row))}"
+            for row in slow
+        ]
     problems = [row for row in rows if row.status in ("FAILED", "ERROR")]
     for row in problems:
         out.append(
@@ -238,7 +274,8 @@ def summary(rows: Sequence[Row]) -> str:
     }
     return (
         f"rows: {count['ok']} correct and timed, {count['FAILED']} FAILED, "
-        f"{count['ERROR']} ERROR; ops not built: {count['not built']}"
+        f"{count['ERROR']} ERROR, {len(below_floor(rows))} below the floor "
+        f"(slower than eager or native); ops not built: {count['not built']}"
     )
 
 
@@ -247,6 +284,16 @@ def write_json(path: str, rows: Sequence[Row], env: dict) -> None:
         "environment": env,
         "rows": [row.as_dict() for row in rows],
         "not_built": [row.op for row in rows if row.status == "not built"],
+        "below_floor": [
+            {
+                "op": row.op,
+                "dtype": row.dtype,
+                "shape": row.shape,
+                "mode": row.mode,
+                "floor_ratio": floor_ratio(row),
+            }
+            for row in below_floor(rows)
+        ],
         "summary": summary(rows),
     }
     with open(path, "w") as f:
@@ -326,7 +373,7 @@ def row_line(row: Row) -> str:
     if row.time is None:
         return f"{name}: {row.status}"
     ratios = ", ".join(
-        f"{PEER_COLUMNS[peer]} {_ratio(row.speedup(peer))}"
+        f"{PEER_COLUMNS[peer]} {ratio_cell(row.speedup(peer), peer)}"
         for peer in PEERS
         if row.speedup(peer) is not None
     )

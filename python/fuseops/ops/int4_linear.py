@@ -187,8 +187,8 @@ def onnx_translations() -> dict:
     weight-only one dequantizes it in float32 for ``MatMul`` (the group
     scales applied to the weight instead of to each group's sum), the dynamic
     one quantizes the activations per row as the op does and sums the int8
-    products per weight group exactly with ``MatMulInteger``, the zero points
-    taken off the weight."""
+    products per weight group exactly with ``MatMulInteger``, the zero points'
+    share (fractional zeros included) taken off each group's sum."""
     from ._onnx import (
         FLOAT,
         INT8,
@@ -246,9 +246,10 @@ def onnx_translations() -> dict:
     def int4_dynamic_linear_onnx(input, packed, scale_zero, group_size: int, bias=None):
         """``fuseops::int4_dynamic_linear``: the rows quantized to int8 as the
         op does; per weight group one ``MatMulInteger`` of the int8
-        activations and ``q - zero`` (exact int32 sums, the zero point's share
-        included), each times its group's scale in float32, summed over the
-        groups, then times the row's scale, plus bias."""
+        activations and ``q`` (exact int32 sums), less the zero point times
+        the group's sum of the activations, times its group's scale in
+        float32, summed over the groups, then times the row's scale, plus
+        bias."""
         n = static_dim(scale_zero, -1, "the output features (scale_zero.shape[-1])")
         groups = static_dim(scale_zero, 0, "the weight groups (scale_zero.shape[0])")
         k = static_dim(input, -1, "the input features")
@@ -261,15 +262,19 @@ def onnx_translations() -> dict:
         if padded != k:
             rows = op.Pad(rows, ints(0, 0, 0, padded - k))
         rows = op.Transpose(op.Reshape(rows, ints(-1, groups, group_size)), perm=[1, 0, 2])
-        # Weight [N, groups * group_size] -> q - zero, int8 [groups, group_size, N].
+        # Weight [N, groups * group_size] -> q, int8 [groups, group_size, N].
         scale, zero = scale_and_zero(scale_zero)
-        q = op.Reshape(op.Cast(unpack(packed, n), to=INT32), ints(n, groups, group_size))
-        zero_ng = op.Unsqueeze(op.Cast(op.Transpose(zero, perm=[1, 0]), to=INT32), ints(-1))
-        w = op.Transpose(op.Cast(op.Sub(q, zero_ng), to=INT8), perm=[1, 2, 0])
-        acc = op.MatMulInteger(rows, w)  # [groups, rows, N]
-        sums = op.ReduceSum(
-            op.Mul(op.Cast(acc, to=FLOAT), op.Unsqueeze(scale, ints(1))), ints(0), keepdims=0
+        q = op.Reshape(op.Cast(unpack(packed, n), to=INT8), ints(n, groups, group_size))
+        acc = op.MatMulInteger(rows, op.Transpose(q, perm=[1, 2, 0]))  # [groups, rows, N]
+        # The zero point's share, zero * (the group's sum of xq): the zero
+        # may be fractional (the scale_min scheme), so it is taken off in
+        # float32 (the group's sum is exact there, |sum| < 2^24).
+        row_sums = op.ReduceSum(op.Cast(rows, to=INT32), ints(-1), keepdims=1)
+        group_sums = op.Sub(
+            op.Cast(acc, to=FLOAT),
+            op.Mul(op.Cast(row_sums, to=FLOAT), op.Unsqueeze(zero, ints(1))),
         )
+        sums = op.ReduceSum(op.Mul(group_sums, op.Unsqueeze(scale, ints(1))), ints(0), keepdims=0)
         out_shape = op.Concat(op.Shape(input, end=-1), ints(n), axis=0)
         y = op.Mul(cast(op.Reshape(sums, out_shape), ct), cast(x_scale, ct))
         y = op.Add(add_bias(y, bias, ct), cast(bad, ct))

@@ -11,11 +11,12 @@
 // their sum by one more, and the group's scale applied by another), so both
 // devices give the same bits.
 //
-// W4A8 (int4_dynamic_linear), as simple: one warp per row quantizes it
-// (quantize_row.cuh, the CPU kernels' math), then one thread per output
-// sums q * xq per group in int32 (exact, as on the CPU) and applies the
-// zero point, the group's scale and the row's scale with the CPU kernels'
-// float32 operations in their order.
+// W4A8 (int4_dynamic_linear), as simple: one warp per group of a row
+// quantizes it (quantize_row.cuh, the CPU kernels' math: a scale per row and
+// weight group), then one thread per output sums q * xq per group in int32
+// (exact, as on the CPU) and applies the zero point and the product of the
+// group's and the activations' scales with the CPU kernels' float32
+// operations in their order.
 
 #include <cstdint>
 
@@ -29,6 +30,7 @@
 
 #include <torch/library.h>
 
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -111,8 +113,7 @@ void int4_weight_only_linear_kernel(const at::Tensor& out, const at::Tensor& inp
       });
 }
 
-// The row's scale is applied to the float32 result, before the widening to
-// the opmath type, as on the CPU.
+// x_scale[m * groups + g]: the scale of row m's group g.
 template <typename scalar_t, typename scale_t>
 __global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_t* __restrict__ xq,
                                          const float* __restrict__ x_scale,
@@ -142,9 +143,10 @@ __global__ void int4_dynamic_linear_cuda(scalar_t* __restrict__ out, const int8_
         dot += (byte & 0xF) * x0 + (byte >> 4) * x1;
         x_sum += x0 + x1;
       }
-      result = fmaf(scale, fmaf(-zero, static_cast<float>(x_sum), static_cast<float>(dot)), result);
+      result = fmaf(scale * x_scale[m * groups + g],
+                    fmaf(-zero, static_cast<float>(x_sum), static_cast<float>(dot)), result);
     }
-    return result * x_scale[m];
+    return result;
   });
 }
 
@@ -157,9 +159,13 @@ void int4_dynamic_linear_kernel(const at::Tensor& out, const at::Tensor& input,
   const int64_t x_stride = groups * group_size;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, input.scalar_type(), "fuseops::int4_dynamic_linear", [&] {
-        // Whole groups, zeros past K.
+        // Whole groups, zeros past K, each group of a row quantized as a
+        // row of its own.
+        const at::Tensor padded =
+            x_stride == shape.k ? input : at::constant_pad_nd(input, {0, x_stride - shape.k}, 0);
         const QuantizedRows x =
-            quantize_activation_rows<scalar_t>(input, x_stride, c10::cuda::getCurrentCUDAStream());
+            quantize_activation_rows<scalar_t>(padded.reshape({shape.m_total * groups, group_size}),
+                                               group_size, c10::cuda::getCurrentCUDAStream());
         with_scale_type(scale_zero, [&](auto scale_type) {
           using scale_t = decltype(scale_type);
           launch_linear_kernel(&int4_dynamic_linear_cuda<scalar_t, scale_t>, shape,

@@ -11,7 +11,7 @@
 // applied once at the end, as on the CPU.
 //
 // W8A8 dynamic (sparse_2_4_dynamic_linear), as simple: one warp per row
-// quantizes it (quantize_row.cuh, as int8_dynamic_linear does), then one
+// quantizes it (quantize_row.cuh, the CPU kernels' math), then one
 // thread per output element walks the channel's mask the same way and sums
 // the int8 products in int32 (signed x signed, exact: no column-sum
 // correction needed), with the CPU kernels' epilogue, so both devices give

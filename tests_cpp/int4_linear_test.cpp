@@ -113,9 +113,10 @@ TEST_P(Int4Linear, MatchesCompositeAndIsIdenticalInEveryBuild) {
   }
 }
 
-// W4A8: the same packed weights; the activations quantized per row as
-// quantize_per_token_int8 does, so the composite is that op's result times
-// the dequantized weight, in float64.
+// W4A8: the same packed weights; the activations quantized per row and
+// weight group (each group of a row as a row of quantize_per_token_int8, zeros
+// past K), so the composite is, group by group, that op's result times the
+// dequantized weight, in float64.
 TEST_P(Int4Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
   for (auto dtype : fuseops::testing::kDtypes) {
     for (const auto& [m, n, k, group_size] :
@@ -126,10 +127,16 @@ TEST_P(Int4Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
       const auto [packed, scale_zero] = fuseops::pack_int4_weight(wq, scale, zero, group_size);
       const at::Tensor x = at::randn({m, k}, options()).to(dtype);
       const at::Tensor bias = at::randn({n}, options()).to(dtype);
-      const auto [xq, x_scale] = fuseops::quantize_per_token_int8(x.to(at::kFloat));
+      const int64_t groups = (k + group_size - 1) / group_size;
+      const int64_t padded = groups * group_size;
+      const at::Tensor x_groups =
+          at::constant_pad_nd(x.to(at::kFloat), {0, padded - k}, 0).view({m * groups, group_size});
+      const auto [xq, x_scale] = fuseops::quantize_per_token_int8(x_groups);
+      // x dequantized group by group (exact in float64), zeros past K.
+      const at::Tensor x_dequantized =
+          (xq.to(at::kDouble) * x_scale.to(at::kDouble).unsqueeze(1)).view({m, padded});
       const at::Tensor want =
-          at::matmul(xq.to(at::kDouble), dequantize(wq, scale, zero, group_size).t()) *
-              x_scale.to(at::kDouble).unsqueeze(1) +
+          at::matmul(x_dequantized.narrow(1, 0, k), dequantize(wq, scale, zero, group_size).t()) +
           bias.to(at::kDouble);
       std::optional<at::Tensor> first;
       for (auto capability : fuseops::cpu::runnable_capabilities()) {

@@ -4,6 +4,9 @@
 // quantized math in float64 (and the same bits from every build), in every
 // CPU build this CPU runs.
 
+#include <algorithm>
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -37,7 +40,18 @@ TEST_P(Int8Linear, PackedLayoutFollowsItsDefinition) {
     }
   }
   EXPECT_TRUE(at::equal(scale_copy, scale));
-  EXPECT_TRUE(at::equal(colsum, wq.sum(1, false, at::kInt)));
+  // K = 10: one activation block, each channel's whole sum, as int16.
+  EXPECT_TRUE(at::equal(colsum, wq.sum(1, false, at::kShort).view({1, 37})));
+  // K = 70: blocks [0, 32), [32, 64), [64, 70).
+  const at::Tensor wide = random_int8({5, 70}, device());
+  const at::Tensor wide_colsum =
+      std::get<2>(fuseops::pack_int8_weight(wide, at::rand({5}, options())));
+  ASSERT_EQ(wide_colsum.sizes(), at::IntArrayRef({3, 5}));
+  for (int64_t b = 0; b < 3; ++b) {
+    const int64_t start = 32 * b;
+    const int64_t count = std::min<int64_t>(32, 70 - start);
+    EXPECT_TRUE(at::equal(wide_colsum[b], wide.narrow(1, start, count).sum(1, false, at::kShort)));
+  }
 }
 
 TEST_P(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
@@ -73,21 +87,32 @@ TEST_P(Int8Linear, WeightOnlyMatchesCompositeInEveryBuild) {
   }
 }
 
-// int8_dynamic_linear's math with ATen ops in float64: the rows quantized
-// (float32, as quantize_per_token_int8), the int8 products summed exactly
-// (|sum| < 2^53), then x_scale * scale and the bias. The op sums exactly in
-// int32 too, so only its float32 epilogue rounds: float(acc), two products
-// and the bias add, under 4 * 2^-24 relative; 1e-6 of max|y| covers it.
-// Reduced dtypes round the result once more.
+// int8_dynamic_linear's math with ATen ops in float64: each block of 32 of
+// a row (zeros past K) quantized (float32, as quantize_per_token_int8
+// quantizes a row), the int8 products summed exactly (|sum| < 2^53), each
+// block's sum times its scale, summed, then times scale and plus the bias.
+// The op sums each block exactly in int32 too, so only its float32
+// epilogue rounds: one fused multiply-add per block into the running sum,
+// the channel's scale and the bias add; 2e-6 * sqrt(K) of max|y| covers it
+// (as the weight-only op's float32 sums). Reduced dtypes round the result
+// once more.
 at::Tensor dynamic_composite(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& scale,
                              const std::optional<at::Tensor>& bias) {
-  const at::Tensor xf = x.to(at::kFloat);
+  const int64_t m = x.size(0);
+  const int64_t n = wq.size(0);
+  const int64_t k = x.size(1);
+  const int64_t blocks = (k + 31) / 32;
+  const int64_t pad = blocks * 32 - k;
+  const at::Tensor xf = at::constant_pad_nd(x.to(at::kFloat), {0, pad}, 0).view({m, blocks, 32});
   // Through float64: correctly rounded on CUDA too (see quantize_test.cpp).
   at::Tensor xs = (xf.abs().amax({-1}, true).to(at::kDouble) / 127.0).to(at::kFloat);
   xs = at::where(xs == 0, at::ones_like(xs), xs);
   const at::Tensor xq = at::round(xf / xs).clamp(-127, 127);
-  at::Tensor y = at::matmul(xq.to(at::kDouble), wq.to(at::kDouble).t()) * xs.to(at::kDouble) *
-                 scale.to(at::kDouble);
+  const at::Tensor w =
+      at::constant_pad_nd(wq.to(at::kDouble), {0, pad}, 0).view({n, blocks, 32}).permute({1, 2, 0});
+  // [blocks, m, 32] @ [blocks, 32, n]: each block's exact sums.
+  const at::Tensor per_block = at::bmm(xq.to(at::kDouble).permute({1, 0, 2}), w);
+  at::Tensor y = (per_block * xs.to(at::kDouble).permute({1, 0, 2})).sum(0) * scale.to(at::kDouble);
   return bias ? y + bias->to(at::kDouble) : y;
 }
 
@@ -102,8 +127,9 @@ TEST_P(Int8Linear, DynamicMatchesCompositeAndIsIdenticalInEveryBuild) {
       x[0].zero_();  // an all-zero row: scale 1, y = bias
       const at::Tensor bias = at::randn({n}, options()).to(dtype);
       const at::Tensor want = dynamic_composite(x, wq, scale, bias);
-      const double tol =
-          dtype == at::kFloat || dtype == at::kDouble ? 1e-6 : linear_tolerance(dtype);
+      const double tol = dtype == at::kFloat || dtype == at::kDouble
+                             ? 2e-6 * std::sqrt(static_cast<double>(k))
+                             : linear_tolerance(dtype);
       std::optional<at::Tensor> first;
       for (auto capability : fuseops::cpu::runnable_capabilities()) {
         fuseops::cpu::ScopedCapabilityOverride forced(capability);
@@ -153,12 +179,12 @@ TEST(Int8Linear, BadInputsNameOpAndArgument) {
       [&] {
         fuseops::int8_dynamic_linear(at::randn({2, 12}), packed, scale, colsum.to(at::kLong));
       },
-      {dyn, "'colsum'", "int32"});
+      {dyn, "'colsum'", "int16"});
   expect_error_mentions(
       [&] {
-        fuseops::int8_dynamic_linear(at::randn({2, 12}), packed, scale, colsum.narrow(0, 0, 3));
+        fuseops::int8_dynamic_linear(at::randn({2, 12}), packed, scale, colsum.narrow(1, 0, 3));
       },
-      {dyn, "'colsum'", "[20]"});
+      {dyn, "'colsum'", "[1, 20]"});
   expect_error_mentions(
       [&] { fuseops::int8_dynamic_linear(at::randn({2, 13}), packed, scale, colsum); },
       {dyn, "'input'", "K = 13"});

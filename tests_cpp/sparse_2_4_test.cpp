@@ -114,7 +114,7 @@ at::Tensor dynamic_composite(const at::Tensor& x, const at::Tensor& wq, const at
          bias.to(at::kDouble);
 }
 
-TEST(Sparse24, DynamicMatchesCompositeAndTheDenseOpInEveryBuild) {
+TEST(Sparse24, DynamicMatchesCompositeInEveryBuild) {
   for (auto dtype : fuseops::testing::kDtypes) {
     for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 16, 4}, {3, 37, 12}, {2, 33, 200}, {7, 40, 132}, {61, 33, 64}}) {
@@ -122,7 +122,6 @@ TEST(Sparse24, DynamicMatchesCompositeAndTheDenseOpInEveryBuild) {
           fuseops::quantize_per_channel_int8(fuseops::prune_2_4(at::randn({n, k})));
       const auto [values, meta, scale] = fuseops::pack_2_4(wq, wscale);
       const at::Tensor colsum = values.sum(1, false, at::kInt);
-      const auto [packed, dense_scale, dense_colsum] = fuseops::pack_int8_weight(wq, wscale);
       at::Tensor x = at::randn({m, k}).to(dtype);
       x[0].zero_();  // an all-zero row: scale 1, y = bias
       const at::Tensor bias = at::randn({n}).to(dtype);
@@ -140,9 +139,6 @@ TEST(Sparse24, DynamicMatchesCompositeAndTheDenseOpInEveryBuild) {
         const double scale_of_y = std::max(1.0, want.abs().max().item<double>());
         EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, tol, tol * scale_of_y))
             << (y.to(at::kDouble) - want).abs().max().item<double>();
-        // Exact int32 sums and the same epilogue: the dense op's bits.
-        EXPECT_TRUE(
-            at::equal(y, fuseops::int8_dynamic_linear(x, packed, dense_scale, dense_colsum, bias)));
       }
     }
   }

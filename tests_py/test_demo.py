@@ -261,10 +261,14 @@ def test_quantized_inference_of_the_trained_model_in_every_mode():
         assert row["perplexity"] == pytest.approx(math.exp(row["loss"]))
         assert row["forward_seconds"] > 0
         if mode in ("w8a16", "w8a8"):
-            # One int8 byte per weight plus a float32 scale and an int32
-            # column sum per output channel (and the packing's padding of
-            # channels to 16, none at these sizes).
-            assert row["linear_weight_bytes"] == dense_weights + 8 * (5 * d + 2 * hidden), mode
+            # One int8 byte per weight plus a float32 scale per output
+            # channel (and the packing's padding of channels to 16, none at
+            # these sizes); W8A8 adds an int16 column sum per block of 32
+            # inputs and output channel.
+            shapes = [(3 * d, d), (d, d), (hidden, d), (hidden, d), (d, hidden)]
+            colsums = 2 * sum(-(-k // 32) * n for n, k in shapes) if mode == "w8a8" else 0
+            want = dense_weights + 4 * (5 * d + 2 * hidden) + colsums
+            assert row["linear_weight_bytes"] == want, mode
             # Per-channel int8 weights are off by at most half a step
             # (absmax / 254) each: on a barely trained model (loss near
             # log(vocab) ~ 4.4) that moves the mean loss by far less than 0.02.

@@ -1,16 +1,17 @@
 """fuseops.int4_dynamic_linear (W4A8): int4_weight_only_linear's packed
-weight times activations quantized to int8 per row, and the "w4a8" mode of
+weight times activations quantized to int8 per row and weight group, and the "w4a8" mode of
 fuseops.nn.Int4Linear, quantize_ and fuseops.transformers.apply (opcheck,
 compilers, Meta, pybind and every CPU build's results against float64 are in
 test_conformance.py, fed by fuseops/ops/int4_linear.py's samples).
 
-The reference is the same quantized math in float64: the rows quantized in
-float32 exactly as the op does (fuseops.reference.quantize_per_token_int8),
+The reference is the same quantized math in float64: each group of a row
+quantized in float32 exactly as the op does (fuseops.reference.quantize_per_token_int8
+on the row's groups),
 the weight dequantized exactly, the products summed in float64. The op's
 products and zero-point shares are exact integers (int32); what rounds is
-its float32 epilogue: one fused multiply-add per group (the group's scale
-times its integer sum, added to the row's result) and the row's scale at
-the end, so its error is a few float32 roundings of the terms per group:
+its float32 epilogue: per group, the product of the weight's and the
+activations' scales, and one fused multiply-add (that product times the
+group's integer sum, added to the row's result), so its error is a few float32 roundings of the terms per group:
 the tolerance 2e-6 * sqrt(K) of max|y| (as test_int4_linear.py's) plus one
 unit in the last place of bfloat16/float16 results holds that with margin
 and still catches a wrong element. The error against the float layer adds
@@ -85,6 +86,26 @@ def test_quantizes_the_activations():
     weight_only = fuseops.int4_weight_only_linear(x, packed, scale_zero, 32)
     torch.testing.assert_close(dynamic, rounded, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(dynamic, weight_only, rtol=1e-6, atol=1e-6)
+
+
+def test_each_group_gets_its_own_activation_scale(device):
+    """A large value in one group of a row sets that group's step only: the
+    other groups keep their small values (at one scale per row, 127.0 in
+    group 0 would round every 0.3 of group 1 to 0)."""
+    _, (packed, scale_zero) = packed_weight(16, 64, 32, device)
+    x = torch.full((1, 64), 0.3, device=device)
+    x[0, 0] = 127.0
+    dynamic = fuseops.int4_dynamic_linear(x, packed, scale_zero, 32)
+    group0_rounded = x.clone()
+    group0_rounded[0, :32] = torch.round(x[0, :32])
+    weight_only = fuseops.int4_weight_only_linear(group0_rounded, packed, scale_zero, 32)
+    torch.testing.assert_close(dynamic, weight_only, rtol=1e-5, atol=1e-4)
+    per_row = x.clone()
+    per_row[0, 32:] = 0.0
+    per_row[0, :32] = torch.round(x[0, :32])
+    assert not torch.allclose(
+        dynamic, fuseops.int4_weight_only_linear(per_row, packed, scale_zero, 32), atol=1e-3
+    )
 
 
 def test_rows_do_not_depend_on_the_batch(device):

@@ -364,17 +364,13 @@ def int8_2_4(n, k, device, seed=0):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,n,k", SHAPES + [(5, 33, 200), (3, 17, 8192)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_dynamic_matches_float64_reference_and_the_dense_op(dtype, m, n, k, with_bias, device):
+def test_dynamic_matches_float64_reference(dtype, m, n, k, with_bias, device):
     weight, wq, scale = int8_2_4(n, k, device)
     x = torch.randn(m, k, device=device).to(dtype)
     bias = torch.randn(n, device=device).to(dtype) if with_bias else None
     y = fuseops.sparse_2_4_dynamic_linear(x, *weight, bias)
     assert y.dtype == dtype and y.shape == (m, n) and y.is_contiguous()
     assert_dynamic_matches(y, dynamic_reference(x, wq, scale, bias))
-    # The same math as the dense W8A8 op, with exact sums: the same bits.
-    assert torch.equal(
-        y, fuseops.int8_dynamic_linear(x, *fuseops.pack_int8_weight(wq, scale), bias)
-    )
 
 
 def test_dynamic_extreme_values_are_exact(device):
@@ -493,14 +489,16 @@ def test_dynamic_bad_inputs(device):
 
 # Checked in every CPU build (and on AVX-512 with VNNI switched off) against
 # the bits this process's build gives: the sums are exact, so no build may
-# differ. The dense W8A8 op on the same weights must give them too.
+# differ; the dense W8A8 op on the same weights (its activations per block of
+# 32) against its own bits likewise.
 _BUILDS_CODE = """
 import torch, fuseops
 inputs, want = torch.load({path!r})
 with torch.inference_mode():
-    for (x, weight, dense, bias), y in zip(inputs, want):
-        for got in (fuseops.sparse_2_4_dynamic_linear(x, *weight, bias), fuseops.int8_dynamic_linear(x, *dense, bias)):
-            torch.testing.assert_close(got, y, rtol=0, atol=0, equal_nan=True)
+    for (x, weight, dense, bias), ys in zip(inputs, want):
+        got = (fuseops.sparse_2_4_dynamic_linear(x, *weight, bias), fuseops.int8_dynamic_linear(x, *dense, bias))
+        for g, y in zip(got, ys):
+            torch.testing.assert_close(g, y, rtol=0, atol=0, equal_nan=True)
 """
 
 
@@ -518,7 +516,11 @@ def dynamic_calls(tmp_path_factory):
             )
     with torch.inference_mode():
         want = [
-            fuseops.sparse_2_4_dynamic_linear(x, *weight, bias) for x, weight, _, bias in inputs
+            (
+                fuseops.sparse_2_4_dynamic_linear(x, *weight, bias),
+                fuseops.int8_dynamic_linear(x, *dense, bias),
+            )
+            for x, weight, dense, bias in inputs
         ]
     path = tmp_path_factory.mktemp("sparse_w8a8") / "calls.pt"
     torch.save((inputs, want), path)
@@ -537,7 +539,7 @@ x, (values, meta, s, colsum), (packed, ds, dcolsum), bias = inputs[0]
 with torch.inference_mode():
     sparse = fuseops.sparse_2_4_dynamic_linear(x, values, meta, s, colsum + 1, bias)
     dense = fuseops.int8_dynamic_linear(x, packed, ds, dcolsum + 1, bias)
-print(torch.equal(sparse, want[0]), torch.equal(dense, want[0]))
+print(torch.equal(sparse, want[0][0]), torch.equal(dense, want[0][1]))
 """
 
 

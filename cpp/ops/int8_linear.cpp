@@ -104,9 +104,24 @@ at::Tensor int8_dynamic_linear_with(const at::Tensor& input, const at::Tensor& p
   constexpr const char* op = "fuseops::int8_dynamic_linear";
   const at::Tensor b = undefined_if_none(bias);
   at::Tensor out = prepare_linear(op, input, packed, scale, b);
-  check_dynamic_linear_colsum_and_k(op, input, colsum, scale.size(0),
-                                    "from fuseops.pack_int8_weight; N from 'scale'");
+  const int64_t n = scale.size(0);
   const int64_t k = input.size(-1);
+  const int64_t blocks = ceil_div(k, kInt8ActivationBlockK);
+  check_defined(op, "colsum", colsum);
+  TORCH_CHECK(colsum.scalar_type() == at::kShort, op,
+              ": argument 'colsum' must have dtype int16 (from fuseops.pack_int8_weight), got ",
+              colsum.scalar_type(),
+              colsum.dim() == 1 ? " (a per-channel colsum of an older pack_int8_weight: pack "
+                                  "the weight again)"
+                                : "");
+  TORCH_CHECK(colsum.dim() == 2 && colsum.size(0) == blocks && colsum.size(1) == n, op,
+              ": argument 'colsum' must have shape [ceil(K/32), N] = [", blocks, ", ", n,
+              "] (from fuseops.pack_int8_weight; K from 'input', N from 'scale'), got ",
+              colsum.sizes(),
+              colsum.dim() == 1 ? " (a per-channel colsum of an older pack_int8_weight: pack "
+                                  "the weight again)"
+                                : "");
+  check_same_device(op, "colsum", colsum, "input", input);
   if (linear_needs_kernel(out, b, k, kernel != nullptr)) {
     kernel(out, input.reshape({-1, k}).contiguous(), packed.contiguous(), scale.contiguous(),
            colsum.contiguous(), contiguous_if_defined(b));
@@ -142,8 +157,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8_weight_impl(const at::T
   packed.copy_(padded.view({blocks, kInt8BlockN, groups, kInt8GroupK}).permute({0, 2, 1, 3}));
   at::Tensor scale_copy = empty_output({n}, scale.options());
   scale_copy.copy_(scale);
-  at::Tensor colsum = empty_output({n}, wq.options().dtype(at::kInt));
-  at::sum_out(colsum, wq, {1}, false, at::kInt);
+  // colsum[b, n]: the sum of wq[n, k] over activation block b (zeros past
+  // K), so that a block's shifted activation sums can be corrected alone;
+  // int16 holds it (|sum| <= 32 * 128), half a bit per weight.
+  const int64_t activation_blocks = ceil_div(k, kInt8ActivationBlockK);
+  const at::Tensor per_block =
+      at::sum(at::constant_pad_nd(wq, {0, activation_blocks * kInt8ActivationBlockK - k}, 0)
+                  .view({n, activation_blocks, kInt8ActivationBlockK}),
+              {2}, false, at::kInt);
+  at::Tensor colsum = empty_output({activation_blocks, n}, wq.options().dtype(at::kShort));
+  colsum.copy_(per_block.t());
   return {packed, scale_copy, colsum};
 }
 

@@ -20,7 +20,12 @@ from .ops.int4_linear import (
     pack_int4_weight,
     quantize_per_group_int4,
 )
-from .ops.int8_linear import int8_dynamic_linear, int8_weight_only_linear, pack_int8_weight
+from .ops.int8_linear import (
+    colsum_of_packed,
+    int8_dynamic_linear,
+    int8_weight_only_linear,
+    pack_int8_weight,
+)
 from .ops.quantize import quantize_per_channel_int8
 from .ops.sparse_2_4 import (
     colsum_2_4,
@@ -205,11 +210,16 @@ class _QuantizedLinear(torch.nn.Module):
                 getattr(module, name).copy_(tensor)
             if linear.bias is not None:
                 module.bias.copy_(linear.bias.detach())
+        module._after_pack()
         return module
 
     def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         """The buffers (name -> tensor) holding `weight` in this mode."""
         raise NotImplementedError
+
+    def _after_pack(self) -> None:
+        """Called once the packed buffers hold a weight: what derives from
+        them (the subclass's)."""
 
     def _apply(self, fn, recurse=True):
         # module.to(dtype) casts floating buffers; the scales keep their dtype
@@ -236,17 +246,23 @@ class Int8Linear(_QuantizedLinear):
     or float64 (the result has x's dtype). ``mode`` picks the kernel:
     ``"w8a16"`` (default) runs ``fuseops.int8_weight_only_linear`` (float
     activations), ``"w8a8"`` runs ``fuseops.int8_dynamic_linear`` (activations
-    quantized per token on the fly, int8 x int8 products). The mode is an
+    quantized on the fly with a scale per block of 32 along K, int8 x int8
+    products). The mode is an
     attribute, not state: both use the same buffers, so a state_dict saved in
     one mode loads in the other, and ``module.mode`` may be switched. Build it from a trained layer with ``Int8Linear.from_float(linear)``
     or let ``fuseops.quantize_(model)`` swap a model's ``nn.Linear`` layers.
 
     The weight lives in buffers, the form ``fuseops.pack_int8_weight``
-    returns: ``packed`` (int8 ``[ceil(N/16), ceil(K/4), 16, 4]``), ``scale``
-    (float32 ``[N]``) and ``colsum`` (int32 ``[N]``), plus ``bias`` (the
-    layer's, in its dtype, or None), so ``state_dict()`` saves and
-    ``load_state_dict()`` restores them like any buffers. No gradients: run
-    it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    returns: ``packed`` (int8 ``[ceil(N/16), ceil(K/4), 16, 4]``) and
+    ``scale`` (float32 ``[N]``), plus ``bias`` (the layer's, in its dtype,
+    or None), so ``state_dict()`` saves and ``load_state_dict()`` restores
+    them like any buffers. ``colsum`` (int16 ``[ceil(K/32), N]``, the W8A8
+    kernels' correction) is derived from ``packed`` in mode ``"w8a8"`` (when
+    the weight is packed or loaded, or the mode is set) and empty in
+    ``"w8a16"``, and not saved: half a bit per weight that only W8A8 reads.
+    A state_dict that holds one (older releases saved a per-channel
+    ``colsum [N]``) loads, the entry ignored. No gradients: run it under
+    ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
 
     MODES = ("w8a16", "w8a8")
@@ -261,8 +277,6 @@ class Int8Linear(_QuantizedLinear):
         mode: str = "w8a16",
     ) -> None:
         super().__init__()
-        self._check_mode(mode)
-        self.mode = mode
         self.in_features = in_features
         self.out_features = out_features
         blocks, groups = -(-out_features // 16), -(-in_features // 4)
@@ -270,10 +284,41 @@ class Int8Linear(_QuantizedLinear):
             "packed", torch.zeros(blocks, groups, 16, 4, dtype=torch.int8, device=device)
         )
         self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
-        self.register_buffer("colsum", torch.zeros(out_features, dtype=torch.int32, device=device))
+        self.register_buffer("colsum", None, persistent=False)
         self.register_buffer(
             "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
         )
+        self.mode = mode
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._check_mode(mode)
+        self._mode = mode
+        self._derive_colsum()
+
+    def _derive_colsum(self) -> None:
+        # The W8A8 kernels' colsum, from the packed weight; empty otherwise.
+        packed = self._buffers["packed"]
+        assert packed is not None
+        self._buffers["colsum"] = (
+            colsum_of_packed(packed, self.out_features, self.in_features)
+            if self._mode == "w8a8"
+            else packed.new_zeros((0, self.out_features), dtype=torch.int16)
+        )
+
+    def _after_pack(self) -> None:
+        self._derive_colsum()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # colsum is derived, not loaded (state_dicts of older releases hold
+        # one per channel): the entry is dropped, then derived again.
+        state_dict.pop(prefix + "colsum", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._derive_colsum()
 
     @classmethod
     def from_float(cls, linear: torch.nn.Linear, mode: str = "w8a16") -> "Int8Linear":
@@ -282,8 +327,8 @@ class Int8Linear(_QuantizedLinear):
         return cls._from_float(linear, mode)
 
     def _pack(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        packed = pack_int8_weight(*quantize_per_channel_int8(weight))
-        return dict(zip(("packed", "scale", "colsum"), packed))
+        packed, scale, _ = pack_int8_weight(*quantize_per_channel_int8(weight))
+        return {"packed": packed, "scale": scale}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "w8a8":
@@ -300,8 +345,8 @@ class Int4Linear(_QuantizedLinear):
     activations float32, bfloat16, float16 or float64 (the result has x's
     dtype). ``mode`` picks the kernel: ``"w4a16"`` (default) runs
     ``fuseops.int4_weight_only_linear`` (float activations), ``"w4a8"`` runs
-    ``fuseops.int4_dynamic_linear`` (activations quantized to int8 per token
-    on the fly; the faster decode on CPUs with AVX512_VNNI). The mode is an
+    ``fuseops.int4_dynamic_linear`` (activations quantized to int8 per weight
+    group on the fly; the faster decode on CPUs with AVX512_VNNI). The mode is an
     attribute, not state: both use the same buffers. Build it from a trained
     layer with ``Int4Linear.from_float(linear)`` or let
     ``fuseops.quantize_(model, "w4a16")`` swap a model's ``nn.Linear``
@@ -492,8 +537,8 @@ class Sparse24Linear(_QuantizedLinear):
     with one float32 scale per output channel (int8 weights, float
     activations: ``fuseops.sparse_2_4_linear``); ``"2:4+w8a8"`` has the same
     int8 weights and quantizes the activations per token on the fly
-    (``fuseops.sparse_2_4_dynamic_linear``, the math of
-    ``int8_dynamic_linear``). The two int8 modes use the same buffers: a
+    (``fuseops.sparse_2_4_dynamic_linear``: one scale per row, where
+    ``int8_dynamic_linear`` has one per block of 32). The two int8 modes use the same buffers: a
     state_dict saved in one loads in the other, and ``module.mode`` may be
     switched between them (not to or from ``"2:4"``, whose values are
     float). Build it from a trained layer with
@@ -654,8 +699,8 @@ def _recipe_mode(recipe: str, mode: str, name: str, heads: set[str]) -> str:
     eight = "w8a16" if mode == "w4a16" else "w8a8"
     if name in heads:
         # The head at 8 bits with float activations in both modes: its
-        # inputs are the final hidden states, whose per-token int8 rounding
-        # costs the most (the logits' error is what the loss sees).
+        # inputs are the final hidden states, whose int8 rounding costs the
+        # most (the logits' error is what the loss sees).
         return "w8a16"
     if recipe == "mixed" and name.split(".")[-1] in _VALUE_PROJECTIONS:
         return eight
@@ -680,11 +725,11 @@ def quantize_(
     parent, so pass the model that holds the layers.
 
     Modes: ``"w8a16"`` (int8 weights per channel, float activations) and
-    ``"w8a8"`` (the same weights, activations quantized per token on the
-    fly: ``int8_dynamic_linear``) give ``fuseops.nn.Int8Linear``;
+    ``"w8a8"`` (the same weights, activations quantized per block of 32 on
+    the fly: ``int8_dynamic_linear``) give ``fuseops.nn.Int8Linear``;
     ``"w4a16"`` (int4 weights in groups of `group_size` input features,
     float activations) and ``"w4a8"`` (the same weights, activations
-    quantized per token on the fly: ``int4_dynamic_linear``) give
+    quantized per weight group on the fly: ``int4_dynamic_linear``) give
     ``fuseops.nn.Int4Linear`` with `scheme`, its scales and zero points in
     `scale_dtype` (see ``Int4Linear``); ``importance`` maps a layer's
     qualified name to its per-input-feature weights for the

@@ -1111,7 +1111,7 @@ def apply(
     ``Replacement(name, "Linear", "fuseops.quantization.Int8Linear('w8a16')")``.
     ``"w8a16"``: int8 weights, one scale per output channel, activations
     in the model's dtype; ``"w8a8"``: the same weights, activations
-    quantized per token on the fly; ``"w4a16"``, where
+    quantized on the fly, a scale per block of 32; ``"w4a16"``, where
     ``fuseops.quantization.QUANTIZE_MODES`` has it, int4 weights with a
     scale and a minimum per `group_size` input features (`group_size` is
     used by the int4 modes only; ``fuseops.nn.Int4Linear``'s default
@@ -1119,7 +1119,7 @@ def apply(
     ``"mixed"``: the LM head and the attention value projections at 8 bits;
     ``"pure"``: only the head; ``"uniform"``: none), each layer's
     ``Replacement`` naming the mode it got; ``"w4a8"``: the same int4
-    weights, activations quantized per token on the fly (the fastest
+    weights, activations quantized per weight group on the fly (the fastest
     decode on CPUs with AVX512_VNNI). :func:`quantize_modes` lists the modes this installation
     has; another value raises ``ValueError`` naming them. The patched model
     then runs under ``torch.no_grad()`` or ``torch.inference_mode()``

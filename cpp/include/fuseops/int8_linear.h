@@ -18,8 +18,10 @@ namespace fuseops {
 //           consecutive values per channel (the VNNI order of vpdpbusd, 64
 //           bytes per group), so a kernel streams one block contiguously.
 //   scale   float32 [N]: the per-channel scales, copied.
-//   colsum  int32 [N]: sum over k of wq[n, k], kept for int8-activation
-//           kernels (unsigned activations x + 128 need -128 * colsum).
+//   colsum  int16 [ceil(K/32), N]: colsum[b, n] = sum of wq[n, k] over
+//           activation block b (k in [32b, 32b + 32), zeros past K), kept
+//           for int8_dynamic_linear's kernels (unsigned activations x + 128
+//           need -128 * colsum, block by block).
 //
 // N and K are not stored: N is scale's length, K the activations' last
 // dimension (checked against the packed shape).
@@ -41,16 +43,20 @@ at::Tensor int8_weight_only_linear(const at::Tensor& input, const at::Tensor& pa
                                    const std::optional<at::Tensor>& bias = std::nullopt);
 
 // W8A8 dynamic: y = x @ (wq * scale[:, None]).T + bias with the activations
-// quantized per row on the fly. x [..., K] float32, bfloat16, float16 or
-// float64 (rounded to float32 first); each row gets x_scale = absmax/127 and
-// xq = round(x / x_scale) clamped to [-127, 127], exactly as
-// quantize_per_token_int8 computes them (an all-zero row scale 1). The
-// products xq * wq are summed exactly in int32 and the result is
-//   y[m, n] = (float(acc[m, n]) * x_scale[m]) * scale[n] + bias[n]
-// in float32 (float64 for float64 x), rounded to x's dtype. colsum is the
-// third tensor pack_int8_weight returns. A row holding Inf or NaN gives a
-// row of NaN. Inference op: no derivative; called on tensors that require
-// grad with grad mode on it raises.
+// quantized on the fly per activation block of 32 along K. x [..., K]
+// float32, bfloat16, float16 or float64 (rounded to float32 first); each
+// block b of a row gets x_scale[m, b] = absmax/127 and xq = round(x /
+// x_scale) clamped to [-127, 127], exactly as quantize_per_token_int8
+// computes them for a row (an all-zero block scale 1): llama.cpp's Q8_0
+// activations, which keep an outlier channel from setting the step of a
+// whole row. Each block's products xq * wq are summed exactly in int32 and
+// folded, block after block, into a float32 accumulator,
+//   acc = fma(x_scale[m, b], float(sum_b[m, n]), acc),
+// then y[m, n] = acc * scale[n] + bias[n] in float32 (float64 for float64
+// x), rounded to x's dtype. colsum is the third tensor pack_int8_weight
+// returns. A row holding Inf or NaN gives a row of NaN. K has no limit.
+// Inference op: no derivative; called on tensors that require grad with
+// grad mode on it raises.
 at::Tensor int8_dynamic_linear(const at::Tensor& input, const at::Tensor& packed,
                                const at::Tensor& scale, const at::Tensor& colsum,
                                const std::optional<at::Tensor>& bias = std::nullopt);

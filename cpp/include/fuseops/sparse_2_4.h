@@ -54,13 +54,12 @@ at::Tensor sparse_2_4_linear(const at::Tensor& input, const at::Tensor& values,
                              const at::Tensor& meta, const at::Tensor& scale,
                              const std::optional<at::Tensor>& bias = std::nullopt);
 // W8A8 dynamic with the packed 2:4 int8 weight (values int8 from pack_2_4
-// of an int8 weight, colsum int32 [N] = values.sum(1)): the semantics of
-// int8_dynamic_linear. Each row of x [..., K] (float32, float64, bfloat16
-// or float16) is quantized per token as quantize_per_token_int8 does, the
-// int8 products of the kept weights are summed exactly in int32, and
-// y[m, n] = (acc[m, n] * x_scale[m]) * scale[n] + bias[n] in float32
-// (float64 for float64 x), rounded to x's dtype. K at most 132104; a row
-// holding Inf or NaN gives a row of NaN. Inference op.
+// of an int8 weight, colsum int32 [N] = values.sum(1)), activations per row
+// (int8_dynamic_linear quantizes them per block of 32 along K). Each row of x [..., K] (float32,
+// float64, bfloat16 or float16) is quantized per token as quantize_per_token_int8 does, the int8
+// products of the kept weights are summed exactly in int32, and y[m, n] = (acc[m, n] * x_scale[m])
+// * scale[n] + bias[n] in float32 (float64 for float64 x), rounded to x's dtype. K at most 132104;
+// a row holding Inf or NaN gives a row of NaN. Inference op.
 at::Tensor sparse_2_4_dynamic_linear(const at::Tensor& input, const at::Tensor& values,
                                      const at::Tensor& meta, const at::Tensor& scale,
                                      const at::Tensor& colsum,

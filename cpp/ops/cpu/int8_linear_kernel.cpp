@@ -371,39 +371,51 @@ void int8_weight_only_linear_kernel_impl(const at::Tensor& out, const at::Tensor
 // ---------------------------------------------------------------------------
 // W8A8 dynamic (int8_dynamic_linear). The rows of x are quantized first,
 // into an int8 buffer of whole groups (zeros past K, where the packed
-// weights are 0 too), with quantize_per_token_int8's math; then each task
-// (kDotBlocks blocks of 16 channels x a chunk of rows: the blocks feed
-// every thread at decode sizes, the chunks at large M) sums int8 x int8
-// products in int32, exactly, so every build and every path gives the same
-// sums:
+// weights are 0 too), per activation block of 32 along K: each block of a
+// row gets its own scale, absmax / 127, with quantize_per_token_int8's math
+// within the block (llama.cpp's Q8_0 activations). One scale per row let a
+// row's largest activation, often an outlier channel, set the step for all
+// the others: +2.5-5.8% perplexity on real models, against +0.1-0.4% per
+// block. Then each task (kDotBlocks blocks of 16 channels x a chunk of
+// rows: the blocks feed every thread at decode sizes, the chunks at large
+// M) sums, block by block, int8 x int8 products in int32, exactly, so every
+// build and every path gives the same sums:
 //  - AVX-512 with AVX512_VNNI: vpdpbusd multiplies unsigned by signed bytes
 //    and adds each channel's four products to its int32 lane: one
-//    instruction per row, block and group of 4; a tile of 12 rows x 2
-//    blocks shares each weight load and each broadcast of 4 activations,
-//    and the tiles of a chunk reuse each slice of the weights from L1. The
-//    activations are stored shifted to
-//    unsigned (xq + 128, as xq ^ 0x80), so the sums carry 128 * colsum[n]
-//    extra, taken off in the epilogue (modulo 2^32: the lanes wrap, and the
-//    true sum fits in int32, see kMaxDynamicK).
+//    instruction per row, block and group of 4; a tile of 6 rows x 2
+//    blocks shares each weight load and each broadcast of 4 activations
+//    and keeps both the activation block's int32 sums and the rows' float32
+//    accumulators in registers (fold_tile_vnni). The activations are stored
+//    shifted to unsigned (xq + 128, as xq ^ 0x80), so a block's sums carry
+//    128 * colsum[block, n] extra, taken off before the fold. (Folding
+//    through memory, as the other paths do, made a decode step of Gemma 3
+//    270M's W8A8 model twice as slow as its W8A16 one.)
 //  - AVX-512 without VNNI and AVX2: vpmaddubsw is not used: with unsigned
 //    activations up to 255 its int16 pair sums (up to 2 * 255 * 128) would
 //    saturate. Both operands are sign-extended to int16 instead (vpmovsxbw)
 //    and vpmaddwd adds each pair of products into an int32 lane (at most
 //    2 * 127 * 128, exact): lane 2c + p of a row holds channel c's pair p
-//    (k mod 4 in {2p, 2p + 1}); the epilogue adds the two.
+//    (k mod 4 in {2p, 2p + 1}); the fold adds the two. These paths leave
+//    each activation block's sums in a buffer (tiles of 12 rows x 2 blocks
+//    with AVX-512, the tiles of a chunk reusing the block's slice of the
+//    weights from L1), then fold them.
 //  - DEFAULT: plain int32 loops.
-// The epilogue: y = (float(acc) * x_scale[m]) * scale[n] (+ bias), in
-// float32 (float64 for float64 x).
+// Each block's exact sums are folded into a float32 accumulator per row and
+// channel, block after block: acc = fma(x_scale[m, block], float(sum), acc)
+// (float(sum) is exact: |sum| <= 32 * 127 * 128 < 2^24). The epilogue:
+// y = acc * scale[n] (+ bias), in float32 (float64 for float64 x, from the
+// float32 acc). The same operations in the same order in every build.
 
-// With AVX-512, 2 blocks x 12 rows: 24 accumulators, 2 weight vectors, 1
-// broadcast.
+// The paths without VNNI, with AVX-512: 2 blocks x 12 rows: 24
+// accumulators, 2 weight vectors, 1 broadcast.
 constexpr int kDotTileRows = per_build(12, 2, 1);
 // int32 lanes of partial sums per row (the pair layout's 2 per channel).
 constexpr int64_t kDotLanes = 2 * kBlockN;
-// Rows per task, a multiple of the tile; groups per slice of the block's
-// weights that every tile of a chunk runs over while it sits in L1 (8 KiB).
+// Rows per task, a multiple of the tile; every tile of a chunk runs over
+// one activation block's slice of the weights (8 groups, 512 bytes a block
+// of channels) while it sits in L1.
 constexpr int64_t kDotChunkRows = std::max(4 * kDotTileRows, 16);
-constexpr int64_t kDotSliceGroups = 128;
+constexpr int64_t kDotSliceGroups = detail::kInt8ActivationBlockK / kGroupK;
 // Blocks of channels per task.
 constexpr int kDotBlocks = 2;
 
@@ -412,65 +424,6 @@ C10_ALWAYS_INLINE int32_t load_four(const int8_t* p) {
   std::memcpy(&four, p, sizeof(four));
   return four;
 }
-
-#if defined(CPU_CAPABILITY_AVX512)
-// Channel c of block j: its sum (shifted by 128 * colsum) in lane c of
-// row r at partial + j * block_stride + r * kDotLanes. B blocks (weights
-// `w_stride` bytes apart) share each broadcast of the activations: B weight
-// loads and R broadcasts feed R * B multiply-adds per group.
-template <int R, int B>
-C10_ALWAYS_INLINE void dot_tile_vnni(const int8_t* x, int64_t x_stride, const int8_t* w,
-                                     int64_t w_stride, int64_t groups, int32_t* partial,
-                                     int64_t block_stride, bool first) {
-  // With few accumulators, two per (row, block) (even and odd groups) hide
-  // the instruction's latency.
-  constexpr int U = R * B < 4 ? 2 : 1;
-  __m512i acc[R][B][U];
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < B; ++j) {
-      acc[r][j][0] = first ? _mm512_setzero_si512()
-                           : _mm512_loadu_si512(partial + j * block_stride + r * kDotLanes);
-      if constexpr (U == 2) {
-        acc[r][j][U - 1] = _mm512_setzero_si512();
-      }
-    }
-  }
-  int64_t g = 0;
-  for (; g + U <= groups; g += U) {
-    for (int u = 0; u < U; ++u) {
-      __m512i wv[B];
-      for (int j = 0; j < B; ++j) {
-        prefetch_ahead(w + j * w_stride + (g + u) * kGroupBytes);
-        wv[j] = _mm512_loadu_si512(w + j * w_stride + (g + u) * kGroupBytes);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + (g + u) * kGroupK));
-        for (int j = 0; j < B; ++j) {
-          acc[r][j][u] = dot_u8_s8(acc[r][j][u], xv, wv[j]);
-        }
-      }
-    }
-  }
-  for (; g < groups; ++g) {
-    for (int r = 0; r < R; ++r) {
-      const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + g * kGroupK));
-      for (int j = 0; j < B; ++j) {
-        acc[r][j][0] =
-            dot_u8_s8(acc[r][j][0], xv, _mm512_loadu_si512(w + j * w_stride + g * kGroupBytes));
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < B; ++j) {
-      __m512i sum = acc[r][j][0];
-      if constexpr (U == 2) {
-        sum = _mm512_add_epi32(sum, acc[r][j][1]);
-      }
-      _mm512_storeu_si512(partial + j * block_stride + r * kDotLanes, sum);
-    }
-  }
-}
-#endif
 
 // The pair layout (AVX-512 without VNNI, AVX2) or one lane per channel
 // (DEFAULT); signed activations.
@@ -550,33 +503,149 @@ C10_ALWAYS_INLINE void dot_tile_signed(const int8_t* x, int64_t x_stride, const 
 }
 
 // `blocks` (1 or kDotBlocks) blocks of channels for `rows` in [1,
-// kDotTileRows] rows: dot_tile_vnni or, block by block, dot_tile_signed.
-template <bool kVnni, int R = kDotTileRows>
+// kDotTileRows] rows, block by block: dot_tile_signed.
+template <int R = kDotTileRows>
 void dot_tile_rows(int rows, int blocks, const int8_t* x, int64_t x_stride, const int8_t* w,
                    int64_t w_stride, int64_t groups, int32_t* partial, int64_t block_stride,
                    bool first) {
   if constexpr (R > 1) {
     if (rows < R) {
-      dot_tile_rows<kVnni, R - 1>(rows, blocks, x, x_stride, w, w_stride, groups, partial,
-                                  block_stride, first);
+      dot_tile_rows<R - 1>(rows, blocks, x, x_stride, w, w_stride, groups, partial, block_stride,
+                           first);
       return;
     }
   }
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (kVnni) {
-    if (blocks == kDotBlocks && R > 1) {
-      dot_tile_vnni<R, kDotBlocks>(x, x_stride, w, w_stride, groups, partial, block_stride, first);
-    } else {
-      for (int j = 0; j < blocks; ++j) {
-        dot_tile_vnni<R, 1>(x, x_stride, w + j * w_stride, w_stride, groups,
-                            partial + j * block_stride, block_stride, first);
-      }
-    }
-    return;
-  }
-#endif
   for (int j = 0; j < blocks; ++j) {
     dot_tile_signed<R>(x, x_stride, w + j * w_stride, groups, partial + j * block_stride, first);
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Rows of the VNNI path's fused tile: per (row, block of channels) an int32
+// accumulator for the current activation block and a float32 one for the
+// whole row: 2 blocks x 6 rows x 2 = 24 vectors, with 2 weight vectors, a
+// broadcast, 2 column-sum shifts and a scale broadcast.
+constexpr int kVnniFoldRows = 6;
+
+// The VNNI path whole: for R rows and B blocks of channels (weights
+// `w_stride` bytes apart, the first at channel ch0), every activation block
+// summed with vpdpbusd in int32, corrected by 128 * colsum, and folded into
+// float32 accumulators in registers (acc = fma(x_scale, float(sum), acc));
+// stored to acc_out + j * acc_stride + r * kBlockN.
+template <int R, int B>
+C10_ALWAYS_INLINE void fold_tile_vnni(const int8_t* x, int64_t x_stride, const float* x_scale,
+                                      int64_t x_scale_stride, const int8_t* w, int64_t w_stride,
+                                      int64_t groups, int64_t activation_blocks,
+                                      const int16_t* colsum, int64_t n, int64_t ch0, float* acc_out,
+                                      int64_t acc_stride) {
+  __m512 total[R][B];
+  __mmask16 masks[B];
+  for (int j = 0; j < B; ++j) {
+    const int64_t channels = std::min<int64_t>(kBlockN, n - ch0 - j * kBlockN);
+    masks[j] = static_cast<__mmask16>((1u << channels) - 1u);
+    for (int r = 0; r < R; ++r) {
+      total[r][j] = _mm512_setzero_ps();
+    }
+  }
+  for (int64_t ab = 0; ab < activation_blocks; ++ab) {
+    const int64_t g_begin = ab * kDotSliceGroups;
+    const int64_t g_end = std::min(groups, g_begin + kDotSliceGroups);
+    __m512i sums[R][B];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < B; ++j) {
+        sums[r][j] = _mm512_setzero_si512();
+      }
+    }
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      __m512i wv[B];
+      for (int j = 0; j < B; ++j) {
+        // The float path's distance: at prefetch.h's 1 KiB a decode step's
+        // weights from memory arrived late here too (Gemma 3 270M's head,
+        // 32768 x 640 of it: about 650 us against 200-400 at 4 KiB; noisy).
+        prefetch_ahead<kWidenedStreamPrefetchBytes>(w + j * w_stride + g * kGroupBytes);
+        wv[j] = _mm512_loadu_si512(w + j * w_stride + g * kGroupBytes);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_set1_epi32(load_four(x + r * x_stride + g * kGroupK));
+        for (int j = 0; j < B; ++j) {
+          sums[r][j] = dot_u8_s8(sums[r][j], xv, wv[j]);
+        }
+      }
+    }
+    __m512i shift[B];
+    for (int j = 0; j < B; ++j) {
+      const int16_t* cs = colsum + ab * n + ch0 + j * kBlockN;
+      shift[j] =
+          _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(masks[j], cs)), 7);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 xs = _mm512_set1_ps(x_scale[r * x_scale_stride + ab]);
+      for (int j = 0; j < B; ++j) {
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r][j], shift[j]));
+        total[r][j] = _mm512_fmadd_ps(xs, sum, total[r][j]);
+      }
+    }
+  }
+  for (int j = 0; j < B; ++j) {
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_ps(acc_out + j * acc_stride + r * kBlockN, total[r][j]);
+    }
+  }
+}
+
+// fold_tile_vnni for a run-time rows in [1, kVnniFoldRows] and blocks in
+// [1, kDotBlocks].
+template <int R = kVnniFoldRows>
+void fold_tile_vnni_rows(int rows, int blocks, const int8_t* x, int64_t x_stride,
+                         const float* x_scale, int64_t x_scale_stride, const int8_t* w,
+                         int64_t w_stride, int64_t groups, int64_t activation_blocks,
+                         const int16_t* colsum, int64_t n, int64_t ch0, float* acc_out,
+                         int64_t acc_stride) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      fold_tile_vnni_rows<R - 1>(rows, blocks, x, x_stride, x_scale, x_scale_stride, w, w_stride,
+                                 groups, activation_blocks, colsum, n, ch0, acc_out, acc_stride);
+      return;
+    }
+  }
+  if (blocks == kDotBlocks) {
+    fold_tile_vnni<R, kDotBlocks>(x, x_stride, x_scale, x_scale_stride, w, w_stride, groups,
+                                  activation_blocks, colsum, n, ch0, acc_out, acc_stride);
+  } else {
+    fold_tile_vnni<R, 1>(x, x_stride, x_scale, x_scale_stride, w, w_stride, groups,
+                         activation_blocks, colsum, n, ch0, acc_out, acc_stride);
+  }
+}
+#endif
+
+// The exact int32 sums of one activation block for `channels` channels of
+// a block (lanes as dot_tile_rows leaves them), into sums[0, kBlockN): the
+// pair lanes added (AVX-512 without VNNI, AVX2), DEFAULT's lanes as they
+// are; 0 past `channels`.
+C10_ALWAYS_INLINE void block_sums(const int32_t* lanes, int64_t channels, int32_t* sums) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // Lane 2c + p of the two vectors: the even lanes and the odd ones.
+  const __m512i low = _mm512_loadu_si512(lanes);
+  const __m512i high = _mm512_loadu_si512(lanes + 16);
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  _mm512_storeu_si512(sums, _mm512_add_epi32(_mm512_permutex2var_epi32(low, even, high),
+                                             _mm512_permutex2var_epi32(low, odd, high)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  for (int h = 0; h < 2; ++h) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 16 * h));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 16 * h + 8));
+    // hadd pairs within 128-bit halves: a01 a23 b01 b23 | a45 a67 b45 b67.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + 8 * h),
+                        _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xD8));
+  }
+#else
+  for (int64_t c = 0; c < kBlockN; ++c) {
+    sums[c] = lanes[c];
+  }
+#endif
+  for (int64_t c = channels; c < kBlockN; ++c) {
+    sums[c] = 0;
   }
 }
 
@@ -589,6 +658,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
   const int64_t blocks = packed.size(0);
   const int64_t groups = packed.size(1);
   const int64_t k_padded = groups * kGroupK;
+  constexpr int64_t kActivationBlockK = detail::kInt8ActivationBlockK;
+  const int64_t activation_blocks = (k + kActivationBlockK - 1) / kActivationBlockK;
 #if defined(CPU_CAPABILITY_AVX512)
   const bool vnni = kUseAvx512Vnni;
 #else
@@ -601,86 +672,94 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
   // of a tile would otherwise share a few L1 sets and evict each other.
   const int64_t x_stride = k_padded + 64;
   std::vector<int8_t> xq(static_cast<size_t>(m_total * x_stride), 0);
-  std::vector<float> x_scale(static_cast<size_t>(m_total));
+  // x_scale[m * activation_blocks + b]: row m's block b.
+  std::vector<float> x_scale(static_cast<size_t>(m_total * activation_blocks));
   at::parallel_for(0, m_total, row_grain(k), [&](int64_t begin, int64_t end) {
     std::vector<float> buffer;
     for (int64_t m = begin; m < end; ++m) {
-      x_scale[m] = quantize_row_for_dot(in + m * k, k, xq.data() + m * x_stride, vnni, buffer);
+      for (int64_t b = 0; b < activation_blocks; ++b) {
+        const int64_t start = b * kActivationBlockK;
+        // Inf or NaN in the block: its scale is NaN, so the row's outputs
+        // come out NaN.
+        x_scale[m * activation_blocks + b] =
+            quantize_row_for_dot(in + m * k + start, std::min(kActivationBlockK, k - start),
+                                 xq.data() + m * x_stride + start, vnni, buffer);
+      }
     }
   });
 
   const int8_t* w = packed.const_data_ptr<int8_t>();
   const float* s = scale.const_data_ptr<float>();
-  const int32_t* cs = colsum.const_data_ptr<int32_t>();
   const scalar_t* b = bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr;
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
   const int64_t chunks = (m_total + kDotChunkRows - 1) / kDotChunkRows;
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  constexpr bool kPairs = true;
-#else
-  constexpr bool kPairs = false;
-#endif
 
   const int64_t units = (blocks + kDotBlocks - 1) / kDotBlocks;
   const int64_t block_bytes = groups * kGroupBytes;
   const int64_t block_stride = kDotChunkRows * kDotLanes;
+  // The float32 accumulators: kBlockN per row of the chunk and block.
+  const int64_t acc_stride = kDotChunkRows * kBlockN;
   at::parallel_for(0, units * chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> partial(static_cast<size_t>(kDotBlocks * block_stride));
+    std::vector<float> acc(static_cast<size_t>(kDotBlocks * acc_stride));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t first_block = (task / chunks) * kDotBlocks;
       const int unit_blocks = static_cast<int>(std::min<int64_t>(kDotBlocks, blocks - first_block));
       const int64_t m_begin = (task % chunks) * kDotChunkRows;
       const int64_t m_end = std::min(m_total, m_begin + kDotChunkRows);
       const int8_t* wb = w + first_block * block_bytes;
-      // One tile streams the blocks' weights once; several share each
-      // slice of them from L1.
-      const int64_t slice = m_end - m_begin <= kDotTileRows ? groups : kDotSliceGroups;
-      for (int64_t g0 = 0; g0 < groups; g0 += slice) {
-        const int64_t count = std::min(slice, groups - g0);
+#if defined(CPU_CAPABILITY_AVX512)
+      if (vnni) {
+        // The sums and the fold in registers, tile by tile.
+        const int16_t* cs = colsum.const_data_ptr<int16_t>();
+        for (int64_t m = m_begin; m < m_end; m += kVnniFoldRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kVnniFoldRows, m_end - m));
+          fold_tile_vnni_rows(rows, unit_blocks, xq.data() + m * x_stride, x_stride,
+                              x_scale.data() + m * activation_blocks, activation_blocks, wb,
+                              block_bytes, groups, activation_blocks, cs, n, first_block * kBlockN,
+                              acc.data() + (m - m_begin) * kBlockN, acc_stride);
+        }
+      }
+#endif
+      // The other paths: each activation block's sums in `partial`, then
+      // folded into the float32 accumulators.
+      for (int64_t ab = 0; ab < (vnni ? 0 : activation_blocks); ++ab) {
+        const int64_t g0 = ab * kDotSliceGroups;
+        const int64_t count = std::min(kDotSliceGroups, groups - g0);
         for (int64_t m = m_begin; m < m_end; m += kDotTileRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kDotTileRows, m_end - m));
-          const int8_t* xm = xq.data() + m * x_stride + g0 * kGroupK;
-          int32_t* pm = partial.data() + (m - m_begin) * kDotLanes;
-          if (vnni) {
-            dot_tile_rows<true>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes, block_bytes,
-                                count, pm, block_stride, g0 == 0);
-          } else {
-            dot_tile_rows<false>(rows, unit_blocks, xm, x_stride, wb + g0 * kGroupBytes,
-                                 block_bytes, count, pm, block_stride, g0 == 0);
+          dot_tile_rows(rows, unit_blocks, xq.data() + m * x_stride + g0 * kGroupK, x_stride,
+                        wb + g0 * kGroupBytes, block_bytes, count,
+                        partial.data() + (m - m_begin) * kDotLanes, block_stride, /*first=*/true);
+        }
+        for (int j = 0; j < unit_blocks; ++j) {
+          const int64_t channels = std::min(kBlockN, n - (first_block + j) * kBlockN);
+          for (int64_t m = m_begin; m < m_end; ++m) {
+            alignas(64) int32_t sums[kBlockN];
+            block_sums(partial.data() + j * block_stride + (m - m_begin) * kDotLanes, channels,
+                       sums);
+            const FloatVec xs(x_scale[m * activation_blocks + ab]);
+            float* am = acc.data() + j * acc_stride + (m - m_begin) * kBlockN;
+            for (int64_t c = 0; c < kBlockN; c += W) {
+              const FloatVec before = ab == 0 ? FloatVec(0.0f) : FloatVec::loadu(am + c);
+              fused_multiply_add(xs, load_int32_as_float(sums + c), before).store(am + c);
+            }
           }
         }
       }
       using opmath_t = at::opmath_type<scalar_t>;
       for (int j = 0; j < unit_blocks; ++j) {
-        const int64_t block = first_block + j;
-        const int64_t ch0 = block * kBlockN;
+        const int64_t ch0 = (first_block + j) * kBlockN;
         const int64_t channels = std::min(kBlockN, n - ch0);
         for (int64_t m = m_begin; m < m_end; ++m) {
-          const int32_t* lanes = partial.data() + j * block_stride + (m - m_begin) * kDotLanes;
-          // The channels' exact sums, as float32 (or float64) values.
-          opmath_t sums[kBlockN];
-          for (int64_t c = 0; c < channels; ++c) {
-            int32_t acc;
-            if (vnni) {
-              // Modulo 2^32, as the lanes wrapped; the true sum fits.
-              acc = static_cast<int32_t>(static_cast<uint32_t>(lanes[c]) -
-                                         128u * static_cast<uint32_t>(cs[ch0 + c]));
-            } else if (kPairs) {
-              acc = lanes[2 * c] + lanes[2 * c + 1];
-            } else {
-              acc = lanes[c];
-            }
-            sums[c] = static_cast<opmath_t>(acc);
-          }
+          const float* am = acc.data() + j * acc_stride + (m - m_begin) * kBlockN;
           scalar_t* om = o + m * n + ch0;
           if constexpr (std::is_same_v<opmath_t, float>) {
             // The same operations lane by lane, so the same bits as the
             // scalar form, in every build.
-            const FloatVec xs(x_scale[m]);
             for (int64_t c = 0; c < channels; c += W) {
               const int64_t count = std::min(W, channels - c);
-              FloatVec value =
-                  (FloatVec::loadu(sums + c, count) * xs) * FloatVec::loadu(s + ch0 + c, count);
+              FloatVec value = FloatVec::loadu(am + c, count) * FloatVec::loadu(s + ch0 + c, count);
               if (b != nullptr) {
                 float bias_lanes[W];
                 for (int64_t l = 0; l < count; ++l) {
@@ -695,9 +774,8 @@ void dynamic_linear(const at::Tensor& out, const at::Tensor& input, const at::Te
               }
             }
           } else {
-            const opmath_t xs = static_cast<opmath_t>(x_scale[m]);
             for (int64_t c = 0; c < channels; ++c) {
-              opmath_t value = (sums[c] * xs) * static_cast<opmath_t>(s[ch0 + c]);
+              opmath_t value = static_cast<opmath_t>(am[c]) * static_cast<opmath_t>(s[ch0 + c]);
               if (b != nullptr) {
                 value += static_cast<opmath_t>(b[ch0 + c]);
               }

@@ -90,6 +90,23 @@ C10_ALWAYS_INLINE FloatVec load_int8_as_float(const int8_t* p, int64_t count = F
 #endif
 }
 
+// W int32 values (exact integers below 2^24 in magnitude, so exactly) as
+// float32.
+C10_ALWAYS_INLINE FloatVec load_int32_as_float(const int32_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+  constexpr int64_t W = FloatVec::size();
+  float lanes[W];
+  for (int64_t l = 0; l < W; ++l) {
+    lanes[l] = static_cast<float>(p[l]);
+  }
+  return FloatVec::loadu(lanes);
+#endif
+}
+
 // Stores the first `count` lanes of `v` (whole numbers in [-127, 127]) as int8.
 C10_ALWAYS_INLINE void store_float_as_int8(int8_t* p, const FloatVec& v,
                                            int64_t count = FloatVec::size()) {

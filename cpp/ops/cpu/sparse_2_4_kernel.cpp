@@ -495,8 +495,9 @@ void sparse_2_4_linear_kernel_impl(const at::Tensor& out, const at::Tensor& inpu
 }
 
 // ---------------------------------------------------------------------------
-// W8A8 dynamic (sparse_2_4_dynamic_linear): int8_dynamic_linear's math with
-// the packed 2:4 int8 weight. The rows of x are quantized first, by the
+// W8A8 dynamic (sparse_2_4_dynamic_linear): int8 x int8 products with the
+// packed 2:4 int8 weight, one activation scale per row (int8_dynamic_linear
+// has one per block of 32). The rows of x are quantized first, by the
 // same row quantizer (quantize_row.h), into int8 rows zero-padded past K;
 // then each task (a block of 16 channels x a chunk of rows, as above) sums
 // the int8 products of the kept weights in int32, exactly, so every build
@@ -517,7 +518,7 @@ void sparse_2_4_linear_kernel_impl(const at::Tensor& out, const at::Tensor& inpu
 //    low half, 0 in the high one): each lane's product, exact.
 //  - DEFAULT: plain int32 loops.
 // The weight bytes read are those of the W8A16 path: half the dense int8
-// weight's plus the mask. The epilogue is int8_dynamic_linear's: y =
+// weight's plus the mask. The epilogue: y =
 // (float(acc) * x_scale[m]) * scale[n] (+ bias), in float32 (float64 for
 // float64 x), rounded to x's dtype.
 
@@ -529,7 +530,7 @@ constexpr int kVnniTileRows = 6;
 
 // Quantized rows hold whole steps, and one step more: with power-of-two K
 // the rows of a tile would otherwise share a few L1 sets and evict each
-// other (as in int8_dynamic_linear).
+// other.
 C10_ALWAYS_INLINE int64_t quantized_row_stride(int64_t k) {
   return (k + kDotStep - 1) / kDotStep * kDotStep + kDotStep;
 }

@@ -57,7 +57,7 @@ def rows_times(x2d, w, out_shape):
 
 
 def dynamic_int8_linear(input, weight, scale, bias):
-    """The W8A8 linears' math (int8 and 2:4) on their ``[N, K]`` int8-valued
+    """The per-row W8A8 linear's math (2:4) on its ``[N, K]`` int8-valued
     ``weight``: the rows quantized as the ops do, the integer products summed
     exactly (in float64, exact for the int8 ranges), then ``(acc * x_scale)
     * scale + bias`` in float32 (float64 for float64 input)."""

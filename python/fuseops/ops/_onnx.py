@@ -99,7 +99,7 @@ def add_bias(y, bias, ct: ir.DataType):
 
 
 def dynamic_int8_linear(input, weight, scale, bias):
-    """The W8A8 linears' math (int8 and 2:4) on their ``[N, K]`` int8
+    """The per-row W8A8 linear's math (2:4) on its ``[N, K]`` int8
     ``weight``: the rows quantized as the ops do, ``MatMulInteger`` (exact
     int32 sums), then ``(acc * x_scale) * scale + bias`` in float32 (float64
     for float64 input); a row the op gives NaN (a non-finite input) stays NaN."""

@@ -2,7 +2,7 @@
 (``quantize_per_group_int4``), weight packing (``pack_int4_weight``), the
 W4A16 linear (``int4_weight_only_linear``) and the W4A8 linear
 (``int4_dynamic_linear``: the same packed weight, activations quantized to
-int8 per row).
+int8 per row and weight group).
 
 A weight ``[N, K]`` is cut along K into groups of ``group_size`` values per
 output channel; each group has a float32 scale and an integer zero point and
@@ -77,16 +77,19 @@ def int4_dynamic_linear(
     bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """W4A8: :func:`int4_weight_only_linear`'s packed weight times ``x``
-    quantized to int8 per row (``quantize_per_token_int8``'s math: scale
-    ``absmax / 127``, round half to even; a row holding Inf or NaN gives
-    NaN). Per group the products ``xq * q`` are summed exactly in int32, the
-    zero point's share ``zero * sum(xq)`` taken off and the group's scale
-    applied in float32, and the row's scale at the end: llama.cpp's Q4_0 x
-    Q8_0 arithmetic, with one activation scale per row. On CPUs with
-    AVX512_VNNI the products cost a quarter of W4A16's instructions, which
-    is what a decode step needs to run at memory speed; the result carries
-    the activations' int8 rounding (about 0.4% of a row's largest value).
-    Every CPU build returns the same bits."""
+    quantized to int8 per weight group: each ``group_size`` values of a row
+    along K get their own scale (``quantize_per_token_int8``'s math within
+    the group: ``absmax / 127``, round half to even; a row holding Inf or
+    NaN gives NaN), as llama.cpp quantizes activations per block (Q8_1) for
+    its Q4_1 dot products. Per group the products ``xq * q`` are summed
+    exactly in int32, the zero point's share ``zero * sum(xq)`` taken off,
+    and the product of the weight's and the activations' group scales
+    applied in float32. On CPUs with AVX512_VNNI the products cost a quarter
+    of W4A16's instructions, which is what a decode step needs to run at
+    memory speed; the result carries the activations' int8 rounding (about
+    0.4% of each group's largest value, where one scale per row let an
+    outlier channel set the step for all). Every CPU build returns the same
+    bits."""
     return torch.ops.fuseops.int4_dynamic_linear(x, packed, scale_zero, group_size, bias)
 
 
@@ -164,14 +167,19 @@ def int4_weight_only_linear_reference(x, packed, scale_zero, group_size, bias=No
 
 
 def int4_dynamic_linear_reference(x, packed, scale_zero, group_size, bias=None):
-    # The quantized math in float64: the rows quantized in float32 exactly as
-    # the op does (float64 inputs rounded to float32 first), the products
-    # and the zero points' shares exact, the scales applied in float64.
-    from .quantize import quantize_per_token_int8_reference
+    # The quantized math in float64: each group of a row quantized in float32
+    # exactly as the op does (float64 inputs rounded to float32 first), the
+    # products and the zero points' shares exact, the scales applied in
+    # float64.
+    from .quantize import _quantize_blocks_int8_reference
 
-    xq, x_scale = quantize_per_token_int8_reference(x)
-    w = dequantize_int4_weight(packed, scale_zero, group_size, x.shape[-1], torch.float64)
-    y = (xq.to(torch.float64) @ w.T) * x_scale.to(torch.float64).unsqueeze(-1)
+    groups, k = scale_zero.shape[0], x.shape[-1]
+    xq, x_scale = _quantize_blocks_int8_reference(x, group_size, groups)
+    w = dequantize_int4_weight(packed, scale_zero, group_size, k, torch.float64)
+    w = torch.nn.functional.pad(w, (0, groups * group_size - k))
+    w = w.reshape(w.shape[0], groups, group_size)
+    per_group = torch.einsum("...gk,ngk->...gn", xq.to(torch.float64), w)
+    y = (per_group * x_scale.to(torch.float64).unsqueeze(-1)).sum(-2)
     y = y if bias is None else y + bias.to(torch.float64)
     return y.to(x.dtype)
 
@@ -186,9 +194,9 @@ def onnx_translations() -> dict:
     (``BitwiseAnd``, ``BitShift``, ``Transpose``, ``Reshape``, ``Slice``); the
     weight-only one dequantizes it in float32 for ``MatMul`` (the group
     scales applied to the weight instead of to each group's sum), the dynamic
-    one quantizes the activations per row as the op does and sums the int8
-    products per weight group exactly with ``MatMulInteger``, the zero points'
-    share (fractional zeros included) taken off each group's sum."""
+    one quantizes the activations per row and weight group as the op does and
+    sums the int8 products per group exactly with ``MatMulInteger``, the zero
+    points' share (fractional zeros included) taken off each group's sum."""
     from ._onnx import (
         FLOAT,
         INT8,
@@ -244,24 +252,29 @@ def onnx_translations() -> dict:
         return cast(add_bias(y, bias, FLOAT), dtype_of(input))
 
     def int4_dynamic_linear_onnx(input, packed, scale_zero, group_size: int, bias=None):
-        """``fuseops::int4_dynamic_linear``: the rows quantized to int8 as the
-        op does; per weight group one ``MatMulInteger`` of the int8
-        activations and ``q`` (exact int32 sums), less the zero point times
-        the group's sum of the activations, times its group's scale in
-        float32, summed over the groups, then times the row's scale, plus
-        bias."""
+        """``fuseops::int4_dynamic_linear``: each group of a row quantized to
+        int8 as the op does; per weight group one ``MatMulInteger`` of the
+        int8 activations and ``q`` (exact int32 sums), less the zero point
+        times the group's sum of the activations, times the product of the
+        weight's and the activations' group scales in float32, summed over
+        the groups, plus bias."""
         n = static_dim(scale_zero, -1, "the output features (scale_zero.shape[-1])")
         groups = static_dim(scale_zero, 0, "the weight groups (scale_zero.shape[0])")
         k = static_dim(input, -1, "the input features")
         padded = groups * group_size
         dtype = dtype_of(input)
         ct = opmath(dtype)
-        xq, x_scale, bad = quantize_rows(input)
-        # Activations [rows, K] -> [groups, rows, group_size], zeros past K.
-        rows = op.Reshape(xq, ints(-1, k))
+        # Activations [rows, K] -> [rows, groups, group_size], zeros past K,
+        # each group quantized as a row of its own, then [groups, rows,
+        # group_size].
+        x2d = op.Reshape(input, ints(-1, k))
         if padded != k:
-            rows = op.Pad(rows, ints(0, 0, 0, padded - k))
-        rows = op.Transpose(op.Reshape(rows, ints(-1, groups, group_size)), perm=[1, 0, 2])
+            x2d = op.Pad(x2d, ints(0, 0, 0, padded - k))
+        xq, x_scale, bad = quantize_rows(op.Reshape(x2d, ints(-1, groups, group_size)))
+        rows = op.Transpose(xq, perm=[1, 0, 2])
+        # [rows, groups, 1] -> [groups, rows, 1]
+        x_scale = op.Transpose(x_scale, perm=[1, 0, 2])
+        bad = op.ReduceSum(bad, ints(1), keepdims=0)  # [rows, 1]
         # Weight [N, groups * group_size] -> q, int8 [groups, group_size, N].
         scale, zero = scale_and_zero(scale_zero)
         q = op.Reshape(op.Cast(unpack(packed, n), to=INT8), ints(n, groups, group_size))
@@ -274,10 +287,11 @@ def onnx_translations() -> dict:
             op.Cast(acc, to=FLOAT),
             op.Mul(op.Cast(row_sums, to=FLOAT), op.Unsqueeze(zero, ints(1))),
         )
-        sums = op.ReduceSum(op.Mul(group_sums, op.Unsqueeze(scale, ints(1))), ints(0), keepdims=0)
+        group_scales = op.Mul(op.Unsqueeze(scale, ints(1)), x_scale)  # [groups, rows, N]
+        sums = op.ReduceSum(op.Mul(group_sums, group_scales), ints(0), keepdims=0)
         out_shape = op.Concat(op.Shape(input, end=-1), ints(n), axis=0)
-        y = op.Mul(cast(op.Reshape(sums, out_shape), ct), cast(x_scale, ct))
-        y = op.Add(add_bias(y, bias, ct), cast(bad, ct))
+        y = op.Add(add_bias(cast(sums, ct), bias, ct), cast(bad, ct))
+        y = op.Reshape(y, out_shape)
         return cast(y, dtype)
 
     ops = torch.ops.fuseops
@@ -292,8 +306,8 @@ def executorch_decompositions() -> dict:
     byte by integer division, permute, reshape, slice); the weight-only one
     dequantizes it in float32 for the product (the group scales applied to
     the weight instead of to each group's sum), the dynamic one quantizes the
-    activations per row as the op does and sums the integer products per
-    weight group exactly (float64). The ``.pte`` keeps the packed int4
+    activations per row and weight group as the op does and sums the integer
+    products per group exactly (float64). The ``.pte`` keeps the packed int4
     bytes."""
     from ._executorch import add_bias, opmath, quantize_rows, rows_times
 
@@ -329,29 +343,32 @@ def executorch_decompositions() -> dict:
         return add_bias(y, bias, torch.float32).to(input.dtype)
 
     def int4_dynamic_linear_decomposition(input, packed, scale_zero, group_size: int, bias=None):
-        """``fuseops::int4_dynamic_linear``: the rows quantized to int8 as the
-        op does; per weight group the products of the int8 activations and
-        ``q - zero`` summed exactly (float64), each group's sum times its
-        scale in float32, summed over the groups, then times the row's
-        scale, plus bias."""
+        """``fuseops::int4_dynamic_linear``: each group of a row quantized to
+        int8 as the op does; per weight group the products of the int8
+        activations and ``q - zero`` summed exactly (float64), each group's
+        sum times the product of the weight's and the activations' group
+        scales in float32, summed over the groups, plus bias."""
         groups, n = scale_zero.shape[0], scale_zero.shape[-1]
         k = input.shape[-1]
         padded = groups * group_size
         dtype = input.dtype
         ct = opmath(dtype)
-        xq, x_scale = quantize_rows(input)
-        # Activations [rows, K] -> [groups, rows, group_size], zeros past K.
-        rows = xq.to(torch.float64).reshape(-1, k)
+        # Activations [rows, K] -> [rows, groups, group_size], zeros past K,
+        # each group quantized as a row of its own, then [groups, rows,
+        # group_size].
+        x2d = input.reshape(-1, k)
         if padded != k:
-            rows = torch.nn.functional.pad(rows, (0, padded - k))
-        rows = rows.reshape(-1, groups, group_size).permute(1, 0, 2)
+            x2d = torch.nn.functional.pad(x2d, (0, padded - k))
+        xq, x_scale = quantize_rows(x2d.reshape(-1, groups, group_size))
+        rows = xq.to(torch.float64).permute(1, 0, 2)
+        x_scale = x_scale.permute(1, 0, 2)  # [groups, rows, 1]
         # Weight q - zero as [groups, group_size, N].
         scale, zero = scale_and_zero(scale_zero)
         q = unpack(packed, n).to(torch.float64).reshape(n, groups, group_size)
         w = (q - zero.t().to(torch.float64).unsqueeze(-1)).permute(1, 2, 0)
         acc = torch.bmm(rows, w)  # [groups, rows, N], exact integers
-        sums = (acc.to(torch.float32) * scale.unsqueeze(1)).sum(dim=0)
-        y = sums.reshape(input.shape[:-1] + (n,)).to(ct) * x_scale.to(ct)
+        sums = (acc.to(torch.float32) * (scale.unsqueeze(1) * x_scale)).sum(dim=0)
+        y = sums.reshape(input.shape[:-1] + (n,)).to(ct)
         return add_bias(y, bias, ct).to(dtype)
 
     ops = torch.ops.fuseops

@@ -71,6 +71,18 @@ def quantize_per_token_int8_reference(x: torch.Tensor) -> tuple[torch.Tensor, to
     return _quantize_rows_reference(x)
 
 
+def _quantize_blocks_int8_reference(
+    x: torch.Tensor, block: int, blocks: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., K]`` quantized per block of ``block`` values along K, as the
+    int8 and int4 W*A8 linears quantize their activations: zeros past K to
+    ``blocks * block``, each block of a row as a row of
+    ``quantize_per_token_int8``. Returns ``(xq [..., blocks, block] int8,
+    x_scale [..., blocks] float32)``."""
+    padded = torch.nn.functional.pad(x, (0, blocks * block - x.shape[-1]))
+    return _quantize_rows_reference(padded.reshape(*x.shape[:-1], blocks, block))
+
+
 def dequantize_int8_reference(
     q: torch.Tensor, scale: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None
 ) -> torch.Tensor:

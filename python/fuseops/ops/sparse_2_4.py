@@ -4,7 +4,8 @@ values + bitmask) and ``sparse_2_4_linear``, for float weights (float32,
 float64, bfloat16, float16) and int8 weights with per-channel scales
 (W8A16: float activations, int8 weights dequantized on the fly), and
 ``sparse_2_4_dynamic_linear`` for int8 weights with int8 activations
-quantized per token on the fly (W8A8, ``int8_dynamic_linear``'s math).
+quantized per token on the fly (W8A8; one activation scale per row, where
+``int8_dynamic_linear`` has one per block of 32).
 
 A packed weight is three plain tensors (a module keeps them as buffers,
 ``state_dict`` round-trips them, ``torch.compile``/``torch.export`` see
@@ -78,8 +79,8 @@ def sparse_2_4_dynamic_linear(
     colsum: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """W8A8 dynamic with the packed 2:4 int8 weight, the math of
-    ``int8_dynamic_linear``: ``x [..., K]`` (float32, bfloat16, float16 or
+    """W8A8 dynamic with the packed 2:4 int8 weight, activations per row
+    (``int8_dynamic_linear`` quantizes them per block of 32): ``x [..., K]`` (float32, bfloat16, float16 or
     float64) quantized per row on the fly exactly as
     ``quantize_per_token_int8`` does (``x_scale = absmax / 127``, ``xq =
     round(x / x_scale)``), the int8 products of the kept weights summed

@@ -72,7 +72,7 @@ def _ao_dynamic_linear(engine):
 
 
 def _int_mm(x, packed, scale, colsum):
-    # torch._int_mm on activations quantized beforehand (per token, as the
+    # torch._int_mm on activations quantized beforehand (per token, where the op has a scale per block of 32; as the
     # op does, outside the timing) and the int8 weight [K, N]: the int8
     # GEMM alone plus the scales' epilogue.
     from ._bench_case import peer_form
@@ -132,20 +132,24 @@ def bench_cases():
         differentiable=(),
         shapes=shapes,
     )
-    # W8A8: the same traffic plus the int32 column sums.
+    # W8A8: the same traffic plus the int16 column sums, one per block of 32
+    # inputs and output.
     dynamic: CaseFields = {
         **common,
         "fuseops": "int8_dynamic_linear",
         "reference": "int8_dynamic_linear",
         "make_inputs": _x_and_dynamic_weight,
-        "forward_traffic": Traffic(rows=2, extra=lambda rows, hidden: hidden * hidden + 8 * hidden),
+        "forward_traffic": Traffic(
+            rows=2,
+            extra=lambda rows, hidden: hidden * hidden + 4 * hidden + 2 * -(-hidden // 32) * hidden,
+        ),
     }
     return [
         Case(
             "int8_dynamic_linear",
             native=_f_linear_dynamic,
             native_label="F.linear (dequantized weight)",
-            description="W8A8 dynamic: x quantized per token, int8 x int8 in int32",
+            description="W8A8 dynamic: x quantized per block of 32, int8 x int8 in int32",
             **dynamic,
         ),
         Case(
